@@ -1,0 +1,268 @@
+"""The ``trt-otel`` command: ``demo``, ``build`` and ``replay``.
+
+Exit codes (the contract): 0 built; 2 usage or configuration error, before any build starts;
+3 cancelled; 4 the build failed; 130 interrupted by the user (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from rich.console import Console
+
+from trt_otel import __version__
+from trt_otel.build import (
+    BuildOptions,
+    BuildSetupError,
+    import_tensorrt,
+    model_attributes,
+    read_model,
+    run_build,
+)
+from trt_otel.console import LiveConsole, PlainLines, render_build
+from trt_otel.events import Outcome
+from trt_otel.journal import JournalError, JournalWriter, read_journal
+from trt_otel.log import EventLog
+from trt_otel.model import demo_model_bytes
+from trt_otel.monitor import BuildMonitor
+from trt_otel.simulator import SimulatedTensorRT, TraceError, load_trace
+from trt_otel.state import BuildState
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_CANCELLED = 3
+EXIT_FAILED = 4
+EXIT_INTERRUPTED = 130
+
+
+class UsageError(Exception):
+    """Bad input found before a build starts (exit code 2)."""
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:  # also rejects NaN
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A duration: a plain number of seconds, or with a unit: ``90s``, ``15m``, ``2h``."""
+    units = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+    stripped = text.strip().lower()
+    for suffix in ("ms", "s", "m", "h"):
+        if stripped.endswith(suffix):
+            return _non_negative_float(stripped[: -len(suffix)]) * units[suffix]
+    return _non_negative_float(stripped)
+
+
+def _add_observability_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("observability")
+    group.add_argument("--journal", type=Path, help="write the build's events to this JSONL file")
+    group.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="plain lines instead of the live tree (the default when not on a terminal)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trt-otel",
+        description="Watch and stop TensorRT engine builds.",
+    )
+    parser.add_argument("--version", action="version", version=f"trt-otel {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = commands.add_parser(
+        "demo",
+        help="run the pipeline on a simulated TensorRT build (no GPU needed)",
+        description="A simulated TensorRT build of a small generated ONNX model, or a replay "
+        "of a recorded callback trace, through the same monitor and projections as a real one.",
+    )
+    demo.add_argument(
+        "--trace", type=Path, help="replay a recorded callback trace or a trt-otel journal"
+    )
+    demo.add_argument(
+        "--model", type=Path, help="simulate a build of this ONNX model instead of the demo's"
+    )
+    demo.add_argument(
+        "--speed",
+        type=_non_negative_float,
+        default=1.0,
+        help="time scale: 1 paces the build over tens of seconds, 2 twice as fast, "
+        "0 as fast as possible (default: 1)",
+    )
+    demo.add_argument(
+        "--silence",
+        type=_seconds,
+        default=0.0,
+        metavar="DURATION",
+        help="insert one silent window of this length (e.g. 90s), as real builds have",
+    )
+    demo.add_argument(
+        "--threads", type=int, default=1, help="builder threads calling back (default: 1)"
+    )
+    demo.add_argument("-o", "--output", type=Path, help="write the simulated engine here")
+    _add_observability_options(demo)
+
+    build = commands.add_parser(
+        "build",
+        help="build a TensorRT engine from an ONNX model",
+        description="Build a real engine with TensorRT, observable and cancelable.",
+    )
+    build.add_argument("model", type=Path, help="the ONNX model")
+    build.add_argument("-o", "--output", type=Path, required=True, help="the engine file")
+    build.add_argument("--max-threads", type=int, help="builder threads (TensorRT's max_threads)")
+    _add_observability_options(build)
+
+    replay = commands.add_parser("replay", help="show a recorded build again from its journal")
+    replay.add_argument("journal", type=Path)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "demo":
+            return _demo(args)
+        if args.command == "build":
+            return _build(args)
+        return _replay(args)
+    except (UsageError, BuildSetupError, JournalError, TraceError) as error:
+        print(f"trt-otel: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _demo(args: argparse.Namespace) -> int:
+    if args.threads < 1:
+        raise UsageError("--threads must be at least 1")
+    trace = load_trace(args.trace) if args.trace is not None else None
+    trt = SimulatedTensorRT(speed=args.speed, silence_s=args.silence, trace=trace)
+    if args.model is not None:
+        model_path, model = args.model, read_model(args.model)
+    else:
+        model_path, model = Path("trt-otel-demo-mnist.onnx"), demo_model_bytes()
+    attributes: dict[str, Any] = {
+        "trt.backend": "simulator",
+        "trt.version": trt.__version__,
+        **model_attributes(model_path, model),
+    }
+    if args.trace is not None:
+        attributes["simulator.trace"] = str(args.trace)
+    return _run(trt, model_path, model, args, attributes)
+
+
+def _build(args: argparse.Namespace) -> int:
+    model = read_model(args.model)
+    trt = import_tensorrt()
+    attributes = {
+        "trt.backend": "tensorrt",
+        "trt.version": str(getattr(trt, "__version__", "unknown")),
+        **model_attributes(args.model, model),
+    }
+    return _run(trt, args.model, model, args, attributes)
+
+
+def _run(
+    trt: Any, model_path: Path, model: bytes, args: argparse.Namespace, attributes: dict[str, Any]
+) -> int:
+    log = EventLog()
+    journal = JournalWriter(args.journal) if args.journal is not None else None
+    monitor = BuildMonitor(log=log, attributes=attributes)
+    if journal is not None:
+        log.follow(journal, capacity=1_000_000)
+    use_live = not args.no_progress and sys.stderr.isatty()
+    log.follow(LiveConsole() if use_live else PlainLines(sys.stderr))
+    interrupted = False
+    try:
+        with _cancel_on_signals(monitor) as signals:
+            monitor.start()
+            result = run_build(
+                trt,
+                model_path,
+                model,
+                monitor,
+                engine_path=getattr(args, "output", None),
+                options=_options(args),
+            )
+            interrupted = signals.interrupted
+    except KeyboardInterrupt:
+        interrupted = True
+        monitor.cancel("interrupted by the user", source="signal")
+        monitor.end(Outcome.CANCELLATION, "interrupted by the user")
+        result = None
+    finally:
+        if not log.close(timeout_s=5.0):
+            print("trt-otel: warning: a follower did not finish in time", file=sys.stderr)
+    if journal is not None:
+        print(f"journal: {journal.path}", file=sys.stderr)
+    if interrupted:
+        return EXIT_INTERRUPTED
+    assert result is not None
+    if result.outcome is Outcome.SUCCESS:
+        if result.engine_path is not None:
+            print(f"engine: {result.engine_path} ({result.engine_bytes:,} bytes)", file=sys.stderr)
+        return EXIT_OK
+    if result.outcome in (Outcome.CANCELLATION, Outcome.TIMEOUT):
+        return EXIT_CANCELLED
+    return EXIT_FAILED
+
+
+def _options(args: argparse.Namespace) -> BuildOptions:
+    threads = getattr(args, "threads", None) or getattr(args, "max_threads", None)
+    return BuildOptions(max_threads=threads)
+
+
+class _SignalState:
+    interrupted = False
+
+
+@contextlib.contextmanager
+def _cancel_on_signals(monitor: BuildMonitor) -> Iterator[_SignalState]:
+    """First SIGINT or SIGTERM: cancel gracefully at the next step. Second: stop now."""
+    state = _SignalState()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if signum == signal.SIGINT:
+            state.interrupted = True
+        if not monitor.cancel(f"received {name}", source="signal"):
+            raise KeyboardInterrupt
+        print(
+            f"\ntrt-otel: {name}: cancelling at TensorRT's next step (again to stop now)",
+            file=sys.stderr,
+        )
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield state
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    journal = read_journal(args.journal)
+    for problem in journal.problems:
+        print(f"trt-otel: {args.journal}: {problem}", file=sys.stderr)
+    state = BuildState()
+    for event in journal.events:
+        state.apply(event)
+    Console(stderr=True).print(render_build(state))
+    return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""The build shown to people: a live tree in a terminal, plain lines elsewhere.
+
+Both are log followers that fold the events into a :class:`BuildState` of their own (the same
+fold as everywhere, so ``watch`` and ``replay`` show what the build showed). Recording is apart
+from drawing: ``handle`` only folds, under a lock; rich's refresh thread draws at a fixed rate.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import TextIO
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.text import Text
+from rich.tree import Tree
+
+from trt_otel.clock import SYSTEM_CLOCK, Clock
+from trt_otel.events import (
+    Anomaly,
+    BuildFinished,
+    BuildStarted,
+    CancelRequested,
+    Event,
+    Outcome,
+    PhaseFinished,
+    PhaseStarted,
+)
+from trt_otel.state import BuildState, BuildStatus, Phase, PhaseStatus
+
+_OUTCOME_STYLE = {
+    Outcome.SUCCESS: "bold green",
+    Outcome.FAILURE: "bold red",
+    Outcome.CANCELLATION: "bold yellow",
+    Outcome.TIMEOUT: "bold red",
+}
+_BAR_WIDTH = 20
+
+
+def format_duration(seconds: float) -> str:
+    """``0.4s``, ``12.3s``, ``4m05s``, ``2h03m``."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def _bar(ratio: float) -> str:
+    filled = round(max(0.0, min(1.0, ratio)) * _BAR_WIDTH)
+    return "━" * filled + "╺" + "─" * (_BAR_WIDTH - filled) if filled < _BAR_WIDTH else "━" * 21
+
+
+def _now_ns(state: BuildState, now_mono_ns: int | None) -> int | None:
+    if state.end_mono_ns is not None:
+        return state.end_mono_ns
+    return now_mono_ns if now_mono_ns is not None else state.last_event_mono_ns
+
+
+def render_build(state: BuildState, now_mono_ns: int | None = None) -> RenderableType:
+    """The build as a header line and a tree of phases.
+
+    Open phases are shown with their progress; finished phases that share a name under one
+    parent (TensorRT starts "Measuring tactic time" hundreds of times) are folded into one line
+    with a count and their total time.
+    """
+    now = _now_ns(state, now_mono_ns)
+    tree = Tree(_header(state, now), guide_style="dim")
+    for root_id in state.roots:
+        _add_phase(tree, state, state.phases[root_id], now)
+    footer = _footer(state)
+    return Group(tree, footer) if footer is not None else tree
+
+
+def _header(state: BuildState, now: int | None) -> Text:
+    elapsed = (
+        (now - state.start_mono_ns) / 1e9
+        if now is not None and state.start_mono_ns is not None
+        else 0.0
+    )
+    status = state.status
+    text = Text()
+    if state.outcome is not None:
+        text.append(f"build {state.outcome.value}", _OUTCOME_STYLE[state.outcome])
+    elif status is BuildStatus.CANCELLING:
+        text.append("cancelling", "bold yellow")
+    else:
+        text.append("building", "bold cyan")
+    ratio = state.progress_ratio()
+    text.append(f"  {_bar(ratio)} {ratio:4.0%}", "cyan")
+    text.append(f"  {format_duration(elapsed)}", "dim")
+    text.append(f"  {state.steps_completed_total:,} steps", "dim")
+    anomalies = sum(state.anomalies.values())
+    if anomalies:
+        text.append(f"  {anomalies} protocol anomalies", "yellow")
+    return text
+
+
+def _footer(state: BuildState) -> Text | None:
+    if state.cancel is not None:
+        return Text(f"cancel requested by {state.cancel.source}: {state.cancel.reason}", "yellow")
+    if state.outcome is Outcome.FAILURE and state.outcome_detail:
+        return Text(f"failed: {state.outcome_detail}", "red")
+    return None
+
+
+def _phase_label(state: BuildState, phase: Phase, now: int | None) -> Text:
+    label = Text()
+    duration = phase.duration_ns(now)
+    took = f" {format_duration(duration / 1e9)}" if duration is not None else ""
+    steps = f" {phase.last_step + 1}/{phase.num_steps}"
+    if phase.status is PhaseStatus.FINISHED:
+        label.append("✓ ", "green")
+        label.append(phase.name)
+        label.append(f"{steps}{took}", "dim")
+    elif phase.status is PhaseStatus.ABORTED:
+        label.append("✗ ", "yellow")
+        label.append(phase.name)
+        label.append(f"{steps}{took} ({phase.close_reason})", "dim yellow")
+    else:
+        label.append("▶ ", "cyan")
+        label.append(phase.name, "bold")
+        label.append(f" {_bar(state.phase_progress(phase.id))}", "cyan")
+        label.append(f"{steps}{took}", "dim")
+    return label
+
+
+def _add_phase(parent: Tree, state: BuildState, phase: Phase, now: int | None) -> None:
+    node = parent.add(_phase_label(state, phase, now))
+    finished: dict[str, list[Phase]] = defaultdict(list)
+    for child_id in phase.children:
+        child = state.phases[child_id]
+        if not child.is_open:
+            finished[child.name].append(child)
+    shown: set[str] = set()
+    for child_id in phase.children:
+        child = state.phases[child_id]
+        if child.is_open:
+            _add_phase(node, state, child, now)
+        elif child.name not in shown:
+            shown.add(child.name)
+            group = finished[child.name]
+            if len(group) == 1 and not child.children:
+                node.add(_phase_label(state, child, now))
+            elif len(group) == 1:
+                _add_phase(node, state, child, now)
+            else:
+                total_s = sum((p.duration_ns() or 0) for p in group) / 1e9
+                label = Text("✓ ", "green")
+                label.append(f"{child.name} ×{len(group)}")
+                label.append(f" {format_duration(total_s)} in all", "dim")
+                node.add(label)
+
+
+class LiveConsole:
+    """A follower drawing the live tree in a terminal, refreshed a few times a second."""
+
+    name = "console"
+
+    def __init__(
+        self,
+        console: Console | None = None,
+        *,
+        refresh_per_second: float = 4,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.console = console or Console(stderr=True)
+        self.state = BuildState()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._live = Live(
+            get_renderable=self._renderable,
+            console=self.console,
+            refresh_per_second=refresh_per_second,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        self._started = False
+
+    def _renderable(self) -> RenderableType:
+        with self._lock:
+            return render_build(self.state, self._clock.mono_ns())
+
+    def handle(self, events: Sequence[Event]) -> None:
+        with self._lock:
+            for event in events:
+                self.state.apply(event)
+        if not self._started:
+            self._started = True
+            self._live.start()
+
+    def close(self) -> None:
+        if self._started:
+            self._live.stop()  # draws the final frame
+        else:
+            self.console.print(self._renderable())
+
+
+class PlainLines:
+    """A follower writing one line per notable event, for CI logs and pipes.
+
+    Phases down to ``max_depth`` get a start and an end line; deeper ones only count toward a
+    progress line written at most every ``progress_every_s`` of build time.
+    """
+
+    name = "console"
+
+    def __init__(
+        self, stream: TextIO, *, max_depth: int = 2, progress_every_s: float = 10.0
+    ) -> None:
+        self.stream = stream
+        self.max_depth = max_depth
+        self.progress_every_ns = int(progress_every_s * 1e9)
+        self.state = BuildState()
+        self._last_progress_line_ns: int | None = None
+
+    def handle(self, events: Sequence[Event]) -> None:
+        lines = []
+        for event in events:
+            phase_before = (
+                self.state.open_by_name.get(event.name)
+                if isinstance(event, PhaseFinished)
+                else None
+            )
+            self.state.apply(event)
+            line = self._line_for(event, phase_before)
+            if line is not None:
+                lines.append(line)
+        if lines:
+            self.stream.write("".join(f"{line}\n" for line in lines))
+            self.stream.flush()
+
+    def _stamp(self, event: Event) -> str:
+        start = self.state.start_mono_ns
+        elapsed = (event.mono_ns - start) / 1e9 if start is not None else 0.0
+        return f"[{elapsed:8.1f}s]"
+
+    def _line_for(self, event: Event, finished_id: int | None) -> str | None:
+        state = self.state
+        if isinstance(event, BuildStarted):
+            return f"{self._stamp(event)} build started ({event.build_id})"
+        if isinstance(event, PhaseStarted):
+            phase = state.phases[event.seq]
+            if phase.depth <= self.max_depth:
+                indent = "  " * phase.depth
+                return f"{self._stamp(event)} {indent}▶ {phase.name} ({phase.num_steps} steps)"
+            return self._progress_line(event)
+        if isinstance(event, PhaseFinished) and finished_id is not None:
+            phase = state.phases[finished_id]
+            if phase.depth <= self.max_depth:
+                took = format_duration((phase.duration_ns() or 0) / 1e9)
+                indent = "  " * phase.depth
+                return (
+                    f"{self._stamp(event)} {indent}✓ {phase.name} "
+                    f"{phase.last_step + 1}/{phase.num_steps} in {took}"
+                )
+            return None
+        if isinstance(event, CancelRequested):
+            return f"{self._stamp(event)} cancel requested by {event.source}: {event.reason}"
+        if isinstance(event, Anomaly) and state.anomalies[event.kind] == 1:
+            return f"{self._stamp(event)} protocol anomaly ({event.kind.value}): {event.detail}"
+        if isinstance(event, BuildFinished):
+            took = format_duration((event.mono_ns - (state.start_mono_ns or event.mono_ns)) / 1e9)
+            detail = f": {event.detail}" if event.detail else ""
+            return (
+                f"{self._stamp(event)} build {event.outcome.value} in {took} "
+                f"({state.steps_completed_total:,} steps, {state.phases_started_total:,} phases)"
+                f"{detail}"
+            )
+        return self._progress_line(event)
+
+    def _progress_line(self, event: Event) -> str | None:
+        last = self._last_progress_line_ns
+        if last is not None and event.mono_ns - last < self.progress_every_ns:
+            return None
+        if last is None:
+            self._last_progress_line_ns = event.mono_ns
+            return None
+        self._last_progress_line_ns = event.mono_ns
+        open_ids = self.state.open_phase_ids()
+        inner = self.state.phases[open_ids[-1]].name if open_ids else "-"
+        return (
+            f"{self._stamp(event)} … {self.state.progress_ratio():.0%} "
+            f"({self.state.steps_completed_total:,} steps; in {inner})"
+        )
+
+    def close(self) -> None:
+        self.stream.flush()

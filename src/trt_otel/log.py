@@ -1,0 +1,163 @@
+"""The append-only event log: the single source of truth of a build.
+
+Producers (the monitor's callbacks, cancel policies, the CLI) append under one short lock, which
+assigns each event its ``seq`` and so fixes a single order. Inside that lock the log runs its
+*folds*: pure, O(1) projections such as :class:`~trt_otel.state.BuildState` that must see every
+event before the next is appended. Everything slow is a *follower*: it gets its own bounded queue
+and thread (see :mod:`trt_otel.followers`), so a follower that raises or hangs costs the callback
+thread nothing but a deque append.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from trt_otel.clock import SYSTEM_CLOCK, Clock
+from trt_otel.events import Event
+from trt_otel.followers import Follower, FollowerWorker
+
+_logger = logging.getLogger(__name__)
+
+E = TypeVar("E", bound=Event)
+Fold = Callable[[Event], None]
+
+DEFAULT_RETAINED_EVENTS = 100_000
+
+
+class EventLog:
+    """An ordered, thread-safe, append-only sequence of events.
+
+    The newest ``retain`` events stay in memory (for followers that join late and for callers
+    that want to look); the durable record is the journal follower. ``seq`` is contiguous from 0.
+    """
+
+    def __init__(self, *, clock: Clock = SYSTEM_CLOCK, retain: int = DEFAULT_RETAINED_EVENTS):
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._next_seq = 0
+        self._recent: deque[Event] = deque(maxlen=retain)
+        # Copy-on-write tuples: the hot path iterates them without taking a second lock.
+        self._folds: tuple[Fold, ...] = ()
+        self._workers: tuple[FollowerWorker, ...] = ()
+        self.fold_errors = 0
+
+    # -- producing -----------------------------------------------------------------------------
+
+    def append(self, cls: type[E], /, **fields: Any) -> E:
+        """Stamp, number and record one event; returns it. Safe from any thread."""
+        with self._lock:
+            return self.append_locked(cls, **fields)
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Hold the log's lock so that a look at the folds and the appends that follow are one
+        atomic step (the monitor checks the open phases, then records what it saw)."""
+        with self._lock:
+            yield
+
+    def append_locked(self, cls: type[E], /, **fields: Any) -> E:
+        """Like :meth:`append`, for a caller inside :meth:`transaction`."""
+        clock = self.clock
+        event = cls(
+            seq=self._next_seq,
+            wall_ns=clock.wall_ns(),
+            mono_ns=clock.mono_ns(),
+            thread=threading.current_thread().name,
+            **fields,
+        )
+        self._next_seq += 1
+        self._publish(event)
+        return event
+
+    def extend(self, events: list[Event]) -> None:
+        """Append events recorded elsewhere (a replayed journal), keeping their stamps.
+
+        Their ``seq`` must continue this log's sequence, so a replay equals the live run.
+        """
+        with self._lock:
+            for event in events:
+                if event.seq != self._next_seq:
+                    raise ValueError(
+                        f"event seq {event.seq} does not continue the log at {self._next_seq}"
+                    )
+                self._next_seq += 1
+                self._publish(event)
+
+    def _publish(self, event: Event) -> None:
+        self._recent.append(event)
+        for fold in self._folds:
+            try:
+                fold(event)
+            except Exception:
+                # A fold is our own pure code; a bug there must not reach TensorRT.
+                self.fold_errors += 1
+                if self.fold_errors == 1:
+                    _logger.exception("a projection failed on event %d", event.seq)
+        for worker in self._workers:
+            worker.offer(event)
+
+    # -- consuming -----------------------------------------------------------------------------
+
+    def add_fold(self, fold: Fold) -> None:
+        """Register a synchronous fold. It runs under the log's lock on the appending thread, so
+        it must be pure, O(1) and must not block. It first sees the retained events."""
+        with self._lock:
+            for event in self._recent:
+                fold(event)
+            self._folds = (*self._folds, fold)
+
+    def follow(
+        self,
+        follower: Follower,
+        *,
+        capacity: int = 65_536,
+        min_interval_s: float = 0.05,
+        replay_retained: bool = True,
+    ) -> FollowerWorker:
+        """Feed ``follower`` every event from now on (and, by default, the retained ones first)
+        on its own thread, through a bounded queue whose drops are counted."""
+        worker = FollowerWorker(follower, capacity=capacity, min_interval_s=min_interval_s)
+        with self._lock:
+            if replay_retained:
+                for event in self._recent:
+                    worker.offer(event)
+            self._workers = (*self._workers, worker)
+        worker.start()
+        return worker
+
+    def unfollow(self, worker: FollowerWorker) -> None:
+        """Stop feeding ``worker`` (it is not shut down)."""
+        with self._lock:
+            self._workers = tuple(w for w in self._workers if w is not worker)
+
+    @property
+    def workers(self) -> tuple[FollowerWorker, ...]:
+        return self._workers
+
+    @property
+    def next_seq(self) -> int:
+        """The ``seq`` the next event will get (the number of events appended so far)."""
+        return self._next_seq
+
+    def recent(self, since: int = -1) -> list[Event]:
+        """A copy of the retained events whose ``seq`` is above ``since``."""
+        with self._lock:
+            return [e for e in self._recent if e.seq > since]
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every follower has handled what was appended so far; True if all did."""
+        return all(worker.flush(timeout_s) for worker in self._workers)
+
+    def close(self, timeout_s: float = 5.0) -> bool:
+        """Flush and shut every follower down (each within ``timeout_s``); True if all did.
+
+        Calling it again is harmless.
+        """
+        with self._lock:
+            workers, self._workers = self._workers, ()
+        return all([worker.shutdown(timeout_s) for worker in workers])

@@ -1,0 +1,336 @@
+"""BuildMonitor: TensorRT's ``IProgressMonitor``, turning each callback into events.
+
+TensorRT calls the three callbacks from its builder threads, each time re-acquiring the GIL, and
+treats anything but a real ``bool`` from ``step_complete`` (an exception, ``None``) as a cancel.
+So every callback here does the minimum (validate, stamp, append, fold, read a flag) under one
+short lock, never blocks on I/O, never raises, and ``step_complete`` always returns a ``bool``.
+
+Where the ``tensorrt`` package is installed, ``BuildMonitor(...)`` returns an instance of a
+subclass that also derives from ``tensorrt.IProgressMonitor`` (its ``__init__`` called), so
+``config.progress_monitor = BuildMonitor()`` just works. ``import trt_otel`` never imports
+``tensorrt``: the base class is bound when the first monitor is created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import logging
+import sys
+import uuid
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any, ClassVar, Self
+
+from trt_otel.clock import SYSTEM_CLOCK, Clock
+from trt_otel.events import (
+    Anomaly,
+    AnomalyKind,
+    BuildFinished,
+    BuildStarted,
+    CancelRequested,
+    LogMessage,
+    Outcome,
+    PhaseFinished,
+    PhaseStarted,
+    StepCompleted,
+)
+from trt_otel.log import EventLog
+from trt_otel.state import BuildState
+
+_logger = logging.getLogger(__name__)
+
+CancelListener = Callable[[CancelRequested], None]
+
+
+def _tensorrt_base() -> type | None:
+    """``tensorrt.IProgressMonitor`` when tensorrt is installed, else None."""
+    module = sys.modules.get("tensorrt")
+    if module is None:
+        try:
+            if importlib.util.find_spec("tensorrt") is None:
+                return None
+            module = importlib.import_module("tensorrt")
+        except Exception:  # a broken install must not stop the simulator path
+            return None
+    base = getattr(module, "IProgressMonitor", None)
+    return base if isinstance(base, type) else None
+
+
+class BuildMonitor:
+    """A progress monitor whose every callback is an event in its :class:`EventLog`.
+
+    ``BuildMonitor()`` with no arguments is a working monitor: read :attr:`state` during or after
+    the build, :meth:`cancel` it from any thread, attach followers to :attr:`log`.
+
+    The callbacks are called by TensorRT's builder threads; they never block and never raise.
+    """
+
+    _bound_subclasses: ClassVar[dict[tuple[type, type], type]] = {}
+    _native_base: ClassVar[type | None] = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        target: type = cls
+        base = _tensorrt_base()
+        if base is not None and not issubclass(cls, base):
+            key = (cls, base)
+            target = BuildMonitor._bound_subclasses.get(key) or BuildMonitor._bind(cls, base)
+        # super(BuildMonitor, target) reaches tensorrt's pybind11 __new__ for a bound subclass.
+        instance: Self = super(BuildMonitor, target).__new__(target)  # type: ignore[misc]
+        return instance
+
+    @staticmethod
+    def _bind(monitor_class: type, base: type) -> type:
+        bound = type(
+            monitor_class.__name__,
+            (monitor_class, base),
+            {
+                "__module__": monitor_class.__module__,
+                "__qualname__": monitor_class.__qualname__,
+                "_native_base": base,
+            },
+        )
+        BuildMonitor._bound_subclasses[(monitor_class, base)] = bound
+        return bound
+
+    def __init__(
+        self,
+        *,
+        log: EventLog | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        build_id: str | None = None,
+        attributes: Mapping[str, Any] | None = None,
+    ) -> None:
+        native_base = type(self)._native_base
+        if native_base is not None:
+            native_base.__init__(self)  # type: ignore[misc]  # pybind11 requires it when __init__ is overridden
+        self.log = log if log is not None else EventLog(clock=clock)
+        self.state = BuildState()
+        self.log.add_fold(self.state.apply)
+        self.build_id = build_id or uuid.uuid4().hex
+        self._attributes = dict(attributes or {})
+        self._cancelled = False
+        self._ended = False
+        self._cancel_listeners: tuple[CancelListener, ...] = ()
+        self.internal_errors = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self, **attributes: Any) -> None:
+        """Record the build's start (done implicitly by the first callback if not called)."""
+        with self.log.transaction():
+            self._start_locked(attributes)
+
+    def _start_locked(self, extra: Mapping[str, Any] | None = None) -> None:
+        if self.state.build_id is None:
+            attributes = {**self._attributes, **(extra or {})}
+            self.log.append_locked(BuildStarted, build_id=self.build_id, attributes=attributes)
+
+    def end(
+        self, outcome: Outcome | None = None, detail: str = "", error_type: str | None = None
+    ) -> Outcome:
+        """Record the build's end; closes the phases still open. Returns the outcome recorded.
+
+        With no ``outcome``, a cancelled build ends as a cancellation (or a timeout, when the
+        cancel was one) and any other as a success. Calling it again changes nothing.
+        """
+        with self.log.transaction():
+            if self.state.outcome is not None:
+                return self.state.outcome
+            self._start_locked()
+            cancel = self.state.cancel
+            if outcome is None:
+                if cancel is None:
+                    outcome = Outcome.SUCCESS
+                else:
+                    outcome = Outcome.TIMEOUT if cancel.timeout else Outcome.CANCELLATION
+            if not detail and cancel is not None and outcome is not Outcome.SUCCESS:
+                detail = cancel.reason
+            if error_type is None and outcome is Outcome.TIMEOUT:
+                error_type = "timeout"
+            self.log.append_locked(
+                BuildFinished, outcome=outcome, detail=detail, error_type=error_type
+            )
+            self._ended = True
+            return outcome
+
+    def end_with_result(self, engine: object | None, failure_detail: str = "") -> Outcome:
+        """Record the end from what ``build_serialized_network`` returned: ``None`` is a cancel
+        when one was requested and a failure otherwise."""
+        if engine is not None:
+            return self.end(Outcome.SUCCESS)
+        if self.state.cancel is not None:
+            return self.end()
+        return self.end(
+            Outcome.FAILURE,
+            failure_detail or "TensorRT returned no engine",
+            error_type="BuildFailed",
+        )
+
+    def close(self, timeout_s: float = 5.0) -> bool:
+        """Flush and stop every follower of the log; True if they all finished in time."""
+        return self.log.close(timeout_s)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.end()
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.cancel("interrupted by the user", source="signal")
+            self.end(Outcome.CANCELLATION)
+        else:
+            self.end(Outcome.FAILURE, f"{exc_type.__name__}: {exc}", error_type=exc_type.__name__)
+        self.close()
+
+    # -- cancellation --------------------------------------------------------------------------
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def cancel(self, reason: str, *, source: str = "user", timeout: bool = False) -> bool:
+        """Ask TensorRT to stop: the next ``step_complete`` answers False. Safe from any thread.
+
+        Only the first request is recorded as the reason; returns True if this one was it.
+        """
+        with self.log.transaction():
+            if self._cancelled:
+                return False
+            event = self.log.append_locked(
+                CancelRequested, reason=reason, source=source, timeout=timeout
+            )
+            self._cancelled = True
+        for listener in self._cancel_listeners:
+            try:
+                listener(event)
+            except Exception:
+                _logger.exception("a cancel listener failed")
+        return True
+
+    def on_cancel(self, listener: CancelListener) -> None:
+        """Call ``listener`` (on the cancelling thread) when the cancel is first requested."""
+        self._cancel_listeners = (*self._cancel_listeners, listener)
+
+    # -- TensorRT's callbacks (builder threads) -------------------------------------------------
+
+    def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
+        """TensorRT callback, on a builder thread: a phase began. Never raises."""
+        try:
+            with self.log.transaction():
+                self._before_callback()
+                name = self._text(phase_name, "phase_name")
+                parent = None if parent_phase is None else self._text(parent_phase, "parent_phase")
+                steps = self._count(num_steps, "num_steps", name)
+                for kind, detail in self.state.check_phase_start(name, parent):
+                    self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
+                self.log.append_locked(PhaseStarted, name=name, parent=parent, num_steps=steps)
+        except BaseException as error:
+            self._internal_error("phase_start", error)
+
+    def step_complete(self, phase_name: str, step: int) -> bool:
+        """TensorRT callback, on a builder thread: a step of a phase completed.
+
+        Returns False when the build must stop. O(1), never blocks, never raises, and always
+        returns a real ``bool`` (anything else would cancel the build).
+        """
+        try:
+            with self.log.transaction():
+                state = self.state
+                if type(phase_name) is not str or type(step) is not int or self._ended:
+                    self._before_callback()
+                    phase_name = self._text(phase_name, "phase_name")
+                    step = self._count(step, "step", phase_name, minimum=None)
+                elif state.build_id is None:
+                    self._start_locked()
+                phase_id = state.open_by_name.get(phase_name)
+                if (
+                    phase_id is None
+                    or not 0 <= step < state.phases[phase_id].num_steps
+                    or step <= state.phases[phase_id].last_step
+                ):
+                    for kind, detail in state.check_step(phase_name, step):
+                        self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=phase_name)
+                self.log.append_locked(StepCompleted, name=phase_name, step=step)
+        except BaseException as error:
+            self._internal_error("step_complete", error)
+        return not self._cancelled
+
+    def phase_finish(self, phase_name: str) -> None:
+        """TensorRT callback, on a builder thread: a phase ended. Never raises."""
+        try:
+            with self.log.transaction():
+                self._before_callback()
+                name = self._text(phase_name, "phase_name")
+                for kind, detail in self.state.check_phase_finish(name):
+                    self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
+                self.log.append_locked(PhaseFinished, name=name)
+        except BaseException as error:
+            self._internal_error("phase_finish", error)
+
+    def log_message(self, severity: str, message: str) -> None:
+        """Record a message of the builder's logger (any thread)."""
+        try:
+            self.log.append(LogMessage, severity=str(severity), message=str(message))
+        except Exception as error:
+            self._internal_error("log_message", error)
+
+    # -- helpers (called with the log's lock held) ---------------------------------------------
+
+    def _before_callback(self) -> None:
+        if self._ended:
+            self.log.append_locked(
+                Anomaly,
+                kind=AnomalyKind.CALLBACK_OUTSIDE_BUILD,
+                detail="a callback arrived after the build ended; one monitor serves one build",
+            )
+        else:
+            self._start_locked()
+
+    def _text(self, value: object, argument: str) -> str:
+        if type(value) is str:
+            return value
+        self.log.append_locked(
+            Anomaly,
+            kind=AnomalyKind.INVALID_ARGUMENT,
+            detail=f"{argument} is a {type(value).__name__}, not a str",
+        )
+        return str(value)
+
+    def _count(self, value: object, argument: str, phase: str, minimum: int | None = 1) -> int:
+        try:
+            number = int(value)  # type: ignore[call-overload]
+            assert isinstance(number, int)
+        except (TypeError, ValueError, OverflowError):
+            number = 0
+        if type(value) is not int or (minimum is not None and number < minimum):
+            self.log.append_locked(
+                Anomaly,
+                kind=AnomalyKind.INVALID_ARGUMENT,
+                detail=f"{argument} {value!r} is not a valid count",
+                phase=phase,
+            )
+        return number
+
+    def _internal_error(self, callback: str, error: BaseException) -> None:
+        self.internal_errors += 1
+        if isinstance(error, KeyboardInterrupt):
+            # Ctrl-C landed inside a callback: honour it as a graceful cancel, not a crash.
+            self.cancel("interrupted by the user", source="signal")
+            return
+        with contextlib.suppress(BaseException):
+            self.log.append(
+                Anomaly,
+                kind=AnomalyKind.MONITOR_ERROR,
+                detail=f"{callback}: {type(error).__name__}: {error}",
+            )
+        if self.internal_errors == 1:
+            _logger.error("trt-otel monitor error in %s: %r (build continues)", callback, error)

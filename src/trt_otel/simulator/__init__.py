@@ -1,0 +1,18 @@
+"""A faithful simulator of TensorRT's builder, as far as its progress monitor can tell."""
+
+from trt_otel.simulator.callbacks import Callback, TraceError, load_trace
+from trt_otel.simulator.driver import Driver, DriveResult
+from trt_otel.simulator.plan import TimeModel, generate_plan
+from trt_otel.simulator.tensorrt_api import SIMULATED_ENGINE_MAGIC, SimulatedTensorRT
+
+__all__ = [
+    "SIMULATED_ENGINE_MAGIC",
+    "Callback",
+    "DriveResult",
+    "Driver",
+    "SimulatedTensorRT",
+    "TimeModel",
+    "TraceError",
+    "generate_plan",
+    "load_trace",
+]

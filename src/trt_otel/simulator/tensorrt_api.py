@@ -1,0 +1,301 @@
+"""The slice of the ``tensorrt`` Python API that trt-otel's build code uses, simulated.
+
+``SimulatedTensorRT(...)`` stands where ``import tensorrt as trt`` would: ``trt.Builder``,
+``trt.Logger``, ``trt.OnnxParser``, ``trt.NetworkDefinitionCreationFlag``, ``trt.BuilderFlag``,
+``trt.MemoryPoolType``, and a builder config whose ``progress_monitor`` receives the callbacks
+of a build generated from the parsed network's size (or of a recorded trace). The ONNX model is
+really parsed with the ``onnx`` package, so malformed models fail as they would in TensorRT's
+parser. The "engine" is a small, clearly labelled JSON document, never a real engine.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from trt_otel.simulator.callbacks import Callback
+from trt_otel.simulator.driver import Driver
+from trt_otel.simulator.plan import TimeModel, generate_plan
+
+SIMULATED_ENGINE_MAGIC = b"TRT-OTEL-SIMULATED-ENGINE\n"
+
+
+class _Severity(enum.IntEnum):
+    INTERNAL_ERROR = 0
+    ERROR = 1
+    WARNING = 2
+    INFO = 3
+    VERBOSE = 4
+
+
+class ILogger:
+    """Base of builder loggers; subclasses override ``log(severity, msg)``."""
+
+    Severity = _Severity
+
+    def log(self, severity: _Severity, msg: str) -> None:  # pragma: no cover - overridden
+        pass
+
+
+class Logger(ILogger):
+    """TensorRT's default logger: prints messages at or above ``min_severity``."""
+
+    def __init__(self, min_severity: _Severity = _Severity.WARNING) -> None:
+        self.min_severity = min_severity
+
+    def log(self, severity: _Severity, msg: str) -> None:
+        if severity <= self.min_severity:
+            print(f"[TRT] [{severity.name[0]}] {msg}")
+
+
+class NetworkDefinitionCreationFlag(enum.IntEnum):
+    EXPLICIT_BATCH = 0
+    STRONGLY_TYPED = 1
+
+
+class BuilderFlag(enum.IntEnum):
+    FP16 = 0
+    INT8 = 1
+    BF16 = 2
+    FP8 = 3
+
+
+class MemoryPoolType(enum.IntEnum):
+    WORKSPACE = 0
+
+
+class ParserError:
+    def __init__(self, node: int, message: str, code: int = 1) -> None:
+        self._node = node
+        self._message = message
+        self._code = code
+
+    def node(self) -> int:
+        return self._node
+
+    def desc(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+    def __str__(self) -> str:
+        return f"In node {self._node}: {self._message}"
+
+
+class INetworkDefinition:
+    def __init__(self, flags: int) -> None:
+        self.flags = flags
+        self.layer_names: list[str] = []
+        self.dynamic_inputs: list[str] = []
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_names)
+
+
+class IOptimizationProfile:
+    def __init__(self) -> None:
+        self.shapes: dict[str, tuple[Sequence[int], Sequence[int], Sequence[int]]] = {}
+
+    def set_shape(
+        self, input: str, min: Sequence[int], opt: Sequence[int], max: Sequence[int]
+    ) -> None:
+        self.shapes[input] = (min, opt, max)
+
+
+class IBuilderConfig:
+    def __init__(self) -> None:
+        self._progress_monitor: Any = None
+        self.flags: set[BuilderFlag] = set()
+        self.memory_pool_limits: dict[MemoryPoolType, int] = {}
+        self.builder_optimization_level = 3
+        self.profiles: list[IOptimizationProfile] = []
+
+    @property
+    def progress_monitor(self) -> Any:
+        return self._progress_monitor
+
+    @progress_monitor.setter
+    def progress_monitor(self, monitor: Any) -> None:
+        for method in ("phase_start", "step_complete", "phase_finish"):
+            if not callable(getattr(monitor, method, None)):
+                raise TypeError(f"progress_monitor needs a {method} method")
+        self._progress_monitor = monitor
+
+    def set_flag(self, flag: BuilderFlag) -> None:
+        self.flags.add(flag)
+
+    def get_flag(self, flag: BuilderFlag) -> bool:
+        return flag in self.flags
+
+    def set_memory_pool_limit(self, pool: MemoryPoolType, size: int) -> None:
+        self.memory_pool_limits[pool] = size
+
+    def add_optimization_profile(self, profile: IOptimizationProfile) -> int:
+        self.profiles.append(profile)
+        return len(self.profiles) - 1
+
+
+class OnnxParser:
+    """Parses ONNX with the ``onnx`` package and checks it as TensorRT's parser would."""
+
+    def __init__(self, network: INetworkDefinition, logger: ILogger) -> None:
+        self._network = network
+        self._logger = logger
+        self._errors: list[ParserError] = []
+
+    @property
+    def num_errors(self) -> int:
+        return len(self._errors)
+
+    def get_error(self, index: int) -> ParserError:
+        return self._errors[index]
+
+    def clear_errors(self) -> None:
+        self._errors.clear()
+
+    def parse_from_file(self, model: str) -> bool:
+        with open(model, "rb") as handle:
+            return self.parse(handle.read(), model)
+
+    def parse(self, model: bytes, path: str | None = None) -> bool:
+        import onnx  # imported here: only a simulated parse needs it
+
+        try:
+            proto = onnx.load_model_from_string(model)
+            onnx.checker.check_model(proto)
+        except Exception as error:
+            message = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+            self._errors.append(ParserError(-1, f"ModelImporter: failed to parse ONNX: {message}"))
+            return False
+        if not proto.graph.node:
+            self._errors.append(ParserError(-1, "ModelImporter: the network has no layers"))
+            return False
+        for index, node in enumerate(proto.graph.node):
+            if node.domain not in ("", "ai.onnx"):
+                self._errors.append(
+                    ParserError(index, f"No importer registered for op: {node.op_type}", code=8)
+                )
+        self._network.layer_names = [
+            n.name or f"{n.op_type}_{i}" for i, n in enumerate(proto.graph.node)
+        ]
+        for tensor in proto.graph.input:
+            dims = tensor.type.tensor_type.shape.dim
+            if any(d.dim_param or d.dim_value <= 0 for d in dims):
+                self._network.dynamic_inputs.append(tensor.name)
+        self._logger.log(
+            _Severity.INFO, f"parsed ONNX model with {self._network.num_layers} layers"
+        )
+        return not self._errors
+
+
+class Builder:
+    def __init__(self, logger: ILogger, *, simulation: SimulatedTensorRT) -> None:
+        self.logger = logger
+        self.max_threads = 1
+        self._simulation = simulation
+
+    def create_network(self, flags: int = 0) -> INetworkDefinition:
+        return INetworkDefinition(flags)
+
+    def create_builder_config(self) -> IBuilderConfig:
+        return IBuilderConfig()
+
+    def create_optimization_profile(self) -> IOptimizationProfile:
+        return IOptimizationProfile()
+
+    def build_serialized_network(
+        self, network: INetworkDefinition, config: IBuilderConfig
+    ) -> bytes | None:
+        """Run the simulated build; ``None`` when it was cancelled, as TensorRT does."""
+        simulation = self._simulation
+        if network.num_layers == 0 and simulation.trace is None:
+            self.logger.log(_Severity.ERROR, "Network must have at least one output")
+            return None
+        if network.dynamic_inputs and not config.profiles:
+            self.logger.log(
+                _Severity.ERROR,
+                f"Network has dynamic or shape inputs ({', '.join(network.dynamic_inputs)}), "
+                "but no optimization profile has been defined",
+            )
+            return None
+        plan = simulation.trace or generate_plan(
+            network.num_layers, num_profiles=max(1, len(config.profiles)), seed=simulation.seed
+        )
+        monitor = config.progress_monitor
+        if monitor is None:
+            result = simulation.driver(self.max_threads).run(_SilentMonitor(), plan)
+        else:
+            result = simulation.driver(self.max_threads).run(monitor, plan)
+        if not result.completed:
+            self.logger.log(_Severity.ERROR, "Build was cancelled by the progress monitor")
+            return None
+        summary = {
+            "simulated": True,
+            "layers": network.num_layers,
+            "profiles": len(config.profiles),
+            "flags": sorted(f.name for f in config.flags),
+            "callbacks": result.callbacks_made,
+        }
+        return SIMULATED_ENGINE_MAGIC + json.dumps(summary).encode()
+
+
+class _SilentMonitor:
+    def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
+        pass
+
+    def step_complete(self, phase_name: str, step: int) -> bool:
+        return True
+
+    def phase_finish(self, phase_name: str) -> None:
+        pass
+
+
+_ILogger = ILogger
+
+
+class SimulatedTensorRT:
+    """A stand-in for the ``tensorrt`` module, configured with the simulation's knobs."""
+
+    __version__ = "simulated"
+    ILogger = ILogger
+    Logger = Logger
+    NetworkDefinitionCreationFlag = NetworkDefinitionCreationFlag
+    BuilderFlag = BuilderFlag
+    MemoryPoolType = MemoryPoolType
+    OnnxParser = OnnxParser
+
+    def __init__(
+        self,
+        *,
+        speed: float = 1.0,
+        silence_s: float = 0.0,
+        trace: Sequence[Callback] | None = None,
+        time_model: TimeModel | None = None,
+        seed: int = 0,
+        sleep: Callable[[float], None] | None = None,
+    ) -> None:
+        self.speed = speed
+        self.silence_s = silence_s
+        self.trace = list(trace) if trace is not None else None
+        self.time_model = time_model or TimeModel()
+        self.seed = seed
+        self._sleep = sleep
+
+    def Builder(self, logger: _ILogger) -> Builder:  # noqa: N802 - mirrors tensorrt.Builder
+        return Builder(logger, simulation=self)
+
+    def driver(self, threads: int) -> Driver:
+        kwargs: dict[str, Any] = {}
+        if self._sleep is not None:
+            kwargs["sleep"] = self._sleep
+        return Driver(
+            speed=self.speed,
+            time_model=self.time_model,
+            silence_s=self.silence_s,
+            threads=threads,
+            **kwargs,
+        )
