@@ -290,7 +290,7 @@ class BuildState:
                     f"step {step} of {name!r} outside [0, {phase.num_steps})",
                 )
             )
-        if step <= phase.last_step:
+        elif step <= phase.last_step:
             found.append(
                 (
                     AnomalyKind.STEP_NOT_INCREASING,

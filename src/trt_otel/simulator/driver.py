@@ -76,26 +76,35 @@ class Driver:
     def run(self, monitor: ProgressMonitorLike, plan: Sequence[Callback]) -> DriveResult:
         silence_at = self._silence_index(plan)
         open_phases: list[str] = []
-        pool = ThreadPoolExecutor(self.threads, "trt-builder") if self.threads > 1 else None
+        # One single-thread pool per builder thread; each phase instance is handled by one of
+        # them in turn, so sibling phases call back from different threads, as with max_threads.
+        pools = [ThreadPoolExecutor(1, f"trt-builder-{i}") for i in range(self.threads)]
+        pool_of_phase: dict[str, ThreadPoolExecutor] = {}
+        phases_started = 0
+
+        def pool_for(name: str) -> ThreadPoolExecutor | None:
+            return pool_of_phase.get(name) if self.threads > 1 else None
+
         try:
             for index, callback in enumerate(plan):
                 self._wait(callback, index == silence_at)
+                name = callback.name
                 if callback.kind == "phase_start":
-                    self._call(pool, self._phase_start, monitor, callback)
-                    open_phases.append(callback.name)
+                    pool_of_phase[name] = pools[phases_started % self.threads]
+                    phases_started += 1
+                    self._call(pool_for(name), self._phase_start, monitor, callback)
+                    open_phases.append(name)
                 elif callback.kind == "phase_finish":
-                    self._call(pool, self._phase_finish, monitor, callback.name)
-                    if callback.name in open_phases:
-                        open_phases.reverse()
-                        open_phases.remove(callback.name)
-                        open_phases.reverse()
-                elif not self._call(pool, self._step_complete, monitor, callback):
-                    for name in reversed(open_phases):
-                        self._call(pool, self._phase_finish, monitor, name)
+                    self._call(pool_for(name), self._phase_finish, monitor, name)
+                    if name in open_phases:
+                        del open_phases[len(open_phases) - 1 - open_phases[::-1].index(name)]
+                elif not self._call(pool_for(name), self._step_complete, monitor, callback):
+                    for open_name in reversed(open_phases):
+                        self._call(pool_for(open_name), self._phase_finish, monitor, open_name)
                     return DriveResult(False, index + 1 + len(open_phases), cancelled_at=index)
             return DriveResult(True, len(plan))
         finally:
-            if pool is not None:
+            for pool in pools:
                 pool.shutdown(wait=True)
 
     def _silence_index(self, plan: Sequence[Callback]) -> int | None:

@@ -1,0 +1,64 @@
+"""Shared fixtures: where the recorded TensorRT traces are, and a reference reading of them."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TRACES_DIR = Path(os.environ.get("TRT_OTEL_TRACES_DIR", REPO_ROOT.parent / "shared" / "traces"))
+
+
+def trace_files() -> list[Path]:
+    return sorted(TRACES_DIR.glob("*.jsonl")) if TRACES_DIR.is_dir() else []
+
+
+def trace_params() -> list[object]:
+    files = trace_files()
+    if files:
+        return [pytest.param(path, id=path.name) for path in files]
+    reason = f"no recorded traces at {TRACES_DIR} (a clone outside the project's home)"
+    return [pytest.param(None, marks=pytest.mark.skip(reason=reason), id="no-traces")]
+
+
+@dataclass
+class ReferencePhase:
+    """A phase instance as read straight from a trace file, independently of trt_otel."""
+
+    name: str
+    parent: str | None
+    num_steps: int
+    steps: list[int] = field(default_factory=list)
+    children: list[ReferencePhase] = field(default_factory=list)
+
+    def shape(self) -> tuple[object, ...]:
+        return (
+            self.name,
+            self.num_steps,
+            tuple(self.steps),
+            tuple(child.shape() for child in self.children),
+        )
+
+
+def reference_tree(path: Path) -> list[ReferencePhase]:
+    """The phase forest of a recorded trace: open phases by name, children by parent name."""
+    roots: list[ReferencePhase] = []
+    open_phases: dict[str, ReferencePhase] = {}
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            record = json.loads(line)
+            name = record["phase_name"]
+            if record["cb"] == "phase_start":
+                phase = ReferencePhase(name, record["parent_phase"], record["num_steps"])
+                parent = record["parent_phase"]
+                (open_phases[parent].children if parent is not None else roots).append(phase)
+                open_phases[name] = phase
+            elif record["cb"] == "step_complete":
+                open_phases[name].steps.append(record["step"])
+            else:
+                del open_phases[name]
+    return roots

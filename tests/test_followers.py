@@ -1,0 +1,106 @@
+"""A follower that raises, blocks forever or falls behind never touches step_complete."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from trt_otel import BuildMonitor, Event, EventLog
+
+
+class Raising:
+    name = "raising"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def handle(self, events: Sequence[Event]) -> None:
+        self.calls += 1
+        raise RuntimeError("collector exploded")
+
+    def close(self) -> None:
+        raise OSError("cannot close either")
+
+
+class Blocking:
+    name = "blocking"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def handle(self, events: Sequence[Event]) -> None:
+        self.entered.set()
+        self.release.wait()
+
+    def close(self) -> None:
+        pass
+
+
+def drive(monitor: BuildMonitor, steps: int) -> list[bool]:
+    monitor.phase_start("Measuring tactic time", None, steps)
+    answers = [monitor.step_complete("Measuring tactic time", s) for s in range(steps)]
+    monitor.phase_finish("Measuring tactic time")
+    return answers
+
+
+def test_a_raising_follower_is_counted_and_keeps_receiving() -> None:
+    monitor = BuildMonitor()
+    raising = Raising()
+    worker = monitor.log.follow(raising, min_interval_s=0)
+    answers = []
+    for batch in range(5):
+        answers += drive(monitor, 100)
+        assert worker.flush(5)
+        assert raising.calls >= batch + 1
+    monitor.end()
+    assert answers == [True] * 500
+    assert monitor.close(5)
+    health = worker.health()
+    assert health.errors == raising.calls + 1  # every batch, and the close
+    assert health.handled == monitor.log.next_seq
+    assert health.last_error == "OSError: cannot close either"
+
+
+def test_a_follower_blocked_forever_neither_blocks_nor_changes_the_answers() -> None:
+    log = EventLog()
+    monitor = BuildMonitor(log=log)
+    blocking = Blocking()
+    worker = log.follow(blocking, capacity=1_000)
+    monitor.phase_start("warm-up", None, 1)
+    assert blocking.entered.wait(5)  # the follower thread is now stuck inside handle()
+
+    answers = drive(monitor, 20_000)  # completes: the callback thread never waits on it
+    monitor.cancel("stop", source="test")
+    after_cancel = monitor.step_complete("Measuring tactic time", 0)
+
+    assert answers == [True] * 20_000
+    assert after_cancel is False
+    health = worker.health()
+    assert health.queued == 1_000
+    assert health.dropped == log.next_seq - 1_000 - 2  # 2 were taken before it blocked
+    assert worker.flush(0.2) is False
+    assert log.close(0.2) is False  # a hung follower is abandoned, not waited for
+    blocking.release.set()
+
+
+def test_a_follower_joining_late_first_gets_the_retained_events() -> None:
+    monitor = BuildMonitor()
+    drive(monitor, 10)
+
+    class Collect:
+        name = "late"
+        events: list[Event] = []
+
+        def handle(self, events: Sequence[Event]) -> None:
+            self.events.extend(events)
+
+        def close(self) -> None:
+            pass
+
+    late = Collect()
+    monitor.log.follow(late)
+    drive(monitor, 5)
+    monitor.end()
+    assert monitor.close(5)
+    assert [e.seq for e in late.events] == list(range(monitor.log.next_seq))

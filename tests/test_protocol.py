@@ -1,0 +1,205 @@
+"""Hand-written callback sequences: each ordering rule of real builds, and each protocol
+departure the monitor must tolerate and record."""
+
+from __future__ import annotations
+
+import pytest
+
+from trt_otel import AnomalyKind, BuildMonitor, ManualClock, Outcome, PhaseStatus
+from trt_otel.events import Anomaly
+from trt_otel.simulator import Callback, Driver
+
+
+def start(name: str, parent: str | None, steps: int) -> Callback:
+    return Callback("phase_start", name, parent=parent, num_steps=steps)
+
+
+def step(name: str, index: int) -> Callback:
+    return Callback("step_complete", name, step=index)
+
+
+def finish(name: str) -> Callback:
+    return Callback("phase_finish", name)
+
+
+def run(plan: list[Callback]) -> BuildMonitor:
+    monitor = BuildMonitor(clock=ManualClock())
+    assert Driver(speed=0).run(monitor, plan).completed
+    return monitor
+
+
+def anomalies(monitor: BuildMonitor) -> list[AnomalyKind]:
+    return [e.kind for e in monitor.log.recent() if isinstance(e, Anomaly)]
+
+
+# Rules seen in real builds: none of them is an anomaly.
+REAL_RULES = {
+    "depth-first nesting, explicit step 0": [
+        start("A", None, 2), step("A", 0), start("B", "A", 1), step("B", 0), finish("B"),
+        step("A", 1), finish("A"),
+    ],
+    "parent steps after a child, in pairs": [
+        start("A", None, 4), start("B", "A", 1), step("B", 0), finish("B"),
+        step("A", 0), step("A", 1), start("C", "A", 1), step("C", 0), finish("C"),
+        step("A", 2), step("A", 3), finish("A"),
+    ],
+    "skipped steps": [
+        start("R", None, 9), *[step("R", s) for s in (0, 1, 2, 3, 6, 7, 8)], finish("R"),
+    ],
+    "early finish": [start("O", None, 33), *[step("O", s) for s in range(29)], finish("O")],
+    "name reused sequentially and under different parents": [
+        start("E", None, 3),
+        start("M", "E", 4), *[step("M", s) for s in range(4)], finish("M"), step("E", 0),
+        start("M", "E", 2), *[step("M", s) for s in range(2)], finish("M"), step("E", 1),
+        start("X", "E", 1), start("M", "X", 1), step("M", 0), finish("M"), finish("X"),
+        step("E", 2), finish("E"),
+    ],
+    "a parent steps while its child is open": [
+        start("P", None, 5), step("P", 0), start("D", "P", 5), step("D", 0), step("P", 1),
+        step("P", 2), step("D", 1), finish("D"), finish("P"),
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("plan", REAL_RULES.values(), ids=REAL_RULES.keys())
+def test_real_ordering_rules_fold_without_anomalies(plan: list[Callback]) -> None:
+    monitor = run(plan)
+    monitor.end()
+    state = monitor.state
+    assert anomalies(monitor) == []
+    assert state.phases_started_total == sum(c.kind == "phase_start" for c in plan)
+    assert state.steps_completed_total == sum(c.kind == "step_complete" for c in plan)
+    assert all(p.status is PhaseStatus.FINISHED for p in state.phases.values())
+    assert state.open_by_name == {}
+    assert state.outcome is Outcome.SUCCESS
+
+
+def test_reused_names_are_distinct_instances_with_the_right_parents() -> None:
+    state = run(REAL_RULES["name reused sequentially and under different parents"]).state
+    measuring = [p for p in state.phases.values() if p.name == "M"]
+    assert [p.num_steps for p in measuring] == [4, 2, 1]
+    assert [state.phases[p.parent_id].name for p in measuring if p.parent_id] == ["E", "E", "X"]
+    assert [p.steps_completed for p in measuring] == [4, 2, 1]
+
+
+def test_skipped_steps_and_early_finish_are_counted() -> None:
+    reformat = run(REAL_RULES["skipped steps"]).state
+    (phase,) = reformat.phases.values()
+    assert (phase.steps_completed, phase.skipped_steps, phase.last_step) == (7, 2, 8)
+    early = run(REAL_RULES["early finish"]).state
+    (phase,) = early.phases.values()
+    assert (phase.last_step, phase.num_steps, phase.status) == (28, 33, PhaseStatus.FINISHED)
+
+
+def test_parent_step_while_child_open_counts_for_the_parent() -> None:
+    state = run(REAL_RULES["a parent steps while its child is open"]).state
+    parent = next(p for p in state.phases.values() if p.name == "P")
+    child = next(p for p in state.phases.values() if p.name == "D")
+    assert (parent.steps_completed, child.steps_completed) == (3, 2)
+
+
+ANOMALIES = {
+    "step for a phase that is not open": (
+        [start("A", None, 2), step("Z", 0), finish("A")],
+        [AnomalyKind.STEP_FOR_UNKNOWN_PHASE],
+    ),
+    "finish without a start": (
+        [start("A", None, 1), finish("Z"), finish("A")],
+        [AnomalyKind.FINISH_OF_UNKNOWN_PHASE],
+    ),
+    "name reused while open": (
+        [start("A", None, 1), start("A", None, 2), finish("A")],
+        [AnomalyKind.NAME_REUSED_WHILE_OPEN],
+    ),
+    "step == num_steps, as an old TensorRT reported": (
+        [start("A", None, 2), step("A", 0), step("A", 1), step("A", 2), finish("A")],
+        [AnomalyKind.STEP_OUT_OF_RANGE],
+    ),
+    "negative step": (
+        [start("A", None, 2), step("A", -1), finish("A")],
+        [AnomalyKind.STEP_OUT_OF_RANGE],
+    ),
+    "step repeated": (
+        [start("A", None, 3), step("A", 1), step("A", 1), finish("A")],
+        [AnomalyKind.STEP_NOT_INCREASING],
+    ),
+    "unknown parent": (
+        [start("A", "nobody", 1), finish("A")],
+        [AnomalyKind.UNKNOWN_PARENT],
+    ),
+    "finish with children open": (
+        [start("A", None, 1), start("B", "A", 1), start("C", "B", 1), finish("A")],
+        [AnomalyKind.FINISH_WITH_OPEN_CHILDREN],
+    ),
+}
+
+
+@pytest.mark.parametrize(("plan", "expected"), ANOMALIES.values(), ids=ANOMALIES.keys())
+def test_protocol_departures_are_tolerated_and_recorded(
+    plan: list[Callback], expected: list[AnomalyKind]
+) -> None:
+    monitor = run(plan)
+    monitor.end()
+    assert anomalies(monitor) == expected
+    state = monitor.state
+    assert state.anomalies == {kind: 1 for kind in expected}
+    assert state.open_by_name == {}
+    assert all(not p.is_open for p in state.phases.values())
+
+
+def test_a_reused_open_name_closes_the_old_instance() -> None:
+    state = run(ANOMALIES["name reused while open"][0]).state
+    old, new = state.phases.values()
+    assert old.status is PhaseStatus.ABORTED and "superseded" in (old.close_reason or "")
+    assert new.status is PhaseStatus.FINISHED and new.num_steps == 2
+
+
+def test_an_unknown_parent_makes_a_root() -> None:
+    state = run(ANOMALIES["unknown parent"][0]).state
+    assert [state.phases[r].name for r in state.roots] == ["A"]
+
+
+def test_finishing_a_parent_closes_open_children_innermost_first() -> None:
+    state = run(ANOMALIES["finish with children open"][0]).state
+    a, b, c = state.phases.values()
+    assert a.status is PhaseStatus.FINISHED
+    assert b.status is c.status is PhaseStatus.ABORTED
+    assert c.close_reason == "its parent finished first"
+
+
+def test_arguments_of_the_wrong_type_are_coerced_and_recorded() -> None:
+    monitor = BuildMonitor()
+    monitor.phase_start(b"bytes-name", None, "3")  # type: ignore[arg-type]
+    assert monitor.step_complete(None, 0) is True  # type: ignore[arg-type]
+    assert monitor.step_complete("b'bytes-name'", None) is True  # type: ignore[arg-type]
+    monitor.phase_start("A", None, 0)
+    kinds = anomalies(monitor)
+    assert kinds.count(AnomalyKind.INVALID_ARGUMENT) == 5
+    assert monitor.state.phases_started_total == 2
+
+
+def test_callbacks_after_the_end_are_recorded_not_folded_into_a_new_build() -> None:
+    monitor = BuildMonitor()
+    monitor.phase_start("A", None, 1)
+    monitor.phase_finish("A")
+    monitor.end()
+    assert monitor.step_complete("A", 0) is True
+    monitor.phase_start("B", None, 1)
+    assert AnomalyKind.CALLBACK_OUTSIDE_BUILD in anomalies(monitor)
+    assert monitor.state.outcome is Outcome.SUCCESS
+
+
+def test_the_end_closes_open_phases_with_the_outcome() -> None:
+    monitor = BuildMonitor(clock=ManualClock())
+    monitor.phase_start("A", None, 3)
+    monitor.phase_start("B", "A", 3)
+    monitor.end(Outcome.FAILURE, "out of memory", "OutOfMemory")
+    state = monitor.state
+    assert [p.status for p in state.phases.values()] == [PhaseStatus.ABORTED] * 2
+    assert all(p.close_reason == "build ended: failure" for p in state.phases.values())
+    assert (state.outcome, state.outcome_detail, state.error_type) == (
+        Outcome.FAILURE,
+        "out of memory",
+        "OutOfMemory",
+    )
+    assert monitor.end(Outcome.SUCCESS) is Outcome.FAILURE  # the first end stands
