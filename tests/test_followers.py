@@ -90,7 +90,9 @@ def test_a_follower_joining_late_first_gets_the_retained_events() -> None:
 
     class Collect:
         name = "late"
-        events: list[Event] = []
+
+        def __init__(self) -> None:
+            self.events: list[Event] = []
 
         def handle(self, events: Sequence[Event]) -> None:
             self.events.extend(events)

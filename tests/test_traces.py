@@ -7,8 +7,8 @@ import collections
 from pathlib import Path
 
 import pytest
-from conftest import ReferencePhase, reference_tree, trace_params
 
+from conftest import ReferencePhase, reference_tree, trace_params
 from trt_otel import BuildMonitor, Outcome, PhaseStatus
 from trt_otel.simulator import Driver, load_trace
 from trt_otel.state import BuildState, Phase

@@ -8,8 +8,6 @@ Exceptions: :class:`~trt_otel.journal.JournalError` (a journal that cannot be re
 :class:`~trt_otel.build.BuildSetupError` (a build that cannot start: missing model, no TensorRT).
 """
 
-from __future__ import annotations
-
 __version__ = "0.1.0"
 
 from trt_otel.clock import Clock, ManualClock, SystemClock

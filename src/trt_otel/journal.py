@@ -176,6 +176,7 @@ def iter_journal(path: str | os.PathLike[str]) -> Iterator[dict[str, Any] | Even
         header = _parse_header(first, path)
         yield header
         expected_seq: int | None = None
+        skipped_lines = 0  # since the last good event: a gap they explain is not reported twice
         line_no = 1
         for raw in handle:
             line_no += 1
@@ -194,9 +195,10 @@ def iter_journal(path: str | os.PathLike[str]) -> Iterator[dict[str, Any] | Even
                     yield JournalProblem(line_no, "unknown_type", str(error))
                 else:
                     yield JournalProblem(line_no, "corrupt_line", f"corrupt line: {error}")
+                skipped_lines += 1
                 continue
-            if expected_seq is not None and event.seq != expected_seq:
-                missing = event.seq - expected_seq
+            missing = event.seq - expected_seq if expected_seq is not None else 0
+            if expected_seq is not None and missing != skipped_lines:
                 yield JournalProblem(
                     line_no,
                     "seq_gap",
@@ -204,6 +206,7 @@ def iter_journal(path: str | os.PathLike[str]) -> Iterator[dict[str, Any] | Even
                     + (f" ({missing} events missing)" if missing > 0 else ""),
                 )
             expected_seq = event.seq + 1
+            skipped_lines = 0
             yield event
 
 

@@ -1,0 +1,209 @@
+"""The trt-otel command, run as users run it: real files, real processes, real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import reference_tree, trace_params
+from trt_otel import Outcome, read_journal
+from trt_otel.cli import main
+from trt_otel.events import BuildFinished, CancelRequested
+from trt_otel.model import demo_model_bytes
+from trt_otel.simulator import SIMULATED_ENGINE_MAGIC
+from trt_otel.state import BuildState
+
+CLI = [sys.executable, "-m", "trt_otel.cli"]
+
+
+def final_state(journal_path: Path) -> BuildState:
+    state = BuildState()
+    for event in read_journal(journal_path).events:
+        state.apply(event)
+    return state
+
+
+def test_demo_builds_the_generated_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    journal, engine = tmp_path / "demo.jsonl", tmp_path / "demo.engine"
+    code = main(
+        ["demo", "--speed", "0", "--no-progress", "--journal", str(journal), "-o", str(engine)]
+    )
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "▶ Building engine (6 steps)" in err
+    assert "build success" in err
+    state = final_state(journal)
+    assert state.outcome is Outcome.SUCCESS
+    assert state.attributes["trt.backend"] == "simulator"
+    assert len(state.attributes["model.sha256"]) == 64
+    assert engine.read_bytes().startswith(SIMULATED_ENGINE_MAGIC)
+    assert not list(tmp_path.glob(".*partial"))
+
+
+@pytest.mark.parametrize("trace", trace_params())
+def test_demo_replays_a_recorded_trace(tmp_path: Path, trace: Path) -> None:
+    journal = tmp_path / "replay.jsonl"
+    args = [
+        "demo",
+        "--trace",
+        str(trace),
+        "--speed",
+        "0",
+        "--no-progress",
+        "--journal",
+        str(journal),
+    ]
+    assert main(args) == 0
+    state = final_state(journal)
+    expected = reference_tree(trace)
+    assert [state.phases[r].name for r in state.roots] == [r.name for r in expected]
+    assert state.phases_started_total == trace.read_text().count('"phase_start"')
+    # And the journal of that replay replays again, to the same tree.
+    again = tmp_path / "again.jsonl"
+    args = [
+        "demo",
+        "--trace",
+        str(journal),
+        "--speed",
+        "0",
+        "--no-progress",
+        "--journal",
+        str(again),
+    ]
+    assert main(args) == 0
+    assert final_state(again).phases.keys() == state.phases.keys()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["demo", "--trace", "/nonexistent/trace.jsonl"], "cannot read trace"),
+        (["demo", "--model", "/nonexistent/model.onnx"], "model not found"),
+        (["demo", "--threads", "0"], "--threads must be at least 1"),
+        (["build", "/nonexistent/model.onnx", "-o", "x.engine"], "model not found"),
+        (["replay", "/nonexistent/journal.jsonl"], "cannot read journal"),
+    ],
+)
+def test_bad_input_is_a_clear_error_with_exit_code_2(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [["demo", "--speed", "-1"], ["demo", "--silence", "soon"], []])
+def test_malformed_options_exit_2(args: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+
+
+def test_a_garbage_trace_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "garbage.jsonl"
+    trace.write_text('{"cb": "phase_start"}\n')
+    assert main(["demo", "--trace", str(trace)]) == 2
+    assert "not a trace callback" in capsys.readouterr().err
+
+
+def test_build_without_tensorrt_names_the_extra(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if "tensorrt" in sys.modules:
+        pytest.skip("tensorrt is installed")
+    model = tmp_path / "model.onnx"
+    model.write_bytes(demo_model_bytes())
+    assert main(["build", str(model), "-o", str(tmp_path / "m.engine")]) == 2
+    err = capsys.readouterr().err
+    assert "TensorRT is not installed" in err and "trt-otel[tensorrt]" in err
+    assert not (tmp_path / "m.engine").exists()
+
+
+@pytest.mark.parametrize("content", [b"\x08\x01garbage that is not onnx", b"\x00" * 64])
+def test_a_malformed_model_fails_with_4_and_keeps_the_old_engine(
+    tmp_path: Path, content: bytes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model, engine, journal = tmp_path / "bad.onnx", tmp_path / "old.engine", tmp_path / "j.jsonl"
+    model.write_bytes(content)
+    engine.write_bytes(b"the previous engine")
+    args = ["demo", "--model", str(model), "-o", str(engine), "--no-progress"]
+    assert main([*args, "--journal", str(journal)]) == 4
+    assert engine.read_bytes() == b"the previous engine"
+    assert "cannot parse bad.onnx" in capsys.readouterr().err
+    state = final_state(journal)
+    assert (state.outcome, state.error_type) == (Outcome.FAILURE, "ParserError")
+
+
+def test_an_empty_model_is_refused_before_the_build(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "empty.onnx"
+    model.write_bytes(b"")
+    assert main(["demo", "--model", str(model)]) == 2
+    assert "model file is empty" in capsys.readouterr().err
+
+
+def start_demo(journal: Path, *extra: str) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [*CLI, "demo", "--no-progress", "--journal", str(journal), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if journal.exists() and b'"phase_start"' in journal.read_bytes():
+            return process
+        time.sleep(0.05)
+    process.kill()
+    raise AssertionError("the demo did not start")
+
+
+def test_ctrl_c_cancels_gracefully_and_exits_130(tmp_path: Path) -> None:
+    journal = tmp_path / "interrupted.jsonl"
+    process = start_demo(journal)
+    os.kill(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 130, err
+    assert "cancelling at TensorRT's next step" in err
+    events = read_journal(journal).events
+    cancel = next(e for e in events if isinstance(e, CancelRequested))
+    assert (cancel.source, cancel.reason) == ("signal", "received SIGINT")
+    end = events[-1]
+    assert isinstance(end, BuildFinished) and end.outcome is Outcome.CANCELLATION
+    assert final_state(journal).open_by_name == {}
+
+
+def test_sigterm_cancels_and_exits_3(tmp_path: Path) -> None:
+    journal = tmp_path / "terminated.jsonl"
+    process = start_demo(journal)
+    os.kill(process.pid, signal.SIGTERM)
+    process.communicate(timeout=30)
+    assert process.returncode == 3
+    assert final_state(journal).outcome is Outcome.CANCELLATION
+
+
+def test_a_second_ctrl_c_stops_a_silent_build_at_once(tmp_path: Path) -> None:
+    journal = tmp_path / "silent.jsonl"
+    process = start_demo(journal, "--silence", "10m", "--speed", "0")
+    deadline = time.monotonic() + 30
+    while b"Computing profile costs" not in journal.read_bytes():
+        assert time.monotonic() < deadline, "the build never reached its silent window"
+        time.sleep(0.05)
+    time.sleep(0.5)  # in the silent window: TensorRT would not call back for ten minutes
+    os.kill(process.pid, signal.SIGINT)
+    time.sleep(0.5)
+    assert process.poll() is None  # a graceful cancel waits for a step that is not coming
+    os.kill(process.pid, signal.SIGINT)
+    process.communicate(timeout=15)
+    assert process.returncode == 130
+    state = final_state(journal)
+    assert state.outcome is Outcome.CANCELLATION
+    assert state.open_by_name == {}

@@ -1,0 +1,90 @@
+"""The live tree and the plain lines, rendered from the same fold."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from trt_otel import BuildMonitor, ManualClock
+from trt_otel.console import LiveConsole, PlainLines, format_duration, render_build
+from trt_otel.simulator import Driver, generate_plan
+
+
+def finished_build() -> BuildMonitor:
+    clock = ManualClock()
+    monitor = BuildMonitor(clock=clock)
+
+    def sleep(seconds: float) -> None:
+        clock.advance(seconds)
+
+    Driver(speed=1, sleep=sleep).run(monitor, generate_plan(13))
+    monitor.end()
+    return monitor
+
+
+def render(monitor: BuildMonitor) -> str:
+    out = io.StringIO()
+    Console(file=out, width=100, force_terminal=False, color_system=None).print(
+        render_build(monitor.state)
+    )
+    return out.getvalue()
+
+
+def test_the_tree_folds_repeated_phases_and_shows_the_outcome() -> None:
+    text = render(finished_build())
+    lines = text.splitlines()
+    assert lines[0].startswith("build success")
+    assert "100%" in lines[0]
+    assert "✓ Building engine 5/6" in text
+    assert "✓ Optimizing graph 29/33" in text
+    assert "Evaluating tactic times ×" in text
+    assert len(lines) < 30  # hundreds of tactic measurements, folded
+
+
+def test_an_open_build_shows_progress_of_open_phases() -> None:
+    monitor = BuildMonitor(clock=ManualClock())
+    monitor.phase_start("Building engine", None, 6)
+    monitor.step_complete("Building engine", 0)
+    monitor.phase_start("Cloning network graph", "Building engine", 4)
+    monitor.step_complete("Cloning network graph", 0)
+    monitor.step_complete("Cloning network graph", 1)
+    monitor.cancel("timeout after 15m", source="timeout")
+    text = render(monitor)
+    assert text.splitlines()[0].startswith("cancelling")
+    assert "▶ Building engine" in text and "1/6" in text
+    assert "▶ Cloning network graph" in text and "2/4" in text
+    assert "cancel requested by timeout: timeout after 15m" in text
+
+
+def test_plain_lines_show_shallow_phases_and_a_summary() -> None:
+    monitor = finished_build()
+    out = io.StringIO()
+    plain = PlainLines(out, progress_every_s=5)
+    plain.handle(monitor.log.recent())
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith(f"build started ({monitor.build_id})")
+    assert any("▶ Building engine (6 steps)" in line for line in lines)
+    assert any("✓ Optimizing graph 29/33 in" in line for line in lines)
+    assert any("… " in line and "steps; in" in line for line in lines)
+    assert "build success in" in lines[-1]
+    assert not any("Measuring tactic time" in line for line in lines if "▶" in line)
+
+
+def test_the_live_console_draws_to_a_terminal() -> None:
+    out = io.StringIO()
+    console = Console(file=out, width=100, force_terminal=True)
+    monitor = finished_build()
+    live = LiveConsole(console, refresh_per_second=20)
+    live.handle(monitor.log.recent())
+    live.close()
+    assert "build success" in out.getvalue()
+
+
+def test_durations_read_well() -> None:
+    assert [format_duration(s) for s in (0.42, 12.34, 245, 7380)] == [
+        "0.4s",
+        "12.3s",
+        "4m05s",
+        "2h03m",
+    ]
