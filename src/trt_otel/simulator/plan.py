@@ -25,14 +25,14 @@ DEFAULT_STEP_COST_S: dict[str, float] = {
     "Cloning network graph": 0.02,
     "Preparing graph for optimization": 0.15,
     "Building engine from subgraph": 0.3,
-    "Optimizing graph": 0.08,
+    "Optimizing graph": 0.12,
     "Computing profile costs": 0.05,
     "Timing tactics": 0.05,
     "Timing graph nodes": 0.02,
     "Timing tensor reformats": 0.02,
     "Computing reformatting costs": 0.01,
-    "Evaluating tactic times": 0.003,
-    "Measuring tactic time": 0.004,
+    "Evaluating tactic times": 0.01,
+    "Measuring tactic time": 0.012,
     "Determining refit engines": 0.05,
 }
 DEFAULT_STEP_COST = 0.01
