@@ -28,6 +28,7 @@ from trt_otel.build import (
 )
 from trt_otel.console import LiveConsole, PlainLines, render_build
 from trt_otel.events import Outcome
+from trt_otel.followers import FollowerWorker
 from trt_otel.journal import JournalError, JournalWriter, read_journal
 from trt_otel.log import EventLog
 from trt_otel.model import demo_model_bytes
@@ -204,8 +205,10 @@ def _run(
         monitor.end(Outcome.CANCELLATION, "interrupted by the user")
         result = None
     finally:
+        workers = log.workers
         if not log.close(timeout_s=5.0):
             print("trt-otel: warning: a follower did not finish in time", file=sys.stderr)
+        _report_follower_health(workers)
     if journal is not None:
         print(f"journal: {journal.path}", file=sys.stderr)
     if interrupted:
@@ -218,6 +221,18 @@ def _run(
     if result.outcome in (Outcome.CANCELLATION, Outcome.TIMEOUT):
         return EXIT_CANCELLED
     return EXIT_FAILED
+
+
+def _report_follower_health(workers: Sequence[FollowerWorker]) -> None:
+    """Say what a follower lost or failed at; the build itself was not affected."""
+    for worker in workers:
+        health = worker.health()
+        if health.dropped or health.errors:
+            print(
+                f"trt-otel: warning: {health.name}: {health.dropped:,} events dropped, "
+                f"{health.errors:,} errors (last: {health.last_error or 'none'})",
+                file=sys.stderr,
+            )
 
 
 def _options(args: argparse.Namespace) -> BuildOptions:
