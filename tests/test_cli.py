@@ -90,6 +90,7 @@ def test_demo_replays_a_recorded_trace(tmp_path: Path, trace: Path) -> None:
         (["demo", "--threads", "0"], "--threads must be at least 1"),
         (["build", "/nonexistent/model.onnx", "-o", "x.engine"], "model not found"),
         (["replay", "/nonexistent/journal.jsonl"], "cannot read journal"),
+        (["demo", "--journal", "/proc/version/journal.jsonl"], "cannot write journal"),
     ],
 )
 def test_bad_input_is_a_clear_error_with_exit_code_2(

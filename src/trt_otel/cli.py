@@ -180,7 +180,7 @@ def _run(
     trt: Any, model_path: Path, model: bytes, args: argparse.Namespace, attributes: dict[str, Any]
 ) -> int:
     log = EventLog()
-    journal = JournalWriter(args.journal) if args.journal is not None else None
+    journal = _open_journal(args.journal) if args.journal is not None else None
     monitor = BuildMonitor(log=log, attributes=attributes)
     if journal is not None:
         log.follow(journal, capacity=1_000_000)
@@ -221,6 +221,13 @@ def _run(
     if result.outcome in (Outcome.CANCELLATION, Outcome.TIMEOUT):
         return EXIT_CANCELLED
     return EXIT_FAILED
+
+
+def _open_journal(path: Path) -> JournalWriter:
+    try:
+        return JournalWriter(path)
+    except OSError as error:
+        raise UsageError(f"cannot write journal {path}: {error.strerror or error}") from None
 
 
 def _report_follower_health(workers: Sequence[FollowerWorker]) -> None:
