@@ -10,6 +10,8 @@ import argparse
 import contextlib
 import signal
 import sys
+import time
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
@@ -34,6 +36,7 @@ from trt_otel.log import EventLog
 from trt_otel.model import demo_model_bytes
 from trt_otel.monitor import BuildMonitor
 from trt_otel.simulator import SimulatedTensorRT, TraceError, load_trace
+from trt_otel.sinks.prometheus import MetricsServer, push_build_metrics
 from trt_otel.state import BuildState
 
 EXIT_OK = 0
@@ -67,9 +70,56 @@ def _seconds(text: str) -> float:
     return _non_negative_float(stripped)
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is outside 0..65535")
+    return port
+
+
+def _http_url(text: str) -> str:
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// URL")
+    return text
+
+
 def _add_observability_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("observability")
     group.add_argument("--journal", type=Path, help="write the build's events to this JSONL file")
+    group.add_argument(
+        "--prometheus-port",
+        type=_port,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port (0 picks a free one)",
+    )
+    group.add_argument(
+        "--prometheus-address",
+        default="127.0.0.1",
+        metavar="ADDRESS",
+        help="address to serve metrics on (default: 127.0.0.1; 0.0.0.0 for every interface)",
+    )
+    group.add_argument(
+        "--prometheus-linger",
+        type=_seconds,
+        default=15.0,
+        metavar="DURATION",
+        help="after the build, wait up to this long for a last scrape (default: 15s)",
+    )
+    group.add_argument(
+        "--pushgateway",
+        type=_http_url,
+        metavar="URL",
+        help="push the final metrics to this Prometheus Pushgateway when the build ends",
+    )
+    group.add_argument(
+        "--metrics-build-id",
+        action="store_true",
+        help="add the build id as a label of trt_build_info (one series per build)",
+    )
     group.add_argument(
         "--no-progress",
         action="store_true",
@@ -184,6 +234,7 @@ def _run(
     monitor = BuildMonitor(log=log, attributes=attributes)
     if journal is not None:
         log.follow(journal, capacity=1_000_000)
+    metrics = _serve_metrics(monitor, args)
     use_live = not args.no_progress and sys.stderr.isatty()
     log.follow(LiveConsole() if use_live else PlainLines(sys.stderr))
     interrupted = False
@@ -209,6 +260,7 @@ def _run(
         if not log.close(timeout_s=5.0):
             print("trt-otel: warning: a follower did not finish in time", file=sys.stderr)
         _report_follower_health(workers)
+        _finish_metrics(monitor, metrics, args)
     if journal is not None:
         print(f"journal: {journal.path}", file=sys.stderr)
     if interrupted:
@@ -221,6 +273,45 @@ def _run(
     if result.outcome in (Outcome.CANCELLATION, Outcome.TIMEOUT):
         return EXIT_CANCELLED
     return EXIT_FAILED
+
+
+def _serve_metrics(monitor: BuildMonitor, args: argparse.Namespace) -> MetricsServer | None:
+    if args.prometheus_port is None:
+        return None
+    try:
+        server = MetricsServer(
+            monitor,
+            args.prometheus_port,
+            args.prometheus_address,
+            build_id_label=args.metrics_build_id,
+        )
+    except OSError as error:
+        raise UsageError(
+            f"cannot serve metrics on {args.prometheus_address}:{args.prometheus_port}: "
+            f"{error.strerror or error}"
+        ) from None
+    print(f"metrics: http://{server.address}:{server.port}/metrics", file=sys.stderr)
+    return server
+
+
+def _finish_metrics(
+    monitor: BuildMonitor, server: MetricsServer | None, args: argparse.Namespace
+) -> None:
+    """Let the final values reach Prometheus: push them, and wait for a last scrape."""
+    if args.pushgateway is not None:
+        try:
+            push_build_metrics(monitor, args.pushgateway, build_id_label=args.metrics_build_id)
+        except OSError as error:
+            print(
+                f"trt-otel: warning: cannot push metrics to {args.pushgateway}: {error}",
+                file=sys.stderr,
+            )
+    if server is not None:
+        began = time.monotonic()
+        if server.linger(args.prometheus_linger):
+            waited = time.monotonic() - began
+            print(f"metrics: final values scraped after {waited:.1f}s", file=sys.stderr)
+        server.close()
 
 
 def _open_journal(path: Path) -> JournalWriter:

@@ -18,6 +18,7 @@ import importlib
 import importlib.util
 import logging
 import sys
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from types import TracebackType
@@ -114,6 +115,9 @@ class BuildMonitor:
         self._ended = False
         self._cancel_listeners: tuple[CancelListener, ...] = ()
         self.internal_errors = 0
+        # The monitor's own cost, for its health metrics (written under the log's lock).
+        self.callbacks_total = 0
+        self.callback_ns_total = 0
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -224,6 +228,7 @@ class BuildMonitor:
 
     def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
         """TensorRT callback, on a builder thread: a phase began. Never raises."""
+        began_ns = time.perf_counter_ns()
         try:
             with self.log.transaction():
                 self._before_callback()
@@ -233,6 +238,8 @@ class BuildMonitor:
                 for kind, detail in self.state.check_phase_start(name, parent):
                     self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
                 self.log.append_locked(PhaseStarted, name=name, parent=parent, num_steps=steps)
+                self.callbacks_total += 1
+                self.callback_ns_total += time.perf_counter_ns() - began_ns
         except BaseException as error:
             self._internal_error("phase_start", error)
 
@@ -242,6 +249,7 @@ class BuildMonitor:
         Returns False when the build must stop. O(1), never blocks, never raises, and always
         returns a real ``bool`` (anything else would cancel the build).
         """
+        began_ns = time.perf_counter_ns()
         try:
             with self.log.transaction():
                 state = self.state
@@ -260,12 +268,15 @@ class BuildMonitor:
                     for kind, detail in state.check_step(phase_name, step):
                         self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=phase_name)
                 self.log.append_locked(StepCompleted, name=phase_name, step=step)
+                self.callbacks_total += 1
+                self.callback_ns_total += time.perf_counter_ns() - began_ns
         except BaseException as error:
             self._internal_error("step_complete", error)
         return not self._cancelled
 
     def phase_finish(self, phase_name: str) -> None:
         """TensorRT callback, on a builder thread: a phase ended. Never raises."""
+        began_ns = time.perf_counter_ns()
         try:
             with self.log.transaction():
                 self._before_callback()
@@ -273,6 +284,8 @@ class BuildMonitor:
                 for kind, detail in self.state.check_phase_finish(name):
                     self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
                 self.log.append_locked(PhaseFinished, name=name)
+                self.callbacks_total += 1
+                self.callback_ns_total += time.perf_counter_ns() - began_ns
         except BaseException as error:
             self._internal_error("phase_finish", error)
 

@@ -94,6 +94,8 @@ class BuildState:
         self.phases: dict[int, Phase] = {}
         self.roots: list[int] = []
         self.open_by_name: dict[str, int] = {}
+        self.latest_by_name: dict[str, int] = {}
+        """The latest instance of each phase name: few (TensorRT has a dozen), for gauges."""
         self.steps_completed_total = 0
         self.phases_started_total = 0
         self.anomalies: Counter[AnomalyKind] = Counter()
@@ -159,6 +161,7 @@ class BuildState:
         )
         self.phases[phase.id] = phase
         self.open_by_name[phase.name] = phase.id
+        self.latest_by_name[phase.name] = phase.id
         if parent is None:
             self.roots.append(phase.id)
         else:

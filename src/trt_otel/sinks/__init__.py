@@ -1,0 +1,1 @@
+"""Projections that leave the process: Prometheus (and, as they land, OTLP and HTTP)."""

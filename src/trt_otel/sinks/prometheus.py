@@ -1,0 +1,282 @@
+"""The Prometheus projection: a collector that reads the build's state at scrape time.
+
+Nothing happens per step: a scrape takes the log's lock just long enough to copy a few numbers
+per phase name (TensorRT has about a dozen), then builds the metric families outside it. Labels
+stay bounded: phase names are reused, so the gauges describe the latest instance of each name,
+and no build id is a label (it is in ``trt_build_info`` only when asked for).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, push_to_gateway, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from trt_otel.followers import FollowerHealth
+from trt_otel.monitor import BuildMonitor
+
+BUILD_STATES = ("pending", "running", "cancelling", "success", "failure", "cancellation", "timeout")
+"""Values of ``trt_build_state{state}``: one is 1, the others 0."""
+
+_INFO_ATTRIBUTES = {
+    "trt.backend": "backend",
+    "trt.version": "trt_version",
+    "model.sha256": "model_sha256",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseSample:
+    name: str
+    num_steps: int
+    steps_completed: int
+    is_open: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BuildSample:
+    """What one scrape reports, copied under the log's lock."""
+
+    state: str
+    progress_ratio: float
+    start_s: float | None
+    end_s: float | None
+    last_progress_s: float | None
+    steps_total: int
+    phases_started_total: int
+    phases: tuple[PhaseSample, ...]
+    cancel_reason: str | None
+    anomalies: Mapping[str, int]
+    events_total: int
+    callbacks_total: int
+    callback_s_total: float
+    internal_errors: int
+    followers: tuple[FollowerHealth, ...]
+    info: Mapping[str, str]
+
+
+def sample_build(monitor: BuildMonitor, *, build_id_label: bool = False) -> BuildSample:
+    """A consistent snapshot of the monitor's state for one scrape."""
+    with monitor.log.transaction():
+        state = monitor.state
+        outcome = state.outcome
+        build_state = outcome.value if outcome is not None else state.status.value
+        phases = tuple(
+            PhaseSample(p.name, p.num_steps, p.steps_completed, p.is_open)
+            for p in (state.phases[i] for i in state.latest_by_name.values())
+        )
+        sample_values: dict[str, Any] = {
+            "state": build_state,
+            "progress_ratio": state.progress_ratio(),
+            "start_s": _seconds(state.start_wall_ns),
+            "end_s": _seconds(state.end_wall_ns),
+            "last_progress_s": _seconds(state.last_progress_wall_ns),
+            "steps_total": state.steps_completed_total,
+            "phases_started_total": state.phases_started_total,
+            "cancel_reason": state.cancel.source if state.cancel is not None else None,
+            "anomalies": {kind.value: n for kind, n in state.anomalies.items()},
+            "events_total": monitor.log.next_seq,
+            "callbacks_total": monitor.callbacks_total,
+            "callback_s_total": monitor.callback_ns_total / 1e9,
+            "internal_errors": monitor.internal_errors,
+        }
+        attributes = dict(state.attributes)
+    info = {
+        label: str(attributes[key]) for key, label in _INFO_ATTRIBUTES.items() if key in attributes
+    }
+    if "model.path" in attributes:
+        info["model"] = str(attributes["model.path"]).rsplit("/", 1)[-1]
+    if build_id_label and monitor.build_id:
+        info["build_id"] = monitor.build_id
+    followers = tuple(worker.health() for worker in monitor.log.workers)
+    return BuildSample(phases=phases, followers=followers, info=info, **sample_values)
+
+
+def _seconds(ns: int | None) -> float | None:
+    return None if ns is None else ns / 1e9
+
+
+class BuildCollector(Collector):
+    """The contract's ``trt_build_*`` metrics and the monitor's own ``trt_otel_*`` health."""
+
+    def __init__(self, monitor: BuildMonitor, *, build_id_label: bool = False) -> None:
+        self.monitor = monitor
+        self.build_id_label = build_id_label
+        self.scrapes = 0
+        self.last_scrape_mono_s: float | None = None
+        self._scraped = threading.Condition()
+
+    def collect(self) -> Iterable[Metric]:
+        sample = sample_build(self.monitor, build_id_label=self.build_id_label)
+        with self._scraped:
+            self.scrapes += 1
+            self.last_scrape_mono_s = time.monotonic()
+            self._scraped.notify_all()
+        return list(build_metrics(sample))
+
+    def wait_for_scrape_after(self, mono_s: float, timeout_s: float) -> bool:
+        """Wait until a scrape happens after ``mono_s`` (time.monotonic); False on timeout."""
+        with self._scraped:
+            return self._scraped.wait_for(
+                lambda: self.last_scrape_mono_s is not None and self.last_scrape_mono_s > mono_s,
+                timeout_s,
+            )
+
+
+def build_metrics(sample: BuildSample) -> Iterable[Metric]:
+    steps = GaugeMetricFamily(
+        "trt_build_phase_steps",
+        "num_steps of the latest instance of each TensorRT phase",
+        labels=["phase"],
+    )
+    completed = GaugeMetricFamily(
+        "trt_build_phase_steps_completed",
+        "Steps completed in the latest instance of each TensorRT phase",
+        labels=["phase"],
+    )
+    open_phase = GaugeMetricFamily(
+        "trt_build_phase_open", "1 while the latest instance of the phase is open", labels=["phase"]
+    )
+    for phase in sample.phases:
+        steps.add_metric([phase.name], phase.num_steps)
+        completed.add_metric([phase.name], phase.steps_completed)
+        open_phase.add_metric([phase.name], 1 if phase.is_open else 0)
+    yield steps
+    yield completed
+    yield open_phase
+    yield CounterMetricFamily(
+        "trt_build_steps_completed", "Every step TensorRT reported in the build", sample.steps_total
+    )
+    yield CounterMetricFamily(
+        "trt_build_phases_started", "Phase instances TensorRT started", sample.phases_started_total
+    )
+    yield GaugeMetricFamily(
+        "trt_build_progress_ratio", "Overall build progress from 0 to 1", sample.progress_ratio
+    )
+    for name, help_text, value in (
+        ("trt_build_start_timestamp_seconds", "When the build started (Unix time)", sample.start_s),
+        ("trt_build_end_timestamp_seconds", "When the build ended (Unix time)", sample.end_s),
+        (
+            "trt_build_last_progress_timestamp_seconds",
+            "When TensorRT last reported progress (Unix time)",
+            sample.last_progress_s,
+        ),
+    ):
+        if value is not None:
+            yield GaugeMetricFamily(name, help_text, value)
+    state = GaugeMetricFamily(
+        "trt_build_state", "1 for the build's current state", labels=["state"]
+    )
+    for name in BUILD_STATES:
+        state.add_metric([name], 1 if name == sample.state else 0)
+    yield state
+    cancellations = CounterMetricFamily(
+        "trt_build_cancellations", "Cancels requested, by who requested them", labels=["reason"]
+    )
+    if sample.cancel_reason is not None:
+        cancellations.add_metric([sample.cancel_reason], 1)
+    yield cancellations
+    if sample.info:
+        yield InfoMetricFamily(
+            "trt_build", "What was built, and with what", value=dict(sample.info)
+        )
+    yield from health_metrics(sample)
+
+
+def health_metrics(sample: BuildSample) -> Iterable[Metric]:
+    anomalies = CounterMetricFamily(
+        "trt_otel_anomalies", "TensorRT protocol departures tolerated, by kind", labels=["kind"]
+    )
+    for kind, count in sorted(sample.anomalies.items()):
+        anomalies.add_metric([kind], count)
+    yield anomalies
+    yield CounterMetricFamily("trt_otel_events", "Events in the build's log", sample.events_total)
+    yield CounterMetricFamily(
+        "trt_otel_callbacks", "TensorRT callbacks handled by the monitor", sample.callbacks_total
+    )
+    yield CounterMetricFamily(
+        "trt_otel_callback_seconds",
+        "Time spent inside the monitor's callbacks",
+        sample.callback_s_total,
+    )
+    yield CounterMetricFamily(
+        "trt_otel_monitor_errors",
+        "Failures inside the monitor's callbacks (answered anyway)",
+        sample.internal_errors,
+    )
+    dropped = CounterMetricFamily(
+        "trt_otel_follower_dropped_events",
+        "Events a follower lost because its queue was full",
+        labels=["follower"],
+    )
+    errors = CounterMetricFamily(
+        "trt_otel_follower_errors", "Failures of a follower", labels=["follower"]
+    )
+    queued = GaugeMetricFamily(
+        "trt_otel_follower_queued_events", "Events waiting for a follower", labels=["follower"]
+    )
+    for health in sample.followers:
+        dropped.add_metric([health.name], health.dropped)
+        errors.add_metric([health.name], health.errors)
+        queued.add_metric([health.name], health.queued)
+    yield dropped
+    yield errors
+    yield queued
+
+
+class MetricsServer:
+    """Serves ``/metrics`` for one build on ``address:port`` (loopback by default)."""
+
+    def __init__(
+        self,
+        monitor: BuildMonitor,
+        port: int,
+        address: str = "127.0.0.1",
+        *,
+        build_id_label: bool = False,
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.collector = BuildCollector(monitor, build_id_label=build_id_label)
+        self.registry.register(self.collector)
+        # Binding happens here, so a port in use is a configuration error before the build.
+        self._server, self._thread = start_http_server(port, address, self.registry)
+        self.address = address
+        self.port = int(self._server.server_port)
+
+    def linger(self, timeout_s: float) -> bool:
+        """After the build, wait (at most ``timeout_s``) for one more scrape so the final
+        values reach Prometheus; only when something was scraping at all."""
+        if self.collector.scrapes == 0 or timeout_s <= 0:
+            return False
+        return self.collector.wait_for_scrape_after(time.monotonic(), timeout_s)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+
+def push_build_metrics(
+    monitor: BuildMonitor,
+    gateway: str,
+    *,
+    job: str = "trt_otel",
+    timeout_s: float = 5.0,
+    build_id_label: bool = False,
+) -> None:
+    """Push the build's metrics to a Pushgateway once (for builds shorter than a scrape
+    interval). Raises OSError (URLError) when the gateway cannot be reached."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(BuildCollector(monitor, build_id_label=build_id_label))
+    push_to_gateway(gateway, job=job, registry=registry, timeout=timeout_s)
