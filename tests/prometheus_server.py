@@ -1,0 +1,89 @@
+"""A real Prometheus server (Debian's ``prometheus``) run by the tests on loopback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class PrometheusServer:
+    """Starts ``prometheus`` scraping ``target`` every second; ``query`` reads its HTTP API."""
+
+    def __init__(self, workdir: Path, target: str) -> None:
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise FileNotFoundError("prometheus is not installed (apt-get install prometheus)")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = workdir / "prometheus.yml"
+        config.write_text(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            "scrape_configs:\n  - job_name: trt-otel\n    scrape_interval: 1s\n"
+            "    scrape_timeout: 900ms\n"
+            f"    static_configs:\n      - targets: ['{target}']\n"
+        )
+        self._log = open(workdir / "prometheus.log", "wb")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        self._wait_ready()
+
+    def _wait_ready(self, timeout_s: float = 30) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError("prometheus exited at start")
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.1)
+        raise TimeoutError("prometheus did not become ready")
+
+    def query(self, expression: str) -> list[dict[str, Any]]:
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expression})
+        with urllib.request.urlopen(url, timeout=5) as response:
+            body = json.load(response)
+        assert body["status"] == "success", body
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result
+
+    def wait_for(self, expression: str, timeout_s: float = 20) -> list[dict[str, Any]]:
+        """Poll until ``expression`` returns data."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            result = self.query(expression)
+            if result or time.monotonic() > deadline:
+                return result
+            time.sleep(0.25)
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._log.close()

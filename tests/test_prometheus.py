@@ -1,0 +1,264 @@
+"""The Prometheus projection, scraped by a real Prometheus server and checked by promtool."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from prometheus_server import PrometheusServer, free_port
+from trt_otel import BuildMonitor, JournalWriter
+from trt_otel.simulator import Driver, generate_plan
+from trt_otel.sinks.prometheus import MetricsServer
+
+REPO = Path(__file__).resolve().parents[1]
+DASHBOARD = REPO / "dashboards" / "trt-otel.json"
+
+needs_prometheus = pytest.mark.skipif(
+    shutil.which("prometheus") is None or shutil.which("promtool") is None,
+    reason="Debian's prometheus package is not installed (.ci/run installs it)",
+)
+
+
+@pytest.fixture(scope="module")
+def exporter_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def prometheus(
+    tmp_path_factory: pytest.TempPathFactory, exporter_port: int
+) -> Iterator[PrometheusServer]:
+    if shutil.which("prometheus") is None:
+        pytest.skip("Debian's prometheus package is not installed (.ci/run installs it)")
+    server = PrometheusServer(tmp_path_factory.mktemp("prometheus"), f"127.0.0.1:{exporter_port}")
+    yield server
+    server.close()
+
+
+class SlowBuild:
+    """A simulated build on its own thread, paced so that Prometheus scrapes it many times."""
+
+    def __init__(self, monitor: BuildMonitor, speed: float) -> None:
+        self.monitor = monitor
+        self.completed: bool | None = None
+        self.thread = threading.Thread(target=self._run, args=(speed,), name="simulated-build")
+
+    def _run(self, speed: float) -> None:
+        result = Driver(speed=speed).run(self.monitor, generate_plan(13))
+        self.completed = result.completed
+        self.monitor.end_with_result(b"engine" if result.completed else None)
+
+
+def scrape(port: int) -> str:
+    return scrape_url(f"http://127.0.0.1:{port}/metrics")
+
+
+def dashboard_expressions() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+
+
+@needs_prometheus
+def test_prometheus_finds_the_step_gauges_the_build_reported(
+    prometheus: PrometheusServer, exporter_port: int
+) -> None:
+    monitor = BuildMonitor(attributes={"trt.backend": "simulator"})
+    server = MetricsServer(monitor, exporter_port)
+    try:
+        monitor.start()
+        assert prometheus.wait_for('trt_build_state{state="running"} == 1')
+        assert Driver(speed=0).run(monitor, generate_plan(13)).completed
+        monitor.end()
+        assert server.collector.wait_for_scrape_after(time.monotonic(), 10)
+        assert prometheus.wait_for('trt_build_state{state="success"} == 1')
+        state = monitor.state
+        expected = {
+            name: (state.phases[i].num_steps, state.phases[i].steps_completed)
+            for name, i in state.latest_by_name.items()
+        }
+        steps = {
+            r["metric"]["phase"]: float(r["value"][1])
+            for r in prometheus.query("trt_build_phase_steps")
+        }
+        completed = {
+            r["metric"]["phase"]: float(r["value"][1])
+            for r in prometheus.query("trt_build_phase_steps_completed")
+        }
+        assert steps == {name: float(n) for name, (n, _) in expected.items()}
+        assert completed == {name: float(c) for name, (_, c) in expected.items()}
+        (total,) = prometheus.query("trt_build_steps_completed_total")
+        assert float(total["value"][1]) == state.steps_completed_total
+        (ratio,) = prometheus.query("trt_build_progress_ratio")
+        assert float(ratio["value"][1]) == 1.0
+    finally:
+        server.close()
+
+
+@needs_prometheus
+def test_every_dashboard_expression_returns_data_during_a_build(
+    prometheus: PrometheusServer, exporter_port: int, tmp_path: Path
+) -> None:
+    monitor = BuildMonitor(attributes={"trt.backend": "simulator", "model.path": "/m/mnist.onnx"})
+    monitor.log.follow(JournalWriter(tmp_path / "build.jsonl"))
+    server = MetricsServer(monitor, exporter_port)
+    build = SlowBuild(monitor, speed=0.5)
+    build.thread.start()
+    try:
+        assert prometheus.wait_for('trt_build_state{state="running"} == 1')
+        # rate() needs two samples in its window; wait for a few scrapes of the running build.
+        assert prometheus.wait_for("count_over_time(trt_build_steps_completed_total[1m]) >= 4")
+        expressions = dashboard_expressions()
+        empty = [e for e in expressions if "cancellations" not in e and not prometheus.query(e)]
+        assert empty == []
+
+        monitor.cancel("checked every panel", source="test")
+        build.thread.join(60)
+        assert build.completed is False
+        assert server.collector.wait_for_scrape_after(time.monotonic(), 10)
+        cancellations = [e for e in expressions if "cancellations" in e]
+        assert cancellations
+        for expression in cancellations:
+            assert prometheus.wait_for(expression)[0]["metric"] == {"reason": "test"}
+        assert prometheus.wait_for('trt_build_state{state="cancellation"} == 1')
+    finally:
+        if build.thread.is_alive():
+            monitor.cancel("test cleanup")
+            build.thread.join(60)
+        server.close()
+
+
+@needs_prometheus
+def test_promtool_finds_nothing_to_lint_mid_build() -> None:
+    monitor = BuildMonitor(attributes={"trt.backend": "simulator", "model.path": "m.onnx"})
+    server = MetricsServer(monitor, 0)
+    try:
+        plan = generate_plan(13)
+        Driver(speed=0).run(monitor, plan[: len(plan) // 2])
+        monitor.cancel("lint", source="test")
+        monitor.phase_finish("not open")  # an anomaly, so that family has a sample too
+        text = scrape(server.port)
+        assert 'trt_build_phase_open{phase="Measuring tactic time"}' in text
+        assert 'trt_build_cancellations_total{reason="test"} 1.0' in text
+        assert 'trt_otel_anomalies_total{kind="finish_of_unknown_phase"} 1.0' in text
+        lint = subprocess.run(
+            ["promtool", "check", "metrics"],
+            input=text,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert lint.returncode == 0, lint.stdout + lint.stderr
+        assert lint.stdout.strip() == "" and lint.stderr.strip() == ""
+    finally:
+        server.close()
+
+
+def test_a_port_in_use_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from trt_otel.cli import main
+
+    monitor = BuildMonitor()
+    taken = MetricsServer(monitor, 0)
+    try:
+        assert main(["demo", "--speed", "0", "--prometheus-port", str(taken.port)]) == 2
+        assert "cannot serve metrics on 127.0.0.1" in capsys.readouterr().err
+    finally:
+        taken.close()
+
+
+def test_a_dead_pushgateway_is_reported_and_the_build_still_succeeds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from trt_otel.cli import main
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    assert main(["demo", "--speed", "0", "--no-progress", "--pushgateway", dead]) == 0
+    assert f"cannot push metrics to {dead}" in capsys.readouterr().err
+
+
+def test_the_dashboard_uses_fixed_datasource_uids_only() -> None:
+    text = DASHBOARD.read_text()
+    assert "${DS_" not in text
+    dashboard = json.loads(text)
+    uids = {panel["datasource"]["uid"] for panel in dashboard["panels"]}
+    uids |= {t["datasource"]["uid"] for panel in dashboard["panels"] for t in panel["targets"]}
+    assert uids == {"prometheus"}
+    assert any("16686" in link["url"] for link in dashboard["links"])
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
+def test_the_compose_file_is_valid_and_names_the_stack() -> None:
+    result = subprocess.run(
+        ["docker-compose", "-f", str(REPO / "docker-compose.yml"), "config"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    config = yaml.safe_load(result.stdout)
+    services = config["services"]
+    assert set(services) == {"jaeger", "prometheus", "grafana", "demo"}
+    published = {
+        name: {
+            str(p["published"]) if isinstance(p, dict) else str(p).split(":")[0]
+            for p in s.get("ports", [])
+        }
+        for name, s in services.items()
+    }
+    assert {"16686", "4317", "4318"} <= published["jaeger"]
+    assert "9090" in published["prometheus"]
+    assert "3000" in published["grafana"]
+    for name in ("jaeger", "prometheus", "grafana", "demo"):
+        image = services[name]["image"]
+        assert ":" in image and not image.endswith(":latest"), f"{name} image is not pinned"
+    assert "trt-otel demo" in " ".join(services["demo"]["command"])
+
+
+@pytest.mark.skipif(
+    shutil.which("prometheus-pushgateway") is None,
+    reason="Debian's prometheus-pushgateway is not installed (.ci/run installs it)",
+)
+def test_a_short_build_pushes_its_final_values_to_a_pushgateway(tmp_path: Path) -> None:
+    from trt_otel.cli import main
+
+    port = free_port()
+    gateway = subprocess.Popen(
+        [
+            "prometheus-pushgateway",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/-/ready", timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the pushgateway did not start"
+                time.sleep(0.1)
+        assert main(["demo", "--speed", "0", "--no-progress", "--pushgateway", url]) == 0
+        text = scrape_url(f"{url}/metrics")
+        assert 'trt_build_state{instance="",job="trt_otel",state="success"} 1' in text
+        assert 'trt_build_progress_ratio{instance="",job="trt_otel"} 1' in text
+    finally:
+        gateway.terminate()
+        gateway.wait(10)
+
+
+def scrape_url(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return str(response.read().decode())
