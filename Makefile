@@ -17,8 +17,8 @@ demo: $(STAMP)
 	$(BIN)/trt-otel demo $(DEMO_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
 
 test: lint
@@ -26,3 +26,6 @@ test: lint
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/callback_cost.py

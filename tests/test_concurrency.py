@@ -3,33 +3,20 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
 
-from trt_otel import BuildMonitor, Event, PhaseStatus
+from trt_otel import BuildMonitor, PhaseStatus
 from trt_otel.events import StepCompleted
 from trt_otel.simulator import Driver, SimulatedTensorRT, generate_plan
+from trt_otel.testing import CollectingFollower
 
 THREADS = 8
 CALLBACKS_PER_THREAD = 50_000
 STEPS_PER_THREAD = CALLBACKS_PER_THREAD - 2  # one phase_start and one phase_finish each
 
 
-class Collector:
-    name = "collector"
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    def handle(self, events: Sequence[Event]) -> None:
-        self.events.extend(events)
-
-    def close(self) -> None:
-        pass
-
-
 def test_eight_threads_of_fifty_thousand_callbacks_lose_nothing() -> None:
     monitor = BuildMonitor()
-    collector = Collector()
+    collector = CollectingFollower()
     worker = monitor.log.follow(collector, capacity=1_000_000)
     barrier = threading.Barrier(THREADS)
     answers: list[set[object]] = [set() for _ in range(THREADS)]

@@ -6,6 +6,7 @@ import threading
 from collections.abc import Sequence
 
 from trt_otel import BuildMonitor, Event, EventLog
+from trt_otel.testing import CollectingFollower
 
 
 class Raising:
@@ -88,19 +89,7 @@ def test_a_follower_joining_late_first_gets_the_retained_events() -> None:
     monitor = BuildMonitor()
     drive(monitor, 10)
 
-    class Collect:
-        name = "late"
-
-        def __init__(self) -> None:
-            self.events: list[Event] = []
-
-        def handle(self, events: Sequence[Event]) -> None:
-            self.events.extend(events)
-
-        def close(self) -> None:
-            pass
-
-    late = Collect()
+    late = CollectingFollower("late")
     monitor.log.follow(late)
     drive(monitor, 5)
     monitor.end()

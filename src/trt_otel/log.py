@@ -38,7 +38,10 @@ class EventLog:
 
     def __init__(self, *, clock: Clock = SYSTEM_CLOCK, retain: int = DEFAULT_RETAINED_EVENTS):
         self.clock = clock
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
+        """Held by :meth:`transaction`; the monitor's callbacks take it directly (a plain
+        ``with`` costs less than a generator-based context manager on the hot path)."""
+        self._lock = self.lock
         self._next_seq = 0
         self._recent: deque[Event] = deque(maxlen=retain)
         # Copy-on-write tuples: the hot path iterates them without taking a second lock.

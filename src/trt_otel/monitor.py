@@ -123,7 +123,7 @@ class BuildMonitor:
 
     def start(self, **attributes: Any) -> None:
         """Record the build's start (done implicitly by the first callback if not called)."""
-        with self.log.transaction():
+        with self.log.lock:
             self._start_locked(attributes)
 
     def _start_locked(self, extra: Mapping[str, Any] | None = None) -> None:
@@ -139,7 +139,7 @@ class BuildMonitor:
         With no ``outcome``, a cancelled build ends as a cancellation (or a timeout, when the
         cancel was one) and any other as a success. Calling it again changes nothing.
         """
-        with self.log.transaction():
+        with self.log.lock:
             if self.state.outcome is not None:
                 return self.state.outcome
             self._start_locked()
@@ -206,7 +206,7 @@ class BuildMonitor:
 
         Only the first request is recorded as the reason; returns True if this one was it.
         """
-        with self.log.transaction():
+        with self.log.lock:
             if self._cancelled:
                 return False
             event = self.log.append_locked(
@@ -230,7 +230,7 @@ class BuildMonitor:
         """TensorRT callback, on a builder thread: a phase began. Never raises."""
         began_ns = time.perf_counter_ns()
         try:
-            with self.log.transaction():
+            with self.log.lock:
                 self._before_callback()
                 name = self._text(phase_name, "phase_name")
                 parent = None if parent_phase is None else self._text(parent_phase, "parent_phase")
@@ -251,7 +251,7 @@ class BuildMonitor:
         """
         began_ns = time.perf_counter_ns()
         try:
-            with self.log.transaction():
+            with self.log.lock:
                 state = self.state
                 if type(phase_name) is not str or type(step) is not int or self._ended:
                     self._before_callback()
@@ -278,7 +278,7 @@ class BuildMonitor:
         """TensorRT callback, on a builder thread: a phase ended. Never raises."""
         began_ns = time.perf_counter_ns()
         try:
-            with self.log.transaction():
+            with self.log.lock:
                 self._before_callback()
                 name = self._text(phase_name, "phase_name")
                 for kind, detail in self.state.check_phase_finish(name):

@@ -223,6 +223,10 @@ class BuildState:
 
     def open_descendants(self, phase_id: int) -> list[int]:
         """Open phases below ``phase_id``, innermost (latest started) first."""
+        # Descendants start after their ancestor: when no open phase is younger, there are
+        # none (the usual case, since TensorRT finishes the innermost phase first).
+        if not self.open_by_name or max(self.open_by_name.values()) <= phase_id:
+            return []
         found = []
         for open_id in self.open_by_name.values():
             ancestor = self.phases[open_id].parent_id
