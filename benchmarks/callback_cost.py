@@ -17,21 +17,10 @@ from pathlib import Path
 
 from trt_otel import BuildMonitor, JournalWriter
 from trt_otel.console import PlainLines
-from trt_otel.simulator import Callback, Driver, generate_plan
+from trt_otel.simulator import Callback, Driver, NoOpMonitor, generate_plan
 from trt_otel.sinks.prometheus import MetricsServer
 
 REPEATS = 5
-
-
-class NoOpMonitor:
-    def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
-        pass
-
-    def step_complete(self, phase_name: str, step: int) -> bool:
-        return True
-
-    def phase_finish(self, phase_name: str) -> None:
-        pass
 
 
 class LockAndDictMonitor:

@@ -41,7 +41,6 @@ class EventLog:
         self.lock = threading.Lock()
         """Held by :meth:`transaction`; the monitor's callbacks take it directly (a plain
         ``with`` costs less than a generator-based context manager on the hot path)."""
-        self._lock = self.lock
         self._next_seq = 0
         self._recent: deque[Event] = deque(maxlen=retain)
         # Copy-on-write tuples: the hot path iterates them without taking a second lock.
@@ -53,14 +52,14 @@ class EventLog:
 
     def append(self, cls: type[E], /, **fields: Any) -> E:
         """Stamp, number and record one event; returns it. Safe from any thread."""
-        with self._lock:
+        with self.lock:
             return self.append_locked(cls, **fields)
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
         """Hold the log's lock so that a look at the folds and the appends that follow are one
         atomic step (the monitor checks the open phases, then records what it saw)."""
-        with self._lock:
+        with self.lock:
             yield
 
     def append_locked(self, cls: type[E], /, **fields: Any) -> E:
@@ -82,7 +81,7 @@ class EventLog:
 
         Their ``seq`` must continue this log's sequence, so a replay equals the live run.
         """
-        with self._lock:
+        with self.lock:
             for event in events:
                 if event.seq != self._next_seq:
                     raise ValueError(
@@ -109,7 +108,7 @@ class EventLog:
     def add_fold(self, fold: Fold) -> None:
         """Register a synchronous fold. It runs under the log's lock on the appending thread, so
         it must be pure, O(1) and must not block. It first sees the retained events."""
-        with self._lock:
+        with self.lock:
             for event in self._recent:
                 fold(event)
             self._folds = (*self._folds, fold)
@@ -125,7 +124,7 @@ class EventLog:
         """Feed ``follower`` every event from now on (and, by default, the retained ones first)
         on its own thread, through a bounded queue whose drops are counted."""
         worker = FollowerWorker(follower, capacity=capacity, min_interval_s=min_interval_s)
-        with self._lock:
+        with self.lock:
             if replay_retained:
                 for event in self._recent:
                     worker.offer(event)
@@ -135,7 +134,7 @@ class EventLog:
 
     def unfollow(self, worker: FollowerWorker) -> None:
         """Stop feeding ``worker`` (it is not shut down)."""
-        with self._lock:
+        with self.lock:
             self._workers = tuple(w for w in self._workers if w is not worker)
 
     @property
@@ -149,7 +148,7 @@ class EventLog:
 
     def recent(self, since: int = -1) -> list[Event]:
         """A copy of the retained events whose ``seq`` is above ``since``."""
-        with self._lock:
+        with self.lock:
             return [e for e in self._recent if e.seq > since]
 
     def flush(self, timeout_s: float = 5.0) -> bool:
@@ -161,6 +160,6 @@ class EventLog:
 
         Calling it again is harmless.
         """
-        with self._lock:
+        with self.lock:
             workers, self._workers = self._workers, ()
         return all([worker.shutdown(timeout_s) for worker in workers])

@@ -259,14 +259,8 @@ class BuildMonitor:
                     step = self._count(step, "step", phase_name, minimum=None)
                 elif state.build_id is None:
                     self._start_locked()
-                phase_id = state.open_by_name.get(phase_name)
-                if (
-                    phase_id is None
-                    or not 0 <= step < state.phases[phase_id].num_steps
-                    or step <= state.phases[phase_id].last_step
-                ):
-                    for kind, detail in state.check_step(phase_name, step):
-                        self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=phase_name)
+                for kind, detail in state.check_step(phase_name, step):
+                    self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=phase_name)
                 self.log.append_locked(StepCompleted, name=phase_name, step=step)
                 self.callbacks_total += 1
                 self.callback_ns_total += time.perf_counter_ns() - began_ns

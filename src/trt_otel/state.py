@@ -289,6 +289,8 @@ class BuildState:
         if phase_id is None:
             return [(AnomalyKind.STEP_FOR_UNKNOWN_PHASE, f"step {step} of {name!r}, not open")]
         phase = self.phases[phase_id]
+        if phase.last_step < step < phase.num_steps:
+            return []  # the usual case, on the hot path: no list to build
         found = []
         if not 0 <= step < phase.num_steps:
             found.append(

@@ -1,7 +1,7 @@
 """A faithful simulator of TensorRT's builder, as far as its progress monitor can tell."""
 
 from trt_otel.simulator.callbacks import Callback, TraceError, load_trace
-from trt_otel.simulator.driver import Driver, DriveResult
+from trt_otel.simulator.driver import Driver, DriveResult, NoOpMonitor
 from trt_otel.simulator.plan import TimeModel, generate_plan
 from trt_otel.simulator.tensorrt_api import SIMULATED_ENGINE_MAGIC, SimulatedTensorRT
 
@@ -10,6 +10,7 @@ __all__ = [
     "Callback",
     "DriveResult",
     "Driver",
+    "NoOpMonitor",
     "SimulatedTensorRT",
     "TimeModel",
     "TraceError",

@@ -33,6 +33,19 @@ class ProgressMonitorLike(Protocol):
     def phase_finish(self, phase_name: str) -> None: ...
 
 
+class NoOpMonitor:
+    """A monitor that watches nothing and never cancels (a build without a monitor)."""
+
+    def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
+        pass
+
+    def step_complete(self, phase_name: str, step: int) -> bool:
+        return True
+
+    def phase_finish(self, phase_name: str) -> None:
+        pass
+
+
 @dataclass(frozen=True, slots=True)
 class DriveResult:
     """What a simulated build did: ``cancelled_at`` is the index of the refused step."""

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from trt_otel.simulator.callbacks import Callback
-from trt_otel.simulator.driver import Driver
+from trt_otel.simulator.driver import Driver, NoOpMonitor
 from trt_otel.simulator.plan import TimeModel, generate_plan
 
 SIMULATED_ENGINE_MAGIC = b"TRT-OTEL-SIMULATED-ENGINE\n"
@@ -225,11 +225,8 @@ class Builder:
         plan = simulation.trace or generate_plan(
             network.num_layers, num_profiles=max(1, len(config.profiles)), seed=simulation.seed
         )
-        monitor = config.progress_monitor
-        if monitor is None:
-            result = simulation.driver(self.max_threads).run(_SilentMonitor(), plan)
-        else:
-            result = simulation.driver(self.max_threads).run(monitor, plan)
+        monitor = config.progress_monitor or NoOpMonitor()
+        result = simulation.driver(self.max_threads).run(monitor, plan)
         if not result.completed:
             self.logger.log(_Severity.ERROR, "Build was cancelled by the progress monitor")
             return None
@@ -241,17 +238,6 @@ class Builder:
             "callbacks": result.callbacks_made,
         }
         return SIMULATED_ENGINE_MAGIC + json.dumps(summary).encode()
-
-
-class _SilentMonitor:
-    def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
-        pass
-
-    def step_complete(self, phase_name: str, step: int) -> bool:
-        return True
-
-    def phase_finish(self, phase_name: str) -> None:
-        pass
 
 
 _ILogger = ILogger
