@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
+import os
 import signal
 import sys
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterator, Sequence
@@ -36,7 +39,14 @@ from trt_otel.log import EventLog
 from trt_otel.model import demo_model_bytes
 from trt_otel.monitor import BuildMonitor
 from trt_otel.simulator import SimulatedTensorRT, TraceError, load_trace
+from trt_otel.sinks.otlp import PROTOCOLS, OtlpConfigError, OtlpSettings, OtlpSpanExport
 from trt_otel.sinks.prometheus import MetricsServer, push_build_metrics
+from trt_otel.spans import (
+    DEFAULT_FOLD_UNDER_NS,
+    DEFAULT_SPAN_BUDGET,
+    TRACEPARENT_ATTRIBUTE,
+    parse_traceparent,
+)
 from trt_otel.state import BuildState
 
 EXIT_OK = 0
@@ -87,7 +97,59 @@ def _http_url(text: str) -> str:
     return text
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
+    return value
+
+
+def _add_span_options(parser: argparse.ArgumentParser, *, flush_timeout_s: float = 3.0) -> None:
+    group = parser.add_argument_group(
+        "spans (OTEL_EXPORTER_OTLP_*, OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES honoured)"
+    )
+    group.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="export each phase as an OpenTelemetry span to this OTLP collector "
+        "(default: OTEL_EXPORTER_OTLP_ENDPOINT; no export without one)",
+    )
+    group.add_argument(
+        "--otlp-protocol",
+        choices=PROTOCOLS,
+        help="OTLP transport (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc on port 4317 "
+        "and http/protobuf elsewhere)",
+    )
+    group.add_argument(
+        "--span-budget",
+        type=_positive_int,
+        default=DEFAULT_SPAN_BUDGET,
+        metavar="N",
+        help=f"after N spans, fold short leaf phases into their parent's span "
+        f"(default: {DEFAULT_SPAN_BUDGET:,})",
+    )
+    group.add_argument(
+        "--span-fold-under",
+        type=_seconds,
+        default=DEFAULT_FOLD_UNDER_NS / 1e9,
+        metavar="DURATION",
+        help="beyond the budget, fold leaf phases shorter than this (default: 1s)",
+    )
+    group.add_argument(
+        "--otlp-flush-timeout",
+        type=_seconds,
+        default=flush_timeout_s,
+        metavar="DURATION",
+        help="at the end, wait at most this long for the last spans to be exported "
+        f"(default: {flush_timeout_s:g}s)",
+    )
+
+
 def _add_observability_options(parser: argparse.ArgumentParser) -> None:
+    _add_span_options(parser)
     group = parser.add_argument_group("observability")
     group.add_argument("--journal", type=Path, help="write the build's events to this JSONL file")
     group.add_argument(
@@ -177,8 +239,14 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--max-threads", type=int, help="builder threads (TensorRT's max_threads)")
     _add_observability_options(build)
 
-    replay = commands.add_parser("replay", help="show a recorded build again from its journal")
+    replay = commands.add_parser(
+        "replay",
+        help="show a recorded build again from its journal, and export its spans",
+        description="Render a journal's final tree and, with an OTLP endpoint, export the same "
+        "spans the live build did (same ids, times and attributes).",
+    )
     replay.add_argument("journal", type=Path)
+    _add_span_options(replay, flush_timeout_s=30.0)
     return parser
 
 
@@ -191,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "build":
             return _build(args)
         return _replay(args)
-    except (UsageError, BuildSetupError, JournalError, TraceError) as error:
+    except (UsageError, BuildSetupError, JournalError, TraceError, OtlpConfigError) as error:
         print(f"trt-otel: error: {error}", file=sys.stderr)
         return EXIT_USAGE
 
@@ -230,11 +298,16 @@ def _run(
     trt: Any, model_path: Path, model: bytes, args: argparse.Namespace, attributes: dict[str, Any]
 ) -> int:
     log = EventLog()
+    spans = _open_span_export(args)
+    _join_parent_trace(attributes)
     journal = _open_journal(args.journal) if args.journal is not None else None
     monitor = BuildMonitor(log=log, attributes=attributes)
     if journal is not None:
         log.follow(journal, capacity=1_000_000)
-    metrics = _serve_metrics(monitor, args)
+    if spans is not None:
+        # Losing an event would misshape the tree, and this follower does no I/O: a deep queue.
+        log.follow(spans, capacity=1_000_000)
+    metrics = _serve_metrics(monitor, args, spans)
     use_live = not args.no_progress and sys.stderr.isatty()
     log.follow(LiveConsole() if use_live else PlainLines(sys.stderr))
     interrupted = False
@@ -260,6 +333,8 @@ def _run(
         if not log.close(timeout_s=5.0):
             print("trt-otel: warning: a follower did not finish in time", file=sys.stderr)
         _report_follower_health(workers)
+        if spans is not None:
+            _finish_spans(spans, args)
         _finish_metrics(monitor, metrics, args)
     if journal is not None:
         print(f"journal: {journal.path}", file=sys.stderr)
@@ -275,7 +350,53 @@ def _run(
     return EXIT_FAILED
 
 
-def _serve_metrics(monitor: BuildMonitor, args: argparse.Namespace) -> MetricsServer | None:
+def _open_span_export(args: argparse.Namespace) -> OtlpSpanExport | None:
+    settings = OtlpSettings.resolve(
+        args.otlp_endpoint,
+        args.otlp_protocol,
+        span_budget=args.span_budget,
+        fold_under_ns=round(args.span_fold_under * 1e9),
+    )
+    if settings is None:
+        return None
+    # The exporters' own log lines would repeat every retry on the terminal; the export queue
+    # reports the first failure itself, and counts the rest.
+    logging.getLogger("opentelemetry").propagate = False
+    export = OtlpSpanExport(settings, warn=_warn)
+    print(f"spans: {settings.endpoint} ({settings.protocol})", file=sys.stderr)
+    return export
+
+
+def _join_parent_trace(attributes: dict[str, Any]) -> None:
+    """Inside a traced CI job (``TRACEPARENT`` set), the build's span joins the job's trace."""
+    traceparent = os.environ.get("TRACEPARENT", "").strip()
+    if not traceparent:
+        return
+    if parse_traceparent(traceparent) is None:
+        _warn(f"ignoring TRACEPARENT {traceparent!r}: not a W3C traceparent")
+        return
+    attributes[TRACEPARENT_ATTRIBUTE] = traceparent
+
+
+def _finish_spans(spans: OtlpSpanExport, args: argparse.Namespace) -> None:
+    health = spans.shutdown(args.otlp_flush_timeout)
+    lost = health.failed + health.dropped
+    if lost:
+        _warn(
+            f"{lost:,} spans not exported ({health.failed:,} refused or unreachable, "
+            f"{health.dropped:,} dropped; last error: {health.last_error or 'none'})"
+        )
+    else:
+        print(f"spans: {health.exported:,} exported", file=sys.stderr)
+
+
+def _warn(message: str) -> None:
+    print(f"trt-otel: warning: {message}", file=sys.stderr)
+
+
+def _serve_metrics(
+    monitor: BuildMonitor, args: argparse.Namespace, spans: OtlpSpanExport | None = None
+) -> MetricsServer | None:
     if args.prometheus_port is None:
         return None
     try:
@@ -284,6 +405,7 @@ def _serve_metrics(monitor: BuildMonitor, args: argparse.Namespace) -> MetricsSe
             args.prometheus_port,
             args.prometheus_address,
             build_id_label=args.metrics_build_id,
+            span_health=spans.queue.health if spans is not None else None,
         )
     except OSError as error:
         raise UsageError(
@@ -340,6 +462,7 @@ def _options(args: argparse.Namespace) -> BuildOptions:
 
 class _SignalState:
     interrupted = False
+    received = 0
 
 
 @contextlib.contextmanager
@@ -347,16 +470,24 @@ def _cancel_on_signals(monitor: BuildMonitor) -> Iterator[_SignalState]:
     """First SIGINT or SIGTERM: cancel gracefully at the next step. Second: stop now."""
     state = _SignalState()
 
+    def cancel(name: str) -> None:
+        if monitor.cancel(f"received {name}", source="signal"):
+            print(
+                f"\ntrt-otel: {name}: cancelling at TensorRT's next step (again to stop now)",
+                file=sys.stderr,
+            )
+
     def handler(signum: int, frame: FrameType | None) -> None:
+        # A handler runs on the main thread between two bytecodes, possibly while that thread
+        # holds the event log's lock inside a callback (or is writing to stderr): it must take
+        # no lock and do no I/O itself, so the cancel is handed to a thread of its own.
         name = signal.Signals(signum).name
         if signum == signal.SIGINT:
             state.interrupted = True
-        if not monitor.cancel(f"received {name}", source="signal"):
+        state.received += 1
+        if state.received > 1 or monitor.cancelled:
             raise KeyboardInterrupt
-        print(
-            f"\ntrt-otel: {name}: cancelling at TensorRT's next step (again to stop now)",
-            file=sys.stderr,
-        )
+        threading.Thread(target=cancel, args=(name,), name="trt-otel-signal", daemon=True).start()
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -370,10 +501,16 @@ def _replay(args: argparse.Namespace) -> int:
     journal = read_journal(args.journal)
     for problem in journal.problems:
         print(f"trt-otel: {args.journal}: {problem}", file=sys.stderr)
+    spans = _open_span_export(args)
     state = BuildState()
     for event in journal.events:
         state.apply(event)
     Console(stderr=True).print(render_build(state))
+    if spans is not None:
+        # The same projection as the live run, fed the same events: the same spans.
+        spans.handle(journal.events)
+        spans.close()
+        _finish_spans(spans, args)
     return EXIT_OK
 
 

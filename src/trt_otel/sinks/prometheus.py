@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,9 @@ from prometheus_client.registry import Collector
 
 from trt_otel.followers import FollowerHealth
 from trt_otel.monitor import BuildMonitor
+from trt_otel.sinks.otlp import SpanExportHealth
+
+SpanHealthSource = Callable[[], SpanExportHealth]
 
 BUILD_STATES = ("pending", "running", "cancelling", "success", "failure", "cancellation", "timeout")
 """Values of ``trt_build_state{state}``: one is 1, the others 0."""
@@ -64,9 +67,15 @@ class BuildSample:
     internal_errors: int
     followers: tuple[FollowerHealth, ...]
     info: Mapping[str, str]
+    spans: SpanExportHealth | None = None
 
 
-def sample_build(monitor: BuildMonitor, *, build_id_label: bool = False) -> BuildSample:
+def sample_build(
+    monitor: BuildMonitor,
+    *,
+    build_id_label: bool = False,
+    span_health: SpanHealthSource | None = None,
+) -> BuildSample:
     """A consistent snapshot of the monitor's state for one scrape."""
     with monitor.log.transaction():
         state = monitor.state
@@ -100,7 +109,8 @@ def sample_build(monitor: BuildMonitor, *, build_id_label: bool = False) -> Buil
     if build_id_label and monitor.build_id:
         info["build_id"] = monitor.build_id
     followers = tuple(worker.health() for worker in monitor.log.workers)
-    return BuildSample(phases=phases, followers=followers, info=info, **sample_values)
+    spans = span_health() if span_health is not None else None
+    return BuildSample(phases=phases, followers=followers, info=info, spans=spans, **sample_values)
 
 
 def _seconds(ns: int | None) -> float | None:
@@ -110,15 +120,24 @@ def _seconds(ns: int | None) -> float | None:
 class BuildCollector(Collector):
     """The contract's ``trt_build_*`` metrics and the monitor's own ``trt_otel_*`` health."""
 
-    def __init__(self, monitor: BuildMonitor, *, build_id_label: bool = False) -> None:
+    def __init__(
+        self,
+        monitor: BuildMonitor,
+        *,
+        build_id_label: bool = False,
+        span_health: SpanHealthSource | None = None,
+    ) -> None:
         self.monitor = monitor
         self.build_id_label = build_id_label
+        self.span_health = span_health
         self.scrapes = 0
         self.last_scrape_mono_s: float | None = None
         self._scraped = threading.Condition()
 
     def collect(self) -> Iterable[Metric]:
-        sample = sample_build(self.monitor, build_id_label=self.build_id_label)
+        sample = sample_build(
+            self.monitor, build_id_label=self.build_id_label, span_health=self.span_health
+        )
         with self._scraped:
             self.scrapes += 1
             self.last_scrape_mono_s = time.monotonic()
@@ -233,6 +252,23 @@ def health_metrics(sample: BuildSample) -> Iterable[Metric]:
     yield dropped
     yield errors
     yield queued
+    if sample.spans is not None:
+        yield from _span_export_metrics(sample.spans)
+
+
+def _span_export_metrics(health: SpanExportHealth) -> Iterable[Metric]:
+    yield CounterMetricFamily(
+        "trt_otel_spans_exported", "Spans the OTLP collector accepted", health.exported
+    )
+    yield CounterMetricFamily(
+        "trt_otel_spans_failed", "Spans in exports the OTLP collector did not accept", health.failed
+    )
+    yield CounterMetricFamily(
+        "trt_otel_spans_dropped",
+        "Spans lost because the export queue was full or the final flush ran out of time",
+        health.dropped,
+    )
+    yield GaugeMetricFamily("trt_otel_spans_queued", "Spans waiting to be exported", health.queued)
 
 
 class MetricsServer:
@@ -245,9 +281,12 @@ class MetricsServer:
         address: str = "127.0.0.1",
         *,
         build_id_label: bool = False,
+        span_health: SpanHealthSource | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.collector = BuildCollector(monitor, build_id_label=build_id_label)
+        self.collector = BuildCollector(
+            monitor, build_id_label=build_id_label, span_health=span_health
+        )
         self.registry.register(self.collector)
         # Binding happens here, so a port in use is a configuration error before the build.
         self._server, self._thread = start_http_server(port, address, self.registry)

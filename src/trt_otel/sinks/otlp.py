@@ -1,0 +1,431 @@
+"""OTLP span export: the span projection, turned into OpenTelemetry spans and sent off-thread.
+
+Two threads stand between TensorRT and the collector. The ``otlp`` follower folds events into
+span records (:mod:`trt_otel.spans`) and hands each finished span to the OpenTelemetry SDK with
+its recorded times and derived ids; a :class:`SpanExportQueue` then exports them in batches on a
+thread of its own, through a bounded queue. A collector that is down, slow or refusing costs the
+build nothing: failures are reported once and counted, spans that do not fit are dropped and
+counted, and shutting down waits for a final flush only up to a deadline.
+
+Configuration follows the OpenTelemetry environment variables (``OTEL_EXPORTER_OTLP_*``,
+``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``), which ``--otlp-endpoint`` and
+``--otlp-protocol`` override.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import urllib.parse
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace.status import Status, StatusCode
+
+from trt_otel import __version__
+from trt_otel.events import Event
+from trt_otel.spans import (
+    DEFAULT_FOLD_UNDER_NS,
+    DEFAULT_SPAN_BUDGET,
+    SpanProjection,
+    SpanRecord,
+)
+
+GRPC = "grpc"
+HTTP_PROTOBUF = "http/protobuf"
+PROTOCOLS = (GRPC, HTTP_PROTOBUF)
+DEFAULT_REQUEST_TIMEOUT_S = 5.0
+TRACES_PATH = "/v1/traces"
+
+Warn = Callable[[str], None]
+
+
+class OtlpConfigError(ValueError):
+    """An OTLP setting (option or ``OTEL_*`` variable) that cannot work."""
+
+
+@dataclass(frozen=True, slots=True)
+class OtlpSettings:
+    """Where and how spans go. ``endpoint`` is the full URL for HTTP, ``host:port`` for gRPC."""
+
+    endpoint: str
+    protocol: str
+    request_timeout_s: float | None
+    """None leaves the exporter to ``OTEL_EXPORTER_OTLP_TIMEOUT``."""
+    span_budget: int = DEFAULT_SPAN_BUDGET
+    fold_under_ns: int = DEFAULT_FOLD_UNDER_NS
+
+    @classmethod
+    def resolve(
+        cls,
+        endpoint: str | None = None,
+        protocol: str | None = None,
+        *,
+        environ: Mapping[str, str] | None = None,
+        span_budget: int = DEFAULT_SPAN_BUDGET,
+        fold_under_ns: int = DEFAULT_FOLD_UNDER_NS,
+    ) -> OtlpSettings | None:
+        """Settings from the options and the environment; None when spans are not wanted (no
+        endpoint anywhere, ``OTEL_SDK_DISABLED=true`` or ``OTEL_TRACES_EXPORTER=none``)."""
+        env = os.environ if environ is None else environ
+        if endpoint is None:
+            if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+                return None
+            if env.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+                return None
+        signal_endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+        base_endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+        if endpoint is not None:
+            url, is_signal_url, origin = endpoint.strip(), False, "--otlp-endpoint"
+        elif signal_endpoint:
+            url, is_signal_url = signal_endpoint, True
+            origin = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+        elif base_endpoint:
+            url, is_signal_url, origin = base_endpoint, False, "OTEL_EXPORTER_OTLP_ENDPOINT"
+        else:
+            return None
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise OtlpConfigError(f"{origin} {url!r} is not an http:// or https:// URL")
+        try:
+            port = parts.port
+        except ValueError:
+            raise OtlpConfigError(f"{origin} {url!r} has an invalid port") from None
+        chosen = (
+            protocol
+            or env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "").strip()
+            or env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "").strip()
+        )
+        if not chosen:
+            # The specification's default is http/protobuf; 4317 is the registered gRPC port,
+            # where an HTTP request would only fail.
+            chosen = GRPC if port == 4317 else HTTP_PROTOBUF
+        if chosen not in PROTOCOLS:
+            raise OtlpConfigError(
+                f"OTLP protocol {chosen!r} is not supported; use {' or '.join(PROTOCOLS)}"
+            )
+        if chosen == HTTP_PROTOBUF and not is_signal_url:
+            url = url.rstrip("/") + TRACES_PATH
+        timeout_variables = ("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
+        timeout_set = any(env.get(name) for name in timeout_variables)
+        return cls(
+            endpoint=url,
+            protocol=chosen,
+            request_timeout_s=None if timeout_set else DEFAULT_REQUEST_TIMEOUT_S,
+            span_budget=span_budget,
+            fold_under_ns=fold_under_ns,
+        )
+
+    def make_exporter(self) -> SpanExporter:
+        if self.protocol == GRPC:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                OTLPSpanExporter as GrpcSpanExporter,
+            )
+
+            return GrpcSpanExporter(endpoint=self.endpoint, timeout=self.request_timeout_s)
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpSpanExporter,
+        )
+
+        return HttpSpanExporter(endpoint=self.endpoint, timeout=self.request_timeout_s)
+
+
+def default_resource() -> Resource:
+    """The service resource from ``OTEL_SERVICE_NAME``/``OTEL_RESOURCE_ATTRIBUTES``, named
+    ``trt-otel`` unless they name it."""
+    resource = Resource.create()
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: "trt-otel"}))
+    if SERVICE_VERSION not in resource.attributes:
+        resource = resource.merge(Resource({SERVICE_VERSION: __version__}))
+    return resource
+
+
+# -- export queue ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SpanExportHealth:
+    exported: int
+    dropped: int
+    """Spans that found the queue full, or were still queued when the flush deadline passed."""
+    failed: int
+    """Spans in batches the collector did not accept."""
+    queued: int
+    last_error: str | None
+
+
+class _ExporterLogCapture(logging.Handler):
+    """Keeps the last complaint of the OTLP exporters, so a failure can say why."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.last: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.last = record.getMessage()
+        except Exception:  # a malformed log record must not break the exporter thread
+            self.last = str(record.msg)
+
+
+class SpanExportQueue(SpanProcessor):
+    """An SDK span processor that exports ended spans in batches on its own thread.
+
+    ``on_end`` is an append to a bounded deque (the oldest span makes room when it is full, and
+    is counted). The first failed export is reported through ``warn``; later ones are counted.
+    """
+
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        *,
+        describe: str,
+        warn: Warn,
+        capacity: int = 65_536,
+        batch_size: int = 512,
+        interval_s: float = 1.0,
+    ) -> None:
+        self._exporter = exporter
+        self._describe = describe
+        self._warn = warn
+        self._capacity = capacity
+        self._batch_size = batch_size
+        self._interval_s = interval_s
+        self._queue: deque[ReadableSpan] = deque()
+        self._wake = threading.Event()
+        self._idle = threading.Condition()
+        self._in_flight = 0
+        self._stopping = False
+        self._exported = 0
+        self._dropped = 0
+        self._failed = 0
+        self._last_error: str | None = None
+        self._log_capture = _ExporterLogCapture()
+        logging.getLogger("opentelemetry.exporter").addHandler(self._log_capture)
+        self._thread = threading.Thread(target=self._run, name="trt-otel-otlp-export", daemon=True)
+        self._thread.start()
+
+    # -- SpanProcessor -------------------------------------------------------------------------
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self._stopping:
+            self._dropped += 1
+            return
+        if len(self._queue) >= self._capacity:
+            try:
+                self._queue.popleft()
+                self._dropped += 1
+            except IndexError:
+                pass
+        self._queue.append(span)
+        if len(self._queue) >= self._batch_size:
+            self._wake.set()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self.flush(timeout_millis / 1000)
+
+    def shutdown(self) -> None:
+        self.close(timeout_s=5.0)
+
+    # -- the export thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._interval_s)
+            self._wake.clear()
+            while self._queue:
+                batch = self._take_batch()
+                self._export(batch)
+            with self._idle:
+                self._idle.notify_all()
+            if self._stopping:
+                return
+
+    def _take_batch(self) -> list[ReadableSpan]:
+        batch: list[ReadableSpan] = []
+        with self._idle:
+            while self._queue and len(batch) < self._batch_size:
+                batch.append(self._queue.popleft())
+            self._in_flight = len(batch)
+        return batch
+
+    def _export(self, batch: Sequence[ReadableSpan]) -> None:
+        try:
+            result = self._exporter.export(batch)
+            error = None if result is SpanExportResult.SUCCESS else self._log_capture.last
+            ok = result is SpanExportResult.SUCCESS
+        except Exception as exception:  # an exporter bug must not end the thread
+            ok, error = False, f"{type(exception).__name__}: {exception}"
+        first_failure = False
+        with self._idle:
+            if self._in_flight == 0:
+                return  # close() gave up on this batch and counted it dropped
+            self._in_flight = 0
+            if ok:
+                self._exported += len(batch)
+            else:
+                self._failed += len(batch)
+                self._last_error = error or "the collector did not accept the spans"
+                first_failure = self._failed == len(batch)
+        if first_failure:
+            self._warn(
+                f"OTLP export to {self._describe} failed ({self._last_error}); "
+                "the build goes on, further failures are only counted"
+            )
+
+    # -- control -------------------------------------------------------------------------------
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every span handed over so far was exported or given up on."""
+        self._wake.set()
+        with self._idle:
+            return self._idle.wait_for(
+                lambda: not self._queue and not self._in_flight, timeout=timeout_s
+            )
+
+    def close(self, timeout_s: float) -> bool:
+        """Export what is queued within ``timeout_s``, then drop the rest and stop; True when
+        everything queued was handed to the collector in time."""
+        if self._stopping:
+            return not self._queue
+        flushed = self.flush(timeout_s)
+        self._stopping = True
+        self._wake.set()
+        with self._idle:
+            self._dropped += len(self._queue) + self._in_flight
+            self._queue.clear()
+            self._in_flight = 0
+        try:
+            # Aborts retries and in-flight calls; an exporter stuck anyway is left behind on
+            # its daemon thread rather than holding up the process.
+            self._exporter.shutdown()
+        except Exception as exception:
+            self._last_error = f"{type(exception).__name__}: {exception}"
+        logging.getLogger("opentelemetry.exporter").removeHandler(self._log_capture)
+        return flushed
+
+    def health(self) -> SpanExportHealth:
+        return SpanExportHealth(
+            exported=self._exported,
+            dropped=self._dropped,
+            failed=self._failed,
+            queued=len(self._queue) + self._in_flight,
+            last_error=self._last_error,
+        )
+
+
+# -- records to SDK spans ----------------------------------------------------------------------
+
+
+class _PresetIds(IdGenerator):
+    """Hands the SDK the ids the projection derived, one span at a time."""
+
+    def __init__(self) -> None:
+        self.span_id = 0
+        self.trace_id = 0
+
+    def generate_span_id(self) -> int:
+        return self.span_id
+
+    def generate_trace_id(self) -> int:
+        return self.trace_id
+
+
+class SpanEmitter:
+    """Starts and ends one SDK span per record, with the record's ids, times and attributes.
+
+    Records are emitted from a single thread (the ``otlp`` follower); the preset ids rely on it.
+    """
+
+    def __init__(self, processor: SpanProcessor, resource: Resource | None = None) -> None:
+        self._ids = _PresetIds()
+        self._provider = TracerProvider(
+            resource=resource or default_resource(),
+            id_generator=self._ids,
+            shutdown_on_exit=False,  # the owner flushes within its own deadline
+        )
+        self._provider.add_span_processor(processor)
+        self._tracer = self._provider.get_tracer("trt_otel", __version__)
+
+    def emit(self, record: SpanRecord) -> None:
+        self._ids.span_id = record.span_id
+        self._ids.trace_id = record.trace_id
+        context = None
+        if record.parent_span_id is not None:
+            flags = TraceFlags(TraceFlags.SAMPLED if record.sampled else TraceFlags.DEFAULT)
+            parent = SpanContext(
+                record.trace_id,
+                record.parent_span_id,
+                is_remote=record.parent_is_remote,
+                trace_flags=flags,
+            )
+            context = trace.set_span_in_context(NonRecordingSpan(parent))
+        span = self._tracer.start_span(
+            record.name,
+            context=context,
+            kind=SpanKind.INTERNAL,
+            attributes=record.attributes,
+            start_time=record.start_ns,
+        )
+        for event in record.events:
+            span.add_event(event.name, event.attributes, timestamp=event.time_ns)
+        if record.error is not None:
+            span.set_status(Status(StatusCode.ERROR, record.error))
+        span.end(end_time=record.end_ns)
+
+
+# -- the follower ------------------------------------------------------------------------------
+
+
+class OtlpSpanExport:
+    """The ``otlp`` follower: events in, spans out to an OTLP collector.
+
+    Attach with ``log.follow(export)``; after the log is closed, call :meth:`close` to flush
+    within a deadline. Works the same on a replayed journal (call :meth:`handle` directly).
+    """
+
+    name = "otlp"
+
+    def __init__(
+        self,
+        settings: OtlpSettings,
+        *,
+        warn: Warn,
+        exporter: SpanExporter | None = None,
+        resource: Resource | None = None,
+    ) -> None:
+        self.settings = settings
+        self.projection = SpanProjection(
+            span_budget=settings.span_budget, fold_under_ns=settings.fold_under_ns
+        )
+        self.queue = SpanExportQueue(
+            exporter or settings.make_exporter(),
+            describe=f"{settings.endpoint} ({settings.protocol})",
+            warn=warn,
+        )
+        self._emitter = SpanEmitter(self.queue, resource)
+        self._warn = warn
+
+    def handle(self, events: Sequence[Event]) -> None:
+        for event in events:
+            for record in self.projection.apply(event):
+                self._emitter.emit(record)
+
+    def close(self) -> None:
+        """The log ended: end whatever it left open (see :meth:`SpanProjection.finish`)."""
+        for record in self.projection.finish():
+            self._emitter.emit(record)
+
+    def shutdown(self, timeout_s: float) -> SpanExportHealth:
+        """Flush within ``timeout_s`` and stop; what happened to the spans."""
+        self.queue.close(timeout_s)
+        return self.queue.health()

@@ -1,0 +1,401 @@
+"""The span projection: a pure fold of the event log into finished span records.
+
+Each TensorRT phase instance becomes one span, child of its parent phase's span (a root phase is a
+child of the build's span), with its start and end taken from the events. A span is complete only
+when its phase closes, so records are produced at ``phase_finish`` (or when the build's end or a
+protocol break closes a phase) and the build's record at ``build_end``.
+
+Everything here is a function of the events alone, identifiers included: trace and span ids are
+derived from the build id and each phase's ``seq``, so a journal replayed later yields exactly the
+spans the live run exported (and exporting both is harmless: they carry the same ids).
+
+Span budget: a small MNIST build starts over a thousand "Measuring tactic time" phases; a large
+model a hundred times more. Once ``span_budget`` spans have been emitted, a *leaf* phase (one that
+started no children) shorter than ``fold_under_ns`` is not emitted on its own but folded into its
+parent's span, which then carries how many were folded, their total and their longest duration.
+Phases with children and long phases are always emitted, so the trace stays a tree and nothing
+slow is hidden; the budget is therefore a soft one.
+
+Phases cut short are marked: ``trt.phase.cancelled`` on those open when the monitor refused a step
+(TensorRT then finishes them itself, innermost first), and ``trt.phase.status=aborted`` with
+``trt.phase.close_reason`` on those that never got a ``phase_finish`` (the build ended, failed, or
+its process died while they were open).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from trt_otel.events import (
+    Anomaly,
+    BuildFinished,
+    BuildStarted,
+    Event,
+    LogMessage,
+    Outcome,
+    PhaseFinished,
+    PhaseStarted,
+    StepCompleted,
+)
+from trt_otel.state import BuildState, Phase, PhaseStatus
+
+DEFAULT_SPAN_BUDGET = 10_000
+DEFAULT_FOLD_UNDER_NS = 1_000_000_000
+MAX_SPAN_EVENTS = 32
+"""Anomalies or log messages attached to one span as span events; the rest are only counted."""
+
+TRACEPARENT_ATTRIBUTE = "trace.parent"
+"""The build attribute holding the W3C ``traceparent`` of the job that started the build."""
+
+UNFINISHED = "unfinished"
+"""``error.type`` of a build whose log ends without a ``build_end`` (the process died)."""
+
+# Build attributes that steer the projection but are not worth a span attribute.
+_HIDDEN_BUILD_ATTRIBUTES = frozenset({TRACEPARENT_ATTRIBUTE})
+
+
+@dataclass(frozen=True, slots=True)
+class SpanEvent:
+    name: str
+    time_ns: int
+    attributes: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SpanRecord:
+    """One finished span, independent of any OpenTelemetry SDK."""
+
+    name: str
+    trace_id: int
+    span_id: int
+    parent_span_id: int | None
+    parent_is_remote: bool
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    events: tuple[SpanEvent, ...] = ()
+    sampled: bool = True
+    """False when the job that started the build chose not to sample its trace."""
+    error: str | None = None
+    """The status description when the span's status is Error; None leaves it unset."""
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteParent:
+    """The span of the job that started the build (from ``TRACEPARENT``)."""
+
+    trace_id: int
+    span_id: int
+    sampled: bool
+
+
+def parse_traceparent(value: str) -> RemoteParent | None:
+    """A W3C ``traceparent`` header value, or None when it is not a valid one."""
+    parts = value.strip().split("-")
+    if len(parts) < 4 or len(parts[0]) != 2 or parts[0] == "ff":
+        return None
+    version, trace_hex, span_hex, flags_hex = parts[:4]
+    if len(trace_hex) != 32 or len(span_hex) != 16 or len(flags_hex) != 2:
+        return None
+    if version == "00" and len(parts) != 4:
+        return None
+    try:
+        trace_id, span_id, flags = int(trace_hex, 16), int(span_hex, 16), int(flags_hex, 16)
+        int(version, 16)
+    except ValueError:
+        return None
+    if trace_id == 0 or span_id == 0:
+        return None
+    return RemoteParent(trace_id=trace_id, span_id=span_id, sampled=bool(flags & 1))
+
+
+def derived_id(bits: int, *parts: object) -> int:
+    """A non-zero id of ``bits`` bits, a pure function of ``parts``."""
+    text = "/".join(str(part) for part in parts).encode()
+    value = int.from_bytes(hashlib.blake2b(text, digest_size=bits // 8).digest(), "big")
+    return value or 1
+
+
+@dataclass(slots=True)
+class _Fold:
+    """Leaf phases folded into one span."""
+
+    count: int = 0
+    total_ns: int = 0
+    longest_ns: int = 0
+    names: Counter[str] = field(default_factory=Counter)
+
+    def add(self, name: str, duration_ns: int) -> None:
+        self.count += 1
+        self.total_ns += duration_ns
+        self.longest_ns = max(self.longest_ns, duration_ns)
+        self.names[name] += 1
+
+    def attributes(self) -> dict[str, Any]:
+        return {
+            "trt.folded.count": self.count,
+            "trt.folded.duration_total_s": self.total_ns / 1e9,
+            "trt.folded.duration_max_s": self.longest_ns / 1e9,
+            "trt.folded.names": sorted(self.names),
+        }
+
+
+@dataclass(slots=True)
+class _Notes:
+    """What happened during a span besides its steps: anomalies and log messages."""
+
+    events: list[SpanEvent] = field(default_factory=list)
+    anomalies: int = 0
+    dropped_events: int = 0
+
+    def add(self, event: SpanEvent) -> None:
+        if len(self.events) < MAX_SPAN_EVENTS:
+            self.events.append(event)
+        else:
+            self.dropped_events += 1
+
+
+class SpanProjection:
+    """Feed it events in ``seq`` order; it returns the spans each one completes."""
+
+    def __init__(
+        self,
+        *,
+        span_budget: int = DEFAULT_SPAN_BUDGET,
+        fold_under_ns: int = DEFAULT_FOLD_UNDER_NS,
+    ) -> None:
+        if span_budget < 1:
+            raise ValueError("the span budget must allow at least the build's own span")
+        self.span_budget = span_budget
+        self.fold_under_ns = fold_under_ns
+        self.state = BuildState()
+        self.emitted = 0
+        self.folded = 0
+        self._trace_id = 0
+        self._remote: RemoteParent | None = None
+        self._sampled = True
+        self._build_span_id = 0
+        self._build_key = ""
+        self._wall_base_ns: int | None = None
+        self._mono_base_ns = 0
+        self._folds: dict[int | None, _Fold] = {}
+        self._notes: dict[int | None, _Notes] = {}
+        self._build_done = False
+        self._refused: frozenset[int] = frozenset()
+
+    @property
+    def finished(self) -> bool:
+        """True once the build's own span was produced."""
+        return self._build_done
+
+    # -- the fold ------------------------------------------------------------------------------
+
+    def apply(self, event: Event) -> list[SpanRecord]:
+        """Fold one event in; the spans it completed, innermost first."""
+        if self._build_done:
+            return []
+        state = self.state
+        if self._wall_base_ns is None:
+            self._begin(event)
+        closing = isinstance(event, PhaseStarted | PhaseFinished | BuildFinished)
+        open_before = set(state.open_by_name.values()) if closing else set()
+        if isinstance(event, Anomaly | LogMessage):
+            self._note(event)
+        elif isinstance(event, StepCompleted) and state.cancel is not None and not self._refused:
+            # The first step after a cancel is the one the monitor answered False: TensorRT
+            # unwinds the phases open now, so their ends are the cancel's doing.
+            self._refused = frozenset(state.open_by_name.values())
+        state.apply(event)
+        if not closing:
+            return []
+        spans: list[SpanRecord] = []
+        for phase_id in sorted(open_before - set(state.open_by_name.values()), reverse=True):
+            span = self._phase_closed(state.phases[phase_id])
+            if span is not None:
+                spans.append(span)
+        if isinstance(event, BuildFinished):
+            spans.append(self._build_span(self._span_time(event.mono_ns)))
+        return spans
+
+    def finish(self) -> list[SpanRecord]:
+        """End what the log left open (a build whose process died before its end): every open
+        phase and the build's span end at the last event, marked unfinished."""
+        if self._build_done or self._wall_base_ns is None:
+            return []
+        state = self.state
+        last_mono = state.last_event_mono_ns or self._mono_base_ns
+        spans: list[SpanRecord] = []
+        for phase_id in sorted(state.open_by_name.values(), reverse=True):
+            phase = state.phases[phase_id]
+            phase.status = PhaseStatus.ABORTED
+            phase.close_reason = "the log ended before the build did"
+            phase.finish_mono_ns = last_mono
+            span = self._phase_closed(phase)
+            if span is not None:
+                spans.append(span)
+        state.open_by_name.clear()
+        spans.append(self._build_span(self._span_time(last_mono), unfinished=True))
+        return spans
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _begin(self, event: Event) -> None:
+        # Span times come from the monotonic clock, anchored once to the wall clock, so a
+        # wall-clock step during a build cannot make a child outlive its parent.
+        self._wall_base_ns = event.wall_ns
+        self._mono_base_ns = event.mono_ns
+        build_id = event.build_id if isinstance(event, BuildStarted) else f"seq0-{event.wall_ns}"
+        attributes = event.attributes if isinstance(event, BuildStarted) else {}
+        remote = parse_traceparent(str(attributes.get(TRACEPARENT_ATTRIBUTE, "")))
+        self._remote = remote
+        self._sampled = remote.sampled if remote is not None else True
+        if remote is not None:
+            self._trace_id = remote.trace_id
+        elif len(build_id) == 32 and all(c in "0123456789abcdef" for c in build_id):
+            self._trace_id = int(build_id, 16) or 1  # the build id is the trace id
+        else:
+            self._trace_id = derived_id(128, build_id)
+        self._build_span_id = derived_id(64, self._trace_id, build_id, "build")
+        self._build_key = build_id
+
+    def _span_time(self, mono_ns: int) -> int:
+        assert self._wall_base_ns is not None
+        return self._wall_base_ns + (mono_ns - self._mono_base_ns)
+
+    def _span_id(self, phase_id: int) -> int:
+        return derived_id(64, self._trace_id, self._build_key, phase_id)
+
+    def _note(self, event: Anomaly | LogMessage) -> None:
+        time_ns = self._span_time(event.mono_ns)
+        if isinstance(event, Anomaly):
+            owner = self.state.open_by_name.get(event.phase) if event.phase else None
+            notes = self._notes.setdefault(owner, _Notes())
+            notes.anomalies += 1
+            attributes = {"trt.anomaly.kind": event.kind.value, "trt.anomaly.detail": event.detail}
+            notes.add(SpanEvent("trt.anomaly", time_ns, attributes))
+        elif event.severity.lower() in ("internal_error", "error", "warning"):
+            # Build-level log lines of note (TensorRT's errors and warnings) go on the build span.
+            attributes = {"log.severity": event.severity, "log.message": event.message}
+            self._notes.setdefault(None, _Notes()).add(SpanEvent("trt.log", time_ns, attributes))
+
+    def _phase_closed(self, phase: Phase) -> SpanRecord | None:
+        assert phase.finish_mono_ns is not None
+        duration = phase.finish_mono_ns - phase.start_mono_ns
+        fold = self._folds.pop(phase.id, None)
+        notes = self._notes.pop(phase.id, None)
+        is_leaf = not phase.children
+        if (
+            is_leaf
+            and notes is None
+            and self.emitted >= self.span_budget - 1
+            and duration < self.fold_under_ns
+        ):
+            self._folds.setdefault(phase.parent_id, _Fold()).add(phase.name, duration)
+            self.folded += 1
+            return None
+        attributes: dict[str, Any] = {
+            "trt.phase.num_steps": phase.num_steps,
+            "trt.phase.steps_completed": phase.steps_completed,
+            "trt.phase.depth": phase.depth,
+            "trt.phase.status": phase.status.value,
+        }
+        if phase.skipped_steps:
+            attributes["trt.phase.skipped_steps"] = phase.skipped_steps
+        if phase.close_reason is not None:
+            attributes["trt.phase.close_reason"] = phase.close_reason
+        if phase.id in self._refused:
+            attributes["trt.phase.cancelled"] = True
+        events: tuple[SpanEvent, ...] = ()
+        if notes is not None:
+            attributes["trt.phase.anomalies"] = notes.anomalies
+            events = tuple(notes.events)
+            if notes.dropped_events:
+                attributes["trt.span_events_dropped"] = notes.dropped_events
+        if fold is not None:
+            attributes.update(fold.attributes())
+        parent = phase.parent_id
+        self.emitted += 1
+        return SpanRecord(
+            name=phase.name,
+            trace_id=self._trace_id,
+            span_id=self._span_id(phase.id),
+            parent_span_id=self._build_span_id if parent is None else self._span_id(parent),
+            parent_is_remote=False,
+            start_ns=self._span_time(phase.start_mono_ns),
+            end_ns=self._span_time(phase.finish_mono_ns),
+            attributes=attributes,
+            events=events,
+            sampled=self._sampled,
+        )
+
+    def _build_span(self, end_ns: int, *, unfinished: bool = False) -> SpanRecord:
+        state = self.state
+        self._build_done = True
+        self.emitted += 1
+        attributes: dict[str, Any] = {
+            key: _attribute_value(value)
+            for key, value in state.attributes.items()
+            if key not in _HIDDEN_BUILD_ATTRIBUTES
+        }
+        attributes["trt.build.id"] = self._build_key
+        attributes["trt.build.steps_completed"] = state.steps_completed_total
+        attributes["trt.build.phases_started"] = state.phases_started_total
+        attributes["trt.spans.emitted"] = self.emitted
+        attributes["trt.spans.folded"] = self.folded
+        if state.anomalies:
+            attributes["trt.anomalies"] = sum(state.anomalies.values())
+        if state.cancel is not None:
+            attributes["trt.cancel.reason"] = state.cancel.reason
+            attributes["trt.cancel.source"] = state.cancel.source
+        error: str | None = None
+        if unfinished:
+            attributes["cicd.pipeline.result"] = "error"
+            attributes["error.type"] = UNFINISHED
+            error = "the build's log ends before the build did (its process stopped)"
+        else:
+            outcome = state.outcome
+            assert outcome is not None
+            attributes["cicd.pipeline.result"] = outcome.value
+            if state.outcome_detail:
+                attributes["trt.build.outcome_detail"] = state.outcome_detail
+            if outcome in (Outcome.FAILURE, Outcome.TIMEOUT):
+                attributes["error.type"] = state.error_type or outcome.value
+                error = state.outcome_detail or outcome.value
+        fold = self._folds.pop(None, None)
+        if fold is not None:
+            attributes.update(fold.attributes())
+        notes = self._notes.pop(None, None)
+        events = tuple(notes.events) if notes is not None else ()
+        start_mono = state.start_mono_ns if state.start_mono_ns is not None else self._mono_base_ns
+        remote = self._remote
+        return SpanRecord(
+            name=_build_span_name(state.attributes),
+            trace_id=self._trace_id,
+            span_id=self._build_span_id,
+            parent_span_id=remote.span_id if remote is not None else None,
+            parent_is_remote=remote is not None,
+            start_ns=self._span_time(start_mono),
+            end_ns=end_ns,
+            attributes=attributes,
+            events=events,
+            sampled=self._sampled,
+            error=error,
+        )
+
+
+def _build_span_name(attributes: dict[str, Any]) -> str:
+    model = str(attributes.get("model.path", "")).rsplit("/", 1)[-1]
+    return f"build {model}" if model else "build"
+
+
+def _attribute_value(value: Any) -> Any:
+    """OpenTelemetry attributes are scalars or lists of one scalar type; anything else becomes
+    its text."""
+    if isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        return list(value)
+    return str(value)

@@ -1,0 +1,438 @@
+"""Span export against a real OTLP receiver (gRPC and HTTP/protobuf, decoded from the wire)."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import ReferencePhase, reference_tree, trace_params
+from otlp_receiver import (
+    OtlpReceiver,
+    ReceivedSpan,
+    dead_port,
+    hanging_collector,
+    otlp_receiver,
+)
+from trt_otel import BuildMonitor
+from trt_otel.cli import main
+from trt_otel.journal import read_journal
+from trt_otel.simulator import Driver, generate_plan, load_trace
+from trt_otel.sinks.otlp import GRPC, HTTP_PROTOBUF, OtlpConfigError, OtlpSettings, OtlpSpanExport
+from trt_otel.spans import UNFINISHED, parse_traceparent
+
+CLI = [sys.executable, "-m", "trt_otel.cli"]
+STATUS_ERROR = 2
+
+
+@pytest.fixture
+def receiver() -> Iterator[OtlpReceiver]:
+    with otlp_receiver() as running:
+        yield running
+
+
+def endpoint(receiver: OtlpReceiver, protocol: str) -> str:
+    port = receiver.grpc_port if protocol == GRPC else receiver.http_port
+    return f"http://127.0.0.1:{port}"
+
+
+def export_to(url: str, protocol: str, warnings: list[str], **settings: int) -> OtlpSpanExport:
+    resolved = OtlpSettings.resolve(url, protocol, environ={}, **settings)
+    assert resolved is not None
+    return OtlpSpanExport(resolved, warn=warnings.append)
+
+
+def tree_of(spans: list[ReceivedSpan]) -> tuple[ReceivedSpan, dict[str, list[ReceivedSpan]]]:
+    """The build's root span and children by parent id (in start order)."""
+    children: dict[str, list[ReceivedSpan]] = collections.defaultdict(list)
+    for span in sorted(spans, key=lambda s: (s.start_ns, s.span_id)):
+        children[span.parent_span_id].append(span)
+    (root,) = children[""]
+    return root, children
+
+
+def span_shape(span: ReceivedSpan, children: dict[str, list[ReceivedSpan]]) -> tuple[object, ...]:
+    return (
+        span.name,
+        span.attributes["trt.phase.num_steps"],
+        span.attributes["trt.phase.steps_completed"],
+        tuple(span_shape(child, children) for child in children[span.span_id]),
+    )
+
+
+def reference_shape(phase: ReferencePhase) -> tuple[object, ...]:
+    return (
+        phase.name,
+        phase.num_steps,
+        len(phase.steps),
+        tuple(reference_shape(child) for child in phase.children),
+    )
+
+
+def assert_nested(spans: list[ReceivedSpan]) -> None:
+    by_id = {span.span_id: span for span in spans}
+    assert len(by_id) == len(spans), "span ids are unique"
+    for span in spans:
+        assert 0 < span.start_ns <= span.end_ns, span.name
+        parent = by_id.get(span.parent_span_id)
+        if parent is not None:
+            assert parent.start_ns <= span.start_ns and span.end_ns <= parent.end_ns, span.name
+            assert parent.trace_id == span.trace_id
+
+
+@pytest.mark.parametrize("protocol", [GRPC, HTTP_PROTOBUF])
+@pytest.mark.parametrize("trace", trace_params())
+def test_each_recorded_trace_arrives_as_its_phase_tree(
+    trace: Path, protocol: str, receiver: OtlpReceiver
+) -> None:
+    warnings: list[str] = []
+    export = export_to(endpoint(receiver, protocol), protocol, warnings)
+    monitor = BuildMonitor(attributes={"model.path": "/models/mnist.onnx"})
+    monitor.log.follow(export, capacity=1_000_000)
+    monitor.start()
+    result = Driver(speed=0).run(monitor, load_trace(trace))
+    monitor.end_with_result(b"engine" if result.completed else None)
+    monitor.close()
+    health = export.shutdown(10.0)
+
+    expected = reference_tree(trace)
+    phases = sum(1 for _ in _walk(expected))
+    spans = receiver.wait_for(phases + 1)
+    assert (health.exported, health.failed, health.dropped, warnings) == (phases + 1, 0, 0, [])
+    assert len(spans) == phases + 1
+    root, children = tree_of(spans)
+    assert root.name == "build mnist.onnx"
+    assert root.trace_id == monitor.build_id, "the build id is the trace id"
+    assert root.attributes["cicd.pipeline.result"] == "success"
+    assert root.attributes["trt.build.phases_started"] == phases
+    assert root.status_code == 0
+    assert root.resource["service.name"] == "trt-otel"
+    assert [span_shape(s, children) for s in children[root.span_id]] == [
+        reference_shape(r) for r in expected
+    ]
+    assert_nested(spans)
+    assert all(s.attributes.get("trt.phase.status", "finished") == "finished" for s in spans)
+
+
+def _walk(roots: list[ReferencePhase]) -> Iterator[ReferencePhase]:
+    stack = list(roots)
+    while stack:
+        phase = stack.pop()
+        yield phase
+        stack.extend(phase.children)
+
+
+def run_demo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, "demo", "--no-progress", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.mark.parametrize("protocol", [GRPC, HTTP_PROTOBUF])
+def test_replay_exports_exactly_the_live_spans(
+    tmp_path: Path, protocol: str, receiver: OtlpReceiver
+) -> None:
+    journal = tmp_path / "build.jsonl"
+    url = endpoint(receiver, protocol)
+    live = run_demo(
+        "--speed", "0", "--journal", str(journal), "--otlp-endpoint", url,
+        "--otlp-protocol", protocol,
+    )  # fmt: skip
+    assert live.returncode == 0, live.stderr
+    assert "spans: 336 exported" in live.stderr
+    live_spans = receiver.wait_for(336)
+    receiver.clear()
+
+    replay = subprocess.run(
+        [*CLI, "replay", str(journal), "--otlp-endpoint", url, "--otlp-protocol", protocol],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert replay.returncode == 0, replay.stderr
+    replayed = receiver.wait_for(len(live_spans))
+    assert comparable(replayed) == comparable(live_spans)
+    assert {s.resource["service.instance.id"] for s in replayed + live_spans} == {
+        live_spans[0].resource["service.instance.id"],
+        replayed[0].resource["service.instance.id"],
+    }, "the spans are the same; the process that sent them is not"
+
+
+def comparable(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
+    return sorted(
+        (
+            dataclasses.replace(
+                s, resource={k: v for k, v in s.resource.items() if k != "service.instance.id"}
+            )
+            for s in spans
+        ),
+        key=lambda s: s.span_id,
+    )
+
+
+def test_a_cancelled_build_ends_every_span_and_says_why(
+    tmp_path: Path, receiver: OtlpReceiver
+) -> None:
+    journal = tmp_path / "cancelled.jsonl"
+    process = subprocess.Popen(
+        [*CLI, "demo", "--no-progress", "--journal", str(journal),
+         "--otlp-endpoint", endpoint(receiver, GRPC), "--otlp-protocol", GRPC],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not (journal.exists() and b"Timing graph nodes" in journal.read_bytes()):
+        assert time.monotonic() < deadline, "the demo did not reach its timing phase"
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGTERM)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 3, err
+
+    started = sum(1 for e in read_journal(journal).events if e.type == "phase_start")
+    spans = receiver.wait_for(started + 1)
+    assert len(spans) == started + 1, "one span per phase and one for the build"
+    root, _ = tree_of(spans)
+    assert root.attributes["cicd.pipeline.result"] == "cancellation"
+    assert root.attributes["trt.cancel.reason"] == "received SIGTERM"
+    assert root.status_code == 0, "a cancellation is not an error"
+    # TensorRT finishes the open phases itself once a step is refused: each is marked.
+    cancelled = {s.name for s in spans if s.attributes.get("trt.phase.cancelled")}
+    assert {"Building engine", "Timing graph nodes"} <= cancelled
+    cancelled_ends = {s.end_ns for s in spans if s.attributes.get("trt.phase.cancelled")}
+    assert max(cancelled_ends) <= root.end_ns
+    assert_nested(spans)
+
+
+def test_a_killed_build_replays_with_every_span_ended(
+    tmp_path: Path, receiver: OtlpReceiver
+) -> None:
+    journal = tmp_path / "killed.jsonl"
+    process = subprocess.Popen(
+        [*CLI, "demo", "--no-progress", "--journal", str(journal)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not (journal.exists() and b"Timing graph nodes" in journal.read_bytes()):
+        assert time.monotonic() < deadline, "the demo did not reach its timing phase"
+        time.sleep(0.05)
+    process.kill()
+    process.wait(timeout=10)
+
+    code = main(["replay", str(journal), "--otlp-endpoint", endpoint(receiver, HTTP_PROTOBUF)])
+    assert code == 0
+    events = read_journal(journal).events
+    started = sum(1 for e in events if e.type == "phase_start")
+    spans = receiver.wait_for(started + 1)
+    assert len(spans) == started + 1
+    root, _ = tree_of(spans)
+    assert root.attributes["cicd.pipeline.result"] == "error"
+    assert root.attributes["error.type"] == UNFINISHED
+    assert root.status_code == STATUS_ERROR
+    unfinished = [s for s in spans if s.attributes.get("trt.phase.status") == "aborted"]
+    assert {s.name for s in unfinished} >= {"Building engine", "Timing graph nodes"}
+    last_event_ns = max(s.end_ns for s in spans)
+    assert root.end_ns == last_event_ns
+    assert_nested(spans)
+
+
+def test_a_failed_build_is_an_error_span(tmp_path: Path, receiver: OtlpReceiver) -> None:
+    model = tmp_path / "broken.onnx"
+    model.write_bytes(b"\x08\x01 not a model")
+    result = run_demo(
+        "--model", str(model), "--otlp-endpoint", endpoint(receiver, GRPC), "--otlp-protocol", GRPC
+    )  # fmt: skip
+    assert result.returncode == 4
+    (root,) = receiver.wait_for(1)
+    assert root.attributes["cicd.pipeline.result"] == "failure"
+    assert root.attributes["error.type"] == "ParserError"
+    assert root.status_code == STATUS_ERROR and "cannot parse" in root.status_message
+
+
+@pytest.mark.parametrize("protocol", [GRPC, HTTP_PROTOBUF])
+@pytest.mark.parametrize("collector", ["down", "hanging"])
+def test_an_unreachable_collector_costs_the_build_nothing(protocol: str, collector: str) -> None:
+    plan = load_trace(next(iter(trace_files_or_plan())))
+    with hanging_collector() as hanging_port:
+        port = dead_port() if collector == "down" else hanging_port
+        warnings: list[str] = []
+        export = export_to(f"http://127.0.0.1:{port}", protocol, warnings)
+        monitor = BuildMonitor()
+        monitor.log.follow(export, capacity=1_000_000)
+        monitor.start()
+        result = Driver(speed=0).run(monitor, plan)
+        monitor.end_with_result(b"engine" if result.completed else None)
+        assert monitor.close(timeout_s=5.0), "the span follower never waits on the network"
+        began = time.monotonic()
+        health = export.shutdown(2.0)
+        took = time.monotonic() - began
+    assert result.completed and result.cancelled_at is None, "every step answered True"
+    assert took < 4.0, f"shutdown took {took:.1f}s"
+    assert health.exported == 0
+    assert health.failed + health.dropped == monitor.state.phases_started_total + 1
+    assert len(warnings) <= 1, "a failure is reported once"
+
+
+def trace_files_or_plan() -> list[Path]:
+    from conftest import trace_files
+
+    files = trace_files()
+    if not files:
+        pytest.skip("no recorded traces")
+    return files
+
+
+@pytest.mark.parametrize("collector", ["down", "hanging"])
+def test_the_cli_exits_promptly_when_the_collector_is_unreachable(collector: str) -> None:
+    with hanging_collector() as hanging_port:
+        port = dead_port() if collector == "down" else hanging_port
+        began = time.monotonic()
+        result = run_demo(
+            "--speed", "0", "--otlp-endpoint", f"http://127.0.0.1:{port}",
+            "--otlp-protocol", HTTP_PROTOBUF, "--otlp-flush-timeout", "2s",
+        )  # fmt: skip
+        took = time.monotonic() - began
+    assert result.returncode == 0, result.stderr
+    assert "build success" in result.stderr
+    assert "spans not exported" in result.stderr
+    assert result.stderr.count("OTLP export to") <= 1
+    assert "Traceback" not in result.stderr
+    assert took < 15.0, f"the demo took {took:.1f}s with the collector {collector}"
+
+
+def test_a_build_over_the_budget_folds_short_leaves_and_the_totals_add_up(
+    receiver: OtlpReceiver,
+) -> None:
+    plan = generate_plan(num_layers=40, num_profiles=2, seed=7)
+    warnings: list[str] = []
+    export = export_to(
+        endpoint(receiver, GRPC), GRPC, warnings, span_budget=50, fold_under_ns=10**12
+    )
+    monitor = BuildMonitor()
+    monitor.log.follow(export, capacity=1_000_000)
+    monitor.start()
+    Driver(speed=0).run(monitor, plan)
+    monitor.end()
+    monitor.close()
+    export.shutdown(10.0)
+    state = monitor.state
+    started = state.phases_started_total
+    expected_spans = export.projection.emitted
+    spans = receiver.wait_for(expected_spans)
+    assert len(spans) == expected_spans < started
+    folded = sum(s.attributes.get("trt.folded.count", 0) for s in spans)
+    root, children = tree_of(spans)
+    assert root.attributes["trt.spans.folded"] == folded
+    assert len(spans) - 1 + folded == started, "every phase is a span or counted in a fold"
+    # Phases with children are never folded, so the tree keeps every inner node.
+    inner = sum(1 for p in state.phases.values() if p.children)
+    parents = [
+        s
+        for s in spans
+        if s is not root and (s.span_id in children or "trt.folded.count" in s.attributes)
+    ]
+    assert len(parents) == inner
+    for span in spans:
+        if "trt.folded.count" in span.attributes:
+            assert (
+                span.attributes["trt.folded.duration_max_s"]
+                <= (span.attributes["trt.folded.duration_total_s"])
+            )
+            assert span.attributes["trt.folded.names"]
+    assert_nested(spans)
+
+
+def test_the_default_budget_keeps_the_recorded_traces_whole() -> None:
+    from trt_otel.spans import DEFAULT_SPAN_BUDGET
+
+    most = max(path.read_text().count('"phase_start"') for path in trace_files_or_plan())
+    assert most + 1 <= DEFAULT_SPAN_BUDGET
+
+
+def test_a_build_inside_a_traced_job_joins_its_trace(receiver: OtlpReceiver) -> None:
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    result = run_demo(
+        "--speed", "0", "--otlp-endpoint", endpoint(receiver, HTTP_PROTOBUF),
+        env={"TRACEPARENT": traceparent},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    spans = receiver.wait_for(336)
+    assert {s.trace_id for s in spans} == {"0af7651916cd43dd8448eb211c80319c"}
+    roots = [s for s in spans if s.parent_span_id == "b7ad6b7169203331"]
+    assert [s.name for s in roots] == ["build trt-otel-demo-mnist.onnx"]
+
+
+def test_standard_environment_variables_configure_the_export(receiver: OtlpReceiver) -> None:
+    result = run_demo(
+        "--speed", "0",
+        env={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint(receiver, GRPC),
+            "OTEL_EXPORTER_OTLP_PROTOCOL": GRPC,
+            "OTEL_SERVICE_NAME": "engine-builds",
+            "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment.name=ci,team=ml",
+        },
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    spans = receiver.wait_for(336)
+    resource = spans[0].resource
+    assert resource["service.name"] == "engine-builds"
+    assert (resource["deployment.environment.name"], resource["team"]) == ("ci", "ml")
+
+
+def test_settings_resolution() -> None:
+    assert OtlpSettings.resolve(environ={}) is None
+    base = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/"}
+    settings = OtlpSettings.resolve(environ=base)
+    assert settings is not None
+    assert settings.endpoint == "http://collector:4318/v1/traces"
+    assert settings.protocol == HTTP_PROTOBUF
+    grpc = OtlpSettings.resolve("http://collector:4317", environ={})
+    assert grpc is not None and (grpc.endpoint, grpc.protocol) == ("http://collector:4317", GRPC)
+    signal_url = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://x.example/otlp/traces"}
+    exact = OtlpSettings.resolve(environ=signal_url)
+    assert exact is not None and exact.endpoint == "https://x.example/otlp/traces"
+    assert OtlpSettings.resolve(environ={**base, "OTEL_SDK_DISABLED": "true"}) is None
+    assert OtlpSettings.resolve(environ={**base, "OTEL_TRACES_EXPORTER": "none"}) is None
+    with pytest.raises(OtlpConfigError, match="not an http"):
+        OtlpSettings.resolve("collector:4317", environ={})
+    with pytest.raises(OtlpConfigError, match="not supported"):
+        OtlpSettings.resolve(environ={**base, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--otlp-endpoint", "localhost:4317"], "is not an http:// or https:// URL"),
+        (["--otlp-endpoint", "http://host:99999"], "invalid port"),
+    ],
+)
+def test_a_bad_endpoint_is_refused_before_the_build(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo", "--speed", "0", "--no-progress", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_traceparent_parsing() -> None:
+    parent = parse_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00")
+    assert parent is not None and not parent.sampled
+    for bad in (
+        "",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",
+        "ff-" + "1" * 32 + "-" + "1" * 16 + "-01",
+        "00-" + "0" * 32 + "-b7ad6b7169203331-01",
+        "junk",
+    ):
+        assert parse_traceparent(bad) is None, bad
