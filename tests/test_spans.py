@@ -436,3 +436,28 @@ def test_traceparent_parsing() -> None:
         "junk",
     ):
         assert parse_traceparent(bad) is None, bad
+
+
+def test_export_health_is_in_the_monitors_own_metrics() -> None:
+    from prometheus_client import generate_latest
+
+    from trt_otel.sinks.prometheus import MetricsServer
+
+    warnings: list[str] = []
+    export = export_to(f"http://127.0.0.1:{dead_port()}", HTTP_PROTOBUF, warnings)
+    monitor = BuildMonitor()
+    monitor.log.follow(export)
+    server = MetricsServer(monitor, 0, span_health=export.queue.health)
+    try:
+        Driver(speed=0).run(monitor, generate_plan(num_layers=2, num_profiles=1, seed=1))
+        monitor.end()
+        monitor.close()
+        health = export.shutdown(3.0)
+        text = generate_latest(server.registry).decode()
+    finally:
+        server.close()
+    lost = health.failed + health.dropped
+    assert lost == monitor.state.phases_started_total + 1
+    assert f"trt_otel_spans_failed_total {float(health.failed)}" in text
+    assert f"trt_otel_spans_dropped_total {float(health.dropped)}" in text
+    assert "trt_otel_spans_exported_total 0.0" in text

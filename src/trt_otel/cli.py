@@ -46,6 +46,7 @@ from trt_otel.spans import (
     DEFAULT_SPAN_BUDGET,
     TRACEPARENT_ATTRIBUTE,
     parse_traceparent,
+    trace_id_for,
 )
 from trt_otel.state import BuildState
 
@@ -308,6 +309,9 @@ def _run(
         # Losing an event would misshape the tree, and this follower does no I/O: a deep queue.
         log.follow(spans, capacity=1_000_000)
     metrics = _serve_metrics(monitor, args, spans)
+    if spans is not None:
+        remote = parse_traceparent(str(attributes.get(TRACEPARENT_ATTRIBUTE, "")))
+        print(f"trace: {trace_id_for(monitor.build_id, remote):032x}", file=sys.stderr)
     use_live = not args.no_progress and sys.stderr.isatty()
     log.follow(LiveConsole() if use_live else PlainLines(sys.stderr))
     interrupted = False

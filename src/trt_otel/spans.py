@@ -112,6 +112,16 @@ def parse_traceparent(value: str) -> RemoteParent | None:
     return RemoteParent(trace_id=trace_id, span_id=span_id, sampled=bool(flags & 1))
 
 
+def trace_id_for(build_id: str, remote: RemoteParent | None = None) -> int:
+    """The build's trace id: the traced job's when there is one, else the build id itself
+    (a UUID's 128 bits), so a build id found in a journal or a metric finds its trace."""
+    if remote is not None:
+        return remote.trace_id
+    if len(build_id) == 32 and all(c in "0123456789abcdef" for c in build_id):
+        return int(build_id, 16) or 1
+    return derived_id(128, build_id)
+
+
 def derived_id(bits: int, *parts: object) -> int:
     """A non-zero id of ``bits`` bits, a pure function of ``parts``."""
     text = "/".join(str(part) for part in parts).encode()
@@ -252,12 +262,7 @@ class SpanProjection:
         remote = parse_traceparent(str(attributes.get(TRACEPARENT_ATTRIBUTE, "")))
         self._remote = remote
         self._sampled = remote.sampled if remote is not None else True
-        if remote is not None:
-            self._trace_id = remote.trace_id
-        elif len(build_id) == 32 and all(c in "0123456789abcdef" for c in build_id):
-            self._trace_id = int(build_id, 16) or 1  # the build id is the trace id
-        else:
-            self._trace_id = derived_id(128, build_id)
+        self._trace_id = trace_id_for(build_id, remote)
         self._build_span_id = derived_id(64, self._trace_id, build_id, "build")
         self._build_key = build_id
 
