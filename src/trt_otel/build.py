@@ -35,6 +35,29 @@ class BuildOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class SimulatorSettings:
+    """The simulated builder's settings (see :class:`~trt_otel.simulator.SimulatedTensorRT`)."""
+
+    speed: float = 1.0
+    silence_s: float = 0.0
+    trace: Path | None = None
+    """A recorded callback trace or journal to replay instead of a generated plan."""
+
+
+@dataclass(frozen=True, slots=True)
+class BuildJob:
+    """A build described by value, so that a worker process can run it."""
+
+    model_path: Path
+    model: bytes | None = None
+    """The model itself; None to read ``model_path`` where the build runs."""
+    engine_path: Path | None = None
+    options: BuildOptions = field(default_factory=BuildOptions)
+    simulator: SimulatorSettings | None = None
+    """None builds with the real ``tensorrt``."""
+
+
+@dataclass(frozen=True, slots=True)
 class BuildResult:
     outcome: Outcome
     detail: str
@@ -53,6 +76,30 @@ def import_tensorrt() -> Any:
             "or try `trt-otel demo` to run the same pipeline on the simulator"
         ) from None
     return tensorrt
+
+
+def run_build_job(monitor: BuildMonitor, job: BuildJob) -> BuildResult:
+    """Run ``job`` with ``monitor`` attached: the body of a build's worker process, and of an
+    in-process build alike."""
+    if job.simulator is None:
+        trt = import_tensorrt()
+    else:
+        from trt_otel.simulator import SimulatedTensorRT, load_trace
+
+        settings = job.simulator
+        trace = load_trace(settings.trace) if settings.trace is not None else None
+        trt = SimulatedTensorRT(speed=settings.speed, silence_s=settings.silence_s, trace=trace)
+    model = job.model if job.model is not None else read_model(job.model_path)
+    return run_build(
+        trt, job.model_path, model, monitor, engine_path=job.engine_path, options=job.options
+    )
+
+
+def partial_files(engine_path: Path, pid: int) -> list[Path]:
+    """Temporary files a build process ``pid`` may have left while writing ``engine_path``
+    (if it was killed mid-write)."""
+    directory = engine_path.parent if str(engine_path.parent) else Path(".")
+    return sorted(directory.glob(f".{engine_path.name}.{pid}.*.partial"))
 
 
 def model_attributes(model_path: Path, model: bytes) -> dict[str, Any]:
@@ -151,7 +198,10 @@ def _event_logger(trt: Any, monitor: BuildMonitor) -> Any:
 def write_atomically(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
     directory = path.parent if str(path.parent) else Path(".")
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=directory)
+    # The pid in the name lets a supervisor that killed this process find what it left.
+    handle, temporary = tempfile.mkstemp(
+        prefix=f".{path.name}.{os.getpid()}.", suffix=".partial", dir=directory
+    )
     try:
         with os.fdopen(handle, "wb") as file:
             file.write(data)

@@ -1,4 +1,5 @@
-"""The ``trt-otel`` command: ``demo``, ``build`` and ``replay``.
+"""The ``trt-otel`` command: ``demo``, ``build`` and ``replay``; it parses, and
+:mod:`trt_otel.session` runs.
 
 Exit codes (the contract): 0 built; 2 usage or configuration error, before any build starts;
 3 cancelled; 4 the build failed; 130 interrupted by the user (Ctrl-C).
@@ -7,58 +8,42 @@ Exit codes (the contract): 0 built; 2 usage or configuration error, before any b
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
-import os
-import signal
+import importlib.metadata
+import importlib.util
 import sys
-import threading
-import time
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from rich.console import Console
 
 from trt_otel import __version__
 from trt_otel.build import (
+    BuildJob,
     BuildOptions,
     BuildSetupError,
+    SimulatorSettings,
     import_tensorrt,
     model_attributes,
     read_model,
-    run_build,
 )
-from trt_otel.console import LiveConsole, PlainLines, render_build
-from trt_otel.events import Outcome
-from trt_otel.followers import FollowerWorker
-from trt_otel.journal import JournalError, JournalWriter, read_journal
-from trt_otel.log import EventLog
+from trt_otel.console import render_build
+from trt_otel.journal import JournalError, read_journal
 from trt_otel.model import demo_model_bytes
-from trt_otel.monitor import BuildMonitor
-from trt_otel.simulator import SimulatedTensorRT, TraceError, load_trace
-from trt_otel.sinks.otlp import PROTOCOLS, OtlpConfigError, OtlpSettings, OtlpSpanExport
-from trt_otel.sinks.prometheus import MetricsServer, push_build_metrics
-from trt_otel.spans import (
-    DEFAULT_FOLD_UNDER_NS,
-    DEFAULT_SPAN_BUDGET,
-    TRACEPARENT_ATTRIBUTE,
-    parse_traceparent,
-    trace_id_for,
+from trt_otel.session import (
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    finish_spans,
+    open_span_export,
+    run_session,
 )
+from trt_otel.simulator import SIMULATOR_VERSION, TraceError, load_trace
+from trt_otel.sinks.otlp import PROTOCOLS, OtlpConfigError
+from trt_otel.spans import DEFAULT_FOLD_UNDER_NS, DEFAULT_SPAN_BUDGET
 from trt_otel.state import BuildState
-
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_CANCELLED = 3
-EXIT_FAILED = 4
-EXIT_INTERRUPTED = 130
-
-
-class UsageError(Exception):
-    """Bad input found before a build starts (exit code 2)."""
+from trt_otel.supervisor import DEFAULT_GRACE_S
 
 
 def _non_negative_float(text: str) -> float:
@@ -79,6 +64,13 @@ def _seconds(text: str) -> float:
         if stripped.endswith(suffix):
             return _non_negative_float(stripped[: -len(suffix)]) * units[suffix]
     return _non_negative_float(stripped)
+
+
+def _positive_seconds(text: str) -> float:
+    value = _seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be longer than 0s")
+    return value
 
 
 def _port(text: str) -> int:
@@ -149,7 +141,62 @@ def _add_span_options(parser: argparse.ArgumentParser, *, flush_timeout_s: float
     )
 
 
+def _add_policy_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "cancel policies (any of them stops the build; the reason shows everywhere)"
+    )
+    group.add_argument(
+        "--timeout", type=_positive_seconds, metavar="DURATION", help="stop after this long"
+    )
+    group.add_argument(
+        "--stall-timeout",
+        type=_positive_seconds,
+        metavar="DURATION",
+        help="stop when nothing progressed (no step, no phase started or finished) this long; "
+        "real builds go silent for minutes, so allow for that",
+    )
+    group.add_argument(
+        "--cancel-file",
+        type=Path,
+        metavar="PATH",
+        help="stop when this file exists (its first line, if any, is the reason)",
+    )
+    group.add_argument(
+        "--cancel-url",
+        type=_http_url,
+        metavar="URL",
+        help="stop when this URL answers true (polled; see the README for the answer format)",
+    )
+    group.add_argument(
+        "--cancel-url-interval",
+        type=_positive_seconds,
+        default=5.0,
+        metavar="DURATION",
+        help="how often to poll --cancel-url (default: 5s)",
+    )
+    group.add_argument(
+        "--cancel-url-fail-closed",
+        action="store_true",
+        help="stop the build after 3 failed polls in a row (default: keep building)",
+    )
+    group.add_argument(
+        "--grace",
+        type=_seconds,
+        default=DEFAULT_GRACE_S,
+        metavar="DURATION",
+        help="time a cancelled build gets to stop at TensorRT's next step before its process "
+        f"is terminated (default: {DEFAULT_GRACE_S:g}s)",
+    )
+    group.add_argument(
+        "--in-process",
+        action="store_true",
+        help="build in this process instead of a worker process: no escalation, so a silent "
+        "build stops only at its next step",
+    )
+
+
 def _add_observability_options(parser: argparse.ArgumentParser) -> None:
+    _add_policy_options(parser)
     _add_span_options(parser)
     group = parser.add_argument_group("observability")
     group.add_argument("--journal", type=Path, help="write the build's events to this JSONL file")
@@ -268,195 +315,46 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _demo(args: argparse.Namespace) -> int:
     if args.threads < 1:
         raise UsageError("--threads must be at least 1")
-    trace = load_trace(args.trace) if args.trace is not None else None
-    trt = SimulatedTensorRT(speed=args.speed, silence_s=args.silence, trace=trace)
+    if args.trace is not None:
+        load_trace(args.trace)  # a bad trace is a usage error here, not a failure in the worker
     if args.model is not None:
         model_path, model = args.model, read_model(args.model)
+        carried: bytes | None = None  # the worker reads the file itself
     else:
         model_path, model = Path("trt-otel-demo-mnist.onnx"), demo_model_bytes()
+        carried = model
     attributes: dict[str, Any] = {
         "trt.backend": "simulator",
-        "trt.version": trt.__version__,
+        "trt.version": SIMULATOR_VERSION,
         **model_attributes(model_path, model),
     }
     if args.trace is not None:
         attributes["simulator.trace"] = str(args.trace)
-    return _run(trt, model_path, model, args, attributes)
+    job = BuildJob(
+        model_path=model_path,
+        model=carried,
+        engine_path=args.output,
+        options=_options(args),
+        simulator=SimulatorSettings(speed=args.speed, silence_s=args.silence, trace=args.trace),
+    )
+    return run_session(job, args, attributes)
 
 
 def _build(args: argparse.Namespace) -> int:
     model = read_model(args.model)
-    trt = import_tensorrt()
+    if args.in_process or importlib.util.find_spec("tensorrt") is None:
+        import_tensorrt()  # says how to install it, exit 2, when it is missing
+    try:
+        version = importlib.metadata.version("tensorrt")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
     attributes = {
         "trt.backend": "tensorrt",
-        "trt.version": str(getattr(trt, "__version__", "unknown")),
+        "trt.version": version,
         **model_attributes(args.model, model),
     }
-    return _run(trt, args.model, model, args, attributes)
-
-
-def _run(
-    trt: Any, model_path: Path, model: bytes, args: argparse.Namespace, attributes: dict[str, Any]
-) -> int:
-    log = EventLog()
-    spans = _open_span_export(args)
-    _join_parent_trace(attributes)
-    journal = _open_journal(args.journal) if args.journal is not None else None
-    monitor = BuildMonitor(log=log, attributes=attributes)
-    if journal is not None:
-        log.follow(journal, capacity=1_000_000)
-    if spans is not None:
-        # Losing an event would misshape the tree, and this follower does no I/O: a deep queue.
-        log.follow(spans, capacity=1_000_000)
-    metrics = _serve_metrics(monitor, args, spans)
-    if spans is not None:
-        remote = parse_traceparent(str(attributes.get(TRACEPARENT_ATTRIBUTE, "")))
-        print(f"trace: {trace_id_for(monitor.build_id, remote):032x}", file=sys.stderr)
-    use_live = not args.no_progress and sys.stderr.isatty()
-    log.follow(LiveConsole() if use_live else PlainLines(sys.stderr))
-    interrupted = False
-    try:
-        with _cancel_on_signals(monitor) as signals:
-            monitor.start()
-            result = run_build(
-                trt,
-                model_path,
-                model,
-                monitor,
-                engine_path=getattr(args, "output", None),
-                options=_options(args),
-            )
-            interrupted = signals.interrupted
-    except KeyboardInterrupt:
-        interrupted = True
-        monitor.cancel("interrupted by the user", source="signal")
-        monitor.end(Outcome.CANCELLATION, "interrupted by the user")
-        result = None
-    finally:
-        workers = log.workers
-        if not log.close(timeout_s=5.0):
-            print("trt-otel: warning: a follower did not finish in time", file=sys.stderr)
-        _report_follower_health(workers)
-        if spans is not None:
-            _finish_spans(spans, args)
-        _finish_metrics(monitor, metrics, args)
-    if journal is not None:
-        print(f"journal: {journal.path}", file=sys.stderr)
-    if interrupted:
-        return EXIT_INTERRUPTED
-    assert result is not None
-    if result.outcome is Outcome.SUCCESS:
-        if result.engine_path is not None:
-            print(f"engine: {result.engine_path} ({result.engine_bytes:,} bytes)", file=sys.stderr)
-        return EXIT_OK
-    if result.outcome in (Outcome.CANCELLATION, Outcome.TIMEOUT):
-        return EXIT_CANCELLED
-    return EXIT_FAILED
-
-
-def _open_span_export(args: argparse.Namespace) -> OtlpSpanExport | None:
-    settings = OtlpSettings.resolve(
-        args.otlp_endpoint,
-        args.otlp_protocol,
-        span_budget=args.span_budget,
-        fold_under_ns=round(args.span_fold_under * 1e9),
-    )
-    if settings is None:
-        return None
-    # The exporters' own log lines would repeat every retry on the terminal; the export queue
-    # reports the first failure itself, and counts the rest.
-    logging.getLogger("opentelemetry").propagate = False
-    export = OtlpSpanExport(settings, warn=_warn)
-    print(f"spans: {settings.endpoint} ({settings.protocol})", file=sys.stderr)
-    return export
-
-
-def _join_parent_trace(attributes: dict[str, Any]) -> None:
-    """Inside a traced CI job (``TRACEPARENT`` set), the build's span joins the job's trace."""
-    traceparent = os.environ.get("TRACEPARENT", "").strip()
-    if not traceparent:
-        return
-    if parse_traceparent(traceparent) is None:
-        _warn(f"ignoring TRACEPARENT {traceparent!r}: not a W3C traceparent")
-        return
-    attributes[TRACEPARENT_ATTRIBUTE] = traceparent
-
-
-def _finish_spans(spans: OtlpSpanExport, args: argparse.Namespace) -> None:
-    health = spans.shutdown(args.otlp_flush_timeout)
-    lost = health.failed + health.dropped
-    if lost:
-        _warn(
-            f"{lost:,} spans not exported ({health.failed:,} refused or unreachable, "
-            f"{health.dropped:,} dropped; last error: {health.last_error or 'none'})"
-        )
-    else:
-        print(f"spans: {health.exported:,} exported", file=sys.stderr)
-
-
-def _warn(message: str) -> None:
-    print(f"trt-otel: warning: {message}", file=sys.stderr)
-
-
-def _serve_metrics(
-    monitor: BuildMonitor, args: argparse.Namespace, spans: OtlpSpanExport | None = None
-) -> MetricsServer | None:
-    if args.prometheus_port is None:
-        return None
-    try:
-        server = MetricsServer(
-            monitor,
-            args.prometheus_port,
-            args.prometheus_address,
-            build_id_label=args.metrics_build_id,
-            span_health=spans.queue.health if spans is not None else None,
-        )
-    except OSError as error:
-        raise UsageError(
-            f"cannot serve metrics on {args.prometheus_address}:{args.prometheus_port}: "
-            f"{error.strerror or error}"
-        ) from None
-    print(f"metrics: http://{server.address}:{server.port}/metrics", file=sys.stderr)
-    return server
-
-
-def _finish_metrics(
-    monitor: BuildMonitor, server: MetricsServer | None, args: argparse.Namespace
-) -> None:
-    """Let the final values reach Prometheus: push them, and wait for a last scrape."""
-    if args.pushgateway is not None:
-        try:
-            push_build_metrics(monitor, args.pushgateway, build_id_label=args.metrics_build_id)
-        except OSError as error:
-            print(
-                f"trt-otel: warning: cannot push metrics to {args.pushgateway}: {error}",
-                file=sys.stderr,
-            )
-    if server is not None:
-        began = time.monotonic()
-        if server.linger(args.prometheus_linger):
-            waited = time.monotonic() - began
-            print(f"metrics: final values scraped after {waited:.1f}s", file=sys.stderr)
-        server.close()
-
-
-def _open_journal(path: Path) -> JournalWriter:
-    try:
-        return JournalWriter(path)
-    except OSError as error:
-        raise UsageError(f"cannot write journal {path}: {error.strerror or error}") from None
-
-
-def _report_follower_health(workers: Sequence[FollowerWorker]) -> None:
-    """Say what a follower lost or failed at; the build itself was not affected."""
-    for worker in workers:
-        health = worker.health()
-        if health.dropped or health.errors:
-            print(
-                f"trt-otel: warning: {health.name}: {health.dropped:,} events dropped, "
-                f"{health.errors:,} errors (last: {health.last_error or 'none'})",
-                file=sys.stderr,
-            )
+    job = BuildJob(model_path=args.model, engine_path=args.output, options=_options(args))
+    return run_session(job, args, attributes)
 
 
 def _options(args: argparse.Namespace) -> BuildOptions:
@@ -464,48 +362,11 @@ def _options(args: argparse.Namespace) -> BuildOptions:
     return BuildOptions(max_threads=threads)
 
 
-class _SignalState:
-    interrupted = False
-    received = 0
-
-
-@contextlib.contextmanager
-def _cancel_on_signals(monitor: BuildMonitor) -> Iterator[_SignalState]:
-    """First SIGINT or SIGTERM: cancel gracefully at the next step. Second: stop now."""
-    state = _SignalState()
-
-    def cancel(name: str) -> None:
-        if monitor.cancel(f"received {name}", source="signal"):
-            print(
-                f"\ntrt-otel: {name}: cancelling at TensorRT's next step (again to stop now)",
-                file=sys.stderr,
-            )
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        # A handler runs on the main thread between two bytecodes, possibly while that thread
-        # holds the event log's lock inside a callback (or is writing to stderr): it must take
-        # no lock and do no I/O itself, so the cancel is handed to a thread of its own.
-        name = signal.Signals(signum).name
-        if signum == signal.SIGINT:
-            state.interrupted = True
-        state.received += 1
-        if state.received > 1 or monitor.cancelled:
-            raise KeyboardInterrupt
-        threading.Thread(target=cancel, args=(name,), name="trt-otel-signal", daemon=True).start()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield state
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
 def _replay(args: argparse.Namespace) -> int:
     journal = read_journal(args.journal)
     for problem in journal.problems:
         print(f"trt-otel: {args.journal}: {problem}", file=sys.stderr)
-    spans = _open_span_export(args)
+    spans = open_span_export(args)
     state = BuildState()
     for event in journal.events:
         state.apply(event)
@@ -514,7 +375,7 @@ def _replay(args: argparse.Namespace) -> int:
         # The same projection as the live run, fed the same events: the same spans.
         spans.handle(journal.events)
         spans.close()
-        _finish_spans(spans, args)
+        finish_spans(spans, args)
     return EXIT_OK
 
 

@@ -103,8 +103,9 @@ class PhaseFinished(Event):
 class CancelRequested(Event):
     """Something decided the build must stop; from now on ``step_complete`` answers False.
 
-    ``source`` names who decided (a policy's description, ``http``, ``signal``, ``user``) and
-    ``reason`` says why, in words fit for a terminal, a span and a metric label.
+    ``source`` names the kind of decider (``timeout``, ``file``, ``http``, ``stall``, ``signal``,
+    ``user``), short and bounded so it can be a metric label; ``reason`` says why, in words fit for
+    a terminal and a span; ``timeout`` makes the outcome a timeout rather than a cancellation.
     """
 
     type: ClassVar[str] = "cancel"
@@ -112,6 +113,8 @@ class CancelRequested(Event):
     reason: str
     source: str
     timeout: bool = False
+    policy: str = ""
+    """The deciding policy's description (``any_of(timeout(2h), file(/tmp/stop))``), if any."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,6 +10,7 @@ thread nothing but a deque append.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections import deque
@@ -89,6 +90,15 @@ class EventLog:
                     )
                 self._next_seq += 1
                 self._publish(event)
+
+    def adopt(self, events: list[Event]) -> None:
+        """Append events recorded by another log (a build's worker process), keeping their
+        stamps and giving them this log's ``seq``."""
+        with self.lock:
+            for event in events:
+                adopted = dataclasses.replace(event, seq=self._next_seq)
+                self._next_seq += 1
+                self._publish(adopted)
 
     def _publish(self, event: Event) -> None:
         self._recent.append(event)

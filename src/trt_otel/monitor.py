@@ -201,7 +201,9 @@ class BuildMonitor:
     def cancelled(self) -> bool:
         return self._cancelled
 
-    def cancel(self, reason: str, *, source: str = "user", timeout: bool = False) -> bool:
+    def cancel(
+        self, reason: str, *, source: str = "user", timeout: bool = False, policy: str = ""
+    ) -> bool:
         """Ask TensorRT to stop: the next ``step_complete`` answers False. Safe from any thread.
 
         Only the first request is recorded as the reason; returns True if this one was it.
@@ -210,7 +212,7 @@ class BuildMonitor:
             if self._cancelled:
                 return False
             event = self.log.append_locked(
-                CancelRequested, reason=reason, source=source, timeout=timeout
+                CancelRequested, reason=reason, source=source, timeout=timeout, policy=policy
             )
             self._cancelled = True
         for listener in self._cancel_listeners:

@@ -3,10 +3,15 @@
 from trt_otel.simulator.callbacks import Callback, TraceError, load_trace
 from trt_otel.simulator.driver import Driver, DriveResult, NoOpMonitor
 from trt_otel.simulator.plan import TimeModel, generate_plan
-from trt_otel.simulator.tensorrt_api import SIMULATED_ENGINE_MAGIC, SimulatedTensorRT
+from trt_otel.simulator.tensorrt_api import (
+    SIMULATED_ENGINE_MAGIC,
+    SIMULATOR_VERSION,
+    SimulatedTensorRT,
+)
 
 __all__ = [
     "SIMULATED_ENGINE_MAGIC",
+    "SIMULATOR_VERSION",
     "Callback",
     "DriveResult",
     "Driver",

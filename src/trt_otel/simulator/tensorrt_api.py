@@ -20,6 +20,8 @@ from trt_otel.simulator.driver import Driver, NoOpMonitor
 from trt_otel.simulator.plan import TimeModel, generate_plan
 
 SIMULATED_ENGINE_MAGIC = b"TRT-OTEL-SIMULATED-ENGINE\n"
+SIMULATOR_VERSION = "simulated"
+"""What ``trt.version`` says of a simulated build."""
 
 
 class _Severity(enum.IntEnum):
@@ -246,7 +248,7 @@ _ILogger = ILogger
 class SimulatedTensorRT:
     """A stand-in for the ``tensorrt`` module, configured with the simulation's knobs."""
 
-    __version__ = "simulated"
+    __version__ = SIMULATOR_VERSION
     ILogger = ILogger
     Logger = Logger
     NetworkDefinitionCreationFlag = NetworkDefinitionCreationFlag

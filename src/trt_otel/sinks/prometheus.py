@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +25,11 @@ from prometheus_client.registry import Collector
 
 from trt_otel.followers import FollowerHealth
 from trt_otel.monitor import BuildMonitor
+from trt_otel.policies import PolicyHealth
 from trt_otel.sinks.otlp import SpanExportHealth
 
 SpanHealthSource = Callable[[], SpanExportHealth]
+PolicyHealthSource = Callable[[], Sequence[PolicyHealth]]
 
 BUILD_STATES = ("pending", "running", "cancelling", "success", "failure", "cancellation", "timeout")
 """Values of ``trt_build_state{state}``: one is 1, the others 0."""
@@ -68,6 +70,7 @@ class BuildSample:
     followers: tuple[FollowerHealth, ...]
     info: Mapping[str, str]
     spans: SpanExportHealth | None = None
+    policies: tuple[PolicyHealth, ...] = ()
 
 
 def sample_build(
@@ -75,6 +78,7 @@ def sample_build(
     *,
     build_id_label: bool = False,
     span_health: SpanHealthSource | None = None,
+    policy_health: PolicyHealthSource | None = None,
 ) -> BuildSample:
     """A consistent snapshot of the monitor's state for one scrape."""
     with monitor.log.transaction():
@@ -126,17 +130,22 @@ class BuildCollector(Collector):
         *,
         build_id_label: bool = False,
         span_health: SpanHealthSource | None = None,
+        policy_health: PolicyHealthSource | None = None,
     ) -> None:
         self.monitor = monitor
         self.build_id_label = build_id_label
         self.span_health = span_health
+        self.policy_health = policy_health
         self.scrapes = 0
         self.last_scrape_mono_s: float | None = None
         self._scraped = threading.Condition()
 
     def collect(self) -> Iterable[Metric]:
         sample = sample_build(
-            self.monitor, build_id_label=self.build_id_label, span_health=self.span_health
+            self.monitor,
+            build_id_label=self.build_id_label,
+            span_health=self.span_health,
+            policy_health=self.policy_health,
         )
         with self._scraped:
             self.scrapes += 1
@@ -254,6 +263,15 @@ def health_metrics(sample: BuildSample) -> Iterable[Metric]:
     yield queued
     if sample.spans is not None:
         yield from _span_export_metrics(sample.spans)
+    if sample.policies:
+        policy_errors = CounterMetricFamily(
+            "trt_otel_policy_errors",
+            "Errors met by a cancel policy (an unreachable cancel URL), by kind of policy",
+            labels=["policy"],
+        )
+        for policy in sample.policies:
+            policy_errors.add_metric([policy.source], policy.errors)
+        yield policy_errors
 
 
 def _span_export_metrics(health: SpanExportHealth) -> Iterable[Metric]:
@@ -282,10 +300,14 @@ class MetricsServer:
         *,
         build_id_label: bool = False,
         span_health: SpanHealthSource | None = None,
+        policy_health: PolicyHealthSource | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.collector = BuildCollector(
-            monitor, build_id_label=build_id_label, span_health=span_health
+            monitor,
+            build_id_label=build_id_label,
+            span_health=span_health,
+            policy_health=policy_health,
         )
         self.registry.register(self.collector)
         # Binding happens here, so a port in use is a configuration error before the build.

@@ -1,0 +1,436 @@
+"""Cancel policies: what decides that a build must stop, and why.
+
+A policy looks at a :class:`BuildView` (a snapshot of the build's state) and the outside world, and
+answers with a :class:`Decision` or None. A :class:`PolicyRunner` asks it a few times a second on a
+thread of its own and turns the first decision into ``monitor.cancel(...)``: a ``cancel`` event
+carrying the reason, the kind of decider (``source``) and the policy's description, after which
+the very next ``step_complete`` answers False. No policy does I/O on a callback thread; the one
+that polls a URL does so on its own thread, so a hanging server delays nothing else.
+
+Policies compose: ``AnyOf(Timeout(7200), CancelFile("/tmp/stop"))`` decides when either does,
+``AllOf(Stall(600), CancelFile(...))`` only when both do at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from trt_otel.console import format_duration
+from trt_otel.monitor import BuildMonitor
+
+_logger = logging.getLogger(__name__)
+
+Warn = Callable[[str], None]
+
+MAX_FLAG_BODY = 64 * 1024
+"""Bytes read from a cancel URL's answer; a longer answer is an error, not a flag."""
+MAX_REASON = 200
+
+
+@dataclass(frozen=True, slots=True)
+class BuildView:
+    """What a policy may look at, copied under the log's lock (times: monotonic ns)."""
+
+    now_mono_ns: int
+    start_mono_ns: int | None
+    last_progress_mono_ns: int | None
+    open_phase: str | None
+    """The innermost open phase, for reasons that say where the build was."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    reason: str
+    source: str
+    """The kind of decider, short and bounded: ``timeout``, ``file``, ``http``, ``stall``."""
+    timeout: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyHealth:
+    policy: str
+    source: str
+    errors: int
+    last_error: str | None
+
+
+class Policy:
+    """Base of every policy. Subclasses implement :meth:`check` and :meth:`describe`."""
+
+    source = "policy"
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def check(self, view: BuildView) -> Decision | None:
+        """Should the build stop now? Called on the runner's thread; must not block."""
+        raise NotImplementedError
+
+    def start(self) -> None:
+        """Begin background work (polling), if any."""
+
+    def stop(self) -> None:
+        """End background work; called once the build no longer needs deciding."""
+
+    def leaves(self) -> Iterator[Policy]:
+        """The policies this one is made of (itself, for a simple policy)."""
+        yield self
+
+    def health(self) -> PolicyHealth | None:
+        """Errors met while deciding, for policies that can meet any."""
+        return None
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+
+class Timeout(Policy):
+    """Stop the build once it has run ``seconds`` (an outcome of ``timeout``)."""
+
+    source = "timeout"
+
+    def __init__(self, seconds: float) -> None:
+        if not seconds > 0:
+            raise ValueError("a timeout must be longer than 0s")
+        self.limit_ns = round(seconds * 1e9)
+
+    def describe(self) -> str:
+        return f"timeout({format_duration(self.limit_ns / 1e9)})"
+
+    def check(self, view: BuildView) -> Decision | None:
+        if view.start_mono_ns is None or view.now_mono_ns - view.start_mono_ns < self.limit_ns:
+            return None
+        limit = format_duration(self.limit_ns / 1e9)
+        return Decision(f"the build ran past its timeout of {limit}", self.source, timeout=True)
+
+
+class Stall(Policy):
+    """Stop the build when nothing progressed for ``seconds``: no step, and no phase started or
+    finished (a phase can go silent before its first step, so its start counts)."""
+
+    source = "stall"
+
+    def __init__(self, seconds: float) -> None:
+        if not seconds > 0:
+            raise ValueError("a stall timeout must be longer than 0s")
+        self.limit_ns = round(seconds * 1e9)
+
+    def describe(self) -> str:
+        return f"stall({format_duration(self.limit_ns / 1e9)})"
+
+    def check(self, view: BuildView) -> Decision | None:
+        since = view.last_progress_mono_ns or view.start_mono_ns
+        if since is None or view.now_mono_ns - since < self.limit_ns:
+            return None
+        where = f" in {view.open_phase!r}" if view.open_phase else ""
+        limit = format_duration(self.limit_ns / 1e9)
+        return Decision(f"no progress for {limit}{where}", self.source)
+
+
+class CancelFile(Policy):
+    """Stop the build when ``path`` exists. Its first line, if any, is the reason."""
+
+    source = "file"
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def describe(self) -> str:
+        return f"file({self.path})"
+
+    def check(self, view: BuildView) -> Decision | None:
+        try:
+            with open(self.path, "rb") as handle:
+                first_line = handle.readline(4 * MAX_REASON)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            first_line = b""  # it exists (a directory, unreadable): that is the signal
+        text = first_line.decode("utf-8", "replace").strip()[:MAX_REASON]
+        return Decision(text or f"cancel file {self.path} appeared", self.source)
+
+
+class FlagError(ValueError):
+    """A cancel URL's answer that is not a flag."""
+
+
+def parse_flag(status: int, body: bytes) -> tuple[bool, str | None]:
+    """Read a cancel URL's answer: ``(cancel, reason)``. Raises FlagError for anything else.
+
+    The answer format (documented in the README):
+
+    - ``204 No Content``: keep building;
+    - ``200`` with a JSON object ``{"cancel": true|false, "reason": "..."}`` (reason optional),
+      a JSON ``true``/``false``, or the plain text ``true``/``false``/``1``/``0``/``yes``/``no``
+      (case and surrounding whitespace ignored);
+    - anything else (another status, a body over 64 KiB, other text) is an error.
+    """
+    if status == 204:
+        return False, None
+    if status != 200:
+        raise FlagError(f"HTTP status {status}")
+    if len(body) > MAX_FLAG_BODY:
+        raise FlagError(f"an answer over {MAX_FLAG_BODY // 1024} KiB")
+    text = body.decode("utf-8", "replace").strip()
+    words = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+    if text.lower() in words:
+        return words[text.lower()], None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise FlagError(f"not a flag: {text[:60]!r}") from None
+    if isinstance(value, bool):
+        return value, None
+    if isinstance(value, dict) and isinstance(value.get("cancel"), bool):
+        reason = value.get("reason")
+        return value["cancel"], str(reason)[:MAX_REASON] if reason else None
+    raise FlagError(f"not a flag: {text[:60]!r}")
+
+
+class CancelUrl(Policy):
+    """Stop the build when a URL says so, polled every ``interval_s`` on a thread of its own.
+
+    Errors (unreachable, slow, a bad answer) are counted and shown, and by default mean "keep
+    building" (fail-open): a flaky flag server should not kill hours of work. With
+    ``fail_closed``, ``failures_to_close`` errors in a row stop the build.
+    """
+
+    source = "http"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        interval_s: float = 5.0,
+        request_timeout_s: float = 2.0,
+        fail_closed: bool = False,
+        failures_to_close: int = 3,
+    ) -> None:
+        self.url = url
+        self.interval_s = interval_s
+        self.request_timeout_s = min(request_timeout_s, max(interval_s, 0.1))
+        self.fail_closed = fail_closed
+        self.failures_to_close = failures_to_close
+        self.polls = 0
+        self.errors = 0
+        self.consecutive_errors = 0
+        self.last_error: str | None = None
+        self._answer: tuple[bool, str | None] = (False, None)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trt-otel-cancel-url", daemon=True)
+
+    def describe(self) -> str:
+        mode = ", fail-closed" if self.fail_closed else ""
+        return f"url({self.url}{mode})"
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def check(self, view: BuildView) -> Decision | None:
+        cancel, reason = self._answer
+        if cancel:
+            return Decision(reason or f"cancel URL {self.url} said so", self.source)
+        if self.fail_closed and self.consecutive_errors >= self.failures_to_close:
+            return Decision(
+                f"cancel URL failed {self.consecutive_errors} times in a row "
+                f"({self.last_error}); failing closed",
+                self.source,
+            )
+        return None
+
+    def poll_once(self) -> None:
+        """One request; updates the answer or the error counts."""
+        self.polls += 1
+        try:
+            request = urllib.request.Request(self.url, headers={"Accept": "application/json"})
+            with urllib.request.urlopen(request, timeout=self.request_timeout_s) as response:
+                answer = parse_flag(response.status, response.read(MAX_FLAG_BODY + 1))
+        except urllib.error.HTTPError as error:
+            self._failed(f"HTTP status {error.code}")
+        except (OSError, FlagError, ValueError) as error:
+            self._failed(str(getattr(error, "reason", None) or error) or type(error).__name__)
+        else:
+            self.consecutive_errors = 0
+            self._answer = answer
+
+    def _failed(self, error: str) -> None:
+        self.errors += 1
+        self.consecutive_errors += 1
+        self.last_error = error
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            began = time.monotonic()
+            try:
+                self.poll_once()
+            except Exception as error:  # the poller must outlive any surprise
+                self._failed(f"{type(error).__name__}: {error}")
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - began)))
+
+    def health(self) -> PolicyHealth:
+        return PolicyHealth(self.describe(), self.source, self.errors, self.last_error)
+
+
+class _Composite(Policy):
+    name = ""
+
+    def __init__(self, *policies: Policy) -> None:
+        if not policies:
+            raise ValueError(f"{self.name} needs at least one policy")
+        self.policies: Sequence[Policy] = policies
+
+    def describe(self) -> str:
+        return f"{self.name}({', '.join(p.describe() for p in self.policies)})"
+
+    def start(self) -> None:
+        for policy in self.policies:
+            policy.start()
+
+    def stop(self) -> None:
+        for policy in self.policies:
+            policy.stop()
+
+    def leaves(self) -> Iterator[Policy]:
+        for policy in self.policies:
+            yield from policy.leaves()
+
+
+class AnyOf(_Composite):
+    """Decides when any of its policies does (the first one, in order, gives the reason)."""
+
+    name = "any_of"
+
+    def check(self, view: BuildView) -> Decision | None:
+        for policy in self.policies:
+            decision = policy.check(view)
+            if decision is not None:
+                return decision
+        return None
+
+
+class AllOf(_Composite):
+    """Decides when all of its policies do at the same time; the reasons are joined."""
+
+    name = "all_of"
+
+    def check(self, view: BuildView) -> Decision | None:
+        decisions = []
+        for policy in self.policies:
+            decision = policy.check(view)
+            if decision is None:
+                return None
+            decisions.append(decision)
+        return Decision(
+            "; ".join(d.reason for d in decisions),
+            decisions[0].source if len(decisions) == 1 else "all_of",
+            timeout=all(d.timeout for d in decisions),
+        )
+
+
+def any_of(*policies: Policy) -> Policy:
+    """One policy from several: the policy itself when there is one."""
+    return policies[0] if len(policies) == 1 else AnyOf(*policies)
+
+
+class PolicyRunner:
+    """Asks a policy, every ``interval_s`` on its own thread, whether the build must stop, and
+    cancels it with the decision's reason. Errors of policies are reported once through
+    ``warn`` and counted (:meth:`health`)."""
+
+    def __init__(
+        self,
+        monitor: BuildMonitor,
+        policy: Policy,
+        *,
+        interval_s: float = 0.1,
+        warn: Warn | None = None,
+    ) -> None:
+        self.monitor = monitor
+        self.policy = policy
+        self.interval_s = interval_s
+        self.decision: Decision | None = None
+        self._warn = warn or (lambda message: _logger.warning("%s", message))
+        self._warned: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trt-otel-policies", daemon=True)
+
+    def start(self) -> PolicyRunner:
+        self.policy.start()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.policy.stop()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(2.0)
+
+    def __enter__(self) -> PolicyRunner:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def view(self) -> BuildView:
+        with self.monitor.log.lock:
+            state = self.monitor.state
+            open_ids = state.open_by_name.values()
+            innermost = state.phases[max(open_ids)].name if open_ids else None
+            return BuildView(
+                now_mono_ns=self.monitor.log.clock.mono_ns(),
+                start_mono_ns=state.start_mono_ns,
+                last_progress_mono_ns=state.last_progress_mono_ns,
+                open_phase=innermost,
+            )
+
+    def check_now(self) -> Decision | None:
+        """Ask the policy once; cancel the build if it decides. Returns the decision."""
+        decision = self.policy.check(self.view())
+        if decision is not None and self.decision is None:
+            self.decision = decision
+            self.monitor.cancel(
+                decision.reason,
+                source=decision.source,
+                timeout=decision.timeout,
+                policy=self.policy.describe(),
+            )
+        return decision
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            state = self.monitor.state
+            if self.monitor.cancelled or state.outcome is not None:
+                break
+            try:
+                self.check_now()
+            except Exception as error:  # a policy bug must not kill the runner, nor the build
+                _logger.exception("cancel policy %s failed", self.policy.describe())
+                self._report(self.policy.describe(), f"{type(error).__name__}: {error}")
+            self._report_policy_errors()
+        self.policy.stop()
+
+    def _report_policy_errors(self) -> None:
+        for leaf in self.policy.leaves():
+            health = leaf.health()
+            if health is not None and health.errors and health.last_error:
+                self._report(health.policy, health.last_error)
+
+    def _report(self, policy: str, error: str) -> None:
+        if policy in self._warned:
+            return
+        self._warned.add(policy)
+        self._warn(f"cancel policy {policy}: {error}; further errors are only counted")
+
+    def health(self) -> list[PolicyHealth]:
+        return [h for leaf in self.policy.leaves() if (h := leaf.health()) is not None]
