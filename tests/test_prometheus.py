@@ -138,8 +138,16 @@ def test_every_dashboard_expression_returns_data_during_a_build(
 
 @needs_prometheus
 def test_promtool_finds_nothing_to_lint_mid_build() -> None:
+    from trt_otel.policies import PolicyHealth
+    from trt_otel.sinks.otlp import SpanExportHealth
+
     monitor = BuildMonitor(attributes={"trt.backend": "simulator", "model.path": "m.onnx"})
-    server = MetricsServer(monitor, 0)
+    server = MetricsServer(
+        monitor,
+        0,
+        span_health=lambda: SpanExportHealth(10, 2, 3, 1, "refused"),
+        policy_health=lambda: [PolicyHealth("url(http://x)", "http", 4, "HTTP status 500")],
+    )
     try:
         plan = generate_plan(13)
         Driver(speed=0).run(monitor, plan[: len(plan) // 2])
@@ -149,6 +157,8 @@ def test_promtool_finds_nothing_to_lint_mid_build() -> None:
         assert 'trt_build_phase_open{phase="Measuring tactic time"}' in text
         assert 'trt_build_cancellations_total{reason="test"} 1.0' in text
         assert 'trt_otel_anomalies_total{kind="finish_of_unknown_phase"} 1.0' in text
+        assert "trt_otel_spans_failed_total 3.0" in text
+        assert 'trt_otel_policy_errors_total{policy="http"} 4.0' in text
         lint = subprocess.run(
             ["promtool", "check", "metrics"],
             input=text,

@@ -114,7 +114,15 @@ def sample_build(
         info["build_id"] = monitor.build_id
     followers = tuple(worker.health() for worker in monitor.log.workers)
     spans = span_health() if span_health is not None else None
-    return BuildSample(phases=phases, followers=followers, info=info, spans=spans, **sample_values)
+    policies = tuple(policy_health()) if policy_health is not None else ()
+    return BuildSample(
+        phases=phases,
+        followers=followers,
+        info=info,
+        spans=spans,
+        policies=policies,
+        **sample_values,
+    )
 
 
 def _seconds(ns: int | None) -> float | None:

@@ -1,0 +1,450 @@
+"""Cancel policies and the supervisor, end to end: real files, a real HTTP flag server, real
+worker processes and signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otlp_receiver import OtlpReceiver, otlp_receiver
+from prometheus_server import free_port
+from trt_otel import BuildMonitor, Outcome, read_journal
+from trt_otel.events import CancelRequested
+from trt_otel.policies import (
+    AllOf,
+    AnyOf,
+    BuildView,
+    CancelFile,
+    CancelUrl,
+    FlagError,
+    PolicyRunner,
+    Stall,
+    Timeout,
+    parse_flag,
+)
+from trt_otel.simulator import Driver, generate_plan
+from trt_otel.state import BuildState
+from trt_otel.supervisor import run_isolated
+
+CLI = [sys.executable, "-m", "trt_otel.cli"]
+S = 1_000_000_000
+
+
+def final_state(journal: Path) -> BuildState:
+    state = BuildState()
+    for event in read_journal(journal).events:
+        state.apply(event)
+    return state
+
+
+def cancel_event(journal: Path) -> CancelRequested:
+    return next(e for e in read_journal(journal).events if isinstance(e, CancelRequested))
+
+
+def run_demo(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, "demo", "--no-progress", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def start_demo(journal: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*CLI, "demo", "--no-progress", "--journal", str(journal), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_text(journal: Path, text: bytes, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not (journal.exists() and text in journal.read_bytes()):
+        assert time.monotonic() < deadline, f"{text!r} never appeared in the journal"
+        time.sleep(0.05)
+
+
+# -- policies in isolation ----------------------------------------------------------------------
+
+
+def view(now_s: float, start_s: float | None = 0.0, progress_s: float | None = None) -> BuildView:
+    return BuildView(
+        now_mono_ns=round(now_s * S),
+        start_mono_ns=None if start_s is None else round(start_s * S),
+        last_progress_mono_ns=None if progress_s is None else round(progress_s * S),
+        open_phase="Timing graph nodes",
+    )
+
+
+def test_timeout_and_stall_decide_at_their_limits() -> None:
+    timeout, stall = Timeout(60), Stall(30)
+    assert timeout.check(view(59.9)) is None
+    decision = timeout.check(view(60))
+    assert decision is not None and decision.timeout and decision.source == "timeout"
+    assert stall.check(view(100, progress_s=80)) is None
+    stalled = stall.check(view(100, progress_s=70))
+    assert stalled is not None and not stalled.timeout
+    assert stalled.reason == "no progress for 30.0s in 'Timing graph nodes'"
+    # Counted from the start when nothing has progressed yet.
+    assert stall.check(view(31, start_s=0)) is not None
+    assert Timeout(1).check(view(5, start_s=None)) is None, "no build yet, no timeout"
+    with pytest.raises(ValueError, match="longer than 0s"):
+        Timeout(0)
+
+
+def test_cancel_file_gives_its_first_line_as_reason(tmp_path: Path) -> None:
+    sentinel = tmp_path / "stop"
+    policy = CancelFile(sentinel)
+    assert policy.check(view(1)) is None
+    sentinel.write_text("")
+    decision = policy.check(view(1))
+    assert decision is not None and decision.reason == f"cancel file {sentinel} appeared"
+    sentinel.write_text("GPU needed for the release build\nmore\n")
+    decision = policy.check(view(1))
+    assert decision is not None and decision.reason == "GPU needed for the release build"
+
+
+def test_composition_any_of_and_all_of(tmp_path: Path) -> None:
+    sentinel = tmp_path / "stop"
+    any_policy = AnyOf(Timeout(60), CancelFile(sentinel))
+    all_policy = AllOf(Stall(10), CancelFile(sentinel))
+    assert any_policy.describe() == f"any_of(timeout(1m00s), file({sentinel}))"
+    assert all_policy.describe() == f"all_of(stall(10.0s), file({sentinel}))"
+    assert any_policy.check(view(61)) is not None
+    assert all_policy.check(view(61, progress_s=0)) is None, "the file is not there"
+    sentinel.write_text("stop\n")
+    assert all_policy.check(view(5, progress_s=0)) is None, "not stalled yet"
+    both = all_policy.check(view(61, progress_s=0))
+    assert both is not None and both.reason == "no progress for 10.0s in 'Timing graph nodes'; stop"
+    assert [p.describe() for p in any_policy.leaves()] == ["timeout(1m00s)", f"file({sentinel})"]
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (204, b"", (False, None)),
+        (200, b"true", (True, None)),
+        (200, b" FALSE\n", (False, None)),
+        (200, b"1", (True, None)),
+        (200, b"no", (False, None)),
+        (200, b"false", (False, None)),
+        (200, b'{"cancel": true, "reason": "release freeze"}', (True, "release freeze")),
+        (200, b'{"cancel": false}', (False, None)),
+        (200, b"true\n", (True, None)),
+    ],
+)
+def test_flag_answers(status: int, body: bytes, expected: tuple[bool, str | None]) -> None:
+    assert parse_flag(status, body) == expected
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [(500, b"true"), (200, b"maybe"), (200, b'{"cancel": "yes"}'), (200, b"[1]"),
+     (200, b"x" * 70_000), (404, b"")],
+)  # fmt: skip
+def test_anything_else_is_not_a_flag(status: int, body: bytes) -> None:
+    with pytest.raises(FlagError):
+        parse_flag(status, body)
+
+
+# -- an HTTP flag server -----------------------------------------------------------------------
+
+
+class FlagServer:
+    """Answers GET with ``self.body`` (after ``self.delay_s``)."""
+
+    def __init__(self) -> None:
+        self.body = b"false"
+        self.status = 200
+        self.delay_s = 0.0
+        self.requests = 0
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                server.requests += 1
+                time.sleep(server.delay_s)
+                self.send_response(server.status)
+                self.send_header("Content-Length", str(len(server.body)))
+                self.end_headers()
+                self.wfile.write(server.body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}/cancel"
+
+
+@pytest.fixture
+def flag_server() -> Iterator[FlagServer]:
+    server = FlagServer()
+    thread = threading.Thread(target=server.http.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.http.shutdown()
+        server.http.server_close()
+
+
+def test_an_http_flag_that_turns_true_cancels_with_its_reason(
+    tmp_path: Path, flag_server: FlagServer
+) -> None:
+    journal = tmp_path / "flag.jsonl"
+    process = start_demo(journal, "--cancel-url", flag_server.url, "--cancel-url-interval", "0.2s")
+    wait_for_text(journal, b"Timing graph nodes")
+    flag_server.body = json.dumps({"cancel": True, "reason": "release freeze"}).encode()
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 3, err
+    cancel = cancel_event(journal)
+    assert (cancel.reason, cancel.source) == ("release freeze", "http")
+    assert cancel.policy == f"url({flag_server.url})"
+    state = final_state(journal)
+    assert state.outcome is Outcome.CANCELLATION and state.outcome_detail == "release freeze"
+    assert "release freeze" in err
+
+
+@pytest.mark.parametrize("trouble", ["down", "slow", "garbage"])
+def test_a_broken_flag_server_is_reported_and_the_build_goes_on(
+    tmp_path: Path, flag_server: FlagServer, trouble: str
+) -> None:
+    url = flag_server.url
+    if trouble == "down":
+        url = f"http://127.0.0.1:{free_port()}/cancel"
+    elif trouble == "slow":
+        flag_server.delay_s = 30.0
+    else:
+        flag_server.body = b"<html>oops</html>"
+    journal = tmp_path / "broken.jsonl"
+    result = run_demo(
+        "--speed", "4", "--journal", str(journal), "--cancel-url", url,
+        "--cancel-url-interval", "0.3s",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert final_state(journal).outcome is Outcome.SUCCESS
+    assert result.stderr.count("cancel policy url(") == 1, "reported once"
+    assert "further errors are only counted" in result.stderr
+
+
+def test_a_failing_flag_server_stops_the_build_when_failing_closed(tmp_path: Path) -> None:
+    journal = tmp_path / "closed.jsonl"
+    url = f"http://127.0.0.1:{free_port()}/cancel"
+    result = run_demo(
+        "--journal", str(journal), "--cancel-url", url, "--cancel-url-interval", "0.2s",
+        "--cancel-url-fail-closed",
+    )  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    cancel = cancel_event(journal)
+    assert cancel.source == "http" and "failing closed" in cancel.reason
+
+
+def test_a_timeout_ends_the_build_as_a_timeout(tmp_path: Path) -> None:
+    journal = tmp_path / "timeout.jsonl"
+    result = run_demo("--journal", str(journal), "--timeout", "2s")
+    assert result.returncode == 3, result.stderr
+    state = final_state(journal)
+    assert state.outcome is Outcome.TIMEOUT and state.error_type == "timeout"
+    cancel = cancel_event(journal)
+    assert (cancel.source, cancel.timeout, cancel.policy) == ("timeout", True, "timeout(2.0s)")
+    assert state.start_mono_ns is not None
+    took_s = (cancel.mono_ns - state.start_mono_ns) / S
+    assert 2.0 <= took_s < 3.0, took_s
+
+
+def test_a_sentinel_file_created_mid_build_cancels_it(tmp_path: Path) -> None:
+    journal, sentinel = tmp_path / "file.jsonl", tmp_path / "STOP"
+    process = start_demo(journal, "--cancel-file", str(sentinel))
+    wait_for_text(journal, b"Timing graph nodes")
+    sentinel.write_text("wrong model version\n")
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 3, err
+    cancel = cancel_event(journal)
+    assert (cancel.reason, cancel.source) == ("wrong model version", "file")
+    assert final_state(journal).open_by_name == {}
+
+
+def test_a_stall_in_a_silent_window_is_stopped_from_outside(
+    tmp_path: Path,
+) -> None:
+    journal, engine = tmp_path / "stall.jsonl", tmp_path / "model.engine"
+    began = time.monotonic()
+    result = run_demo(
+        "--speed", "0", "--silence", "10m", "--stall-timeout", "1s", "--grace", "1s",
+        "--journal", str(journal), "-o", str(engine),
+    )  # fmt: skip
+    took = time.monotonic() - began
+    assert result.returncode == 3, result.stderr
+    assert took < 20, f"took {took:.1f}s"
+    state = final_state(journal)
+    assert state.outcome is Outcome.CANCELLATION
+    assert "stopped with SIGTERM" in state.outcome_detail
+    assert state.cancel is not None and state.cancel.source == "stall"
+    assert state.open_by_name == {}
+    assert not engine.exists() and not list(tmp_path.glob(".*partial"))
+
+
+def test_a_cancel_in_a_ten_minute_silence_ends_within_the_grace_period(tmp_path: Path) -> None:
+    journal, sentinel = tmp_path / "silent.jsonl", tmp_path / "STOP"
+    process = start_demo(
+        journal, "--speed", "0", "--silence", "10m", "--cancel-file", str(sentinel),
+        "--grace", "2s",
+    )  # fmt: skip
+    wait_for_text(journal, b"Computing profile costs")
+    time.sleep(0.5)  # inside the silent window now
+    cancelled_at = time.monotonic()
+    sentinel.write_text("")
+    _, err = process.communicate(timeout=60)
+    ended_in = time.monotonic() - cancelled_at
+    assert process.returncode == 3, err
+    assert ended_in < 2 + 5, f"ended {ended_in:.1f}s after the cancel"
+    state = final_state(journal)
+    assert state.outcome is Outcome.CANCELLATION
+    assert state.outcome_detail.startswith(f"cancel file {sentinel} appeared; TensorRT had not")
+
+
+def worker_pid(parent: int, timeout_s: float = 30) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+        for child in children:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"multiprocessing" in cmdline and b"resource_tracker" not in cmdline:
+                return int(child)
+        time.sleep(0.05)
+    raise AssertionError("no worker process")
+
+
+def test_a_worker_killed_from_outside_is_exit_4_with_every_span_ended(tmp_path: Path) -> None:
+    journal, engine = tmp_path / "killed.jsonl", tmp_path / "model.engine"
+    engine.write_bytes(b"the previous engine")
+    with otlp_receiver() as receiver:
+        process = start_demo(
+            journal, "-o", str(engine), "--otlp-endpoint",
+            f"http://127.0.0.1:{receiver.grpc_port}", "--otlp-protocol", "grpc",
+        )  # fmt: skip
+        wait_for_text(journal, b"Timing graph nodes")
+        os.kill(worker_pid(process.pid), signal.SIGKILL)
+        _, err = process.communicate(timeout=60)
+        assert process.returncode == 4, err
+        state = final_state(journal)
+        spans = wait_for_spans(receiver, state.phases_started_total + 1)
+    assert state.outcome is Outcome.FAILURE
+    assert state.error_type == "SIGKILL"
+    assert state.outcome_detail == "the build's process died (killed by SIGKILL)"
+    assert state.open_by_name == {}
+    assert engine.read_bytes() == b"the previous engine"
+    assert not list(tmp_path.glob(".*partial"))
+    root = next(s for s in spans if s.parent_span_id == "")
+    assert root.attributes["cicd.pipeline.result"] == "failure"
+    assert root.attributes["error.type"] == "SIGKILL"
+    assert len(spans) == state.phases_started_total + 1, "every phase ended as a span"
+
+
+def wait_for_spans(receiver: OtlpReceiver, count: int) -> list[Any]:
+    return receiver.wait_for(count)
+
+
+def test_sigterm_to_the_command_during_a_silence_escalates_after_grace(tmp_path: Path) -> None:
+    journal = tmp_path / "term.jsonl"
+    process = start_demo(journal, "--speed", "0", "--silence", "10m", "--grace", "1s")
+    wait_for_text(journal, b"Computing profile costs")
+    time.sleep(0.3)
+    worker = worker_pid(process.pid)
+    os.kill(process.pid, signal.SIGTERM)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 3, err
+    assert (
+        not Path(f"/proc/{worker}").exists()
+        or b"zombie" in Path(f"/proc/{worker}/status").read_bytes().lower()
+    )
+    state = final_state(journal)
+    assert state.cancel is not None and state.cancel.reason == "received SIGTERM"
+    assert "stopped with SIGTERM" in state.outcome_detail
+
+
+# -- the library -------------------------------------------------------------------------------
+
+
+def test_policies_attach_to_a_monitor_in_process(tmp_path: Path) -> None:
+    sentinel = tmp_path / "stop"
+    monitor = BuildMonitor()
+    plan = generate_plan(num_layers=13, num_profiles=1, seed=3)
+    steps_seen = 0
+
+    def sleep(seconds: float) -> None:
+        nonlocal steps_seen
+        steps_seen += 1
+        if steps_seen == 50:
+            sentinel.write_text("enough\n")
+        time.sleep(0.01)
+
+    with PolicyRunner(monitor, AnyOf(Timeout(3600), CancelFile(sentinel)), interval_s=0.02):
+        monitor.start()
+        result = Driver(speed=1, sleep=sleep).run(monitor, plan)
+        monitor.end_with_result(None)
+    assert result.cancelled_at is not None
+    assert monitor.state.outcome is Outcome.CANCELLATION
+    assert monitor.state.cancel is not None and monitor.state.cancel.reason == "enough"
+
+
+def test_run_isolated_runs_a_build_function_in_a_worker(tmp_path: Path) -> None:
+    from trt_otel.build import BuildJob, SimulatorSettings, run_build_job
+    from trt_otel.model import demo_model_bytes
+
+    monitor = BuildMonitor()
+    monitor.start()
+    job = BuildJob(
+        model_path=Path("m.onnx"),
+        model=demo_model_bytes(),
+        engine_path=tmp_path / "m.engine",
+        simulator=SimulatorSettings(speed=0),
+    )
+    result = run_isolated(run_build_job, job, monitor=monitor)
+    assert result.returned and result.exitcode == 0 and result.died is None
+    assert monitor.state.outcome is Outcome.SUCCESS
+    assert monitor.state.phases_started_total == 335
+    events = monitor.log.recent()
+    assert [e.seq for e in events] == list(range(len(events))), "adopted in order, renumbered"
+    assert (tmp_path / "m.engine").exists()
+
+
+def test_the_metrics_count_policy_errors(flag_server: FlagServer) -> None:
+    from prometheus_client import generate_latest
+
+    from trt_otel.sinks.prometheus import MetricsServer
+
+    flag_server.status = 500
+    policy = CancelUrl(flag_server.url, interval_s=0.05)
+    monitor = BuildMonitor()
+    runner = PolicyRunner(monitor, policy, interval_s=0.02, warn=lambda message: None)
+    server = MetricsServer(monitor, 0, policy_health=runner.health)
+    try:
+        with runner:
+            monitor.start()
+            deadline = time.monotonic() + 10
+            while policy.errors < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+        text = generate_latest(server.registry).decode()
+    finally:
+        server.close()
+    assert not monitor.cancelled, "fail-open: errors do not cancel"
+    line = next(x for x in text.splitlines() if x.startswith("trt_otel_policy_errors_total"))
+    assert line.startswith('trt_otel_policy_errors_total{policy="http"} ')
+    assert 2 <= float(line.split()[-1]) <= policy.errors
+    assert policy.last_error == "HTTP status 500"
