@@ -28,22 +28,28 @@ from trt_otel.build import (
     model_attributes,
     read_model,
 )
-from trt_otel.console import render_build
+from trt_otel.console import LiveConsole, PlainLines, render_build
+from trt_otel.eta import EtaProjection
+from trt_otel.events import Event
 from trt_otel.journal import JournalError, read_journal
 from trt_otel.model import demo_model_bytes
 from trt_otel.session import (
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
     UsageError,
+    exit_code_of,
     finish_spans,
     open_span_export,
     run_session,
+    warn,
 )
 from trt_otel.simulator import SIMULATOR_VERSION, TraceError, load_trace
 from trt_otel.sinks.otlp import PROTOCOLS, OtlpConfigError
 from trt_otel.spans import DEFAULT_FOLD_UNDER_NS, DEFAULT_SPAN_BUDGET
 from trt_otel.state import BuildState
 from trt_otel.supervisor import DEFAULT_GRACE_S
+from trt_otel.watch import WatchError, follow_journal, follow_url
 
 
 def _non_negative_float(text: str) -> float:
@@ -201,6 +207,31 @@ def _add_observability_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("observability")
     group.add_argument("--journal", type=Path, help="write the build's events to this JSONL file")
     group.add_argument(
+        "--http-port",
+        type=_port,
+        metavar="PORT",
+        help="serve /status, /events (SSE), /metrics, /healthz and POST /cancel on this port "
+        "(0 picks a free one)",
+    )
+    group.add_argument(
+        "--http-address",
+        default="127.0.0.1",
+        metavar="ADDRESS",
+        help="address to serve HTTP on (default: 127.0.0.1)",
+    )
+    group.add_argument(
+        "--cancel-token",
+        metavar="TOKEN",
+        help="bearer token POST /cancel requires (default: TRT_OTEL_CANCEL_TOKEN, else one is "
+        "generated and written to a file only you can read)",
+    )
+    group.add_argument(
+        "--history",
+        type=Path,
+        metavar="DIR",
+        help="journals of earlier builds of this model, for an ETA from how long they took",
+    )
+    group.add_argument(
         "--prometheus-port",
         type=_port,
         metavar="PORT",
@@ -295,6 +326,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     replay.add_argument("journal", type=Path)
     _add_span_options(replay, flush_timeout_s=30.0)
+
+    watch = commands.add_parser(
+        "watch",
+        help="follow a build running elsewhere (its HTTP endpoint or its journal)",
+        description="Follow a build through its event stream (--url, a build started with "
+        "--http-port) or its journal as it grows, with the build's own terminal view. Exits "
+        "with the build's exit code (0, 3, 4), or 2 when it cannot be followed.",
+    )
+    watch.add_argument("journal", nargs="?", type=Path, help="a journal being written")
+    watch.add_argument("--url", metavar="URL", help="the build's HTTP endpoint")
+    watch.add_argument(
+        "--no-progress", action="store_true", help="plain lines instead of the live tree"
+    )
     return parser
 
 
@@ -306,8 +350,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _demo(args)
         if args.command == "build":
             return _build(args)
+        if args.command == "watch":
+            return _watch(args)
         return _replay(args)
-    except (UsageError, BuildSetupError, JournalError, TraceError, OtlpConfigError) as error:
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except (
+        UsageError,
+        BuildSetupError,
+        JournalError,
+        TraceError,
+        OtlpConfigError,
+        WatchError,
+    ) as error:
         print(f"trt-otel: error: {error}", file=sys.stderr)
         return EXIT_USAGE
 
@@ -377,6 +432,30 @@ def _replay(args: argparse.Namespace) -> int:
         spans.close()
         finish_spans(spans, args)
     return EXIT_OK
+
+
+def _watch(args: argparse.Namespace) -> int:
+    if (args.journal is None) == (args.url is None):
+        raise UsageError("watch takes a journal or --url URL (one of them)")
+    eta = EtaProjection()
+    use_live = not args.no_progress and sys.stderr.isatty()
+    console = LiveConsole(eta=eta) if use_live else PlainLines(sys.stderr)
+
+    def show(events: Sequence[Event]) -> None:
+        eta.handle(events)
+        console.handle(events)
+
+    try:
+        if args.url is not None:
+            end = follow_url(args.url, show, warn=warn)
+        else:
+            end = follow_journal(args.journal, show, warn=warn)
+    finally:
+        console.close()
+    if end is None:
+        print("trt-otel: error: lost the build before its end", file=sys.stderr)
+        return EXIT_USAGE
+    return exit_code_of(end.outcome)
 
 
 if __name__ == "__main__":  # pragma: no cover

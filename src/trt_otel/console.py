@@ -18,6 +18,14 @@ from rich.text import Text
 from rich.tree import Tree
 
 from trt_otel.clock import SYSTEM_CLOCK, Clock
+from trt_otel.eta import (
+    BoundaryTracker,
+    Estimate,
+    EtaProjection,
+    History,
+    estimate,
+    format_eta,
+)
 from trt_otel.events import (
     Anomaly,
     BuildFinished,
@@ -61,7 +69,9 @@ def _now_ns(state: BuildState, now_mono_ns: int | None) -> int | None:
     return now_mono_ns if now_mono_ns is not None else state.last_event_mono_ns
 
 
-def render_build(state: BuildState, now_mono_ns: int | None = None) -> RenderableType:
+def render_build(
+    state: BuildState, now_mono_ns: int | None = None, eta: Estimate | None = None
+) -> RenderableType:
     """The build as a header line and a tree of phases.
 
     Open phases are shown with their progress; finished phases that share a name under one
@@ -69,7 +79,10 @@ def render_build(state: BuildState, now_mono_ns: int | None = None) -> Renderabl
     with a count and their total time.
     """
     now = _now_ns(state, now_mono_ns)
-    tree = Tree(_header(state, now), guide_style="dim")
+    header = _header(state, now)
+    if eta is not None and state.outcome is None:
+        header.append(f"  {format_eta(eta)}", "dim")
+    tree = Tree(header, guide_style="dim")
     for root_id in state.roots:
         _add_phase(tree, state, state.phases[root_id], now)
     footer = _footer(state)
@@ -167,8 +180,10 @@ class LiveConsole:
         *,
         refresh_per_second: float = 4,
         clock: Clock = SYSTEM_CLOCK,
+        eta: EtaProjection | None = None,
     ) -> None:
         self.console = console or Console(stderr=True)
+        self._eta = eta
         self.state = BuildState()
         self._clock = clock
         self._lock = threading.Lock()
@@ -182,8 +197,10 @@ class LiveConsole:
         self._started = False
 
     def _renderable(self) -> RenderableType:
+        now = self._clock.mono_ns()
+        eta = self._eta.current(now).build if self._eta is not None else None
         with self._lock:
-            return render_build(self.state, self._clock.mono_ns())
+            return render_build(self.state, now, eta)
 
     def handle(self, events: Sequence[Event]) -> None:
         with self._lock:
@@ -210,9 +227,20 @@ class PlainLines:
     name = "console"
 
     def __init__(
-        self, stream: TextIO, *, max_depth: int = 2, progress_every_s: float = 10.0
+        self,
+        stream: TextIO,
+        *,
+        max_depth: int = 2,
+        progress_every_s: float = 10.0,
+        show_eta: bool = True,
+        history: History | None = None,
     ) -> None:
         self.stream = stream
+        # Estimated from this follower's own fold, so the lines are a function of the events
+        # alone: a replay, or a watch of this build, writes the same ones.
+        self._show_eta = show_eta
+        self._history = history
+        self._boundaries = BoundaryTracker()
         self.max_depth = max_depth
         self.progress_every_ns = int(progress_every_s * 1e9)
         self.state = BuildState()
@@ -227,6 +255,7 @@ class PlainLines:
                 else None
             )
             self.state.apply(event)
+            self._boundaries.apply(event, self.state)
             line = self._line_for(event, phase_before)
             if line is not None:
                 lines.append(line)
@@ -283,9 +312,13 @@ class PlainLines:
         self._last_progress_line_ns = event.mono_ns
         open_ids = self.state.open_phase_ids()
         inner = self.state.phases[open_ids[-1]].name if open_ids else "-"
+        eta = ""
+        if self._show_eta:
+            estimates = estimate(self.state, self._boundaries, event.mono_ns, self._history)
+            eta = f"; {format_eta(estimates.build)}"
         return (
             f"{self._stamp(event)} … {self.state.progress_ratio():.0%} "
-            f"({self.state.steps_completed_total:,} steps; in {inner})"
+            f"({self.state.steps_completed_total:,} steps; in {inner}{eta})"
         )
 
     def close(self) -> None:

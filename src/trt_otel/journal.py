@@ -173,7 +173,7 @@ def iter_journal(path: str | os.PathLike[str]) -> Iterator[dict[str, Any] | Even
         raise JournalError(f"cannot read journal {os.fspath(path)!r}: {error.strerror}") from None
     with handle:
         first = handle.readline()
-        header = _parse_header(first, path)
+        header = parse_header(first, path)
         yield header
         expected_seq: int | None = None
         skipped_lines = 0  # since the last good event: a gap they explain is not reported twice
@@ -210,7 +210,8 @@ def iter_journal(path: str | os.PathLike[str]) -> Iterator[dict[str, Any] | Even
             yield event
 
 
-def _parse_header(first: bytes, path: str | os.PathLike[str]) -> dict[str, Any]:
+def parse_header(first: bytes, path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The journal header on ``first`` (line 1), or a JournalError saying why it is not one."""
     where = os.fspath(path)
     try:
         header = json.loads(first)

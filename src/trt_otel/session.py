@@ -12,17 +12,22 @@ import argparse
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from trt_otel.build import BuildJob, BuildResult, partial_files, run_build_job
 from trt_otel.console import LiveConsole, PlainLines, format_duration
+from trt_otel.eta import EtaProjection, History
 from trt_otel.events import Outcome
 from trt_otel.followers import FollowerWorker
 from trt_otel.journal import JournalWriter
@@ -37,8 +42,9 @@ from trt_otel.policies import (
     Timeout,
     any_of,
 )
+from trt_otel.sinks.http import StatusServer
 from trt_otel.sinks.otlp import OtlpSettings, OtlpSpanExport
-from trt_otel.sinks.prometheus import MetricsServer, push_build_metrics
+from trt_otel.sinks.prometheus import BuildCollector, MetricsServer, push_build_metrics
 from trt_otel.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent, trace_id_for
 from trt_otel.supervisor import IsolatedResult, run_isolated
 
@@ -71,14 +77,18 @@ def run_session(job: BuildJob, args: argparse.Namespace, attributes: dict[str, A
         # Losing an event would misshape the tree, and this follower does no I/O: a deep queue.
         log.follow(spans, capacity=1_000_000)
     runner = PolicyRunner(monitor, policy, warn=warn) if policy is not None else None
-    metrics = _serve_metrics(monitor, args, spans, runner)
+    history = _load_history(args.history, attributes)
+    eta = EtaProjection(history)
+    log.follow(eta, capacity=1_000_000)
+    metrics = _serve_metrics(monitor, args, spans, runner, eta)
+    status = _serve_status(monitor, args, eta=eta, metrics=metrics, spans=spans, runner=runner)
     if spans is not None:
         remote = parse_traceparent(str(attributes.get(TRACEPARENT_ATTRIBUTE, "")))
         print(f"trace: {trace_id_for(monitor.build_id, remote):032x}", file=sys.stderr)
     if policy is not None:
         print(f"policy: {policy.describe()}", file=sys.stderr)
     use_live = not args.no_progress and sys.stderr.isatty()
-    log.follow(LiveConsole() if use_live else PlainLines(sys.stderr))
+    log.follow(LiveConsole(eta=eta) if use_live else PlainLines(sys.stderr, history=history))
     interrupted = False
     try:
         with _cancel_on_signals(monitor) as signals:
@@ -107,19 +117,27 @@ def run_session(job: BuildJob, args: argparse.Namespace, attributes: dict[str, A
         if spans is not None:
             finish_spans(spans, args)
         _finish_metrics(monitor, metrics, args)
+        if status is not None:
+            status.close()
+            if status.token_file is not None:
+                status.token_file.unlink(missing_ok=True)
     if journal is not None:
         print(f"journal: {journal.path}", file=sys.stderr)
     if interrupted:
         return EXIT_INTERRUPTED
     assert result is not None
-    if result.outcome is Outcome.SUCCESS:
-        if result.engine_path is not None:
-            print(f"engine: {result.engine_path} ({result.engine_bytes:,} bytes)", file=sys.stderr)
-        return EXIT_OK
-    if result.outcome in (Outcome.CANCELLATION, Outcome.TIMEOUT):
-        return EXIT_CANCELLED
+    if result.outcome is Outcome.SUCCESS and result.engine_path is not None:
+        print(f"engine: {result.engine_path} ({result.engine_bytes:,} bytes)", file=sys.stderr)
     if monitor.state.error_type == "BuildSetupError":  # found only where the build runs
         return EXIT_USAGE
+    return exit_code_of(result.outcome)
+
+
+def exit_code_of(outcome: Outcome) -> int:
+    if outcome is Outcome.SUCCESS:
+        return EXIT_OK
+    if outcome in (Outcome.CANCELLATION, Outcome.TIMEOUT):
+        return EXIT_CANCELLED
     return EXIT_FAILED
 
 
@@ -224,11 +242,100 @@ def _join_parent_trace(attributes: dict[str, Any]) -> None:
     attributes[TRACEPARENT_ATTRIBUTE] = traceparent
 
 
+def _load_history(directory: Path | None, attributes: dict[str, Any]) -> History | None:
+    if directory is None:
+        return None
+    if not directory.is_dir():
+        raise UsageError(f"--history {directory} is not a directory of journals")
+    model = attributes.get("model.sha256")
+    history = History.load(directory, str(model) if model is not None else None)
+    print(
+        f"history: {len(history.builds)} earlier builds of this model in {directory}"
+        + (f" ({len(history.skipped)} journals not used)" if history.skipped else ""),
+        file=sys.stderr,
+    )
+    return history
+
+
+def _eta_seconds(eta: EtaProjection, monitor: BuildMonitor) -> Callable[[], float | None]:
+    return lambda: eta.current(monitor.log.clock.mono_ns()).build.seconds
+
+
+def _serve_status(
+    monitor: BuildMonitor,
+    args: argparse.Namespace,
+    *,
+    eta: EtaProjection,
+    metrics: MetricsServer | None,
+    spans: OtlpSpanExport | None,
+    runner: PolicyRunner | None,
+) -> StatusServer | None:
+    if args.http_port is None:
+        return None
+    token, token_file = _cancel_token(args.cancel_token, monitor.build_id)
+    if metrics is not None:
+        registry = metrics.registry
+    else:
+        registry = CollectorRegistry(auto_describe=True)
+        registry.register(
+            BuildCollector(
+                monitor,
+                build_id_label=args.metrics_build_id,
+                span_health=spans.queue.health if spans is not None else None,
+                policy_health=runner.health if runner is not None else None,
+                eta=_eta_seconds(eta, monitor),
+            )
+        )
+    try:
+        server = StatusServer(
+            monitor,
+            eta,
+            registry,
+            port=args.http_port,
+            address=args.http_address,
+            cancel_token=token,
+        )
+    except OSError as error:
+        raise UsageError(
+            f"cannot serve HTTP on {args.http_address}:{args.http_port}: {error.strerror or error}"
+        ) from None
+    monitor.log.follow(server.feed, capacity=1_000_000)
+    server.token_file = token_file
+    print(f"http: {server.url}/status  {server.url}/events", file=sys.stderr)
+    if token_file is not None:
+        print(
+            f'cancel: curl -X POST -H "Authorization: Bearer $(cat {token_file})" '
+            f"{server.url}/cancel",
+            file=sys.stderr,
+        )
+    return server
+
+
+def _cancel_token(given: str | None, build_id: str) -> tuple[str, Path | None]:
+    """The bearer token for ``POST /cancel``: given (option or ``TRT_OTEL_CANCEL_TOKEN``), or
+    generated for this build and written to a file only its owner can read."""
+    token = given or os.environ.get("TRT_OTEL_CANCEL_TOKEN", "").strip()
+    if token:
+        return token, None
+    token = secrets.token_urlsafe(32)
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    directory = Path(base) / f"trt-otel-{os.getuid()}"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    if directory.stat().st_uid != os.getuid() or directory.stat().st_mode & 0o077:
+        raise UsageError(f"{directory} is not private to this user; give --cancel-token")
+    path = directory / f"{build_id}.token"
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(token + "\n")
+    return token, path
+
+
 def _serve_metrics(
     monitor: BuildMonitor,
     args: argparse.Namespace,
     spans: OtlpSpanExport | None,
     runner: PolicyRunner | None,
+    eta: EtaProjection,
 ) -> MetricsServer | None:
     if args.prometheus_port is None:
         return None
@@ -240,6 +347,7 @@ def _serve_metrics(
             build_id_label=args.metrics_build_id,
             span_health=spans.queue.health if spans is not None else None,
             policy_health=runner.health if runner is not None else None,
+            eta=_eta_seconds(eta, monitor),
         )
     except OSError as error:
         raise UsageError(

@@ -30,6 +30,8 @@ from trt_otel.sinks.otlp import SpanExportHealth
 
 SpanHealthSource = Callable[[], SpanExportHealth]
 PolicyHealthSource = Callable[[], Sequence[PolicyHealth]]
+EtaSource = Callable[[], float | None]
+"""Seconds left in the build, or None when unknown."""
 
 BUILD_STATES = ("pending", "running", "cancelling", "success", "failure", "cancellation", "timeout")
 """Values of ``trt_build_state{state}``: one is 1, the others 0."""
@@ -71,6 +73,7 @@ class BuildSample:
     info: Mapping[str, str]
     spans: SpanExportHealth | None = None
     policies: tuple[PolicyHealth, ...] = ()
+    eta_s: float | None = None
 
 
 def sample_build(
@@ -79,6 +82,7 @@ def sample_build(
     build_id_label: bool = False,
     span_health: SpanHealthSource | None = None,
     policy_health: PolicyHealthSource | None = None,
+    eta: EtaSource | None = None,
 ) -> BuildSample:
     """A consistent snapshot of the monitor's state for one scrape."""
     with monitor.log.transaction():
@@ -121,6 +125,7 @@ def sample_build(
         info=info,
         spans=spans,
         policies=policies,
+        eta_s=eta() if eta is not None else None,
         **sample_values,
     )
 
@@ -139,11 +144,13 @@ class BuildCollector(Collector):
         build_id_label: bool = False,
         span_health: SpanHealthSource | None = None,
         policy_health: PolicyHealthSource | None = None,
+        eta: EtaSource | None = None,
     ) -> None:
         self.monitor = monitor
         self.build_id_label = build_id_label
         self.span_health = span_health
         self.policy_health = policy_health
+        self.eta = eta
         self.scrapes = 0
         self.last_scrape_mono_s: float | None = None
         self._scraped = threading.Condition()
@@ -154,6 +161,7 @@ class BuildCollector(Collector):
             build_id_label=self.build_id_label,
             span_health=self.span_health,
             policy_health=self.policy_health,
+            eta=self.eta,
         )
         with self._scraped:
             self.scrapes += 1
@@ -200,6 +208,12 @@ def build_metrics(sample: BuildSample) -> Iterable[Metric]:
     yield GaugeMetricFamily(
         "trt_build_progress_ratio", "Overall build progress from 0 to 1", sample.progress_ratio
     )
+    if sample.eta_s is not None:  # no sample while the estimate is unknown
+        yield GaugeMetricFamily(
+            "trt_build_eta_seconds",
+            "Estimated seconds left in the build (from earlier builds, else from progress)",
+            sample.eta_s,
+        )
     for name, help_text, value in (
         ("trt_build_start_timestamp_seconds", "When the build started (Unix time)", sample.start_s),
         ("trt_build_end_timestamp_seconds", "When the build ended (Unix time)", sample.end_s),
@@ -309,6 +323,7 @@ class MetricsServer:
         build_id_label: bool = False,
         span_health: SpanHealthSource | None = None,
         policy_health: PolicyHealthSource | None = None,
+        eta: EtaSource | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.collector = BuildCollector(
@@ -316,6 +331,7 @@ class MetricsServer:
             build_id_label=build_id_label,
             span_health=span_health,
             policy_health=policy_health,
+            eta=eta,
         )
         self.registry.register(self.collector)
         # Binding happens here, so a port in use is a configuration error before the build.

@@ -1,0 +1,406 @@
+"""The HTTP view of a build, for IDEs, services and agents.
+
+- ``GET /status``: the build as JSON (phase tree, progress, elapsed, estimates, outcome);
+- ``GET /events``: Server-Sent Events of the event log. Each event's ``id:`` is its ``seq``, so a
+  client that reconnects with ``Last-Event-ID`` (or asks ``?since=N``) misses nothing and gets
+  nothing twice; a new client gets the build from its first event;
+- ``GET /metrics``: the Prometheus projection; ``GET /healthz``: liveness;
+- ``POST /cancel`` with ``Authorization: Bearer TOKEN`` and an optional reason (JSON
+  ``{"reason": ...}`` or plain text): cancels the build at TensorRT's next step.
+
+Nothing here touches the callbacks: events reach the server through its own follower, which
+encodes each one once into an SSE frame; every client thread reads those frames without taking
+the log's lock. A slow client only fills its own socket, and is dropped after a timeout.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import threading
+import time
+import urllib.parse
+from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from trt_otel.clock import SYSTEM_CLOCK, Clock
+from trt_otel.eta import BuildEta, Estimate, EtaProjection, estimate
+from trt_otel.events import BuildFinished, Event
+from trt_otel.journal import event_to_dict
+from trt_otel.monitor import BuildMonitor
+from trt_otel.state import BuildState, Phase, PhaseStatus
+
+MAX_BODY = 4096
+MAX_SSE_CLIENTS = 100
+RETAINED_FRAMES = 250_000
+KEEPALIVE_S = 15.0
+CLIENT_TIMEOUT_S = 30.0
+
+
+class EventFeed:
+    """The server's follower: every event as an encoded SSE frame, readable from any thread."""
+
+    name = "http"
+
+    def __init__(self, retain: int = RETAINED_FRAMES) -> None:
+        self._retain = retain
+        self._frames: list[bytes] = []
+        self._first_seq = 0
+        """``seq`` of ``_frames[0]``."""
+        self._changed = threading.Condition()
+        self.ended = False
+        self.closed = False
+
+    def handle(self, events: Sequence[Event]) -> None:
+        frames = [_frame(event) for event in events]
+        with self._changed:
+            if not self._frames and events:
+                self._first_seq = events[0].seq
+            self._frames.extend(frames)
+            if len(self._frames) > 2 * self._retain:
+                drop = len(self._frames) - self._retain
+                del self._frames[:drop]
+                self._first_seq += drop
+            if any(isinstance(e, BuildFinished) for e in events):
+                self.ended = True
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        with self._changed:
+            self.closed = True
+            self._changed.notify_all()
+
+    def frames_after(self, seq: int, timeout_s: float) -> tuple[int, list[bytes], bool]:
+        """Frames of events after ``seq`` (waiting up to ``timeout_s`` for one): the first seq
+        they start at, the frames, and whether the stream is over (build ended, all sent)."""
+        with self._changed:
+            self._changed.wait_for(
+                lambda: self._next_index(seq) < len(self._frames) or (self.closed or self.ended),
+                timeout=timeout_s,
+            )
+            start = max(0, self._next_index(seq))
+            frames = self._frames[start:]
+            over = (self.ended or self.closed) and start + len(frames) >= len(self._frames)
+            return self._first_seq + start, frames, over
+
+    def _next_index(self, seq: int) -> int:
+        return seq + 1 - self._first_seq
+
+
+def _frame(event: Event) -> bytes:
+    data = json.dumps(event_to_dict(event), separators=(",", ":"), default=str)
+    return f"id: {event.seq}\nevent: {event.type}\ndata: {data}\n\n".encode()
+
+
+# -- /status -----------------------------------------------------------------------------------
+
+
+def _estimate_json(value: Estimate) -> dict[str, Any]:
+    return {"seconds": value.seconds, "basis": value.basis, "unknown": value.unknown}
+
+
+def status_document(state: BuildState, eta: BuildEta, now_mono_ns: int) -> dict[str, Any]:
+    """The build as one JSON document."""
+    start = state.start_mono_ns
+    end = state.end_mono_ns if state.end_mono_ns is not None else now_mono_ns
+    cancel = state.cancel
+    return {
+        "build_id": state.build_id,
+        "status": state.status.value,
+        "outcome": state.outcome.value if state.outcome is not None else None,
+        "detail": state.outcome_detail or None,
+        "error_type": state.error_type,
+        "elapsed_s": (end - start) / 1e9 if start is not None else None,
+        "progress": state.progress_ratio(),
+        "steps_completed": state.steps_completed_total,
+        "phases_started": state.phases_started_total,
+        "eta": _estimate_json(eta.build),
+        "eta_progress": _estimate_json(eta.progress),
+        "eta_history": _estimate_json(eta.history),
+        "cancel": None
+        if cancel is None
+        else {"reason": cancel.reason, "source": cancel.source, "policy": cancel.policy},
+        "anomalies": {kind.value: count for kind, count in state.anomalies.items()},
+        "attributes": state.attributes,
+        "phases": [_phase_json(state, state.phases[r], eta, now_mono_ns) for r in state.roots],
+    }
+
+
+def _phase_json(state: BuildState, phase: Phase, eta: BuildEta, now: int) -> dict[str, Any]:
+    node: dict[str, Any] = {
+        "name": phase.name,
+        "status": phase.status.value,
+        "num_steps": phase.num_steps,
+        "steps_completed": phase.steps_completed,
+        "last_step": phase.last_step,
+        "progress": state.phase_progress(phase.id),
+        "elapsed_s": (phase.duration_ns(now) or 0) / 1e9,
+    }
+    if phase.close_reason:
+        node["close_reason"] = phase.close_reason
+    if phase.id in eta.phases:
+        node["eta"] = _estimate_json(eta.phases[phase.id])
+    # Finished siblings sharing a name (TensorRT repeats some phases a thousand times) are
+    # folded into one node with a count, as the terminal folds them.
+    children: list[dict[str, Any]] = []
+    folded: dict[str, dict[str, Any]] = {}
+    for child_id in phase.children:
+        child = state.phases[child_id]
+        if child.status is PhaseStatus.FINISHED and not child.children:
+            group = folded.get(child.name)
+            if group is None:
+                group = {"name": child.name, "status": "finished", "count": 0, "elapsed_s": 0.0}
+                folded[child.name] = group
+                children.append(group)
+            group["count"] += 1
+            group["elapsed_s"] += (child.duration_ns() or 0) / 1e9
+        else:
+            children.append(_phase_json(state, child, eta, now))
+    node["children"] = children
+    return node
+
+
+# -- the server --------------------------------------------------------------------------------
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 64
+
+
+class StatusServer:
+    """Serves one build's HTTP view on ``address:port`` (loopback by default)."""
+
+    def __init__(
+        self,
+        monitor: BuildMonitor,
+        eta: EtaProjection,
+        registry: CollectorRegistry,
+        *,
+        port: int,
+        address: str = "127.0.0.1",
+        cancel_token: str,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.monitor = monitor
+        self.eta = eta
+        self.registry = registry
+        self.feed = EventFeed()
+        self.clock = clock
+        self.token_file: Path | None = None
+        """Where a generated token was written for the owner (removed with the server)."""
+        self._token = cancel_token.encode()
+        self._sse_clients = 0
+        self._clients_lock = threading.Lock()
+        self._server = _Server((address, port), _handler_class(self))
+        self.address = address
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="trt-otel-http", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"http://{host}:{self.port}"
+
+    def token_matches(self, presented: str) -> bool:
+        return hmac.compare_digest(presented.encode(), self._token)
+
+    def enter_sse(self) -> bool:
+        with self._clients_lock:
+            if self._sse_clients >= MAX_SSE_CLIENTS:
+                return False
+            self._sse_clients += 1
+            return True
+
+    def leave_sse(self) -> None:
+        with self._clients_lock:
+            self._sse_clients -= 1
+
+    @property
+    def sse_clients(self) -> int:
+        return self._sse_clients
+
+    def status(self) -> dict[str, Any]:
+        now = self.clock.mono_ns()
+        with self.eta.locked() as state:
+            return status_document(
+                state, estimate(state, self.eta.tracker, now, self.eta.history), now
+            )
+
+    def close(self, linger_s: float = 5.0) -> None:
+        """Stop serving; streaming clients first get the end of the build (within
+        ``linger_s``)."""
+        deadline = time.monotonic() + linger_s
+        while self._sse_clients and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5.0)
+
+
+def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        timeout = CLIENT_TIMEOUT_S  # a client that stalls mid-request or mid-stream is dropped
+        server_version = "trt-otel"
+        sys_version = ""
+
+        def do_GET(self) -> None:
+            path, _, query = self.path.partition("?")
+            if path == "/status":
+                self._json(200, server.status())
+            elif path == "/events":
+                self._events(urllib.parse.parse_qs(query))
+            elif path == "/metrics":
+                self._send(200, CONTENT_TYPE_LATEST, generate_latest(server.registry))
+            elif path == "/healthz":
+                self._json(200, {"status": "ok", "build": server.monitor.state.status.value})
+            elif path == "/cancel":
+                self._json(405, {"error": "use POST"}, {"Allow": "POST"})
+            else:
+                self._json(404, {"error": f"no such resource: {path}"})
+
+        def do_POST(self) -> None:
+            if self.path.partition("?")[0] != "/cancel":
+                self._json(404 if self.path != "/status" else 405, {"error": "not found"})
+                return
+            self._cancel()
+
+        def _cancel(self) -> None:
+            authorization = self.headers.get("Authorization", "")
+            scheme, _, token = authorization.partition(" ")
+            if scheme.lower() != "bearer" or not token:
+                self._json(
+                    401, {"error": "a bearer token is required"}, {"WWW-Authenticate": "Bearer"}
+                )
+                return
+            if not server.token_matches(token.strip()):
+                self._json(403, {"error": "wrong token"})
+                return
+            body = self._body()
+            if body is None:
+                return
+            reason = _reason(body, self.headers.get("Content-Type", ""))
+            if reason is None:
+                self._json(400, {"error": 'the body is a JSON {"reason": "..."} or plain text'})
+                return
+            monitor = server.monitor
+            if monitor.state.outcome is not None:
+                self._json(409, {"error": "the build has ended", "outcome": monitor.state.outcome})
+                return
+            first = monitor.cancel(reason or "cancelled over HTTP", source="http")
+            cancel = monitor.state.cancel
+            self._json(
+                202 if first else 200,
+                {
+                    "cancelled": True,
+                    "first": first,
+                    "reason": cancel.reason if cancel is not None else reason,
+                },
+            )
+
+        def _body(self) -> bytes | None:
+            length_text = self.headers.get("Content-Length")
+            if length_text is None:
+                if self.headers.get("Transfer-Encoding"):
+                    self._json(411, {"error": "send a Content-Length"})
+                    return None
+                return b""
+            try:
+                length = int(length_text)
+            except ValueError:
+                self._json(400, {"error": "bad Content-Length"})
+                return None
+            if length < 0 or length > MAX_BODY:
+                self._json(413, {"error": f"bodies are limited to {MAX_BODY} bytes"})
+                self.close_connection = True
+                return None
+            return self.rfile.read(length)
+
+        def _events(self, query: dict[str, list[str]]) -> None:
+            since = -1
+            since_values = query.get("since") or []
+            text = self.headers.get("Last-Event-ID") or (since_values[0] if since_values else None)
+            if text is not None:
+                try:
+                    since = int(text)
+                except ValueError:
+                    self._json(400, {"error": f"not an event id: {text[:40]!r}"})
+                    return
+            if not server.enter_sse():
+                self._json(503, {"error": "too many event streams"}, {"Retry-After": "5"})
+                return
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("X-Accel-Buffering", "no")
+                self.end_headers()
+                self._stream(since)
+            except OSError:
+                pass  # the client went away
+            finally:
+                server.leave_sse()
+                self.close_connection = True
+
+        def _stream(self, since: int) -> None:
+            self.wfile.write(b"retry: 1000\n\n")
+            while True:
+                first, frames, over = server.feed.frames_after(since, KEEPALIVE_S)
+                if first > since + 1:  # older events are no longer held: say so, go on
+                    gap = {"requested_after": since, "first_available": first}
+                    self.wfile.write(f"event: gap\ndata: {json.dumps(gap)}\n\n".encode())
+                if frames:
+                    self.wfile.write(b"".join(frames))
+                    since = first + len(frames) - 1
+                elif not over:
+                    self.wfile.write(b": keepalive\n\n")
+                self.wfile.flush()
+                if over:
+                    return
+
+        def _json(self, status: int, document: Any, headers: dict[str, str] | None = None) -> None:
+            body = json.dumps(document, default=str).encode()
+            self._send(status, "application/json", body, headers)
+
+        def _send(
+            self,
+            status: int,
+            content_type: str,
+            body: bytes,
+            headers: dict[str, str] | None = None,
+        ) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # requests are not the build's business; errors reach the client
+
+    return Handler
+
+
+def _reason(body: bytes, content_type: str) -> str | None:
+    """The cancel reason in a request body: "" for none, None when the body is unreadable."""
+    text = body.decode("utf-8", "replace").strip()
+    if not text:
+        return ""
+    if "json" in content_type or text.startswith("{"):
+        try:
+            document = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(document, dict) or not isinstance(document.get("reason", ""), str):
+            return None
+        return str(document.get("reason", "")).strip()[:200]
+    return text.splitlines()[0][:200]

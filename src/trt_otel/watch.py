@@ -1,0 +1,190 @@
+"""``trt-otel watch``: follow a build running elsewhere, through its HTTP event stream or its
+journal as it grows, with the same terminal view as the build's own.
+
+Both sources yield the build's events in order; they are fed to the same console followers the
+build uses, so the picture is the build's. A dropped connection is resumed from the last event
+seen (``Last-Event-ID``), so nothing is missed nor shown twice.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from trt_otel.events import BuildFinished, Event
+from trt_otel.journal import JournalError, event_from_dict, parse_header
+
+Sink = Callable[[Sequence[Event]], None]
+Warn = Callable[[str], None]
+
+
+class WatchError(Exception):
+    """The build cannot be followed (unreachable, not a trt-otel endpoint, not a journal)."""
+
+
+def events_url(url: str) -> str:
+    """``http://host:port`` or ``.../events``: the event stream's URL."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise WatchError(f"{url!r} is not an http:// or https:// URL")
+    path = parts.path.rstrip("/")
+    if not path.endswith("/events"):
+        path += "/events"
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def follow_url(
+    url: str,
+    sink: Sink,
+    *,
+    warn: Warn,
+    retry_for_s: float = 30.0,
+    read_timeout_s: float = 60.0,
+) -> BuildFinished | None:
+    """Feed ``sink`` every event of the build at ``url`` until its end; returns the end (None
+    when the stream closed for good without one)."""
+    target = events_url(url)
+    last_seq = -1
+    failing_since: float | None = None
+    connected_once = False
+    while True:
+        try:
+            for batch in _stream(target, last_seq, read_timeout_s):
+                connected_once = True
+                failing_since = None
+                sink(batch)
+                last_seq = batch[-1].seq
+                if isinstance(batch[-1], BuildFinished):
+                    return batch[-1]
+            # The server ended the stream without the build's end: it is going away.
+            if not connected_once:
+                raise WatchError(f"{target} sent no events")
+            failing_since = failing_since or time.monotonic()
+        except (OSError, http.client.HTTPException) as error:
+            if not connected_once:
+                raise WatchError(f"cannot follow {target}: {error}") from None
+            if failing_since is None:
+                failing_since = time.monotonic()
+                warn(f"lost {target} ({error}); resuming after event {last_seq}")
+        if time.monotonic() - failing_since > retry_for_s:
+            return None
+        time.sleep(0.5)
+
+
+def _stream(url: str, after_seq: int, read_timeout_s: float) -> Iterator[list[Event]]:
+    """Batches of events from one connection to an SSE stream."""
+    parts = urllib.parse.urlsplit(url)
+    connection_class = (
+        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    )
+    connection = connection_class(parts.netloc, timeout=read_timeout_s)
+    try:
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        headers = {"Accept": "text/event-stream"}
+        if after_seq >= 0:
+            headers["Last-Event-ID"] = str(after_seq)
+        connection.request("GET", path, headers=headers)
+        response = connection.getresponse()
+        if response.status != 200:
+            raise WatchError(f"{url} answered HTTP {response.status}")
+        if not response.getheader("Content-Type", "").startswith("text/event-stream"):
+            raise WatchError(f"{url} is not an event stream")
+        data: list[str] = []
+        while True:
+            raw = response.readline()
+            if not raw:
+                break
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            if line:
+                field, _, value = line.partition(":")
+                if field == "data":
+                    data.append(value.removeprefix(" "))
+                continue
+            # A blank line dispatches the frame (event lines only carry the type, also in data).
+            if data:
+                event = _event_from_frame("\n".join(data))
+                data = []
+                if event is not None and event.seq > after_seq:
+                    after_seq = event.seq
+                    yield [event]
+    finally:
+        connection.close()
+
+
+def _event_from_frame(data: str) -> Event | None:
+    try:
+        record = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or "seq" not in record:
+        return None  # a notice (a gap), not an event
+    try:
+        return event_from_dict(record)
+    except ValueError:
+        return None
+
+
+def follow_journal(
+    path: Path,
+    sink: Sink,
+    *,
+    warn: Warn,
+    poll_s: float = 0.2,
+    quiet_notice_s: float = 30.0,
+) -> BuildFinished | None:
+    """Feed ``sink`` the events of the journal at ``path`` as it grows, until the build's end.
+
+    A journal that ends without one is followed until interrupted (its build may be silent).
+    """
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 - closed below, kept open while it grows
+    except OSError as error:
+        raise JournalError(f"cannot read journal {str(path)!r}: {error.strerror}") from None
+    with handle:
+        first = _complete_line(handle, poll_s)
+        parse_header(first, path)
+        pending = b""
+        line_no = 1
+        quiet_since = time.monotonic()
+        noticed = False
+        while True:
+            chunk = handle.read(1 << 20)
+            if not chunk:
+                if not noticed and time.monotonic() - quiet_since > quiet_notice_s:
+                    noticed = True
+                    warn(f"{path}: nothing new for {quiet_notice_s:.0f}s; still following")
+                time.sleep(poll_s)
+                continue
+            quiet_since, noticed = time.monotonic(), False
+            lines = (pending + chunk).split(b"\n")
+            pending = lines.pop()  # an incomplete last line waits for the rest
+            batch: list[Event] = []
+            for raw in lines:
+                line_no += 1
+                try:
+                    record = json.loads(raw)
+                    if not isinstance(record, dict):
+                        raise ValueError("not a JSON object")
+                    batch.append(event_from_dict(record))
+                except (ValueError, UnicodeDecodeError) as error:
+                    warn(f"{path}:{line_no}: skipped a corrupt line ({error})")
+            if batch:
+                sink(batch)
+                for event in batch:
+                    if isinstance(event, BuildFinished):
+                        return event
+
+
+def _complete_line(handle: object, poll_s: float) -> bytes:
+    """The journal's first line, waiting for a writer that has only just created the file."""
+    read = handle.readline  # type: ignore[attr-defined]
+    line: bytes = read()
+    deadline = time.monotonic() + 10.0
+    while not line.endswith(b"\n") and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        line += read()
+    return line
