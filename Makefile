@@ -28,4 +28,5 @@ clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
 
 bench: $(STAMP)
+	$(BIN)/python benchmarks/eta_accuracy.py
 	$(BIN)/python benchmarks/callback_cost.py

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from random import Random
+from typing import Any
 
+from trt_otel.clock import ManualClock
 from trt_otel.events import Event
+from trt_otel.monitor import BuildMonitor
+from trt_otel.simulator import Callback, Driver
 
 
 class CollectingFollower:
@@ -28,3 +33,32 @@ class CollectingFollower:
     def events(self) -> list[Event]:
         with self._lock:
             return list(self._events)
+
+
+def virtual_build(
+    plan: Sequence[Callback],
+    *,
+    pace: float = 1.0,
+    jitter: float = 0.3,
+    seed: int = 0,
+    attributes: dict[str, Any] | None = None,
+) -> list[Event]:
+    """The events of a simulated build of ``plan`` in virtual time (it takes no real time).
+
+    Each callback's simulated work is scaled by ``pace`` (a slower machine: above 1) and by a
+    log-normal factor of spread ``jitter``, so builds of one model differ as real ones do.
+    """
+    clock = ManualClock()
+    random = Random(seed)
+
+    def sleep(seconds: float) -> None:
+        clock.advance(seconds * pace * random.lognormvariate(0.0, jitter))
+
+    monitor = BuildMonitor(clock=clock, attributes=attributes or {})
+    collector = CollectingFollower()
+    monitor.log.follow(collector, min_interval_s=0.0)
+    monitor.start()
+    result = Driver(speed=1.0, sleep=sleep).run(monitor, plan)
+    monitor.end_with_result(b"engine" if result.completed else None)
+    monitor.close()
+    return collector.events

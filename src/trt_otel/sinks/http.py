@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
+import sys
 import threading
 import time
 import urllib.parse
@@ -33,6 +35,8 @@ from trt_otel.events import BuildFinished, Event
 from trt_otel.journal import event_to_dict
 from trt_otel.monitor import BuildMonitor
 from trt_otel.state import BuildState, Phase, PhaseStatus
+
+_logger = logging.getLogger(__name__)
 
 MAX_BODY = 4096
 MAX_SSE_CLIENTS = 100
@@ -170,6 +174,13 @@ def _phase_json(state: BuildState, phase: Phase, eta: BuildEta, now: int) -> dic
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 64
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that goes away mid-answer is its own business; anything else is logged, not
+        # printed over the build's terminal.
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            _logger.debug("HTTP request from %s failed", client_address, exc_info=True)
 
 
 class StatusServer:

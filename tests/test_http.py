@@ -1,0 +1,367 @@
+"""The HTTP view of a build, with real HTTP clients: status, resumable SSE, cancel, abuse."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from trt_otel import BuildMonitor, Outcome, read_journal
+from trt_otel.eta import EtaProjection
+from trt_otel.simulator import Driver, generate_plan
+from trt_otel.sinks.http import StatusServer
+from trt_otel.sinks.prometheus import BuildCollector
+
+CLI = [sys.executable, "-m", "trt_otel.cli"]
+TOKEN = "s3cret-token-for-tests"
+
+
+def start_demo(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
+    """A demo serving HTTP on a free port; returns the process and its base URL."""
+    process = subprocess.Popen(
+        [*CLI, "demo", "--no-progress", "--http-port", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    assert process.stderr is not None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = process.stderr.readline()
+        match = re.match(r"http: (http://[^/]+)/status", line)
+        if match:
+            return process, match.group(1)
+    process.kill()
+    raise AssertionError("the demo did not announce its HTTP endpoint")
+
+
+def sse_events(
+    base: str, *, last_event_id: int | None = None, limit: int | None = None
+) -> list[dict[str, Any]]:
+    """Read the event stream (until it ends, or ``limit`` events)."""
+    host = base.removeprefix("http://")
+    connection = http.client.HTTPConnection(host, timeout=60)
+    headers = {} if last_event_id is None else {"Last-Event-ID": str(last_event_id)}
+    connection.request("GET", "/events", headers=headers)
+    response = connection.getresponse()
+    assert response.status == 200
+    assert response.getheader("Content-Type") == "text/event-stream"
+    events: list[dict[str, Any]] = []
+    frame: dict[str, str] = {}
+    try:
+        while limit is None or len(events) < limit:
+            raw = response.readline()
+            if not raw:
+                break
+            line = raw.decode().rstrip("\n")
+            if line:
+                key, _, value = line.partition(": ")
+                frame[key] = value
+                continue
+            if "data" in frame and "id" in frame:
+                record = json.loads(frame["data"])
+                assert int(frame["id"]) == record["seq"]
+                assert frame["event"] == record["type"]
+                events.append(record)
+            frame = {}
+    finally:
+        connection.close()
+    return events
+
+
+def post(url: str, body: bytes = b"", headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    request = urllib.request.Request(url, data=body, method="POST", headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, json.loads(error.read() or b"null")
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_clients_joining_mid_build_and_resuming_get_every_event_once_in_order(
+    tmp_path: Path,
+) -> None:
+    journal = tmp_path / "build.jsonl"
+    process, base = start_demo("--speed", "3", "--journal", str(journal))
+    try:
+        time.sleep(1.0)  # mid-build
+        first_part = sse_events(base, limit=40)
+        resumed = sse_events(base, last_event_id=first_part[-1]["seq"])
+        late = sse_events(base)
+        process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0
+    recorded = [e.seq for e in read_journal(journal).events]
+    assert [e["seq"] for e in first_part + resumed] == recorded
+    assert [e["seq"] for e in late] == recorded
+    assert late[-1]["type"] == "build_end" and late[-1]["outcome"] == "success"
+
+
+def test_since_query_resumes_too(tmp_path: Path) -> None:
+    process, base = start_demo("--speed", "3")
+    try:
+        with urllib.request.urlopen(f"{base}/events?since=9", timeout=30) as response:
+            head = response.read(4096).decode()
+        process.communicate(timeout=60)
+    finally:
+        process.kill()
+    ids = [int(m) for m in re.findall(r"^id: (\d+)$", head, flags=re.MULTILINE)]
+    assert ids[:3] == [10, 11, 12]
+
+
+def test_status_describes_the_build(tmp_path: Path) -> None:
+    process, base = start_demo("--speed", "3")
+    try:
+        time.sleep(1.5)
+        status = get_json(f"{base}/status")
+        health = get_json(f"{base}/healthz")
+        with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
+            metrics = response.read().decode()
+        process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert status["status"] == "running" and status["outcome"] is None
+    assert 0 < status["progress"] < 1 and status["elapsed_s"] > 1
+    assert status["phases"][0]["name"] == "Building engine"
+    assert status["phases"][0]["status"] == "open"
+    assert set(status["eta"]) == {"seconds", "basis", "unknown"}
+    assert status["eta_history"]["unknown"] == "no history given (--history DIR)"
+    assert health == {"status": "ok", "build": "running"}
+    assert "trt_build_progress_ratio" in metrics
+
+
+def test_cancel_needs_the_right_token_and_says_why(tmp_path: Path) -> None:
+    journal = tmp_path / "cancel.jsonl"
+    process, base = start_demo("--journal", str(journal), env={"TRT_OTEL_CANCEL_TOKEN": TOKEN})
+    try:
+        assert post(f"{base}/cancel")[0] == 401
+        assert post(f"{base}/cancel", headers={"Authorization": "Bearer nope"})[0] == 403
+        assert post(f"{base}/cancel", headers={"Authorization": "Basic " + TOKEN})[0] == 401
+        code, answer = post(
+            f"{base}/cancel",
+            json.dumps({"reason": "GPU needed elsewhere"}).encode(),
+            {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+        )
+        assert (code, answer["reason"], answer["first"]) == (202, "GPU needed elsewhere", True)
+        again = post(f"{base}/cancel", b"twice", {"Authorization": f"Bearer {TOKEN}"})
+        assert again[0] == 200 and again[1]["first"] is False
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 3, err
+    events = read_journal(journal).events
+    cancels = [e for e in events if e.type == "cancel"]
+    assert len(cancels) == 1
+    assert (cancels[0].reason, cancels[0].source) == ("GPU needed elsewhere", "http")  # type: ignore[attr-defined]
+
+
+def test_a_generated_token_is_written_for_the_owner_only(tmp_path: Path) -> None:
+    process, base = start_demo("--speed", "3", env={"XDG_RUNTIME_DIR": str(tmp_path)})
+    assert process.stderr is not None
+    line = process.stderr.readline()
+    match = re.search(r"\$\(cat ([^)]+)\)", line)
+    assert match, line
+    token_file = Path(match.group(1))
+    try:
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        assert stat.S_IMODE(token_file.parent.stat().st_mode) == 0o700
+        token = token_file.read_text().strip()
+        assert len(token) >= 32
+        code, _ = post(f"{base}/cancel", b"from a script", {"Authorization": f"Bearer {token}"})
+        assert code == 202
+        process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 3
+    assert not token_file.exists(), "the token goes with the build"
+
+
+# -- abuse, against a server in this process ---------------------------------------------------
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[BuildMonitor, StatusServer]]:
+    monitor = BuildMonitor()
+    eta = EtaProjection()
+    monitor.log.follow(eta)
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(BuildCollector(monitor))
+    server = StatusServer(monitor, eta, registry, port=0, cancel_token=TOKEN)
+    monitor.log.follow(server.feed, capacity=1_000_000)
+    try:
+        yield monitor, server
+    finally:
+        monitor.close()
+        server.close(linger_s=2.0)
+
+
+def test_oversized_and_malformed_requests_get_clear_answers(
+    served: tuple[BuildMonitor, StatusServer],
+) -> None:
+    monitor, server = served
+    monitor.start()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    assert post(f"{server.url}/cancel", b"x" * 100_000, auth)[0] == 413
+    assert (
+        post(f"{server.url}/cancel", b"{not json", {**auth, "Content-Type": "application/json"})[0]
+        == 400
+    )
+    assert post(f"{server.url}/nothing")[0] == 404
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        urllib.request.urlopen(f"{server.url}/nope", timeout=5)
+    missing.value.close()
+    assert missing.value.code == 404
+    with pytest.raises(urllib.error.HTTPError) as bad_id:
+        urllib.request.urlopen(f"{server.url}/events?since=abc", timeout=5)
+    bad_id.value.close()
+    assert bad_id.value.code == 400
+    assert not monitor.cancelled, "none of that cancelled the build"
+
+
+def test_fifty_listeners_and_stalled_clients_do_not_hold_up_the_build(
+    served: tuple[BuildMonitor, StatusServer],
+) -> None:
+    monitor, server = served
+    # Clients that connect and never finish their request, or never read what they asked for.
+    stalled = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(5)]
+    for sock in stalled[:2]:
+        sock.sendall(b"GET /status HTTP/1.1\r\nHost: x\r\n")  # headers never end
+    for sock in stalled[2:]:
+        sock.sendall(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")  # and never reads
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    received: list[list[dict[str, Any]]] = [[] for _ in range(50)]
+
+    def listen(index: int) -> None:
+        received[index] = sse_events(server.url)
+
+    listeners = [threading.Thread(target=listen, args=(i,)) for i in range(50)]
+    for thread in listeners:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while server.sse_clients < 53 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    monitor.start()
+    plan = generate_plan(num_layers=13, num_profiles=1, seed=5)
+    began = time.monotonic()
+    result = Driver(speed=0).run(monitor, plan)
+    monitor.end()
+    build_s = time.monotonic() - began
+    assert monitor.log.flush(10.0)
+    status = get_json(f"{server.url}/status")  # other clients are still served
+    for thread in listeners:
+        thread.join(30)
+    for sock in stalled:
+        sock.close()
+    assert result.completed and result.cancelled_at is None
+    assert status["outcome"] == "success"
+    total = monitor.log.next_seq
+    assert all(len(events) == total for events in received), [len(r) for r in received]
+    assert all([e["seq"] for e in events] == list(range(total)) for events in received)
+    http_worker = next(w for w in monitor.log.workers if w.follower.name == "http")
+    assert http_worker.health().dropped == 0
+    print(f"build of {total} events with 50 listeners took {build_s:.2f}s")
+
+
+def test_a_port_in_use_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from trt_otel.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["demo", "--speed", "0", "--http-port", str(port)]) == 2
+    assert "cannot serve HTTP on 127.0.0.1" in capsys.readouterr().err
+
+
+# -- watch -------------------------------------------------------------------------------------
+
+
+def build_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("[")]
+
+
+def test_watch_by_url_and_by_journal_show_what_the_build_showed(tmp_path: Path) -> None:
+    journal = tmp_path / "watched.jsonl"
+    process, base = start_demo("--speed", "3", "--journal", str(journal))
+    watchers = [
+        subprocess.Popen(
+            [*CLI, "watch", *source, "--no-progress"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for source in (["--url", base], [str(journal)])
+    ]
+    try:
+        _, build_err = process.communicate(timeout=60)
+        outputs = [w.communicate(timeout=60)[1] for w in watchers]
+    finally:
+        for p in (process, *watchers):
+            p.kill()
+    assert process.returncode == 0
+    # The build printed its first lines before the watchers started; they get them all.
+    expected = build_lines(build_err)
+    assert expected and expected[-1].split("]", 1)[1].startswith(" build success")
+    for watcher, output in zip(watchers, outputs, strict=True):
+        assert watcher.returncode == 0, output
+        assert build_lines(output) == expected
+
+
+def test_watch_renders_a_finished_journal_and_mirrors_its_exit_code(tmp_path: Path) -> None:
+    from trt_otel.cli import main
+
+    journal = tmp_path / "done.jsonl"
+    assert main(["demo", "--speed", "0", "--no-progress", "--journal", str(journal),
+                 "--timeout", "0.05s", "--in-process"]) in (0, 3)  # fmt: skip
+    outcome = [e for e in read_journal(journal).events if e.type == "build_end"][-1]
+    expected = 0 if outcome.outcome is Outcome.SUCCESS else 3  # type: ignore[attr-defined]
+    assert main(["watch", str(journal), "--no-progress"]) == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["watch"], "a journal or --url"),
+        (["watch", "x.jsonl", "--url", "http://h"], "a journal or --url"),
+        (["watch", "--url", "ftp://h"], "not an http"),
+        (["watch", "/nonexistent.jsonl"], "cannot read journal"),
+    ],
+)
+def test_watch_refuses_what_it_cannot_follow(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trt_otel.cli import main
+
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_watch_of_an_unreachable_url_is_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from prometheus_server import free_port
+    from trt_otel.cli import main
+
+    assert main(["watch", "--url", f"http://127.0.0.1:{free_port()}", "--no-progress"]) == 2
+    assert "cannot follow" in capsys.readouterr().err
