@@ -16,6 +16,7 @@ import yaml
 
 from prometheus_server import PrometheusServer, free_port
 from trt_otel import BuildMonitor, JournalWriter
+from trt_otel.gpu import GpuReading, GpuSampler
 from trt_otel.simulator import Driver, generate_plan
 from trt_otel.sinks.prometheus import MetricsServer
 
@@ -56,6 +57,34 @@ class SlowBuild:
         result = Driver(speed=speed).run(self.monitor, generate_plan(13))
         self.completed = result.completed
         self.monitor.end_with_result(b"engine" if result.completed else None)
+
+
+class RecordedGpu:
+    """A recorded GPU series in place of NVML (no GPU here)."""
+
+    index = 0
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def read(self) -> GpuReading:
+        self.reads += 1
+        return GpuReading(
+            memory_used_bytes=(4 + self.reads % 8) * 2**30,
+            memory_total_bytes=141 * 2**30,
+            utilization=(self.reads % 10) / 10,
+            memory_utilization=0.2,
+            sm_clock_hz=1_980_000_000,
+            memory_clock_hz=3_201_000_000,
+            power_w=250.0,
+            temperature_c=45.0,
+        )
+
+    def describe(self) -> dict[str, object]:
+        return {"gpu.index": 0}
+
+    def close(self) -> None:
+        pass
 
 
 def scrape(port: int) -> str:
@@ -111,7 +140,10 @@ def test_every_dashboard_expression_returns_data_during_a_build(
     monitor.log.follow(JournalWriter(tmp_path / "build.jsonl"))
     server = MetricsServer(monitor, exporter_port)
     build = SlowBuild(monitor, speed=0.5)
+    # No GPU here: a recorded series stands in for NVML, so the GPU panels have data too.
+    sampler = GpuSampler(monitor.log, RecordedGpu(), interval_s=0.2)
     build.thread.start()
+    sampler.start()
     try:
         assert prometheus.wait_for('trt_build_state{state="running"} == 1')
         # rate() needs two samples in its window; wait for a few scrapes of the running build.
@@ -130,6 +162,7 @@ def test_every_dashboard_expression_returns_data_during_a_build(
             assert prometheus.wait_for(expression)[0]["metric"] == {"reason": "test"}
         assert prometheus.wait_for('trt_build_state{state="cancellation"} == 1')
     finally:
+        sampler.stop()
         if build.thread.is_alive():
             monitor.cancel("test cleanup")
             build.thread.join(60)

@@ -226,6 +226,22 @@ def _add_observability_options(parser: argparse.ArgumentParser) -> None:
         "generated and written to a file only you can read)",
     )
     group.add_argument(
+        "--gpu",
+        metavar="GPU",
+        help="the GPU to sample through NVML, by index or UUID (default: the first of "
+        "CUDA_VISIBLE_DEVICES, else 0)",
+    )
+    group.add_argument(
+        "--gpu-interval",
+        type=_positive_seconds,
+        default=1.0,
+        metavar="DURATION",
+        help="how often to sample the GPU (default: 1s)",
+    )
+    group.add_argument(
+        "--no-gpu", action="store_true", help="do not sample the GPU (on where NVML is present)"
+    )
+    group.add_argument(
         "--history",
         type=Path,
         metavar="DIR",

@@ -32,6 +32,7 @@ from trt_otel.events import (
     BuildStarted,
     CancelRequested,
     Event,
+    GpuSample,
     Outcome,
     PhaseFinished,
     PhaseStarted,
@@ -107,10 +108,24 @@ def _header(state: BuildState, now: int | None) -> Text:
     text.append(f"  {_bar(ratio)} {ratio:4.0%}", "cyan")
     text.append(f"  {format_duration(elapsed)}", "dim")
     text.append(f"  {state.steps_completed_total:,} steps", "dim")
+    gpu = state.gpu
+    if gpu is not None and state.outcome is None:
+        text.append(f"  GPU {_gpu_text(gpu)}", "dim")
     anomalies = sum(state.anomalies.values())
     if anomalies:
         text.append(f"  {anomalies} protocol anomalies", "yellow")
     return text
+
+
+def _gpu_text(sample: GpuSample) -> str:
+    parts = []
+    if sample.utilization is not None:
+        parts.append(f"{sample.utilization:.0%}")
+    if sample.memory_used_bytes is not None:
+        used = sample.memory_used_bytes / 2**30
+        total = f"/{sample.memory_total_bytes / 2**30:.0f}" if sample.memory_total_bytes else ""
+        parts.append(f"{used:.1f}{total} GiB")
+    return " ".join(parts) or "sampled"
 
 
 def _footer(state: BuildState) -> Text | None:

@@ -149,6 +149,26 @@ class BuildFinished(Event):
     error_type: str | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuSample(Event):
+    """What the build's GPU looked like at one moment (NVML). A value the device does not
+    report is None. Ratios are 0 to 1."""
+
+    type: ClassVar[str] = "gpu"
+
+    index: int
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    utilization: float | None = None
+    """Fraction of the last sample period in which a kernel ran."""
+    memory_utilization: float | None = None
+    """Fraction of it in which device memory was read or written."""
+    sm_clock_hz: int | None = None
+    memory_clock_hz: int | None = None
+    power_w: float | None = None
+    temperature_c: float | None = None
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls
     for cls in (
@@ -160,6 +180,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Anomaly,
         LogMessage,
         BuildFinished,
+        GpuSample,
     )
 }
 """Event classes by their journal ``type``."""

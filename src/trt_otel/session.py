@@ -30,6 +30,7 @@ from trt_otel.console import LiveConsole, PlainLines, format_duration
 from trt_otel.eta import EtaProjection, History
 from trt_otel.events import Outcome
 from trt_otel.followers import FollowerWorker
+from trt_otel.gpu import GpuReader, GpuSampler, open_reader
 from trt_otel.journal import JournalWriter
 from trt_otel.log import EventLog
 from trt_otel.monitor import BuildMonitor
@@ -66,6 +67,7 @@ def warn(message: str) -> None:
 def run_session(job: BuildJob, args: argparse.Namespace, attributes: dict[str, Any]) -> int:
     """Run one build with everything the options ask for attached; returns the exit code."""
     policy = policy_from_options(args)
+    gpu_reader = _open_gpu(args, attributes)
     log = EventLog()
     spans = open_span_export(args)
     _join_parent_trace(attributes)
@@ -90,11 +92,18 @@ def run_session(job: BuildJob, args: argparse.Namespace, attributes: dict[str, A
     use_live = not args.no_progress and sys.stderr.isatty()
     log.follow(LiveConsole(eta=eta) if use_live else PlainLines(sys.stderr, history=history))
     interrupted = False
+    sampler = (
+        GpuSampler(log, gpu_reader, interval_s=args.gpu_interval, warn=warn)
+        if gpu_reader is not None
+        else None
+    )
     try:
         with _cancel_on_signals(monitor) as signals:
             monitor.start()
             if runner is not None:
                 runner.start()
+            if sampler is not None:
+                sampler.start()
             if args.in_process:
                 result = run_build_job(monitor, job)
             else:
@@ -110,6 +119,8 @@ def run_session(job: BuildJob, args: argparse.Namespace, attributes: dict[str, A
     finally:
         if runner is not None:
             runner.stop()
+        if sampler is not None:
+            sampler.stop()
         workers = log.workers
         if not log.close(timeout_s=5.0):
             warn("a follower did not finish in time")
@@ -240,6 +251,17 @@ def _join_parent_trace(attributes: dict[str, Any]) -> None:
         warn(f"ignoring TRACEPARENT {traceparent!r}: not a W3C traceparent")
         return
     attributes[TRACEPARENT_ATTRIBUTE] = traceparent
+
+
+def _open_gpu(args: argparse.Namespace, attributes: dict[str, Any]) -> GpuReader | None:
+    """The build's GPU, sampled unless ``--no-gpu``; one line says which, or why not."""
+    if args.no_gpu:
+        return None
+    reader, line = open_reader(args.gpu)
+    print(line, file=sys.stderr)
+    if reader is not None:
+        attributes.update(reader.describe())
+    return reader
 
 
 def _load_history(directory: Path | None, attributes: dict[str, Any]) -> History | None:

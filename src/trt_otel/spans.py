@@ -34,6 +34,7 @@ from trt_otel.events import (
     BuildFinished,
     BuildStarted,
     Event,
+    GpuSample,
     LogMessage,
     Outcome,
     PhaseFinished,
@@ -154,6 +155,32 @@ class _Fold:
 
 
 @dataclass(slots=True)
+class _GpuStats:
+    """GPU samples taken while a span was open."""
+
+    samples: int = 0
+    peak_memory_bytes: int | None = None
+    utilization_sum: float = 0.0
+    utilization_samples: int = 0
+
+    def add(self, sample: GpuSample) -> None:
+        self.samples += 1
+        if sample.memory_used_bytes is not None:
+            self.peak_memory_bytes = max(self.peak_memory_bytes or 0, sample.memory_used_bytes)
+        if sample.utilization is not None:
+            self.utilization_sum += sample.utilization
+            self.utilization_samples += 1
+
+    def attributes(self) -> dict[str, Any]:
+        attributes: dict[str, Any] = {"gpu.samples": self.samples}
+        if self.peak_memory_bytes is not None:
+            attributes["gpu.memory.peak_bytes"] = self.peak_memory_bytes
+        if self.utilization_samples:
+            attributes["gpu.utilization.mean"] = self.utilization_sum / self.utilization_samples
+        return attributes
+
+
+@dataclass(slots=True)
 class _Notes:
     """What happened during a span besides its steps: anomalies and log messages."""
 
@@ -195,6 +222,7 @@ class SpanProjection:
         self._notes: dict[int | None, _Notes] = {}
         self._build_done = False
         self._refused: frozenset[int] = frozenset()
+        self._gpu: dict[int | None, _GpuStats] = {}
 
     @property
     def finished(self) -> bool:
@@ -212,7 +240,11 @@ class SpanProjection:
             self._begin(event)
         closing = isinstance(event, PhaseStarted | PhaseFinished | BuildFinished)
         open_before = set(state.open_by_name.values()) if closing else set()
-        if isinstance(event, Anomaly | LogMessage):
+        if isinstance(event, GpuSample):
+            # Each open phase, and the build, saw this sample: O(open phases), once a second.
+            for owner in (None, *state.open_by_name.values()):
+                self._gpu.setdefault(owner, _GpuStats()).add(event)
+        elif isinstance(event, Anomaly | LogMessage):
             self._note(event)
         elif isinstance(event, StepCompleted) and state.cancel is not None and not self._refused:
             # The first step after a cancel is the one the monitor answered False: TensorRT
@@ -291,6 +323,7 @@ class SpanProjection:
         duration = phase.finish_mono_ns - phase.start_mono_ns
         fold = self._folds.pop(phase.id, None)
         notes = self._notes.pop(phase.id, None)
+        gpu = self._gpu.pop(phase.id, None)
         is_leaf = not phase.children
         if (
             is_leaf
@@ -321,6 +354,8 @@ class SpanProjection:
                 attributes["trt.span_events_dropped"] = notes.dropped_events
         if fold is not None:
             attributes.update(fold.attributes())
+        if gpu is not None:
+            attributes.update(gpu.attributes())
         parent = phase.parent_id
         self.emitted += 1
         return SpanRecord(
@@ -372,6 +407,9 @@ class SpanProjection:
         fold = self._folds.pop(None, None)
         if fold is not None:
             attributes.update(fold.attributes())
+        gpu = self._gpu.pop(None, None)
+        if gpu is not None:
+            attributes.update(gpu.attributes())
         notes = self._notes.pop(None, None)
         events = tuple(notes.events) if notes is not None else ()
         start_mono = state.start_mono_ns if state.start_mono_ns is not None else self._mono_base_ns

@@ -24,6 +24,7 @@ from trt_otel.events import (
     BuildStarted,
     CancelRequested,
     Event,
+    GpuSample,
     Outcome,
     PhaseFinished,
     PhaseStarted,
@@ -103,6 +104,8 @@ class BuildState:
         self.last_progress_mono_ns: int | None = None
         self.last_event_mono_ns: int | None = None
         self.last_seq = -1
+        self.gpu: GpuSample | None = None
+        """The latest GPU sample, if the build's GPU is sampled."""
 
     # -- the fold ------------------------------------------------------------------------------
 
@@ -129,6 +132,8 @@ class BuildState:
             self.anomalies[event.kind] += 1
         elif isinstance(event, BuildFinished):
             self._build_end(event)
+        elif isinstance(event, GpuSample):
+            self.gpu = event
 
     def _step(self, event: StepCompleted) -> None:
         self.steps_completed_total += 1

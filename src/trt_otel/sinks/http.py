@@ -129,9 +129,19 @@ def status_document(state: BuildState, eta: BuildEta, now_mono_ns: int) -> dict[
         if cancel is None
         else {"reason": cancel.reason, "source": cancel.source, "policy": cancel.policy},
         "anomalies": {kind.value: count for kind, count in state.anomalies.items()},
+        "gpu": _gpu_json(state),
         "attributes": state.attributes,
         "phases": [_phase_json(state, state.phases[r], eta, now_mono_ns) for r in state.roots],
     }
+
+
+def _gpu_json(state: BuildState) -> dict[str, Any] | None:
+    if state.gpu is None:
+        return None
+    record = event_to_dict(state.gpu)
+    for key in ("seq", "type", "mono_ns", "thread"):
+        record.pop(key, None)
+    return record
 
 
 def _phase_json(state: BuildState, phase: Phase, eta: BuildEta, now: int) -> dict[str, Any]:

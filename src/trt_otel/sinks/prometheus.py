@@ -23,6 +23,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from trt_otel.events import GpuSample
 from trt_otel.followers import FollowerHealth
 from trt_otel.monitor import BuildMonitor
 from trt_otel.policies import PolicyHealth
@@ -74,6 +75,7 @@ class BuildSample:
     spans: SpanExportHealth | None = None
     policies: tuple[PolicyHealth, ...] = ()
     eta_s: float | None = None
+    gpu: GpuSample | None = None
 
 
 def sample_build(
@@ -109,6 +111,7 @@ def sample_build(
             "internal_errors": monitor.internal_errors,
         }
         attributes = dict(state.attributes)
+        gpu = state.gpu
     info = {
         label: str(attributes[key]) for key, label in _INFO_ATTRIBUTES.items() if key in attributes
     }
@@ -126,6 +129,7 @@ def sample_build(
         spans=spans,
         policies=policies,
         eta_s=eta() if eta is not None else None,
+        gpu=gpu,
         **sample_values,
     )
 
@@ -208,6 +212,8 @@ def build_metrics(sample: BuildSample) -> Iterable[Metric]:
     yield GaugeMetricFamily(
         "trt_build_progress_ratio", "Overall build progress from 0 to 1", sample.progress_ratio
     )
+    if sample.gpu is not None:
+        yield from _gpu_metrics(sample.gpu)
     if sample.eta_s is not None:  # no sample while the estimate is unknown
         yield GaugeMetricFamily(
             "trt_build_eta_seconds",
@@ -294,6 +300,33 @@ def health_metrics(sample: BuildSample) -> Iterable[Metric]:
         for policy in sample.policies:
             policy_errors.add_metric([policy.source], policy.errors)
         yield policy_errors
+
+
+_GPU_GAUGES = (
+    ("memory_used_bytes", "trt_build_gpu_memory_used_bytes", "GPU memory in use"),
+    ("memory_total_bytes", "trt_build_gpu_memory_total_bytes", "GPU memory in all"),
+    ("utilization", "trt_build_gpu_utilization_ratio", "Fraction of time a kernel ran"),
+    (
+        "memory_utilization",
+        "trt_build_gpu_memory_utilization_ratio",
+        "Fraction of time device memory was read or written",
+    ),
+    ("sm_clock_hz", "trt_build_gpu_sm_clock_hertz", "Streaming multiprocessor clock"),
+    ("memory_clock_hz", "trt_build_gpu_memory_clock_hertz", "Memory clock"),
+    ("power_w", "trt_build_gpu_power_watts", "Power drawn by the GPU"),
+    ("temperature_c", "trt_build_gpu_temperature_celsius", "GPU temperature"),
+)
+
+
+def _gpu_metrics(sample: GpuSample) -> Iterable[Metric]:
+    """The latest GPU sample (labelled by NVML index); a value the GPU does not report is left
+    out rather than shown as 0."""
+    for field_name, metric, help_text in _GPU_GAUGES:
+        value = getattr(sample, field_name)
+        if value is not None:
+            gauge = GaugeMetricFamily(metric, f"{help_text} (latest sample)", labels=["gpu"])
+            gauge.add_metric([str(sample.index)], float(value))
+            yield gauge
 
 
 def _span_export_metrics(health: SpanExportHealth) -> Iterable[Metric]:
