@@ -18,20 +18,13 @@ from typing import Any
 
 from trt_otel.events import Outcome
 from trt_otel.monitor import BuildMonitor
+from trt_otel.options import BuildOptions, ShapeRange
+
+_SEVERITY_RANK = {"internal_error": 0, "error": 1, "warning": 2, "info": 3, "verbose": 4}
 
 
 class BuildSetupError(Exception):
     """A build that cannot start (missing model, no TensorRT, bad options): exit code 2."""
-
-
-@dataclass(frozen=True, slots=True)
-class BuildOptions:
-    """Builder options (named after ``trtexec`` where it has a name)."""
-
-    max_threads: int | None = None
-    shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = field(
-        default_factory=dict
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,11 +134,11 @@ def run_build(
     nor touches an existing one.
     """
     options = options or BuildOptions()
-    logger = _event_logger(trt, monitor)
+    logger = _event_logger(trt, monitor, options.log_level)
     builder = trt.Builder(logger)
     if options.max_threads is not None:
         builder.max_threads = options.max_threads
-    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH))
+    network = builder.create_network(_network_flags(trt, options))
     parser = trt.OnnxParser(network, logger)
     if not parser.parse(model, str(model_path)):
         errors = [_describe_parser_error(parser.get_error(i)) for i in range(parser.num_errors)]
@@ -154,7 +147,9 @@ def run_build(
         return BuildResult(Outcome.FAILURE, detail, None, 0)
 
     config = builder.create_builder_config()
-    _add_profiles(builder, config, network, options)
+    _configure(trt, config, options)
+    _add_profile(builder, config, network, options, monitor)
+    timing_cache = _load_timing_cache(config, options.timing_cache, monitor)
     config.progress_monitor = monitor
     serialized = builder.build_serialized_network(network, config)
     outcome = monitor.end_with_result(serialized)
@@ -163,17 +158,95 @@ def run_build(
     data = memoryview(serialized).tobytes()
     if engine_path is not None:
         write_atomically(engine_path, data)
+    if timing_cache is not None and options.timing_cache is not None:
+        cache = config.get_timing_cache()
+        write_atomically(options.timing_cache, memoryview(cache.serialize()).tobytes())
     return BuildResult(outcome, "", engine_path, len(data))
 
 
-def _add_profiles(builder: Any, config: Any, network: Any, options: BuildOptions) -> None:
-    dynamic = list(getattr(network, "dynamic_inputs", []))
-    if not options.shapes and not dynamic:
+def _network_flags(trt: Any, options: BuildOptions) -> int:
+    flags = 0
+    creation = trt.NetworkDefinitionCreationFlag
+    if hasattr(creation, "EXPLICIT_BATCH"):  # the default, and deprecated, from TensorRT 10
+        flags |= 1 << int(creation.EXPLICIT_BATCH)
+    if options.strongly_typed:
+        if not hasattr(creation, "STRONGLY_TYPED"):
+            raise BuildSetupError("this TensorRT has no strongly typed networks")
+        flags |= 1 << int(creation.STRONGLY_TYPED)
+    return flags
+
+
+def _configure(trt: Any, config: Any, options: BuildOptions) -> None:
+    for precision in options.precisions:
+        flag = getattr(trt.BuilderFlag, precision.upper(), None)
+        if flag is None:
+            version = getattr(trt, "__version__", "?")
+            raise BuildSetupError(f"TensorRT {version} has no {precision} builder flag")
+        config.set_flag(flag)
+    for pool_name, size in options.memory_pools.items():
+        pool = getattr(trt.MemoryPoolType, pool_name, None)
+        if pool is None:
+            raise BuildSetupError(f"this TensorRT has no {pool_name} memory pool")
+        config.set_memory_pool_limit(pool, size)
+    if options.optimization_level is not None:
+        config.builder_optimization_level = options.optimization_level
+
+
+def _add_profile(
+    builder: Any, config: Any, network: Any, options: BuildOptions, monitor: BuildMonitor
+) -> None:
+    """One optimization profile: the given shapes, and for a dynamic input given none, its
+    dynamic dimensions set to 1 (as trtexec does), said in a log event."""
+    inputs = [network.get_input(i) for i in range(network.num_inputs)]
+    names = {tensor.name for tensor in inputs}
+    unknown = sorted(set(options.shapes) - names)
+    if unknown:
+        raise BuildSetupError(
+            f"no input named {', '.join(map(repr, unknown))}; the model's inputs are "
+            f"{', '.join(map(repr, sorted(names))) or 'none'}"
+        )
+    ranges: dict[str, ShapeRange] = dict(options.shapes)
+    for tensor in inputs:
+        dims = tuple(int(d) for d in tensor.shape)
+        if tensor.name in ranges:
+            if len(ranges[tensor.name][0]) != len(dims):
+                raise BuildSetupError(
+                    f"input {tensor.name!r} has {len(dims)} dimensions, its shapes have "
+                    f"{len(ranges[tensor.name][0])}"
+                )
+        elif any(d < 0 for d in dims):
+            fixed = tuple(1 if d < 0 else d for d in dims)
+            ranges[tensor.name] = (fixed, fixed, fixed)
+            monitor.log_message(
+                "WARNING",
+                f"input {tensor.name!r} is dynamic and no shapes were given: building for "
+                f"{'x'.join(map(str, fixed))} (give --shapes for a range)",
+            )
+    if not ranges:
         return
     profile = builder.create_optimization_profile()
-    for name, (low, opt, high) in options.shapes.items():
+    for name, (low, opt, high) in ranges.items():
         profile.set_shape(name, low, opt, high)
     config.add_optimization_profile(profile)
+
+
+def _load_timing_cache(config: Any, path: Path | None, monitor: BuildMonitor) -> Any:
+    """The timing cache from ``path`` (a new one if it does not exist or cannot be used)."""
+    if path is None:
+        return None
+    data = b""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        raise BuildSetupError(f"cannot read timing cache {path}: {error.strerror}") from None
+    cache = config.create_timing_cache(data)
+    if cache is None and data:
+        monitor.log_message("WARNING", f"timing cache {path} is unusable; starting a new one")
+        cache = config.create_timing_cache(b"")
+    config.set_timing_cache(cache, False)
+    return cache
 
 
 def _describe_parser_error(error: Any) -> str:
@@ -182,15 +255,19 @@ def _describe_parser_error(error: Any) -> str:
     return f"{where}: {error.desc()}"
 
 
-def _event_logger(trt: Any, monitor: BuildMonitor) -> Any:
-    """A TensorRT logger that records the builder's messages as log events."""
+def _event_logger(trt: Any, monitor: BuildMonitor, level: str = "info") -> Any:
+    """A TensorRT logger that records the builder's messages, ``level`` and more severe, as
+    log events."""
+    least = _SEVERITY_RANK[level]
 
     class EventLogger(trt.ILogger):  # type: ignore[misc]
         def __init__(self) -> None:
             trt.ILogger.__init__(self)
 
         def log(self, severity: Any, msg: str) -> None:
-            monitor.log_message(getattr(severity, "name", str(severity)), msg)
+            name = str(getattr(severity, "name", severity)).lower()
+            if _SEVERITY_RANK.get(name, 0) <= least:
+                monitor.log_message(name.upper(), msg)
 
     return EventLogger()
 

@@ -21,7 +21,6 @@ from rich.console import Console
 from trt_otel import __version__
 from trt_otel.build import (
     BuildJob,
-    BuildOptions,
     BuildSetupError,
     SimulatorSettings,
     import_tensorrt,
@@ -33,6 +32,16 @@ from trt_otel.eta import EtaProjection
 from trt_otel.events import Event
 from trt_otel.journal import JournalError, read_journal
 from trt_otel.model import demo_model_bytes
+from trt_otel.options import (
+    LOG_LEVELS,
+    PRECISIONS,
+    BuildOptions,
+    OptionError,
+    check_precisions,
+    parse_memory_pool,
+    parse_size,
+    shape_ranges,
+)
 from trt_otel.session import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -145,6 +154,80 @@ def _add_span_options(parser: argparse.ArgumentParser, *, flush_timeout_s: float
         help="at the end, wait at most this long for the last spans to be exported "
         f"(default: {flush_timeout_s:g}s)",
     )
+
+
+def _add_builder_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "builder (named after trtexec; trtexec's spellings are accepted too)"
+    )
+    for precision in PRECISIONS:
+        group.add_argument(
+            f"--{precision}",
+            dest="precisions",
+            action="append_const",
+            const=precision,
+            help=f"allow {precision} kernels",
+        )
+    group.add_argument(
+        "--strongly-typed",
+        "--stronglyTyped",
+        action="store_true",
+        help="a strongly typed network: its own types decide precision (no precision flags)",
+    )
+    group.add_argument(
+        "--workspace", metavar="SIZE", help="workspace memory pool limit (e.g. 4G, 512M)"
+    )
+    group.add_argument(
+        "--mem-pool-size",
+        "--memPoolSize",
+        action="append",
+        default=[],
+        metavar="POOL:SIZE",
+        help="a memory pool limit: workspace, dlaSRAM, dlaLocalDRAM, dlaGlobalDRAM, tacticDRAM, "
+        "tacticSharedMem (repeatable, or comma-separated)",
+    )
+    group.add_argument(
+        "--builder-optimization-level",
+        "--builderOptimizationLevel",
+        type=int,
+        choices=range(6),
+        metavar="0-5",
+        help="builder optimization level (TensorRT's default: 3)",
+    )
+    group.add_argument(
+        "--max-threads", type=int, metavar="N", help="builder threads (TensorRT's max_threads)"
+    )
+    group.add_argument(
+        "--timing-cache",
+        "--timingCacheFile",
+        type=Path,
+        metavar="FILE",
+        help="load the timing cache from FILE if it exists, and save it there after the build",
+    )
+    group.add_argument(
+        "--shapes",
+        action="append",
+        default=[],
+        metavar="INPUT:MIN,OPT,MAX",
+        help="shape range of a dynamic input, e.g. input:1x3x224x224,8x3x224x224,32x3x224x224",
+    )
+    for bound, word in (("min", "smallest"), ("opt", "tuned-for"), ("max", "largest")):
+        group.add_argument(
+            f"--{bound}-shapes",
+            f"--{bound}Shapes",
+            dest=f"{bound}_shapes",
+            action="append",
+            default=[],
+            metavar="INPUT:DIMS,...",
+            help=f"{word} shapes of dynamic inputs, as trtexec writes them",
+        )
+    group.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="info",
+        help="least severe builder message kept as a log event (default: info)",
+    )
+    group.add_argument("--verbose", action="store_true", help="the same as --log-level verbose")
 
 
 def _add_policy_options(parser: argparse.ArgumentParser) -> None:
@@ -322,6 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads", type=int, default=1, help="builder threads calling back (default: 1)"
     )
     demo.add_argument("-o", "--output", type=Path, help="write the simulated engine here")
+    _add_builder_options(demo)
     _add_observability_options(demo)
 
     build = commands.add_parser(
@@ -331,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     build.add_argument("model", type=Path, help="the ONNX model")
     build.add_argument("-o", "--output", type=Path, required=True, help="the engine file")
-    build.add_argument("--max-threads", type=int, help="builder threads (TensorRT's max_threads)")
+    _add_builder_options(build)
     _add_observability_options(build)
 
     replay = commands.add_parser(
@@ -401,11 +485,13 @@ def _demo(args: argparse.Namespace) -> int:
     }
     if args.trace is not None:
         attributes["simulator.trace"] = str(args.trace)
+    options = _options(args)
+    attributes.update(options.attributes())
     job = BuildJob(
         model_path=model_path,
         model=carried,
         engine_path=args.output,
-        options=_options(args),
+        options=options,
         simulator=SimulatorSettings(speed=args.speed, silence_s=args.silence, trace=args.trace),
     )
     return run_session(job, args, attributes)
@@ -419,18 +505,47 @@ def _build(args: argparse.Namespace) -> int:
         version = importlib.metadata.version("tensorrt")
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
+    options = _options(args)
     attributes = {
         "trt.backend": "tensorrt",
         "trt.version": version,
         **model_attributes(args.model, model),
+        **options.attributes(),
     }
-    job = BuildJob(model_path=args.model, engine_path=args.output, options=_options(args))
+    job = BuildJob(model_path=args.model, engine_path=args.output, options=options)
     return run_session(job, args, attributes)
 
 
 def _options(args: argparse.Namespace) -> BuildOptions:
-    threads = getattr(args, "threads", None) or getattr(args, "max_threads", None)
-    return BuildOptions(max_threads=threads)
+    """The builder options, checked: a bad one is exit 2 before anything starts."""
+    threads = args.max_threads if args.max_threads is not None else getattr(args, "threads", None)
+    if threads is not None and threads < 1:
+        raise UsageError("--max-threads must be at least 1")
+    precisions = tuple(dict.fromkeys(args.precisions or ()))
+    try:
+        check_precisions(precisions, args.strongly_typed)
+        pools: dict[str, int] = {}
+        if args.workspace is not None:
+            pools["WORKSPACE"] = parse_size(args.workspace)
+        for text in args.mem_pool_size:
+            for item in text.split(","):
+                pool, size = parse_memory_pool(item)
+                pools[pool] = size
+        shapes = shape_ranges(args.shapes, args.min_shapes, args.opt_shapes, args.max_shapes)
+    except OptionError as error:
+        raise UsageError(str(error)) from None
+    if args.timing_cache is not None and args.timing_cache.is_dir():
+        raise UsageError(f"--timing-cache {args.timing_cache} is a directory")
+    return BuildOptions(
+        precisions=precisions,
+        strongly_typed=args.strongly_typed,
+        memory_pools=pools,
+        optimization_level=args.builder_optimization_level,
+        max_threads=threads,
+        timing_cache=args.timing_cache,
+        shapes=shapes,
+        log_level="verbose" if args.verbose else args.log_level,
+    )
 
 
 def _replay(args: argparse.Namespace) -> int:

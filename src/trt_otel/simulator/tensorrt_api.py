@@ -66,6 +66,30 @@ class BuilderFlag(enum.IntEnum):
 
 class MemoryPoolType(enum.IntEnum):
     WORKSPACE = 0
+    DLA_MANAGED_SRAM = 1
+    DLA_LOCAL_DRAM = 2
+    DLA_GLOBAL_DRAM = 3
+    TACTIC_DRAM = 4
+    TACTIC_SHARED_MEMORY = 5
+
+
+class ITensor:
+    def __init__(self, name: str, shape: Sequence[int]) -> None:
+        self.name = name
+        self.shape = tuple(shape)
+
+
+class ITimingCache:
+    """Timing results by layer name; serialized as JSON (the real one is opaque bytes)."""
+
+    def __init__(self, entries: dict[str, float]) -> None:
+        self.entries = entries
+
+    def serialize(self) -> bytes:
+        return b"TRT-OTEL-SIMULATED-TIMING-CACHE\n" + json.dumps(self.entries).encode()
+
+
+_CACHE_MAGIC = b"TRT-OTEL-SIMULATED-TIMING-CACHE\n"
 
 
 class ParserError:
@@ -91,11 +115,22 @@ class INetworkDefinition:
     def __init__(self, flags: int) -> None:
         self.flags = flags
         self.layer_names: list[str] = []
-        self.dynamic_inputs: list[str] = []
+        self.inputs: list[ITensor] = []
 
     @property
     def num_layers(self) -> int:
         return len(self.layer_names)
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.inputs)
+
+    def get_input(self, index: int) -> ITensor:
+        return self.inputs[index]
+
+    @property
+    def dynamic_inputs(self) -> list[str]:
+        return [t.name for t in self.inputs if any(d < 0 for d in t.shape)]
 
 
 class IOptimizationProfile:
@@ -115,6 +150,7 @@ class IBuilderConfig:
         self.memory_pool_limits: dict[MemoryPoolType, int] = {}
         self.builder_optimization_level = 3
         self.profiles: list[IOptimizationProfile] = []
+        self.timing_cache: ITimingCache | None = None
 
     @property
     def progress_monitor(self) -> Any:
@@ -139,6 +175,25 @@ class IBuilderConfig:
     def add_optimization_profile(self, profile: IOptimizationProfile) -> int:
         self.profiles.append(profile)
         return len(self.profiles) - 1
+
+    def create_timing_cache(self, serialized: bytes) -> ITimingCache | None:
+        """A cache from serialized bytes (empty: a new one); None for bytes that are not one."""
+        if not serialized:
+            return ITimingCache({})
+        if not serialized.startswith(_CACHE_MAGIC):
+            return None
+        try:
+            entries = json.loads(serialized[len(_CACHE_MAGIC) :])
+        except ValueError:
+            return None
+        return ITimingCache(entries) if isinstance(entries, dict) else None
+
+    def set_timing_cache(self, cache: ITimingCache, ignore_mismatch: bool) -> bool:
+        self.timing_cache = cache
+        return True
+
+    def get_timing_cache(self) -> ITimingCache | None:
+        return self.timing_cache
 
 
 class OnnxParser:
@@ -184,10 +239,13 @@ class OnnxParser:
         self._network.layer_names = [
             n.name or f"{n.op_type}_{i}" for i, n in enumerate(proto.graph.node)
         ]
+        initializers = {t.name for t in proto.graph.initializer}
         for tensor in proto.graph.input:
+            if tensor.name in initializers:
+                continue
             dims = tensor.type.tensor_type.shape.dim
-            if any(d.dim_param or d.dim_value <= 0 for d in dims):
-                self._network.dynamic_inputs.append(tensor.name)
+            shape = [-1 if d.dim_param or d.dim_value <= 0 else d.dim_value for d in dims]
+            self._network.inputs.append(ITensor(tensor.name, shape))
         self._logger.log(
             _Severity.INFO, f"parsed ONNX model with {self._network.num_layers} layers"
         )
@@ -224,6 +282,14 @@ class Builder:
                 "but no optimization profile has been defined",
             )
             return None
+        strongly_typed = network.flags & (1 << int(NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+        precision = {BuilderFlag.FP16, BuilderFlag.BF16, BuilderFlag.INT8, BuilderFlag.FP8}
+        if strongly_typed and config.flags & precision:
+            self.logger.log(
+                _Severity.ERROR,
+                "precision builder flags are not allowed for a strongly typed network",
+            )
+            return None
         plan = simulation.trace or generate_plan(
             network.num_layers, num_profiles=max(1, len(config.profiles)), seed=simulation.seed
         )
@@ -232,11 +298,25 @@ class Builder:
         if not result.completed:
             self.logger.log(_Severity.ERROR, "Build was cancelled by the progress monitor")
             return None
+        cache = config.timing_cache
+        cached = 0
+        if cache is not None:
+            cached = sum(1 for name in network.layer_names if name in cache.entries)
+            for name in network.layer_names:
+                cache.entries.setdefault(name, 1.0)
         summary = {
             "simulated": True,
             "layers": network.num_layers,
-            "profiles": len(config.profiles),
             "flags": sorted(f.name for f in config.flags),
+            "strongly_typed": bool(strongly_typed),
+            "memory_pools": {p.name: size for p, size in config.memory_pool_limits.items()},
+            "optimization_level": config.builder_optimization_level,
+            "max_threads": self.max_threads,
+            "profiles": [
+                {name: [list(s) for s in shapes] for name, shapes in profile.shapes.items()}
+                for profile in config.profiles
+            ],
+            "timing_cache_hits": cached,
             "callbacks": result.callbacks_made,
         }
         return SIMULATED_ENGINE_MAGIC + json.dumps(summary).encode()
