@@ -48,6 +48,13 @@ class FollowerHealth:
     errors: int
     queued: int
     last_error: str | None
+    failed_events: int = 0
+    """Events in the batches whose handling raised (they may not have been recorded)."""
+
+    @property
+    def lost(self) -> int:
+        """Events that may be missing from what this follower made of the log."""
+        return self.dropped + self.failed_events
 
 
 class FollowerWorker:
@@ -67,6 +74,7 @@ class FollowerWorker:
         self._handled = 0
         self._dropped = 0
         self._errors = 0
+        self._failed_events = 0
         self._last_error: str | None = None
         self._flush_waiters = 0
         self._stopping = False
@@ -126,6 +134,7 @@ class FollowerWorker:
         try:
             self.follower.handle(batch)
         except Exception as error:  # isolate the follower: report once, count, carry on
+            self._failed_events += len(batch)
             self._record_error(error)
         with self._progress:
             self._handled += len(batch)
@@ -187,4 +196,5 @@ class FollowerWorker:
             errors=self._errors,
             queued=len(self._queue),
             last_error=self._last_error,
+            failed_events=self._failed_events,
         )

@@ -410,8 +410,9 @@ def _report_follower_health(workers: Sequence[FollowerWorker]) -> None:
         health = worker.health()
         if health.dropped or health.errors:
             warn(
-                f"{health.name}: {health.dropped:,} events dropped, "
-                f"{health.errors:,} errors (last: {health.last_error or 'none'})"
+                f"{health.name}: {health.lost:,} events may be missing from it "
+                f"({health.dropped:,} dropped from a full queue, {health.failed_events:,} in "
+                f"{health.errors:,} failed batches; last error: {health.last_error or 'none'})"
             )
 
 

@@ -282,11 +282,18 @@ def health_metrics(sample: BuildSample) -> Iterable[Metric]:
     queued = GaugeMetricFamily(
         "trt_otel_follower_queued_events", "Events waiting for a follower", labels=["follower"]
     )
+    failed = CounterMetricFamily(
+        "trt_otel_follower_failed_events",
+        "Events in batches a follower failed to handle (a journal on a full disk)",
+        labels=["follower"],
+    )
     for health in sample.followers:
+        failed.add_metric([health.name], health.failed_events)
         dropped.add_metric([health.name], health.dropped)
         errors.add_metric([health.name], health.errors)
         queued.add_metric([health.name], health.queued)
     yield dropped
+    yield failed
     yield errors
     yield queued
     if sample.spans is not None:
