@@ -1,47 +1,36 @@
 """Cost of TensorRT's callbacks into trt-otel, against simpler monitors, in one run.
 
-Each monitor receives the same callback plan (a generated build, repeated) from one thread; the
-figure is the mean time per callback. The baselines: a no-op monitor, and the minimal
-lock-and-dict monitor of NVIDIA's Python sample (its state update, without rendering).
-trt-otel runs with a journal, the plain-lines console and a served Prometheus endpoint.
+Each monitor receives the same callback plan (a generated build, repeated) from one thread, back
+to back (no builder work in between: the worst case for contention with background threads); the
+figure is the median over runs of the mean time per callback, minus the no-op monitor's (the
+driver's own cost). The monitors:
+
+- no-op; the lock-and-dict state update of NVIDIA's sample; NVIDIA's sample as it ships,
+  redrawing its progress bars on every step;
+- trt-otel as ``trt-otel build`` runs it: the monitor in the build's worker process, its events
+  piped to the supervising process, where every projection runs (journal, console, spans to an
+  unreachable collector, /metrics, the HTTP view, the ETA);
+- trt-otel in one process with every projection on (a library user attaching everything).
+
+The last line is the headline: trt-otel as the command runs it, against the minimal monitor.
 """
 
 from __future__ import annotations
 
-import io
 import statistics
+import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-from trt_otel import BuildMonitor, JournalWriter
-from trt_otel.console import PlainLines
+from harness import LockAndDictMonitor, RenderingSampleMonitor, full_monitor
+
+from trt_otel import BuildMonitor
 from trt_otel.simulator import Callback, Driver, NoOpMonitor, generate_plan
-from trt_otel.sinks.prometheus import MetricsServer
+from trt_otel.supervisor import run_isolated
 
 REPEATS = 5
-
-
-class LockAndDictMonitor:
-    """The state update of NVIDIA's sample monitor: a lock and a dict of active phases."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._active: dict[str, dict[str, object]] = {}
-
-    def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
-        with self._lock:
-            self._active[phase_name] = {"parent": parent_phase, "steps": num_steps, "step": 0}
-
-    def step_complete(self, phase_name: str, step: int) -> bool:
-        with self._lock:
-            self._active[phase_name]["step"] = step
-        return True
-
-    def phase_finish(self, phase_name: str) -> None:
-        with self._lock:
-            del self._active[phase_name]
+PLAN = generate_plan(13, num_profiles=2) * 10
 
 
 def time_per_callback_ns(monitor: object, plan: list[Callback]) -> float:
@@ -51,35 +40,67 @@ def time_per_callback_ns(monitor: object, plan: list[Callback]) -> float:
     return (time.perf_counter_ns() - began) / len(plan)
 
 
-def trt_otel_monitor(directory: Path, index: int) -> tuple[BuildMonitor, MetricsServer]:
-    monitor = BuildMonitor()
-    monitor.log.follow(JournalWriter(directory / f"bench-{index}.jsonl"), capacity=1_000_000)
-    monitor.log.follow(PlainLines(io.StringIO()))
-    return monitor, MetricsServer(monitor, 0)
+def in_worker(monitor: BuildMonitor) -> float:
+    """Runs in the build's worker process, as a build does."""
+    return time_per_callback_ns(monitor, PLAN)
 
 
-def main() -> None:
-    plan = generate_plan(13, num_profiles=2) * 10
-    results: dict[str, list[float]] = {"no-op": [], "lock-and-dict": [], "trt-otel": []}
-    with tempfile.TemporaryDirectory() as directory:
+def as_the_command_runs_it(directory: Path, dead_port: int, index: int) -> float:
+    full = full_monitor(directory, dead_port, f"worker-{index}")
+    full.monitor.start()
+    result = run_isolated(in_worker, monitor=full.monitor)
+    full.close()
+    assert result.returned, result
+    return float(result.value)
+
+
+def in_one_process(directory: Path, dead_port: int, index: int) -> float:
+    full = full_monitor(directory, dead_port, f"inproc-{index}")
+    full.monitor.start()
+    figure = time_per_callback_ns(full.monitor, PLAN)
+    full.close()
+    return figure
+
+
+def main() -> int:
+    from prometheus_server import free_port
+
+    dead_port = free_port()
+    names = ("no-op", "lock-and-dict", "NVIDIA sample", "trt-otel (command)", "trt-otel (1 proc)")
+    results: dict[str, list[float]] = {name: [] for name in names}
+    with tempfile.TemporaryDirectory() as folder:
+        directory = Path(folder)
         for index in range(REPEATS):
-            results["no-op"].append(time_per_callback_ns(NoOpMonitor(), plan))
-            results["lock-and-dict"].append(time_per_callback_ns(LockAndDictMonitor(), plan))
-            monitor, server = trt_otel_monitor(Path(directory), index)
-            results["trt-otel"].append(time_per_callback_ns(monitor, plan))
-            monitor.end()
-            monitor.close(30)
-            server.close()
-    print(f"{len(plan):,} callbacks per run, {REPEATS} runs, median time per callback")
-    print("(driver overhead included in every figure)")
+            results["no-op"].append(time_per_callback_ns(NoOpMonitor(), PLAN))
+            results["lock-and-dict"].append(time_per_callback_ns(LockAndDictMonitor(), PLAN))
+            sample = RenderingSampleMonitor()
+            results["NVIDIA sample"].append(time_per_callback_ns(sample, PLAN))
+            sample.close()
+            results["trt-otel (command)"].append(
+                as_the_command_runs_it(directory, dead_port, index)
+            )
+            results["trt-otel (1 proc)"].append(in_one_process(directory, dead_port, index))
+    print(
+        f"{len(PLAN):,} callbacks per run, back to back, {REPEATS} runs; median time per callback"
+    )
     medians = {name: statistics.median(values) for name, values in results.items()}
+    base = medians["no-op"]
+    minimal = medians["lock-and-dict"] - base
+    print(f"  {'monitor':22s} {'per callback':>12s} {'own cost':>9s} {'ratio':>7s}")
     for name, value in medians.items():
-        print(f"  {name:14s} {value / 1000:8.2f} us")
-    added = medians["trt-otel"] - medians["no-op"]
-    minimal = medians["lock-and-dict"] - medians["no-op"]
-    print(f"  trt-otel's own cost per callback: {added / 1000:.2f} us")
-    print(f"headline: trt-otel / lock-and-dict monitor cost ratio = {added / minimal:.2f}x")
+        own = value - base
+        ratio = f"{own / minimal:6.1f}x" if name != "no-op" else ""
+        print(f"  {name:22s} {value / 1000:9.2f} us {own / 1000:6.2f} us {ratio:>7s}")
+    spread = {n: (min(v) / 1000, max(v) / 1000) for n, v in results.items()}
+    print(
+        "  spread (min..max us): "
+        + ", ".join(f"{n} {a:.2f}..{b:.2f}" for n, (a, b) in spread.items())
+    )
+    headline = (medians["trt-otel (command)"] - base) / minimal
+    print(f"headline: trt-otel as the command runs it / lock-and-dict monitor = {headline:.1f}x")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.exit(main())

@@ -29,6 +29,18 @@ Fold = Callable[[Event], None]
 
 DEFAULT_RETAINED_EVENTS = 100_000
 
+_names = threading.local()
+
+
+def _thread_name() -> str:
+    """The calling thread's name, looked up once per thread (``current_thread()`` costs more
+    than a callback can spare)."""
+    try:
+        name: str = _names.name
+    except AttributeError:
+        name = _names.name = threading.current_thread().name
+    return name
+
 
 class EventLog:
     """An ordered, thread-safe, append-only sequence of events.
@@ -70,9 +82,18 @@ class EventLog:
             seq=self._next_seq,
             wall_ns=clock.wall_ns(),
             mono_ns=clock.mono_ns(),
-            thread=threading.current_thread().name,
+            thread=_thread_name(),
             **fields,
         )
+        self._next_seq += 1
+        self._publish(event)
+        return event
+
+    def append_made(self, make: Callable[..., E], /, *fields: Any) -> E:
+        """:meth:`append_locked` for the callbacks: ``make`` is an event class's
+        :func:`~trt_otel.events.fast_constructor`, ``fields`` its own fields in order."""
+        clock = self.clock
+        event = make(self._next_seq, clock.wall_ns(), clock.mono_ns(), _thread_name(), *fields)
         self._next_seq += 1
         self._publish(event)
         return event

@@ -26,6 +26,9 @@ from typing import Any, ClassVar, Self
 
 from trt_otel.clock import SYSTEM_CLOCK, Clock
 from trt_otel.events import (
+    MAKE_PHASE_FINISH,
+    MAKE_PHASE_START,
+    MAKE_STEP,
     Anomaly,
     AnomalyKind,
     BuildFinished,
@@ -33,9 +36,6 @@ from trt_otel.events import (
     CancelRequested,
     LogMessage,
     Outcome,
-    PhaseFinished,
-    PhaseStarted,
-    StepCompleted,
 )
 from trt_otel.log import EventLog
 from trt_otel.state import BuildState
@@ -239,7 +239,7 @@ class BuildMonitor:
                 steps = self._count(num_steps, "num_steps", name)
                 for kind, detail in self.state.check_phase_start(name, parent):
                     self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
-                self.log.append_locked(PhaseStarted, name=name, parent=parent, num_steps=steps)
+                self.log.append_made(MAKE_PHASE_START, name, parent, steps)
                 self.callbacks_total += 1
                 self.callback_ns_total += time.perf_counter_ns() - began_ns
         except BaseException as error:
@@ -263,7 +263,7 @@ class BuildMonitor:
                     self._start_locked()
                 for kind, detail in state.check_step(phase_name, step):
                     self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=phase_name)
-                self.log.append_locked(StepCompleted, name=phase_name, step=step)
+                self.log.append_made(MAKE_STEP, phase_name, step)
                 self.callbacks_total += 1
                 self.callback_ns_total += time.perf_counter_ns() - began_ns
         except BaseException as error:
@@ -279,7 +279,7 @@ class BuildMonitor:
                 name = self._text(phase_name, "phase_name")
                 for kind, detail in self.state.check_phase_finish(name):
                     self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
-                self.log.append_locked(PhaseFinished, name=name)
+                self.log.append_made(MAKE_PHASE_FINISH, name)
                 self.callbacks_total += 1
                 self.callback_ns_total += time.perf_counter_ns() - began_ns
         except BaseException as error:

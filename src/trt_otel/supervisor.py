@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import json
 import logging
 import multiprocessing
 import multiprocessing.connection
+import operator
 import os
 import signal
 import threading
@@ -35,7 +37,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trt_otel.events import BuildStarted, CancelRequested, Event
+from trt_otel.events import (
+    EVENT_TYPES,
+    BuildStarted,
+    CancelRequested,
+    Event,
+    fast_constructor,
+)
 from trt_otel.monitor import BuildMonitor
 
 _logger = logging.getLogger(__name__)
@@ -108,6 +116,24 @@ class WorkerMonitor(BuildMonitor):
             self.cancel("cancelled by the supervisor", source="supervisor")
 
 
+# Events cross the pipe as plain tuples (type, then every field in order): pickling a tuple of
+# ints and strings is C all the way, while pickling a slotted dataclass goes through copyreg
+# in Python, and that work would compete with TensorRT's callbacks for the worker's GIL.
+_FIELDS = {
+    cls: operator.attrgetter(*(f.name for f in dataclasses.fields(cls)))
+    for cls in EVENT_TYPES.values()
+}
+_MAKERS = {cls.type: fast_constructor(cls) for cls in EVENT_TYPES.values()}
+
+
+def encode(events: Sequence[Event]) -> list[tuple[Any, ...]]:
+    return [(event.type, *_FIELDS[type(event)](event)) for event in events]
+
+
+def decode(records: Sequence[tuple[Any, ...]]) -> list[Event]:
+    return [_MAKERS[record[0]](*record[1:]) for record in records]
+
+
 class _Forwarder:
     """Sends the worker's events to the supervisor. Build start, end and cancel are the
     supervisor's to record... except the end, which only the worker knows."""
@@ -120,7 +146,7 @@ class _Forwarder:
     def handle(self, events: Sequence[Event]) -> None:
         batch = [e for e in events if not isinstance(e, BuildStarted | CancelRequested)]
         if batch:
-            self._connection.send(batch)
+            self._connection.send(encode(batch))
 
     def close(self) -> None:
         pass
@@ -150,7 +176,7 @@ def _worker_main(
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     monitor = WorkerMonitor(flag, note)
-    monitor.log.follow(_Forwarder(connection), capacity=10_000_000, min_interval_s=0.02)
+    monitor.log.follow(_Forwarder(connection), capacity=10_000_000, min_interval_s=0.05)
     message: tuple[Any, ...]
     try:
         message = ("result", target(monitor, *args))
@@ -188,7 +214,7 @@ def _read_worker(
             inbox.error = f"unreadable message from the build's process: {error}"
             return
         if isinstance(message, list):
-            monitor.log.adopt(message)
+            monitor.log.adopt(decode(message))
         elif message[0] == "result":
             inbox.value, inbox.returned = message[1], True
         elif message[0] == "error":

@@ -1,0 +1,110 @@
+"""What the benchmarks share: the baseline monitors, and trt-otel with every projection on."""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from trt_otel import BuildMonitor, JournalWriter
+from trt_otel.console import PlainLines
+from trt_otel.eta import EtaProjection
+from trt_otel.sinks.http import StatusServer
+from trt_otel.sinks.otlp import OtlpSettings, OtlpSpanExport
+from trt_otel.sinks.prometheus import BuildCollector, MetricsServer
+
+
+class LockAndDictMonitor:
+    """The state update of NVIDIA's sample progress monitor: a lock and a dict of active
+    phases, no rendering."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active: dict[str, dict[str, Any]] = {}
+
+    def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
+        with self._lock:
+            indent = self._active[parent_phase]["indent"] + 1 if parent_phase in self._active else 0
+            self._active[phase_name] = {"steps": 0, "num_steps": num_steps, "indent": indent}
+
+    def step_complete(self, phase_name: str, step: int) -> bool:
+        with self._lock:
+            self._active[phase_name]["steps"] = step
+        return True
+
+    def phase_finish(self, phase_name: str) -> None:
+        with self._lock:
+            del self._active[phase_name]
+
+
+class RenderingSampleMonitor(LockAndDictMonitor):
+    """NVIDIA's sample as it ships: the same state, and every step redraws every active phase
+    as a progress bar with ANSI cursor moves, flushed to the terminal (here /dev/null)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._out = open(os.devnull, "w")  # noqa: SIM115 - closed in close()
+        self._lines = 0
+
+    def step_complete(self, phase_name: str, step: int) -> bool:
+        with self._lock:
+            self._active[phase_name]["steps"] = step
+            self._redraw()
+        return True
+
+    def _redraw(self) -> None:
+        out = self._out
+        if self._lines:
+            out.write(f"\x1b[{self._lines}A")
+        for title, phase in self._active.items():
+            done = (phase["steps"] + 1) / max(1, phase["num_steps"])
+            bar = "=" * int(done * 40)
+            out.write(f"\x1b[2K{'  ' * phase['indent']}{title}: [{bar:<40}] {done:4.0%}\n")
+        self._lines = len(self._active)
+        out.flush()
+
+    def close(self) -> None:
+        self._out.close()
+
+
+@dataclass
+class FullMonitor:
+    """trt-otel with every projection on, in one process: journal, plain console, span export
+    to an unreachable collector, served /metrics, the HTTP view, and the ETA."""
+
+    monitor: BuildMonitor
+    spans: OtlpSpanExport
+    metrics: MetricsServer
+    status: StatusServer
+    extra: list[Any] = field(default_factory=list)
+
+    def close(self) -> None:
+        self.monitor.end()
+        self.monitor.close(30)
+        self.spans.shutdown(1.0)
+        self.metrics.close()
+        self.status.close(linger_s=1.0)
+
+
+def full_monitor(directory: Path, dead_port: int, name: str = "bench") -> FullMonitor:
+    monitor = BuildMonitor(attributes={"model.path": "bench.onnx"})
+    log = monitor.log
+    log.follow(JournalWriter(directory / f"{name}.jsonl"), capacity=1_000_000)
+    log.follow(PlainLines(io.StringIO()))
+    settings = OtlpSettings.resolve(f"http://127.0.0.1:{dead_port}", "http/protobuf", environ={})
+    assert settings is not None
+    spans = OtlpSpanExport(settings, warn=lambda message: None)
+    log.follow(spans, capacity=1_000_000)
+    eta = EtaProjection()
+    log.follow(eta, capacity=1_000_000)
+    metrics = MetricsServer(monitor, 0, span_health=spans.queue.health)
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(BuildCollector(monitor))
+    status = StatusServer(monitor, eta, registry, port=0, cancel_token="bench")
+    log.follow(status.feed, capacity=1_000_000)
+    return FullMonitor(monitor, spans, metrics, status)
