@@ -43,14 +43,9 @@ def thread_plan(index: int) -> list[Callback]:
     renamed = []
     for call in PLAN:
         parent = f"{call.parent} #{index}" if call.parent is not None else None
+        name = f"{call.name} #{index}"
         renamed.append(
-            Callback(
-                call.kind,
-                f"{call.name} #{index}",
-                parent=parent,
-                num_steps=call.num_steps,
-                step=call.step,
-            )  # fmt: skip
+            Callback(call.kind, name, parent=parent, num_steps=call.num_steps, step=call.step)
         )
     return renamed
 
