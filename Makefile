@@ -29,4 +29,6 @@ clean:
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/eta_accuracy.py
+	$(BIN)/python benchmarks/memory_and_replay.py
+	$(BIN)/python benchmarks/callback_latency.py
 	$(BIN)/python benchmarks/callback_cost.py

@@ -1,0 +1,91 @@
+"""Memory over a long build, and the speed of replaying a journal of a million events.
+
+Memory: trt-otel in one process with every projection on (journal, console, spans to an
+unreachable collector, /metrics, the HTTP view, the ETA) receives a build of a million steps
+(phases of 1,000 steps, as tactic timing makes them); the resident set is read after 10
+thousand, 100 thousand and a million steps. What the process keeps is bounded by design: the
+log and the HTTP view keep the newest 100,000 events each, the rest lives in the journal on disk.
+
+Replay: that journal (a million events and more) is read back and folded into the build's state
+and its spans, as ``trt-otel replay`` does.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness import full_monitor
+
+from trt_otel.journal import read_journal
+from trt_otel.spans import SpanProjection
+from trt_otel.state import BuildState
+
+STEPS_PER_PHASE = 1_000
+CHECKPOINTS = (10_000, 100_000, 1_000_000)
+
+
+def resident_mib() -> float:
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def main() -> int:
+    from prometheus_server import free_port
+
+    with tempfile.TemporaryDirectory() as folder:
+        directory = Path(folder)
+        full = full_monitor(directory, free_port(), "million")
+        monitor = full.monitor
+        monitor.start()
+        monitor.phase_start("Building engine", None, CHECKPOINTS[-1] // STEPS_PER_PHASE)
+        print(f"resident set before the build: {resident_mib():.0f} MiB")
+        steps = 0
+        deepest = 0
+        began = time.monotonic()
+        for phase in range(CHECKPOINTS[-1] // STEPS_PER_PHASE):
+            monitor.phase_start("Measuring tactic time", "Building engine", STEPS_PER_PHASE)
+            for step in range(STEPS_PER_PHASE):
+                monitor.step_complete("Measuring tactic time", step)
+            monitor.phase_finish("Measuring tactic time")
+            monitor.step_complete("Building engine", phase)
+            steps += STEPS_PER_PHASE + 1
+            deepest = max(deepest, *(w.health().queued for w in monitor.log.workers))
+            if any(steps - STEPS_PER_PHASE - 1 < c <= steps for c in CHECKPOINTS):
+                monitor.log.flush(60)
+                gc.collect()
+                live = sys.getallocatedblocks() / 1e6
+                took = time.monotonic() - began
+                print(f"  after {steps:>9,} steps: resident set {resident_mib():6.0f} MiB, "
+                      f"live objects {live:5.2f} M, deepest follower queue so far "
+                      f"{deepest:,} events ({took:.0f}s)")  # fmt: skip
+        monitor.phase_finish("Building engine")
+        full.close()
+        journal = directory / "million.jsonl"
+        size = journal.stat().st_size / 2**20
+        began = time.perf_counter()
+        events = read_journal(journal).events
+        read_s = time.perf_counter() - began
+        state, projection = BuildState(), SpanProjection()
+        began = time.perf_counter()
+        spans = 0
+        for event in events:
+            state.apply(event)
+            spans += len(projection.apply(event))
+        fold_s = time.perf_counter() - began
+    count = len(events)
+    print(
+        f"replay of a journal of {count:,} events ({size:.0f} MiB): read {read_s:.1f}s, "
+        f"state and {spans:,} spans {fold_s:.1f}s"
+    )
+    print(f"headline: replay throughput = {count / (read_s + fold_s):,.0f} events/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.exit(main())
