@@ -87,3 +87,12 @@ class PrometheusServer:
             self.process.kill()
             self.process.wait()
         self._log.close()
+
+
+def promtool_lint(text: str) -> str:
+    """What ``promtool check metrics`` says of an exposition: "" when it finds nothing."""
+    lint = subprocess.run(
+        ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
+    findings = (lint.stdout + lint.stderr).strip()
+    return findings or ("" if lint.returncode == 0 else f"promtool exited {lint.returncode}")

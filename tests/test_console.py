@@ -7,7 +7,8 @@ import io
 from rich.console import Console
 
 from trt_otel import BuildMonitor, ManualClock
-from trt_otel.console import LiveConsole, PlainLines, format_duration, render_build
+from trt_otel.console import LiveConsole, PlainLines, render_build
+from trt_otel.durations import format_duration
 from trt_otel.simulator import Driver, generate_plan
 
 

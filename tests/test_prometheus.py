@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from prometheus_server import PrometheusServer, free_port
+from prometheus_server import PrometheusServer, free_port, promtool_lint
 from trt_otel import BuildMonitor, JournalWriter
 from trt_otel.gpu import GpuReading, GpuSampler
 from trt_otel.simulator import Driver, generate_plan
@@ -192,15 +192,7 @@ def test_promtool_finds_nothing_to_lint_mid_build() -> None:
         assert 'trt_otel_anomalies_total{kind="finish_of_unknown_phase"} 1.0' in text
         assert "trt_otel_spans_failed_total 3.0" in text
         assert 'trt_otel_policy_errors_total{policy="http"} 4.0' in text
-        lint = subprocess.run(
-            ["promtool", "check", "metrics"],
-            input=text,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert lint.returncode == 0, lint.stdout + lint.stderr
-        assert lint.stdout.strip() == "" and lint.stderr.strip() == ""
+        assert promtool_lint(text) == ""
     finally:
         server.close()
 

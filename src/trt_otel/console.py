@@ -18,6 +18,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from trt_otel.clock import SYSTEM_CLOCK, Clock
+from trt_otel.durations import format_duration
 from trt_otel.eta import (
     BoundaryTracker,
     Estimate,
@@ -46,17 +47,6 @@ _OUTCOME_STYLE = {
     Outcome.TIMEOUT: "bold red",
 }
 _BAR_WIDTH = 20
-
-
-def format_duration(seconds: float) -> str:
-    """``0.4s``, ``12.3s``, ``4m05s``, ``2h03m``."""
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
 
 
 def _bar(ratio: float) -> str:

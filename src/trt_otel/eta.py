@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trt_otel.durations import format_duration
 from trt_otel.events import BuildStarted, Event, Outcome, PhaseFinished
 from trt_otel.journal import JournalError, read_journal
 from trt_otel.state import BuildState
@@ -61,17 +62,7 @@ def format_eta(value: Estimate) -> str:
         return f"ETA unknown ({value.unknown})"
     if value.basis == "finished":
         return "done"
-    return f"ETA {_duration(value.seconds)} ({value.basis})"
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
+    return f"ETA {format_duration(value.seconds)} ({value.basis})"
 
 
 class BoundaryTracker:

@@ -13,6 +13,7 @@ that fails mid-build is counted and reported once, and never touches the build.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import logging
 import os
@@ -201,18 +202,7 @@ class GpuSampler:
                 )
             return None
         self.samples += 1
-        return self.log.append(
-            GpuSample,
-            index=self.reader.index,
-            memory_used_bytes=reading.memory_used_bytes,
-            memory_total_bytes=reading.memory_total_bytes,
-            utilization=reading.utilization,
-            memory_utilization=reading.memory_utilization,
-            sm_clock_hz=reading.sm_clock_hz,
-            memory_clock_hz=reading.memory_clock_hz,
-            power_w=reading.power_w,
-            temperature_c=reading.temperature_c,
-        )
+        return self.log.append(GpuSample, index=self.reader.index, **dataclasses.asdict(reading))
 
     def _run(self) -> None:
         while not self._stop.is_set():

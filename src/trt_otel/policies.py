@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from trt_otel.console import format_duration
+from trt_otel.durations import format_duration
 from trt_otel.monitor import BuildMonitor
 
 _logger = logging.getLogger(__name__)

@@ -26,7 +26,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from trt_otel.build import BuildJob, BuildResult, partial_files, run_build_job
-from trt_otel.console import LiveConsole, PlainLines, format_duration
+from trt_otel.console import LiveConsole, PlainLines
+from trt_otel.durations import format_duration
 from trt_otel.eta import EtaProjection, History
 from trt_otel.events import Outcome
 from trt_otel.followers import FollowerWorker
