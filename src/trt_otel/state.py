@@ -229,11 +229,14 @@ class BuildState:
     def open_descendants(self, phase_id: int) -> list[int]:
         """Open phases below ``phase_id``, innermost (latest started) first."""
         # Descendants start after their ancestor: when no open phase is younger, there are
-        # none (the usual case, since TensorRT finishes the innermost phase first).
-        if not self.open_by_name or max(self.open_by_name.values()) <= phase_id:
+        # none (the usual case, since TensorRT finishes the innermost phase first). The dict
+        # keeps start order (a phase enters when it starts, leaves when it closes), so the
+        # youngest open phase is its last value.
+        open_ids = self.open_by_name.values()
+        if not open_ids or next(reversed(open_ids)) <= phase_id:
             return []
         found = []
-        for open_id in self.open_by_name.values():
+        for open_id in open_ids:
             ancestor = self.phases[open_id].parent_id
             while ancestor is not None:
                 if ancestor == phase_id:
