@@ -199,6 +199,7 @@ class _Inbox:
         self.returned = False
         self.error: str | None = None
         self.error_type: str | None = None
+        self.garbled: str | None = None
 
 
 def _read_worker(
@@ -210,8 +211,9 @@ def _read_worker(
         except (EOFError, OSError):
             return
         except Exception as error:  # a garbled message: the rest cannot be trusted either
-            inbox.error_type = type(error).__name__
-            inbox.error = f"unreadable message from the build's process: {error}"
+            # Most likely the worker was killed mid-send, which its exit status will say; if it
+            # exits cleanly anyway, this is the reason its result is missing.
+            inbox.garbled = f"unreadable message from the build's process ({error})"
             return
         if isinstance(message, list):
             monitor.log.adopt(decode(message))
@@ -288,6 +290,8 @@ def run_isolated(
     # What the worker sent before it ended is still in the pipe: take all of it.
     reader.join(30.0)
     receiving.close()
+    if inbox.garbled is not None and not inbox.returned and process.exitcode == 0:
+        inbox.error_type, inbox.error = "WorkerProtocolError", inbox.garbled
     return IsolatedResult(
         value=inbox.value,
         returned=inbox.returned,
