@@ -10,7 +10,6 @@ thread nothing but a deque append.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from collections import deque
@@ -32,7 +31,7 @@ DEFAULT_RETAINED_EVENTS = 100_000
 _names = threading.local()
 
 
-def _thread_name() -> str:
+def current_thread_name() -> str:
     """The calling thread's name, looked up once per thread (``current_thread()`` costs more
     than a callback can spare)."""
     try:
@@ -60,6 +59,10 @@ class EventLog:
         self._folds: tuple[Fold, ...] = ()
         self._workers: tuple[FollowerWorker, ...] = ()
         self.fold_errors = 0
+        self.stamp: tuple[int, int, str] | None = None
+        """While set (under the lock), appends take this (wall_ns, mono_ns, thread) instead of
+        reading the clock: events recorded elsewhere (a build's worker process) keep the time
+        and thread at which they happened."""
 
     # -- producing -----------------------------------------------------------------------------
 
@@ -77,14 +80,12 @@ class EventLog:
 
     def append_locked(self, cls: type[E], /, **fields: Any) -> E:
         """Like :meth:`append`, for a caller inside :meth:`transaction`."""
-        clock = self.clock
-        event = cls(
-            seq=self._next_seq,
-            wall_ns=clock.wall_ns(),
-            mono_ns=clock.mono_ns(),
-            thread=_thread_name(),
-            **fields,
-        )
+        if self.stamp is None:
+            clock = self.clock
+            wall_ns, mono_ns, thread = clock.wall_ns(), clock.mono_ns(), current_thread_name()
+        else:
+            wall_ns, mono_ns, thread = self.stamp
+        event = cls(seq=self._next_seq, wall_ns=wall_ns, mono_ns=mono_ns, thread=thread, **fields)
         self._next_seq += 1
         self._publish(event)
         return event
@@ -92,8 +93,13 @@ class EventLog:
     def append_made(self, make: Callable[..., E], /, *fields: Any) -> E:
         """:meth:`append_locked` for the callbacks: ``make`` is an event class's
         :func:`~trt_otel.events.fast_constructor`, ``fields`` its own fields in order."""
-        clock = self.clock
-        event = make(self._next_seq, clock.wall_ns(), clock.mono_ns(), _thread_name(), *fields)
+        if self.stamp is None:
+            clock = self.clock
+            event = make(
+                self._next_seq, clock.wall_ns(), clock.mono_ns(), current_thread_name(), *fields
+            )
+        else:
+            event = make(self._next_seq, *self.stamp, *fields)
         self._next_seq += 1
         self._publish(event)
         return event
@@ -111,15 +117,6 @@ class EventLog:
                     )
                 self._next_seq += 1
                 self._publish(event)
-
-    def adopt(self, events: list[Event]) -> None:
-        """Append events recorded by another log (a build's worker process), keeping their
-        stamps and giving them this log's ``seq``."""
-        with self.lock:
-            for event in events:
-                adopted = dataclasses.replace(event, seq=self._next_seq)
-                self._next_seq += 1
-                self._publish(adopted)
 
     def _publish(self, event: Event) -> None:
         self._recent.append(event)

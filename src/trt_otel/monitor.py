@@ -43,6 +43,9 @@ from trt_otel.state import BuildState
 _logger = logging.getLogger(__name__)
 
 CancelListener = Callable[[CancelRequested], None]
+CallbackRecord = tuple[str, int, int, str, tuple[Any, ...]]
+"""A callback made elsewhere: its kind (``phase_start``, ``step``, ``phase_finish``, ``log``,
+``end``), wall and monotonic time, thread, and arguments."""
 
 
 def _tensorrt_base() -> type | None:
@@ -140,24 +143,25 @@ class BuildMonitor:
         cancel was one) and any other as a success. Calling it again changes nothing.
         """
         with self.log.lock:
-            if self.state.outcome is not None:
-                return self.state.outcome
-            self._start_locked()
-            cancel = self.state.cancel
-            if outcome is None:
-                if cancel is None:
-                    outcome = Outcome.SUCCESS
-                else:
-                    outcome = Outcome.TIMEOUT if cancel.timeout else Outcome.CANCELLATION
-            if not detail and cancel is not None and outcome is not Outcome.SUCCESS:
-                detail = cancel.reason
-            if error_type is None and outcome is Outcome.TIMEOUT:
-                error_type = "timeout"
-            self.log.append_locked(
-                BuildFinished, outcome=outcome, detail=detail, error_type=error_type
-            )
-            self._ended = True
-            return outcome
+            return self._end_locked(outcome, detail, error_type)
+
+    def _end_locked(self, outcome: Outcome | None, detail: str, error_type: str | None) -> Outcome:
+        if self.state.outcome is not None:
+            return self.state.outcome
+        self._start_locked()
+        cancel = self.state.cancel
+        if outcome is None:
+            if cancel is None:
+                outcome = Outcome.SUCCESS
+            else:
+                outcome = Outcome.TIMEOUT if cancel.timeout else Outcome.CANCELLATION
+        if not detail and cancel is not None and outcome is not Outcome.SUCCESS:
+            detail = cancel.reason
+        if error_type is None and outcome is Outcome.TIMEOUT:
+            error_type = "timeout"
+        self.log.append_locked(BuildFinished, outcome=outcome, detail=detail, error_type=error_type)
+        self._ended = True
+        return outcome
 
     def end_with_result(self, engine: object | None, failure_detail: str = "") -> Outcome:
         """Record the end from what ``build_serialized_network`` returned: ``None`` is a cancel
@@ -233,13 +237,7 @@ class BuildMonitor:
         began_ns = time.perf_counter_ns()
         try:
             with self.log.lock:
-                self._before_callback()
-                name = self._text(phase_name, "phase_name")
-                parent = None if parent_phase is None else self._text(parent_phase, "parent_phase")
-                steps = self._count(num_steps, "num_steps", name)
-                for kind, detail in self.state.check_phase_start(name, parent):
-                    self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
-                self.log.append_made(MAKE_PHASE_START, name, parent, steps)
+                self._phase_start_locked(phase_name, parent_phase, num_steps)
                 self.callbacks_total += 1
                 self.callback_ns_total += time.perf_counter_ns() - began_ns
         except BaseException as error:
@@ -254,16 +252,7 @@ class BuildMonitor:
         began_ns = time.perf_counter_ns()
         try:
             with self.log.lock:
-                state = self.state
-                if type(phase_name) is not str or type(step) is not int or self._ended:
-                    self._before_callback()
-                    phase_name = self._text(phase_name, "phase_name")
-                    step = self._count(step, "step", phase_name, minimum=None)
-                elif state.build_id is None:
-                    self._start_locked()
-                for kind, detail in state.check_step(phase_name, step):
-                    self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=phase_name)
-                self.log.append_made(MAKE_STEP, phase_name, step)
+                self._step_locked(phase_name, step)
                 self.callbacks_total += 1
                 self.callback_ns_total += time.perf_counter_ns() - began_ns
         except BaseException as error:
@@ -275,11 +264,7 @@ class BuildMonitor:
         began_ns = time.perf_counter_ns()
         try:
             with self.log.lock:
-                self._before_callback()
-                name = self._text(phase_name, "phase_name")
-                for kind, detail in self.state.check_phase_finish(name):
-                    self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
-                self.log.append_made(MAKE_PHASE_FINISH, name)
+                self._phase_finish_locked(phase_name)
                 self.callbacks_total += 1
                 self.callback_ns_total += time.perf_counter_ns() - began_ns
         except BaseException as error:
@@ -291,6 +276,67 @@ class BuildMonitor:
             self.log.append(LogMessage, severity=str(severity), message=str(message))
         except Exception as error:
             self._internal_error("log_message", error)
+
+    # -- the callbacks' bodies: under the log's lock, also for callbacks made elsewhere ----------
+
+    def _phase_start_locked(
+        self, phase_name: object, parent_phase: object, num_steps: object
+    ) -> None:
+        self._before_callback()
+        name = self._text(phase_name, "phase_name")
+        parent = None if parent_phase is None else self._text(parent_phase, "parent_phase")
+        steps = self._count(num_steps, "num_steps", name)
+        for kind, detail in self.state.check_phase_start(name, parent):
+            self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
+        self.log.append_made(MAKE_PHASE_START, name, parent, steps)
+
+    def _step_locked(self, phase_name: object, step: object) -> None:
+        state = self.state
+        if type(phase_name) is str and type(step) is int and not self._ended:
+            name, number = phase_name, step  # the usual case: nothing to check or coerce
+            if state.build_id is None:
+                self._start_locked()
+        else:
+            self._before_callback()
+            name = self._text(phase_name, "phase_name")
+            number = self._count(step, "step", name, minimum=None)
+        for kind, detail in state.check_step(name, number):
+            self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
+        self.log.append_made(MAKE_STEP, name, number)
+
+    def _phase_finish_locked(self, phase_name: object) -> None:
+        self._before_callback()
+        name = self._text(phase_name, "phase_name")
+        for kind, detail in self.state.check_phase_finish(name):
+            self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
+        self.log.append_made(MAKE_PHASE_FINISH, name)
+
+    def replay(self, record: CallbackRecord) -> None:
+        """Record a callback made elsewhere (in a build's worker process), at the time and on
+        the thread where it was made, exactly as if it had been made here. Never raises."""
+        kind, wall_ns, mono_ns, thread, arguments = record
+        error: BaseException | None = None
+        with self.log.lock:
+            self.log.stamp = (wall_ns, mono_ns, thread)
+            try:
+                if kind == "step":
+                    self._step_locked(*arguments)
+                elif kind == "phase_start":
+                    self._phase_start_locked(*arguments)
+                elif kind == "phase_finish":
+                    self._phase_finish_locked(*arguments)
+                elif kind == "log":
+                    severity, message = arguments
+                    self.log.append_locked(LogMessage, severity=str(severity), message=str(message))
+                elif kind == "end":
+                    outcome, detail, error_type = arguments
+                    self._end_locked(Outcome(outcome), detail, error_type)
+            except BaseException as caught:
+                error = caught
+            finally:
+                self.log.stamp = None
+        if error is not None:
+            self._internal_error(kind, error)
 
     # -- helpers (called with the log's lock held) ---------------------------------------------
 

@@ -7,10 +7,12 @@ worker is terminated (SIGTERM, then SIGKILL), which frees the GPU at once.
 
 How the two processes talk:
 
-- The worker's monitor is an ordinary :class:`BuildMonitor` (anomaly checks included); a follower
-  forwards its events through a pipe, and this process *adopts* them into its own log (they keep
-  their stamps and get this log's ``seq``). ``CLOCK_MONOTONIC`` is system-wide, so the worker's
-  times and this process's policies agree.
+- The worker's monitor (:class:`RecordingMonitor`) only records each callback, as a tuple with
+  its time and thread, and a thread sends them through a pipe in batches. This process replays
+  them into its own monitor (:meth:`BuildMonitor.replay`): the protocol checks, the events and
+  every projection happen here, as if the callbacks had been made here, at the times they were
+  made. ``CLOCK_MONOTONIC`` is system-wide, so the worker's times and this process's policies
+  agree. The builder's process does nothing per callback but an append.
 - A cancel goes the other way through shared memory: the reason, then a flag. The worker's
   ``step_complete`` reads the flag (a memory read, no message to wait for), so the very next step
   after a decision answers False. The cancel event itself is recorded here, at decision time, so
@@ -23,28 +25,22 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import dataclasses
 import json
 import logging
 import multiprocessing
 import multiprocessing.connection
-import operator
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trt_otel.events import (
-    EVENT_TYPES,
-    BuildStarted,
-    CancelRequested,
-    Event,
-    fast_constructor,
-)
-from trt_otel.monitor import BuildMonitor
+from trt_otel.events import CancelRequested, Outcome
+from trt_otel.log import current_thread_name
+from trt_otel.monitor import BuildMonitor, CallbackRecord
 
 _logger = logging.getLogger(__name__)
 
@@ -90,66 +86,145 @@ class IsolatedResult:
 # -- the worker side ---------------------------------------------------------------------------
 
 
-class WorkerMonitor(BuildMonitor):
-    """The monitor in the worker: answers False once the supervisor's flag is up."""
+@dataclass(frozen=True, slots=True)
+class OddArgument:
+    """A callback argument of a type that should not cross the pipe, as its text. It is not
+    a ``str``, so the supervisor's monitor flags it as the invalid argument it was."""
+
+    type_name: str
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+_PLAIN = (str, int, float, bool, bytes, type(None))
+_wall_ns, _mono_ns, _perf_ns = time.time_ns, time.monotonic_ns, time.perf_counter_ns
+
+
+def _plain(value: object) -> object:
+    return value if type(value) in _PLAIN else OddArgument(type(value).__name__, repr(value))
+
+
+class RecordingMonitor(BuildMonitor):
+    """The monitor in the build's worker: each callback is a tuple appended to a deque, no
+    more (an append is atomic, so no lock either). Everything the monitor does with a callback,
+    protocol checks and the fold included, happens in the supervisor, which replays the
+    records into its own monitor with their times and threads (:meth:`BuildMonitor.replay`).
+
+    ``step_complete`` answers False once the supervisor's flag is up: a memory read.
+    """
 
     def __init__(self, flag: Any, note: Any) -> None:
         super().__init__()
         self._flag = flag
         self._note = note
+        self.records: deque[CallbackRecord] = deque()
+
+    def _record(self, kind: str, arguments: tuple[Any, ...]) -> None:
+        self.records.append((kind, _wall_ns(), _mono_ns(), current_thread_name(), arguments))
+
+    # The three callbacks are written out in full, without helper calls on the usual path:
+    # each call costs a Python function call's time, which is what this monitor is about.
+
+    def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
+        began_ns = _perf_ns()
+        try:
+            if (
+                type(phase_name) is str
+                and type(num_steps) is int
+                and (parent_phase is None or type(parent_phase) is str)
+            ):
+                arguments: tuple[Any, ...] = (phase_name, parent_phase, num_steps)
+            else:
+                arguments = (_plain(phase_name), _plain(parent_phase), _plain(num_steps))
+            self.records.append(
+                ("phase_start", _wall_ns(), _mono_ns(), current_thread_name(), arguments)
+            )
+            self.callbacks_total += 1
+            self.callback_ns_total += _perf_ns() - began_ns
+        except BaseException:  # never into TensorRT; the supervisor sees the gap in the build
+            self.internal_errors += 1
 
     def step_complete(self, phase_name: str, step: int) -> bool:
-        if self._flag.value and not self._cancelled:
-            self._take_supervisor_cancel()
-        return super().step_complete(phase_name, step)
+        began_ns = _perf_ns()
+        try:
+            if type(phase_name) is str and type(step) is int:
+                arguments: tuple[Any, ...] = (phase_name, step)
+            else:
+                arguments = (_plain(phase_name), _plain(step))
+            self.records.append(("step", _wall_ns(), _mono_ns(), current_thread_name(), arguments))
+            self.callbacks_total += 1
+            self.callback_ns_total += _perf_ns() - began_ns
+        except BaseException:
+            self.internal_errors += 1
+        return not self._flag.value
 
-    def _take_supervisor_cancel(self) -> None:
+    def phase_finish(self, phase_name: str) -> None:
+        began_ns = _perf_ns()
+        try:
+            arguments = (phase_name if type(phase_name) is str else _plain(phase_name),)
+            self.records.append(
+                ("phase_finish", _wall_ns(), _mono_ns(), current_thread_name(), arguments)
+            )
+            self.callbacks_total += 1
+            self.callback_ns_total += _perf_ns() - began_ns
+        except BaseException:
+            self.internal_errors += 1
+
+    def log_message(self, severity: str, message: str) -> None:
+        with contextlib.suppress(Exception):
+            self._record("log", (str(severity), str(message)))
+
+    @property
+    def cancelled(self) -> bool:
+        return bool(self._flag.value)
+
+    def end(
+        self, outcome: Outcome | None = None, detail: str = "", error_type: str | None = None
+    ) -> Outcome:
+        if outcome is None:
+            outcome = self._cancel_outcome() if self._flag.value else Outcome.SUCCESS
+        self._record("end", (outcome.value, detail, error_type))
+        self._ended = True
+        return outcome
+
+    def end_with_result(self, engine: object | None, failure_detail: str = "") -> Outcome:
+        if engine is not None:
+            return self.end(Outcome.SUCCESS)
+        if self._flag.value:
+            return self.end(self._cancel_outcome())
+        return self.end(
+            Outcome.FAILURE, failure_detail or "TensorRT returned no engine", "BuildFailed"
+        )
+
+    def _cancel_outcome(self) -> Outcome:
         try:
             note = json.loads(bytes(self._note.value).decode("utf-8", "replace"))
-            self.cancel(
-                str(note["reason"]),
-                source=str(note["source"]),
-                timeout=bool(note["timeout"]),
-                policy=str(note.get("policy", "")),
-            )
-        except Exception:  # a torn note still cancels: never let this reach TensorRT
-            self.cancel("cancelled by the supervisor", source="supervisor")
+            return Outcome.TIMEOUT if note.get("timeout") else Outcome.CANCELLATION
+        except Exception:  # a torn note is still a cancel
+            return Outcome.CANCELLATION
 
 
-# Events cross the pipe as plain tuples (type, then every field in order): pickling a tuple of
-# ints and strings is C all the way, while pickling a slotted dataclass goes through copyreg
-# in Python, and that work would compete with TensorRT's callbacks for the worker's GIL.
-_FIELDS = {
-    cls: operator.attrgetter(*(f.name for f in dataclasses.fields(cls)))
-    for cls in EVENT_TYPES.values()
-}
-_MAKERS = {cls.type: fast_constructor(cls) for cls in EVENT_TYPES.values()}
-
-
-def encode(events: Sequence[Event]) -> list[tuple[Any, ...]]:
-    return [(event.type, *_FIELDS[type(event)](event)) for event in events]
-
-
-def decode(records: Sequence[tuple[Any, ...]]) -> list[Event]:
-    return [_MAKERS[record[0]](*record[1:]) for record in records]
-
-
-class _Forwarder:
-    """Sends the worker's events to the supervisor. Build start, end and cancel are the
-    supervisor's to record... except the end, which only the worker knows."""
-
-    name = "forwarder"
-
-    def __init__(self, connection: multiprocessing.connection.Connection) -> None:
-        self._connection = connection
-
-    def handle(self, events: Sequence[Event]) -> None:
-        batch = [e for e in events if not isinstance(e, BuildStarted | CancelRequested)]
+def _forward(
+    monitor: RecordingMonitor,
+    connection: multiprocessing.connection.Connection,
+    done: threading.Event,
+    interval_s: float = 0.05,
+) -> None:
+    """The worker's only other thread: send the records in batches (tuples of ints and
+    strings pickle in C, so this competes little with the callbacks for the GIL)."""
+    records = monitor.records
+    while True:
+        finished = done.wait(interval_s)
+        batch = []
+        with contextlib.suppress(IndexError):
+            while True:
+                batch.append(records.popleft())
         if batch:
-            self._connection.send(encode(batch))
-
-    def close(self) -> None:
-        pass
+            connection.send(("records", batch, monitor.callbacks_total, monitor.callback_ns_total))
+        if finished and not records:
+            return
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -175,14 +250,19 @@ def _worker_main(
 ) -> None:
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    monitor = WorkerMonitor(flag, note)
-    monitor.log.follow(_Forwarder(connection), capacity=10_000_000, min_interval_s=0.05)
+    monitor = RecordingMonitor(flag, note)
+    done = threading.Event()
+    forwarder = threading.Thread(
+        target=_forward, args=(monitor, connection, done), name="trt-otel-forwarder"
+    )
+    forwarder.start()
     message: tuple[Any, ...]
     try:
         message = ("result", target(monitor, *args))
     except BaseException as error:
         message = ("error", type(error).__name__, str(error))
-    monitor.log.close(timeout_s=60.0)
+    done.set()
+    forwarder.join()
     try:
         connection.send(message)
     except Exception as error:  # an unpicklable result: say so rather than vanish
@@ -215,8 +295,12 @@ def _read_worker(
             # exits cleanly anyway, this is the reason its result is missing.
             inbox.garbled = f"unreadable message from the build's process ({error})"
             return
-        if isinstance(message, list):
-            monitor.log.adopt(decode(message))
+        if message[0] == "records":
+            _, records, callbacks, callback_ns = message
+            for record in records:
+                monitor.replay(record)
+            # The cost that matters is the callbacks' own, in the worker.
+            monitor.callbacks_total, monitor.callback_ns_total = callbacks, callback_ns
         elif message[0] == "result":
             inbox.value, inbox.returned = message[1], True
         elif message[0] == "error":
