@@ -227,3 +227,47 @@ def test_invalid_options_are_refused_before_the_build(
     else:
         assert main(["demo", "--no-gpu", *args]) == 2
         assert message in capsys.readouterr().err
+
+
+class _Flag:
+    value = 0
+
+
+def without_stamps(events: list[Any]) -> list[tuple[object, ...]]:
+    import dataclasses
+
+    stamps = ("seq", "wall_ns", "mono_ns", "thread")
+    return [
+        (
+            event.type,
+            *(getattr(event, f.name) for f in dataclasses.fields(event) if f.name not in stamps),
+        )
+        for event in events
+        if event.type != "build_start"
+    ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(calls=CALLS, end=st.booleans())
+def test_callbacks_recorded_in_a_worker_replay_into_the_same_events(
+    calls: list[tuple[Any, ...]], end: bool
+) -> None:
+    from trt_otel.supervisor import RecordingMonitor
+
+    direct = BuildMonitor()
+    direct.start()
+    recorder = RecordingMonitor(_Flag(), None)
+    answers = [play(m, calls) for m in (direct, recorder)]
+    assert answers[0] == answers[1], "the worker answers as the monitor does"
+    if end:
+        direct.end()
+        recorder.end()
+    replayed = BuildMonitor()
+    replayed.start()
+    for record in recorder.records:
+        replayed.replay(record)
+    assert replayed.internal_errors == 0
+    assert without_stamps(replayed.log.recent()) == without_stamps(direct.log.recent())
+    stamps = [(r[1], r[2], r[3]) for r in recorder.records]
+    kept = [(e.wall_ns, e.mono_ns, e.thread) for e in replayed.log.recent()[1:]]
+    assert set(kept) <= set(stamps), "events keep the time and thread of their callback"
