@@ -43,9 +43,9 @@ from trt_otel.state import BuildState
 _logger = logging.getLogger(__name__)
 
 CancelListener = Callable[[CancelRequested], None]
-CallbackRecord = tuple[str, int, int, str, tuple[Any, ...]]
+CallbackRecord = tuple[Any, ...]
 """A callback made elsewhere: its kind (``phase_start``, ``step``, ``phase_finish``, ``log``,
-``end``), wall and monotonic time, thread, and arguments."""
+``end``), wall and monotonic time, thread, then its arguments."""
 
 
 def _tensorrt_base() -> type | None:
@@ -314,7 +314,7 @@ class BuildMonitor:
     def replay(self, record: CallbackRecord) -> None:
         """Record a callback made elsewhere (in a build's worker process), at the time and on
         the thread where it was made, exactly as if it had been made here. Never raises."""
-        kind, wall_ns, mono_ns, thread, arguments = record
+        kind, wall_ns, mono_ns, thread, *arguments = record
         error: BaseException | None = None
         with self.log.lock:
             self.log.stamp = (wall_ns, mono_ns, thread)

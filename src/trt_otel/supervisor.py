@@ -121,8 +121,8 @@ class RecordingMonitor(BuildMonitor):
         self._note = note
         self.records: deque[CallbackRecord] = deque()
 
-    def _record(self, kind: str, arguments: tuple[Any, ...]) -> None:
-        self.records.append((kind, _wall_ns(), _mono_ns(), current_thread_name(), arguments))
+    def _record(self, kind: str, *arguments: Any) -> None:
+        self.records.append((kind, _wall_ns(), _mono_ns(), current_thread_name(), *arguments))
 
     # The three callbacks are written out in full, without helper calls on the usual path:
     # each call costs a Python function call's time, which is what this monitor is about.
@@ -135,12 +135,12 @@ class RecordingMonitor(BuildMonitor):
                 and type(num_steps) is int
                 and (parent_phase is None or type(parent_phase) is str)
             ):
-                arguments: tuple[Any, ...] = (phase_name, parent_phase, num_steps)
+                stamp = (_wall_ns(), _mono_ns(), current_thread_name())
+                self.records.append(("phase_start", *stamp, phase_name, parent_phase, num_steps))
             else:
-                arguments = (_plain(phase_name), _plain(parent_phase), _plain(num_steps))
-            self.records.append(
-                ("phase_start", _wall_ns(), _mono_ns(), current_thread_name(), arguments)
-            )
+                self._record(
+                    "phase_start", _plain(phase_name), _plain(parent_phase), _plain(num_steps)
+                )
             self.callbacks_total += 1
             self.callback_ns_total += _perf_ns() - began_ns
         except BaseException:  # never into TensorRT; the supervisor sees the gap in the build
@@ -150,10 +150,11 @@ class RecordingMonitor(BuildMonitor):
         began_ns = _perf_ns()
         try:
             if type(phase_name) is str and type(step) is int:
-                arguments: tuple[Any, ...] = (phase_name, step)
+                self.records.append(
+                    ("step", _wall_ns(), _mono_ns(), current_thread_name(), phase_name, step)
+                )
             else:
-                arguments = (_plain(phase_name), _plain(step))
-            self.records.append(("step", _wall_ns(), _mono_ns(), current_thread_name(), arguments))
+                self._record("step", _plain(phase_name), _plain(step))
             self.callbacks_total += 1
             self.callback_ns_total += _perf_ns() - began_ns
         except BaseException:
@@ -163,9 +164,9 @@ class RecordingMonitor(BuildMonitor):
     def phase_finish(self, phase_name: str) -> None:
         began_ns = _perf_ns()
         try:
-            arguments = (phase_name if type(phase_name) is str else _plain(phase_name),)
+            name = phase_name if type(phase_name) is str else _plain(phase_name)
             self.records.append(
-                ("phase_finish", _wall_ns(), _mono_ns(), current_thread_name(), arguments)
+                ("phase_finish", _wall_ns(), _mono_ns(), current_thread_name(), name)
             )
             self.callbacks_total += 1
             self.callback_ns_total += _perf_ns() - began_ns
@@ -174,7 +175,7 @@ class RecordingMonitor(BuildMonitor):
 
     def log_message(self, severity: str, message: str) -> None:
         with contextlib.suppress(Exception):
-            self._record("log", (str(severity), str(message)))
+            self._record("log", str(severity), str(message))
 
     @property
     def cancelled(self) -> bool:
@@ -185,7 +186,7 @@ class RecordingMonitor(BuildMonitor):
     ) -> Outcome:
         if outcome is None:
             outcome = self._cancel_outcome() if self._flag.value else Outcome.SUCCESS
-        self._record("end", (outcome.value, detail, error_type))
+        self._record("end", outcome.value, detail, error_type)
         self._ended = True
         return outcome
 
