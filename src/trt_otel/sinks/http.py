@@ -65,7 +65,9 @@ class EventFeed:
             if not self._frames and events:
                 self._first_seq = events[0].seq
             self._frames.extend(frames)
-            if len(self._frames) > 2 * self._retain:
+            # Trim in steps of a tenth, so the memory held stays near the bound (a bigger
+            # step would make it swing) while trimming stays rare.
+            if len(self._frames) > self._retain + self._retain // 10:
                 drop = len(self._frames) - self._retain
                 del self._frames[:drop]
                 self._first_seq += drop
