@@ -19,7 +19,8 @@ slow is hidden; the budget is therefore a soft one.
 Phases cut short are marked: ``trt.phase.cancelled`` on those open when the monitor refused a step
 (TensorRT then finishes them itself, innermost first), and ``trt.phase.status=aborted`` with
 ``trt.phase.close_reason`` on those that never got a ``phase_finish`` (the build ended, failed, or
-its process died while they were open).
+its process died while they were open). Where the GPU is sampled, each span also carries the
+peak memory used and the mean utilization of the samples taken while it was open.
 """
 
 from __future__ import annotations
