@@ -168,7 +168,7 @@ class BuildMonitor:
         when one was requested and a failure otherwise."""
         if engine is not None:
             return self.end(Outcome.SUCCESS)
-        if self.state.cancel is not None:
+        if self.cancelled:
             return self.end()
         return self.end(
             Outcome.FAILURE,

@@ -179,6 +179,8 @@ class RecordingMonitor(BuildMonitor):
 
     @property
     def cancelled(self) -> bool:
+        """Whether the supervisor asked for a cancel (so ``end_with_result(None)``, inherited,
+        ends the build as a cancel rather than a failure)."""
         return bool(self._flag.value)
 
     def end(
@@ -189,15 +191,6 @@ class RecordingMonitor(BuildMonitor):
         self._record("end", outcome.value, detail, error_type)
         self._ended = True
         return outcome
-
-    def end_with_result(self, engine: object | None, failure_detail: str = "") -> Outcome:
-        if engine is not None:
-            return self.end(Outcome.SUCCESS)
-        if self._flag.value:
-            return self.end(self._cancel_outcome())
-        return self.end(
-            Outcome.FAILURE, failure_detail or "TensorRT returned no engine", "BuildFailed"
-        )
 
     def _cancel_outcome(self) -> Outcome:
         try:
