@@ -290,8 +290,12 @@ def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
                 self._json(404, {"error": f"no such resource: {path}"})
 
         def do_POST(self) -> None:
-            if self.path.partition("?")[0] != "/cancel":
-                self._json(404 if self.path != "/status" else 405, {"error": "not found"})
+            path = self.path.partition("?")[0]
+            if path == "/status":
+                self._json(405, {"error": "use GET"}, {"Allow": "GET"})
+                return
+            if path != "/cancel":
+                self._json(404, {"error": f"no such resource: {path}"})
                 return
             self._cancel()
 
