@@ -17,8 +17,8 @@ demo: $(STAMP)
 	$(BIN)/trt-otel demo $(DEMO_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check trt_otel tests benchmarks
+	$(BIN)/ruff format --check trt_otel tests benchmarks
 	$(BIN)/mypy
 
 test: lint
