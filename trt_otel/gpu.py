@@ -72,6 +72,7 @@ class NvmlReader:
     """Reads one GPU through NVML (``pynvml`` from ``nvidia-ml-py``)."""
 
     def __init__(self, device: str = "0") -> None:
+        self._closed = False
         try:
             self._nvml: Any = importlib.import_module("pynvml")
         except ImportError:
@@ -134,6 +135,11 @@ class NvmlReader:
         return attributes
 
     def close(self) -> None:
+        # Both the sampler and the session that opened the reader close it; NVML counts its
+        # initializations, so a second shutdown would end someone else's.
+        if self._closed:
+            return
+        self._closed = True
         with contextlib.suppress(Exception):
             self._nvml.nvmlShutdown()
 

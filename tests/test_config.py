@@ -1,0 +1,169 @@
+"""Typed configuration and the session's lifecycle: options become frozen dataclasses that any
+command can assemble from the same groups, and a session that fails to start stops what it had
+started."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from prometheus_server import free_port
+from trt_otel.arguments import (
+    add_builder_options,
+    add_observability_options,
+    add_policy_options,
+    add_session_options,
+    add_span_options,
+    builder_options,
+    observability_config,
+    policy_config,
+    session_config,
+)
+from trt_otel.cli import DemoCommand, build_parser, command_of, main
+from trt_otel.config import (
+    ConsoleConfig,
+    GpuConfig,
+    HttpConfig,
+    MetricsConfig,
+    ObservabilityConfig,
+    PolicyConfig,
+    SessionConfig,
+    SpanConfig,
+    UsageError,
+)
+from trt_otel.policies import AnyOf, CancelFile, Stall, Timeout
+
+
+def test_every_option_lands_in_its_group() -> None:
+    args = build_parser().parse_args(
+        [
+            "demo",
+            "--timeout", "90s", "--stall-timeout", "2m", "--cancel-file", "stop",
+            "--cancel-url", "http://flag.example/stop", "--cancel-url-interval", "3s",
+            "--cancel-url-fail-closed", "--grace", "7s", "--in-process",
+            "--otlp-endpoint", "http://collector:4318", "--otlp-protocol", "http/protobuf",
+            "--span-budget", "50", "--span-fold-under", "250ms", "--otlp-flush-timeout", "9s",
+            "--journal", "j.jsonl", "--http-port", "0", "--http-address", "::1",
+            "--cancel-token", "secret", "--gpu", "1", "--gpu-interval", "2s",
+            "--prometheus-port", "0", "--prometheus-address", "0.0.0.0",
+            "--prometheus-linger", "4s", "--pushgateway", "http://gw:9091",
+            "--metrics-build-id", "--no-progress", "--fp16", "--max-threads", "3",
+        ]
+    )  # fmt: skip
+    command = command_of(args)
+    assert isinstance(command, DemoCommand)
+    assert command.session == SessionConfig(
+        observe=ObservabilityConfig(
+            journal=Path("j.jsonl"),
+            spans=SpanConfig("http://collector:4318", "http/protobuf", 50, 0.25, 9.0),
+            http=HttpConfig(port=0, address="::1", cancel_token="secret"),
+            metrics=MetricsConfig(0, "0.0.0.0", 4.0, "http://gw:9091", build_id_label=True),
+            gpu=GpuConfig(enabled=True, device="1", interval_s=2.0),
+            console=ConsoleConfig(live=False),
+        ),
+        policy=PolicyConfig(
+            timeout_s=90.0,
+            stall_timeout_s=120.0,
+            cancel_file=Path("stop"),
+            cancel_url="http://flag.example/stop",
+            cancel_url_interval_s=3.0,
+            cancel_url_fail_closed=True,
+            grace_s=7.0,
+        ),
+        in_process=True,
+    )
+    assert command.builder.precisions == ("fp16",)
+    assert command.builder.max_threads == 3
+
+
+def test_defaults_of_the_command_line_are_the_library_defaults() -> None:
+    args = build_parser().parse_args(["build", "model.onnx", "-o", "model.engine"])
+    assert session_config(args) == SessionConfig()
+
+
+def test_a_new_command_reuses_the_groups_by_type() -> None:
+    # What a `run -- COMMAND` subcommand does: the same groups, without builder options or
+    # --in-process, and the same typed values out.
+    parser = argparse.ArgumentParser()
+    add_policy_options(parser)
+    add_span_options(parser)
+    add_observability_options(parser)
+    parser.add_argument("program", nargs="+")
+    args = parser.parse_args(["--timeout", "1h", "--journal", "x.jsonl", "--", "python", "x.py"])
+    config = SessionConfig(observe=observability_config(args), policy=policy_config(args))
+    assert config.policy.timeout_s == 3600.0
+    assert config.observe.journal == Path("x.jsonl")
+    assert not config.in_process
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--in-process", "--", "python"])  # not offered to that command
+
+
+def test_configuration_is_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        SessionConfig().in_process = True  # type: ignore[misc]
+
+
+def test_the_policy_config_makes_the_policy() -> None:
+    assert PolicyConfig().policy() is None
+    single = PolicyConfig(timeout_s=5.0).policy()
+    assert isinstance(single, Timeout)
+    combined = PolicyConfig(stall_timeout_s=3.0, cancel_file=Path("f")).policy()
+    assert isinstance(combined, AnyOf)
+    assert [type(p) for p in combined.leaves()] == [Stall, CancelFile]
+
+
+def test_builder_options_are_checked_together() -> None:
+    parser = argparse.ArgumentParser()
+    add_builder_options(parser)
+    with pytest.raises(UsageError, match="strongly-typed"):
+        builder_options(parser.parse_args(["--strongly-typed", "--fp16"]))
+    with pytest.raises(UsageError, match="at least 1"):
+        builder_options(parser.parse_args(["--max-threads", "0"]))
+
+
+def test_history_must_be_a_directory(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    add_session_options(parser)
+    with pytest.raises(UsageError, match="not a directory"):
+        session_config(parser.parse_args(["--history", str(tmp_path / "absent")]))
+
+
+def _token_files() -> set[Path]:
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    directory = Path(base) / f"trt-otel-{os.getuid()}"
+    return set(directory.glob("*.token")) if directory.is_dir() else set()
+
+
+def test_a_session_that_cannot_start_stops_what_it_started(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The HTTP port is taken: exit 2 before any build, and the parts that had started (the
+    Prometheus endpoint, the generated cancel token) are stopped and removed again."""
+    metrics_port = free_port()
+    tokens_before = _token_files()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        http_port = taken.getsockname()[1]
+        code = main(
+            [
+                "demo", "--speed", "0", "--no-progress", "--no-gpu",
+                "--journal", str(tmp_path / "j.jsonl"),
+                "--prometheus-port", str(metrics_port), "--http-port", str(http_port),
+            ]
+        )  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"cannot serve HTTP on 127.0.0.1:{http_port}" in err
+    assert "build started" not in err
+    assert _token_files() == tokens_before, "the generated token went with the session"
+    with socket.socket() as again:  # the metrics endpoint let its port go
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", metrics_port))
+    assert not (tmp_path / "j.jsonl").exists(), "no journal for a build that never started"
