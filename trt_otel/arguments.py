@@ -11,8 +11,10 @@ argparse's own message); those that need several options together raise :class:`
 from __future__ import annotations
 
 import argparse
+import re
 import urllib.parse
 from pathlib import Path
+from typing import Any
 
 from trt_otel.config import (
     ConsoleConfig,
@@ -25,6 +27,7 @@ from trt_otel.config import (
     SpanConfig,
     UsageError,
 )
+from trt_otel.durations import DurationError, parse_duration, parse_positive_duration
 from trt_otel.options import (
     LOG_LEVELS,
     PRECISIONS,
@@ -55,20 +58,28 @@ def non_negative_float(text: str) -> float:
 
 
 def seconds(text: str) -> float:
-    """A duration: a plain number of seconds, or with a unit: ``90s``, ``15m``, ``2h``."""
-    units = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-    stripped = text.strip().lower()
-    for suffix in ("ms", "s", "m", "h"):
-        if stripped.endswith(suffix):
-            return non_negative_float(stripped[: -len(suffix)]) * units[suffix]
-    return non_negative_float(stripped)
+    """A duration: a plain number of seconds, or with units: ``90s``, ``15m``, ``1h30m``."""
+    try:
+        return parse_duration(text)
+    except DurationError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def positive_seconds(text: str) -> float:
-    value = seconds(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be longer than 0s")
-    return value
+    try:
+        return parse_positive_duration(text)
+    except DurationError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+class Parser(argparse.ArgumentParser):
+    """Takes ``-1s`` for a value (a bad one, with its own message) rather than for an unknown
+    option, which argparse reports as "expected one argument". Subcommands' parsers are of
+    this class too (argparse makes them of their parent's)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
 
 def port(text: str) -> int:

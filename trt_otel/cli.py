@@ -20,6 +20,7 @@ from rich.console import Console
 
 from trt_otel import __version__
 from trt_otel.arguments import (
+    Parser,
     add_builder_options,
     add_session_options,
     add_span_options,
@@ -60,7 +61,7 @@ from trt_otel.watch import WatchError, follow_journal, follow_url
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="trt-otel",
         description="Watch and stop TensorRT engine builds.",
     )
