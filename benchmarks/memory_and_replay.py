@@ -25,7 +25,7 @@ from pathlib import Path
 
 from harness import full_monitor
 
-from trt_otel.journal import read_journal
+from trt_otel.journal import JournalWriter, read_journal
 from trt_otel.spans import SpanProjection
 from trt_otel.state import BuildState
 
@@ -78,38 +78,52 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         directory = Path(folder)
         # Each set-up in a process of its own, so one's memory does not hide the other's.
-        if len(sys.argv) > 1:
+        if len(sys.argv) > 1 and sys.argv[1] != "replay":
             pace = float(sys.argv[1])
             build(directory, pace, "million")
             return 0
-        for pace, words in ((50e-6, "with 50 us of builder work between callbacks"),
-                            (0.0, "back to back")):  # fmt: skip
-            print(f"a million steps, {words}:", flush=True)
-            subprocess.run([sys.executable, __file__, str(pace)], check=True)
-        journal = build_journal(directory)
-        size = journal.stat().st_size / 2**20
-        began = time.perf_counter()
-        events = read_journal(journal).events
-        read_s = time.perf_counter() - began
-        state, projection = BuildState(), SpanProjection()
-        began = time.perf_counter()
-        spans = 0
-        for event in events:
-            state.apply(event)
-            spans += len(projection.apply(event))
-        fold_s = time.perf_counter() - began
+        if len(sys.argv) == 1:  # "replay" alone skips the memory runs
+            for pace, words in ((50e-6, "with 50 us of builder work between callbacks"),
+                                (0.0, "back to back")):  # fmt: skip
+                print(f"a million steps, {words}:", flush=True)
+                subprocess.run([sys.executable, __file__, str(pace)], check=True)
+        replay(directory)
+    return 0
+
+
+def replay(directory: Path) -> None:
+    """Read a journal of a million steps back and fold it, as ``trt-otel replay`` does; then
+    write its events again, as the journal follower does."""
+    journal = build_journal(directory)
+    size = journal.stat().st_size / 2**20
+    began = time.perf_counter()
+    events = read_journal(journal).events
+    read_s = time.perf_counter() - began
+    state, projection = BuildState(), SpanProjection()
+    began = time.perf_counter()
+    spans = 0
+    for event in events:
+        state.apply(event)
+        spans += len(projection.apply(event))
+    fold_s = time.perf_counter() - began
     count = len(events)
+    writer = JournalWriter(directory / "again.jsonl")
+    began = time.perf_counter()
+    for start in range(0, count, 1_000):  # the follower's batches are of this order
+        writer.handle(events[start : start + 1_000])
+    writer.close()
+    write_s = time.perf_counter() - began
     print(
         f"replay of a journal of {count:,} events ({size:.0f} MiB): read {read_s:.1f}s, "
-        f"state and {spans:,} spans {fold_s:.1f}s"
+        f"state and {spans:,} spans {fold_s:.1f}s; written again in {write_s:.1f}s "
+        f"({count / write_s:,.0f} events/s)"
     )
     print(f"headline: replay throughput = {count / (read_s + fold_s):,.0f} events/s")
-    return 0
 
 
 def build_journal(directory: Path) -> Path:
     """A journal of a million steps, written by a monitor with only the journal attached."""
-    from trt_otel import BuildMonitor, JournalWriter
+    from trt_otel import BuildMonitor
 
     path = directory / "replay.jsonl"
     monitor = BuildMonitor()
