@@ -234,13 +234,13 @@ class _Flag:
 
 
 def without_stamps(events: list[Any]) -> list[tuple[object, ...]]:
-    import dataclasses
+    import msgspec
 
     stamps = ("seq", "wall_ns", "mono_ns", "thread")
     return [
         (
             event.type,
-            *(getattr(event, f.name) for f in dataclasses.fields(event) if f.name not in stamps),
+            *(getattr(event, f.name) for f in msgspec.structs.fields(event) if f.name not in stamps),
         )
         for event in events
         if event.type != "build_start"

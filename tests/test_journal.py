@@ -4,17 +4,36 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from trt_otel import BuildMonitor, JournalError, JournalWriter, Outcome, read_journal
+from trt_otel.cli import main
+from trt_otel.events import (
+    EVENT_TYPES,
+    Anomaly,
+    AnomalyKind,
+    BuildFinished,
+    BuildStarted,
+    CancelRequested,
+    Event,
+    GpuSample,
+    LogMessage,
+    PhaseFinished,
+    PhaseStarted,
+    StepCompleted,
+)
+from trt_otel.journal import CorruptLineError, decode_event, encode_events
 from trt_otel.simulator import Driver, generate_plan, load_trace
 from trt_otel.state import BuildState
+from trt_otel.watch import follow_journal
 
 
 def record(path: Path, *, cancel_at: int | None = None) -> BuildMonitor:
@@ -150,3 +169,180 @@ def test_a_build_killed_mid_write_leaves_a_usable_prefix(tmp_path: Path) -> None
     assert [e.seq for e in journal.events] == list(range(len(journal.events)))
     state = fold(journal.events)  # type: ignore[arg-type]
     assert state.outcome is None and state.open_by_name  # killed mid-build, phases open
+
+
+# -- the codec: every field's type checked, one reader for replay, watch and demo --trace -------
+
+
+def every_event_type() -> list[Event]:
+    stamp = {"wall_ns": 1_700_000_000_000_000_000, "mono_ns": 5, "thread": "builder"}
+    return [
+        BuildStarted(
+            seq=0, build_id="b1", attributes={"model.path": "m.onnx", "n": [1, 2]}, **stamp
+        ),
+        PhaseStarted(seq=1, name="Building engine", parent=None, num_steps=6, **stamp),
+        StepCompleted(seq=2, name="Building engine", step=0, **stamp),
+        Anomaly(seq=3, kind=AnomalyKind.STEP_OUT_OF_RANGE, detail="7 of 6", phase="x", **stamp),
+        LogMessage(seq=4, severity="WARNING", message="é ünïcode\n", **stamp),
+        GpuSample(seq=5, index=0, memory_used_bytes=2**40, utilization=0.5, **stamp),
+        CancelRequested(seq=6, reason="enough", source="file", timeout=True, policy="p", **stamp),
+        PhaseFinished(seq=7, name="Building engine", **stamp),
+        BuildFinished(seq=8, outcome=Outcome.TIMEOUT, detail="d", error_type="E", **stamp),
+    ]
+
+
+def test_every_event_type_round_trips_through_the_codec() -> None:
+    events = every_event_type()
+    assert {type(e) for e in events} == set(EVENT_TYPES.values())
+    lines = encode_events(events).splitlines()
+    assert [decode_event(line) for line in lines] == events
+    assert [json.loads(line)["type"] for line in lines] == [e.type for e in events]
+    for cls in EVENT_TYPES.values():  # the journal's tag is the class's documented type
+        assert cls.__struct_config__.tag == cls.type
+
+
+def test_a_line_may_hold_keys_in_any_order_and_keys_from_a_newer_writer() -> None:
+    line = '{"name": "a", "step": 2, "future": {"x": 1}, "seq": 4, "type": "step", '
+    line += '"wall_ns": 1, "mono_ns": 2, "thread": "t"}'
+    assert decode_event(line) == StepCompleted(
+        seq=4, wall_ns=1, mono_ns=2, thread="t", name="a", step=2
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [
+        ({"step": "3"}, "$.step"),
+        ({"step": 3.0}, "$.step"),
+        ({"step": True}, "$.step"),
+        ({"seq": None}, "$.seq"),
+        ({"name": 5}, "$.name"),
+        ({"wall_ns": 1e400}, "$.wall_ns"),
+    ],
+)
+def test_a_mistyped_field_is_a_corrupt_line(change: dict[str, object], where: str) -> None:
+    record = {"type": "step", "seq": 4, "wall_ns": 1, "mono_ns": 2, "thread": "t", "name": "a"}
+    record["step"] = 3
+    record.update(change)
+    text = json.dumps(record).replace("Infinity", "1e400")
+    with pytest.raises(CorruptLineError, match=re.escape(where)) as error:
+        decode_event(text)
+    assert error.value.kind == "corrupt_line"
+
+
+def test_an_unknown_enumeration_value_is_a_corrupt_line() -> None:
+    line = '{"type": "build_end", "seq": 1, "wall_ns": 1, "mono_ns": 2, "thread": "t", '
+    with pytest.raises(CorruptLineError, match=re.escape("$.outcome")):
+        decode_event(line + '"outcome": "exploded"}')
+
+
+def damaged(tmp_path: Path, edit: Callable[[list[bytes]], None]) -> tuple[Path, BuildMonitor]:
+    """A journal of a build, edited by ``edit``; and the monitor that recorded the build."""
+    path = tmp_path / "build.jsonl"
+    monitor = record(path)
+    lines = path.read_bytes().splitlines(keepends=True)
+    edit(lines)
+    path.write_bytes(b"".join(lines))
+    return path, monitor
+
+
+def test_replay_reports_a_mistyped_line_and_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def mistype(lines: list[bytes]) -> None:
+        index = next(i for i, line in enumerate(lines) if b'"type":"step"' in line)
+        lines[index] = re.sub(rb'"step":(\d+)', rb'"step":"\1"', lines[index])
+
+    path, _ = damaged(tmp_path, mistype)
+    journal = read_journal(path)
+    assert [p.kind for p in journal.problems] == ["corrupt_line"]
+    assert "Expected `int`, got `str` - at `$.step`" in journal.problems[0].message
+    assert main(["replay", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "corrupt line" in err and "Traceback" not in err
+
+
+def test_a_line_of_deeply_nested_brackets_is_a_corrupt_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000
+
+    def insert(lines: list[bytes]) -> None:
+        start = next(i for i, line in enumerate(lines) if b'"type":"build_start"' in line)
+        # Inside a field that takes any JSON, and as a line of its own.
+        lines[start] = lines[start].replace(b'"attributes":{', b'"attributes":{"d":' + deep + b",")
+        lines[start + 3] = deep + b"\n"
+        problem_lines.extend([start + 1, start + 4])
+
+    problem_lines: list[int] = []
+    path, _ = damaged(tmp_path, insert)
+    journal = read_journal(path)
+    assert [(p.kind, p.line) for p in journal.problems] == [
+        ("corrupt_line", problem_lines[0]),
+        ("corrupt_line", problem_lines[1]),
+    ]
+    assert "nested too deeply" in journal.problems[0].message
+    assert main(["replay", str(path)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_duplicated_line_is_reported_and_counted_once(tmp_path: Path) -> None:
+    def duplicate(lines: list[bytes]) -> None:
+        index = next(i for i, line in enumerate(lines) if b'"type":"step"' in line)
+        lines.insert(index + 1, lines[index])
+        lines.insert(index + 5, lines[index + 2])
+
+    path, live = damaged(tmp_path, duplicate)
+    journal = read_journal(path)
+    assert [p.kind for p in journal.problems] == ["seq_repeat", "seq_repeat"]
+    assert "a repeated line" in journal.problems[0].message
+    assert journal.events == live.log.recent()
+    replayed = fold(journal.events)  # type: ignore[arg-type]
+    assert replayed.steps_completed_total == live.state.steps_completed_total
+
+
+def test_several_builds_in_one_journal_each_have_their_own_sequence(tmp_path: Path) -> None:
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    record(first)
+    record(second)
+    both = tmp_path / "both.jsonl"
+    both.write_bytes(first.read_bytes() + b"".join(second.read_bytes().splitlines(True)[1:]))
+    journal = read_journal(both)
+    assert journal.problems == []
+    assert len(journal.events) == len(read_journal(first).events) * 2
+
+
+def test_watch_and_replay_read_lines_the_same_way(tmp_path: Path) -> None:
+    def damage(lines: list[bytes]) -> None:
+        index = next(i for i, line in enumerate(lines) if b'"type":"step"' in line)
+        lines.insert(index + 1, lines[index])
+        lines[index + 4] = lines[index + 4].replace(b'"step":', b'"step":"x","_":')
+
+    path, _ = damaged(tmp_path, damage)
+    seen: list[Event] = []
+    warnings: list[str] = []
+    end = follow_journal(path, seen.extend, warn=warnings.append, poll_s=0.01)
+    assert end is not None and end.outcome is Outcome.SUCCESS
+    journal = read_journal(path)
+    assert seen == journal.events
+    assert warnings == [f"{path}: {p}" for p in journal.problems]
+    assert [p.kind for p in journal.problems] == ["seq_repeat", "corrupt_line"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        bytes(range(256)) * 4,
+        b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR",
+        b'{"cb": "step_complete", "phase_name": "a", "step": "3"}\n',
+        b"[" * 100_000 + b"]" * 100_000 + b"\n",
+    ],
+)
+def test_demo_refuses_a_trace_that_is_not_one_with_exit_2(
+    tmp_path: Path, content: bytes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_bytes(content)
+    assert main(["demo", "--speed", "0", "--no-progress", "--trace", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert "not a trace callback" in err and "Traceback" not in err

@@ -1,25 +1,27 @@
-"""The journal: a durable JSON Lines record of the event log, and its reader.
+"""The journal: a durable JSON Lines record of the event log, its codec and its one line reader.
 
 Format (version 1), one JSON object per line, UTF-8:
 
 * line 1, the header: ``{"format": "trt-otel-journal", "version": 1, "created_wall_ns": N,
   "producer": "trt-otel X.Y.Z"}``
-* every other line, one event: ``seq``, ``type`` (``build_start``, ``phase_start``, ``step``,
-  ``phase_finish``, ``cancel``, ``anomaly``, ``log``, ``build_end``), ``wall_ns``, ``mono_ns``,
-  ``thread``, then the fields of that event type (see :mod:`trt_otel.events`).
+* every other line, one event: ``type`` (``build_start``, ``phase_start``, ``step``,
+  ``phase_finish``, ``cancel``, ``anomaly``, ``log``, ``build_end``, ``gpu``), ``seq``,
+  ``wall_ns``, ``mono_ns``, ``thread``, then the fields of that event type (see
+  :mod:`trt_otel.events`). Keys may come in any order; unknown keys are ignored.
+
+The codec is ``msgspec``'s, driven by the event structs themselves: a batch is encoded in one
+call, and a line decodes straight into its event with every field's type checked, so a line
+with ``"step": "3"`` is a corrupt line, never a wrong event or a crash.
 
 The writer runs as a log follower, off the callback thread; it flushes at phase boundaries,
 cancels and the end of the build, and fsyncs when closed. A process killed mid-write leaves a
-usable prefix: the reader reports a torn last line and skips it, and reports (never hides) a
-corrupt line, an unknown event type or a gap in ``seq``.
+usable prefix. :class:`LineReader`, shared by ``replay``, ``watch`` and ``demo --trace``, reports
+(never hides) a torn last line, a corrupt line, an unknown event type, a gap in ``seq`` and a
+repeated ``seq`` (a duplicated line, skipped so nothing counts twice), and carries on.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import json
-import operator
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -27,87 +29,112 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import msgspec
+
 from trt_otel import __version__
 from trt_otel.events import (
     EVENT_TYPES,
-    AnomalyKind,
+    Anomaly,
     BuildFinished,
+    BuildStarted,
     CancelRequested,
     Event,
-    Outcome,
+    GpuSample,
+    LogMessage,
     PhaseFinished,
     PhaseStarted,
-    fast_constructor,
+    StepCompleted,
 )
 
 FORMAT_NAME = "trt-otel-journal"
 FORMAT_VERSION = 1
 
-_FLUSH_ON = (PhaseStarted, PhaseFinished, CancelRequested, BuildFinished)
-_ENUM_FIELDS: dict[str, type[enum.Enum]] = {"outcome": Outcome, "kind": AnomalyKind}
-_FIELD_NAMES: dict[type[Event], tuple[str, ...]] = {
-    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in EVENT_TYPES.values()
-}
+_FLUSH_ON = frozenset({PhaseStarted, PhaseFinished, CancelRequested, BuildFinished})
+_READ_CHUNK_BYTES = 1 << 20
+
+AnyEvent = (
+    BuildStarted
+    | PhaseStarted
+    | StepCompleted
+    | PhaseFinished
+    | CancelRequested
+    | Anomaly
+    | LogMessage
+    | BuildFinished
+    | GpuSample
+)
+"""Every event type, as the decoder tells them apart (by their ``type`` tag)."""
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(AnyEvent)
 
 
 class JournalError(Exception):
     """A journal that cannot be read at all (missing, not a journal, a newer version)."""
 
 
-_FIELD_GETTERS = {
-    cls: (names[1:], operator.attrgetter(*names[1:])) for cls, names in _FIELD_NAMES.items()
-}
-"""Per event class, its fields after ``seq`` and a getter of their values (C, not a loop)."""
+class CorruptLineError(ValueError):
+    """A line that is not an event; ``kind`` is ``corrupt_line`` or ``unknown_type``."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+# -- the codec -----------------------------------------------------------------------------------
+
+
+def encode_events(events: Sequence[Event]) -> bytes:
+    """Journal lines for ``events``, each ending in a newline, in one call."""
+    return _ENCODER.encode_lines(events)
+
+
+def encode_event(event: Event) -> bytes:
+    """One event's JSON object (no newline): a journal line, an SSE frame's data."""
+    return _ENCODER.encode(event)
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:
-    """The journal's JSON object for one event (also the SSE payload).
-
-    Enumerated values (``outcome``, ``kind``) are string enums, so they are their own JSON.
-    """
-    names, values = _FIELD_GETTERS[type(event)]
-    record: dict[str, Any] = {"seq": event.seq, "type": event.type}
-    record.update(zip(names, values(event), strict=True))
+    """The journal's JSON object for one event, as Python values (enumerations as strings)."""
+    record: dict[str, Any] = msgspec.to_builtins(event)
     return record
 
 
-_READERS = {
-    cls: (operator.itemgetter(*names), fast_constructor(cls))
-    for cls, names in _FIELD_NAMES.items()
-    if not any(name in _ENUM_FIELDS for name in names)
-}
-"""For event types without enumerated fields: all fields at once, straight into an event."""
+def decode_event(raw: bytes | str) -> Event:
+    """The event one journal line (or SSE frame) describes; raises :class:`CorruptLineError`."""
+    try:
+        event: Event = _DECODER.decode(raw)
+    except msgspec.ValidationError as error:
+        raise CorruptLineError(*_classify(raw, error)) from None
+    except msgspec.DecodeError as error:
+        raise CorruptLineError("corrupt_line", f"corrupt line: {error}") from None
+    except RecursionError:
+        raise CorruptLineError("corrupt_line", "corrupt line: nested too deeply") from None
+    return event
 
 
 def event_from_dict(record: dict[str, Any]) -> Event:
-    """The event a journal object describes. Raises ValueError when it is not one."""
-    cls = EVENT_TYPES.get(record.get("type"))  # type: ignore[arg-type]
-    if cls is None:
-        raise ValueError(f"unknown event type {record.get('type')!r}")
-    reader = _READERS.get(cls)
-    if reader is not None:
-        try:
-            values = reader[0](record)
-        except KeyError:
-            pass  # a field left out (an older writer, a default): the careful way below
-        else:
-            if type(values[0]) is int and type(values[1]) is int and type(values[2]) is int:
-                return reader[1](*values)
-            raise ValueError("seq, wall_ns and mono_ns must be integers")
-    kwargs: dict[str, Any] = {}
-    for name in _FIELD_NAMES[cls]:
-        if name in record:
-            value = record[name]
-            enum_type = _ENUM_FIELDS.get(name)
-            kwargs[name] = enum_type(value) if enum_type is not None else value
+    """The event a journal object describes, checked as a line is. Raises ValueError."""
     try:
-        event = cls(**kwargs)
-    except TypeError as error:
-        raise ValueError(f"{cls.type} event is missing a field: {error}") from None
-    for name in ("seq", "wall_ns", "mono_ns"):
-        if type(getattr(event, name)) is not int:
-            raise ValueError(f"{name} is not an integer")
+        event: Event = msgspec.convert(record, AnyEvent)
+    except msgspec.ValidationError as error:
+        raise ValueError(f"not an event: {error}") from None
     return event
+
+
+def _classify(raw: bytes | str, error: msgspec.ValidationError) -> tuple[str, str]:
+    """Why a well-formed JSON line is not an event: a type this version does not know (from a
+    newer writer: skipped, and said so) or a field of the wrong type or missing."""
+    try:
+        record = msgspec.json.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        record = None
+    if isinstance(record, dict) and "type" in record and record["type"] not in EVENT_TYPES:
+        return "unknown_type", f"unknown event type {record['type']!r}"
+    return "corrupt_line", f"corrupt line: {error}"
+
+
+# -- writing -------------------------------------------------------------------------------------
 
 
 class JournalWriter:
@@ -124,23 +151,22 @@ class JournalWriter:
         self.path = Path(path)
         if self.path.parent and not self.path.parent.exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        # Line-sized writes, our own flushes: the file is a prefix of the log at any kill.
-        self._file: IO[str] = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+        # Batch-sized writes, our own flushes: the file is a prefix of the log at any kill.
+        self._file: IO[bytes] = open(self.path, "wb")  # noqa: SIM115
         header = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
             "created_wall_ns": time.time_ns(),
             "producer": f"trt-otel {__version__}",
         }
-        self._file.write(json.dumps(header) + "\n")
+        self._file.write(_ENCODER.encode(header) + b"\n")
         self._file.flush()
         self.lines_written = 0
 
     def handle(self, events: Sequence[Event]) -> None:
-        dumps = json.dumps
-        self._file.write("".join(dumps(event_to_dict(e)) + "\n" for e in events))
+        self._file.write(_ENCODER.encode_lines(events))
         self.lines_written += len(events)
-        if any(isinstance(e, _FLUSH_ON) for e in events):
+        if not _FLUSH_ON.isdisjoint(map(type, events)):
             self._file.flush()
 
     def close(self) -> None:
@@ -151,16 +177,112 @@ class JournalWriter:
             self._file.close()
 
 
+# -- reading -------------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True, slots=True)
 class JournalProblem:
     """Something in a journal that was skipped; ``line`` is 1-based."""
 
     line: int
-    kind: str  # torn_tail, corrupt_line, unknown_type, seq_gap
+    kind: str  # torn_tail, corrupt_line, unknown_type, seq_gap, seq_repeat
     message: str
 
     def __str__(self) -> str:
         return f"line {self.line}: {self.message}"
+
+
+class LineReader:
+    """Journal lines in, events and problems out, in order: the one reader of journal lines.
+
+    Feed it bytes as they come (a whole file in chunks, or what a growing file gained); a line
+    is read once its newline has arrived, and :meth:`finish` reads a last line without one
+    (a torn tail when it does not decode). Line numbers count the header as line 1.
+
+    Within one build ``seq`` is contiguous. A jump is reported, unless corrupt lines skipped
+    just before explain it; a ``seq`` at or below one already read is a repeated line, reported
+    and skipped; a new event with ``seq`` 0 starts a new sequence (one journal may hold the logs
+    of several builds).
+    """
+
+    def __init__(self) -> None:
+        self.line_no = 1
+        self._pending = b""
+        self._expected_seq = -1
+        self._skipped = 0
+        self._first: Event | None = None
+
+    def feed(self, chunk: bytes) -> list[Event | JournalProblem]:
+        data = self._pending + chunk if self._pending else chunk
+        lines = data.split(b"\n")
+        self._pending = lines.pop()
+        out: list[Event | JournalProblem] = []
+        decode = _DECODER.decode
+        append = out.append
+        for raw in lines:
+            self.line_no += 1
+            try:
+                event: Event = decode(raw)
+                seq = event.seq
+            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+                self._problem(raw, out)
+                continue
+            if seq != self._expected_seq or seq == 0:
+                if not self._sequence(event, out):
+                    continue
+            else:
+                self._skipped = 0
+            self._expected_seq = seq + 1
+            append(event)
+        return out
+
+    def finish(self) -> list[Event | JournalProblem]:
+        """Read the last line if it has no newline; the reader is then at the end."""
+        pending, self._pending = self._pending, b""
+        if not pending.strip():
+            return []
+        out = self.feed(pending + b"\n")
+        last = out[-1] if out else None
+        if isinstance(last, JournalProblem) and last.kind in ("corrupt_line", "unknown_type"):
+            out[-1] = JournalProblem(
+                self.line_no, "torn_tail", "torn last line (the writer was stopped mid-write)"
+            )
+        return out
+
+    def _problem(self, raw: bytes, out: list[Event | JournalProblem]) -> None:
+        try:
+            decode_event(raw)
+        except CorruptLineError as error:
+            out.append(JournalProblem(self.line_no, error.kind, str(error)))
+        self._skipped += 1
+
+    def _sequence(self, event: Event, out: list[Event | JournalProblem]) -> bool:
+        """Check an event whose ``seq`` is not the next one; False when it is to be skipped."""
+        expected, seq = self._expected_seq, event.seq
+        if seq == 0 and event != self._first:
+            self._first = event  # another build's log, appended to the same journal
+        elif expected < 0:
+            pass  # the first event read (a journal may start after events were trimmed)
+        elif seq < expected:
+            out.append(
+                JournalProblem(
+                    self.line_no,
+                    "seq_repeat",
+                    f"seq {seq} again after {expected - 1} (a repeated line): skipped",
+                )
+            )
+            return False
+        elif seq - expected != self._skipped:
+            missing = seq - expected
+            out.append(
+                JournalProblem(
+                    self.line_no,
+                    "seq_gap",
+                    f"seq jumps from {expected - 1} to {seq} ({missing} events missing)",
+                )
+            )
+        self._skipped = 0
+        return True
 
 
 @dataclass(slots=True)
@@ -179,76 +301,45 @@ def is_journal_header(record: object) -> bool:
 
 def read_journal(path: str | os.PathLike[str]) -> Journal:
     """Read a whole journal. Problems in the body are collected, not raised."""
-    journal: Journal | None = None
-    for item in iter_journal(path):
-        if isinstance(item, dict):
-            journal = Journal(Path(path), item)
-        elif journal is not None:
-            if isinstance(item, JournalProblem):
-                journal.problems.append(item)
-            else:
-                journal.events.append(item)
-    assert journal is not None  # iter_journal yields the header first or raises
+    items = iter_journal(path)
+    header = next(items)
+    assert isinstance(header, dict)  # iter_journal yields the header first or raises
+    journal = Journal(Path(path), header)
+    events, problems = journal.events, journal.problems
+    for item in items:
+        if isinstance(item, JournalProblem):
+            problems.append(item)
+        else:
+            events.append(item)  # type: ignore[arg-type]
     return journal
 
 
 def iter_journal(path: str | os.PathLike[str]) -> Iterator[dict[str, Any] | Event | JournalProblem]:
-    """Yield the header (a dict), then each event or problem, reading line by line."""
+    """Yield the header (a dict), then each event or problem, reading the file in chunks."""
     try:
         handle = open(path, "rb")  # noqa: SIM115
     except OSError as error:
         raise JournalError(f"cannot read journal {os.fspath(path)!r}: {error.strerror}") from None
     with handle:
-        first = handle.readline()
-        header = parse_header(first, path)
-        yield header
-        expected_seq: int | None = None
-        skipped_lines = 0  # since the last good event: a gap they explain is not reported twice
-        line_no = 1
-        for raw in handle:
-            line_no += 1
-            torn = not raw.endswith(b"\n")
-            try:
-                record = json.loads(raw)
-                if not isinstance(record, dict):
-                    raise ValueError("not a JSON object")
-                event = event_from_dict(record)
-            except (ValueError, UnicodeDecodeError) as error:
-                if torn:
-                    yield JournalProblem(
-                        line_no, "torn_tail", "torn last line (the writer was stopped mid-write)"
-                    )
-                elif str(error).startswith("unknown event type"):
-                    yield JournalProblem(line_no, "unknown_type", str(error))
-                else:
-                    yield JournalProblem(line_no, "corrupt_line", f"corrupt line: {error}")
-                skipped_lines += 1
-                continue
-            missing = event.seq - expected_seq if expected_seq is not None else 0
-            if expected_seq is not None and missing != skipped_lines:
-                yield JournalProblem(
-                    line_no,
-                    "seq_gap",
-                    f"seq jumps from {expected_seq - 1} to {event.seq}"
-                    + (f" ({missing} events missing)" if missing > 0 else ""),
-                )
-            expected_seq = event.seq + 1
-            skipped_lines = 0
-            yield event
+        yield parse_header(handle.readline(), path)
+        reader = LineReader()
+        while chunk := handle.read(_READ_CHUNK_BYTES):
+            yield from reader.feed(chunk)
+        yield from reader.finish()
 
 
 def parse_header(first: bytes, path: str | os.PathLike[str]) -> dict[str, Any]:
     """The journal header on ``first`` (line 1), or a JournalError saying why it is not one."""
     where = os.fspath(path)
     try:
-        header = json.loads(first)
-    except ValueError:
+        header = msgspec.json.decode(first)
+    except (msgspec.DecodeError, RecursionError):
         header = None
     if not is_journal_header(header):
         raise JournalError(f"{where!r} is not a trt-otel journal (no header on line 1)")
     assert isinstance(header, dict)
     version = header.get("version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if type(version) is not int or version > FORMAT_VERSION:
         raise JournalError(
             f"{where!r} is journal version {version!r}; this trt-otel reads up to "
             f"{FORMAT_VERSION}: upgrade trt-otel"

@@ -9,14 +9,20 @@ seen (``Last-Event-ID``), so nothing is missed nor shown twice.
 from __future__ import annotations
 
 import http.client
-import json
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from trt_otel.events import BuildFinished, Event
-from trt_otel.journal import JournalError, event_from_dict, parse_header
+from trt_otel.journal import (
+    CorruptLineError,
+    JournalError,
+    JournalProblem,
+    LineReader,
+    decode_event,
+    parse_header,
+)
 
 Sink = Callable[[Sequence[Event]], None]
 Warn = Callable[[str], None]
@@ -28,7 +34,11 @@ class WatchError(Exception):
 
 def events_url(url: str) -> str:
     """``http://host:port`` or ``.../events``: the event stream's URL."""
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - read for its check of the port
+    except ValueError as error:  # "http://[::1": an unclosed IPv6 address, a bad port
+        raise WatchError(f"{url!r} is not a valid URL ({error})") from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise WatchError(f"{url!r} is not an http:// or https:// URL")
     path = parts.path.rstrip("/")
@@ -116,15 +126,10 @@ def _stream(url: str, after_seq: int, read_timeout_s: float) -> Iterator[list[Ev
 
 
 def _event_from_frame(data: str) -> Event | None:
+    """The event in an SSE frame's data; None for a notice (a gap) or a frame not understood."""
     try:
-        record = json.loads(data)
-    except ValueError:
-        return None
-    if not isinstance(record, dict) or "seq" not in record:
-        return None  # a notice (a gap), not an event
-    try:
-        return event_from_dict(record)
-    except ValueError:
+        return decode_event(data)
+    except CorruptLineError:
         return None
 
 
@@ -147,8 +152,7 @@ def follow_journal(
     with handle:
         first = _complete_line(handle, poll_s)
         parse_header(first, path)
-        pending = b""
-        line_no = 1
+        reader = LineReader()  # the reader replay uses, fed as the file grows
         quiet_since = time.monotonic()
         noticed = False
         while True:
@@ -160,18 +164,12 @@ def follow_journal(
                 time.sleep(poll_s)
                 continue
             quiet_since, noticed = time.monotonic(), False
-            lines = (pending + chunk).split(b"\n")
-            pending = lines.pop()  # an incomplete last line waits for the rest
             batch: list[Event] = []
-            for raw in lines:
-                line_no += 1
-                try:
-                    record = json.loads(raw)
-                    if not isinstance(record, dict):
-                        raise ValueError("not a JSON object")
-                    batch.append(event_from_dict(record))
-                except (ValueError, UnicodeDecodeError) as error:
-                    warn(f"{path}:{line_no}: skipped a corrupt line ({error})")
+            for item in reader.feed(chunk):
+                if isinstance(item, JournalProblem):
+                    warn(f"{path}: {item}")
+                else:
+                    batch.append(item)
             if batch:
                 sink(batch)
                 for event in batch:

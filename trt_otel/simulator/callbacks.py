@@ -2,19 +2,22 @@
 
 Two formats are read: the recorded TensorRT traces (one ``{"cb": "phase_start" | "step_complete"
 | "phase_finish", ...}`` object per line, no timestamps) and trt-otel's own journal, whose
-monotonic timestamps become the delays between callbacks.
+monotonic timestamps become the delays between callbacks. Both are read as bytes and decoded
+by ``msgspec`` with every field's type checked: a binary file, a wrong type or a line nested too
+deeply is a :class:`TraceError` naming the line, never a traceback.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import msgspec
+
 from trt_otel.events import PhaseFinished, PhaseStarted, StepCompleted
-from trt_otel.journal import is_journal_header, read_journal
+from trt_otel.journal import JournalError, is_journal_header, read_journal
 
 CallbackKind = Literal["phase_start", "step_complete", "phase_finish"]
 
@@ -38,50 +41,70 @@ class Callback:
     delay_s: float | None = None
 
 
+class _TracePhaseStart(msgspec.Struct, tag_field="cb", tag="phase_start"):
+    phase_name: str
+    parent_phase: str | None
+    num_steps: int
+
+
+class _TraceStep(msgspec.Struct, tag_field="cb", tag="step_complete"):
+    phase_name: str
+    step: int
+
+
+class _TracePhaseFinish(msgspec.Struct, tag_field="cb", tag="phase_finish"):
+    phase_name: str
+
+
+_TRACE_LINE = msgspec.json.Decoder(_TracePhaseStart | _TraceStep | _TracePhaseFinish)
+"""A recorded trace's line (its other keys, ``seq``, ``depth``, ``inferred``, are notes)."""
+
+
 def load_trace(path: str | os.PathLike[str]) -> list[Callback]:
     """The callbacks of a recorded trace or a trt-otel journal (told apart by the first line)."""
     where = Path(path)
     try:
-        with open(where, encoding="utf-8") as handle:
+        with open(where, "rb") as handle:
             first = handle.readline()
     except OSError as error:
         raise TraceError(f"cannot read trace {os.fspath(path)!r}: {error.strerror}") from None
     try:
-        head = json.loads(first) if first.strip() else None
-    except ValueError:
+        head = msgspec.json.decode(first) if first.strip() else None
+    except (msgspec.DecodeError, RecursionError):
         head = None
     if is_journal_header(head):
-        return _callbacks_of_journal(where)
+        try:
+            return _callbacks_of_journal(where)
+        except JournalError as error:
+            raise TraceError(str(error)) from None
     return _callbacks_of_trace(where)
 
 
 def _callbacks_of_trace(path: Path) -> list[Callback]:
     callbacks: list[Callback] = []
-    with open(path, encoding="utf-8") as handle:
+    decode = _TRACE_LINE.decode
+    with open(path, "rb") as handle:
         for line_no, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
-                kind = record["cb"]
-                name = record["phase_name"]
-                if kind == "phase_start":
-                    callbacks.append(
-                        Callback(
-                            "phase_start",
-                            name,
-                            parent=record["parent_phase"],
-                            num_steps=int(record["num_steps"]),
-                        )
+                record = decode(line)
+            except (msgspec.DecodeError, RecursionError) as error:  # ValidationError included
+                reason = "nested too deeply" if isinstance(error, RecursionError) else str(error)
+                raise TraceError(f"{path}:{line_no}: not a trace callback ({reason})") from None
+            if isinstance(record, _TraceStep):
+                callbacks.append(Callback("step_complete", record.phase_name, step=record.step))
+            elif isinstance(record, _TracePhaseStart):
+                callbacks.append(
+                    Callback(
+                        "phase_start",
+                        record.phase_name,
+                        parent=record.parent_phase,
+                        num_steps=record.num_steps,
                     )
-                elif kind == "step_complete":
-                    callbacks.append(Callback("step_complete", name, step=int(record["step"])))
-                elif kind == "phase_finish":
-                    callbacks.append(Callback("phase_finish", name))
-                else:
-                    raise ValueError(f"unknown callback {kind!r}")
-            except (ValueError, KeyError, TypeError) as error:
-                raise TraceError(f"{path}:{line_no}: not a trace callback ({error})") from None
+                )
+            else:
+                callbacks.append(Callback("phase_finish", record.phase_name))
     if not callbacks:
         raise TraceError(f"{path}: no callbacks in this trace")
     return callbacks

@@ -92,13 +92,13 @@ class OtlpSettings:
             url, is_signal_url, origin = base_endpoint, False, "OTEL_EXPORTER_OTLP_ENDPOINT"
         else:
             return None
-        parts = urllib.parse.urlsplit(url)
+        try:
+            parts = urllib.parse.urlsplit(url)
+            port = parts.port
+        except ValueError as error:  # "http://[::1": an unclosed IPv6 address, a bad port
+            raise OtlpConfigError(f"{origin} {url!r} is not a valid URL ({error})") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise OtlpConfigError(f"{origin} {url!r} is not an http:// or https:// URL")
-        try:
-            port = parts.port
-        except ValueError:
-            raise OtlpConfigError(f"{origin} {url!r} has an invalid port") from None
         chosen = (
             protocol
             or env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "").strip()
