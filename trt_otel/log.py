@@ -92,7 +92,7 @@ class EventLog:
 
     def append_made(self, make: Callable[..., E], /, *fields: Any) -> E:
         """:meth:`append_locked` for the callbacks: ``make`` is an event class's
-        :func:`~trt_otel.events.fast_constructor`, ``fields`` its own fields in order."""
+        class (positional: ``seq``, ``wall_ns``, ``mono_ns``, ``thread``, then ``fields``)."""
         if self.stamp is None:
             clock = self.clock
             event = make(
