@@ -240,7 +240,11 @@ def without_stamps(events: list[Any]) -> list[tuple[object, ...]]:
     return [
         (
             event.type,
-            *(getattr(event, f.name) for f in msgspec.structs.fields(event) if f.name not in stamps),
+            *(
+                getattr(event, f.name)
+                for f in msgspec.structs.fields(event)
+                if f.name not in stamps
+            ),
         )
         for event in events
         if event.type != "build_start"
