@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -175,7 +176,7 @@ def test_a_build_killed_mid_write_leaves_a_usable_prefix(tmp_path: Path) -> None
 
 
 def every_event_type() -> list[Event]:
-    stamp = {"wall_ns": 1_700_000_000_000_000_000, "mono_ns": 5, "thread": "builder"}
+    stamp: dict[str, Any] = {"wall_ns": 1_700_000_000_000_000_000, "mono_ns": 5, "thread": "b"}
     return [
         BuildStarted(
             seq=0, build_id="b1", attributes={"model.path": "m.onnx", "n": [1, 2]}, **stamp
