@@ -436,8 +436,17 @@ def test_traceparent_parsing() -> None:
         "ff-" + "1" * 32 + "-" + "1" * 16 + "-01",
         "00-" + "0" * 32 + "-b7ad6b7169203331-01",
         "junk",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra",
+        "00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01",
     ):
         assert parse_traceparent(bad) is None, bad
+    # A later version may append fields; what version 00 defines is still read.
+    future = parse_traceparent("cc-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-09-what")
+    assert future is not None and future.sampled
+    assert (future.trace_id, future.span_id) == (
+        0x0AF7651916CD43DD8448EB211C80319C,
+        0xB7AD6B7169203331,
+    )
 
 
 def test_export_health_is_in_the_monitors_own_metrics() -> None:

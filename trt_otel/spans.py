@@ -30,6 +30,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.trace import get_current_span
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
 from trt_otel.events import (
     Anomaly,
     BuildFinished,
@@ -94,24 +97,19 @@ class RemoteParent:
     sampled: bool
 
 
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
 def parse_traceparent(value: str) -> RemoteParent | None:
-    """A W3C ``traceparent`` header value, or None when it is not a valid one."""
-    parts = value.strip().split("-")
-    if len(parts) < 4 or len(parts[0]) != 2 or parts[0] == "ff":
+    """A W3C ``traceparent`` header value, or None when it is not a valid one (read by the
+    OpenTelemetry SDK's own propagator, so the rules are the specification's)."""
+    context = _PROPAGATOR.extract({"traceparent": value})
+    span = get_current_span(context).get_span_context()
+    if not span.is_valid:
         return None
-    version, trace_hex, span_hex, flags_hex = parts[:4]
-    if len(trace_hex) != 32 or len(span_hex) != 16 or len(flags_hex) != 2:
-        return None
-    if version == "00" and len(parts) != 4:
-        return None
-    try:
-        trace_id, span_id, flags = int(trace_hex, 16), int(span_hex, 16), int(flags_hex, 16)
-        int(version, 16)
-    except ValueError:
-        return None
-    if trace_id == 0 or span_id == 0:
-        return None
-    return RemoteParent(trace_id=trace_id, span_id=span_id, sampled=bool(flags & 1))
+    return RemoteParent(
+        trace_id=span.trace_id, span_id=span.span_id, sampled=span.trace_flags.sampled
+    )
 
 
 def trace_id_for(build_id: str, remote: RemoteParent | None = None) -> int:
