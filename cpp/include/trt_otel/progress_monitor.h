@@ -1,0 +1,1520 @@
+// trt-otel for C++: a TensorRT IProgressMonitor that writes the trt-otel journal (format v1).
+//
+//     trt_otel::Options options;
+//     options.journal = "build.trtotel.jsonl";
+//     trt_otel::ProgressMonitor monitor(options);
+//     config->setProgressMonitor(&monitor);
+//     auto engine = builder->buildSerializedNetwork(*network, *config);
+//     monitor.end(engine != nullptr);
+//
+// Every callback becomes one event of the journal that the Python package writes (same event
+// types, fields and seq numbering), so `trt-otel replay`, `trt-otel watch` (live view, spans,
+// metrics, HTTP view, policies) and `trt-otel demo --trace` read a C++ build as they read a
+// Python one.
+//
+// What TensorRT's builder threads pay: each callback takes one mutex, reads two clocks, looks
+// the phase name up in a hash table, checks the protocol and appends a fixed-size record to a
+// vector. No I/O, no allocation in the usual case (a new phase name, an anomaly or a cancel
+// allocate), never blocks on anything but that mutex, never throws; stepComplete answers from
+// an atomic flag. A writer thread owned by the monitor turns the records into JSON lines, writes
+// them (at most one poll interval after they happened, at once on a cancel and at the end),
+// checks the cancel file and the timeout, and notes any loss in the journal.
+//
+// Header-only, C++17, needs only the standard library, POSIX and NvInfer.h.
+#pragma once
+
+#include <NvInfer.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#endif
+
+namespace trt_otel
+{
+
+//! The version of trt-otel this header belongs to (the journal's "producer").
+inline constexpr char const* kVersion = "0.1.0";
+//! The journal format written.
+inline constexpr int kJournalFormatVersion = 1;
+
+//! How a build ended, named after OpenTelemetry's cicd.pipeline.result values.
+enum class Outcome
+{
+    kSUCCESS,
+    kFAILURE,
+    kCANCELLATION,
+    kTIMEOUT
+};
+
+inline char const* toString(Outcome outcome) noexcept
+{
+    switch (outcome)
+    {
+    case Outcome::kSUCCESS: return "success";
+    case Outcome::kFAILURE: return "failure";
+    case Outcome::kCANCELLATION: return "cancellation";
+    case Outcome::kTIMEOUT: return "timeout";
+    }
+    return "failure";
+}
+
+//! What the monitor records and watches. Every field has a working default.
+struct Options
+{
+    //! Path of the JSON Lines journal (created, or truncated). Empty: no journal.
+    std::string journal;
+    //! Cancel the build when this file exists. Its first line is the reason, or a JSON object
+    //! {"reason": ..., "source": ..., "timeout": bool, "policy": ...} (what `trt-otel watch
+    //! --control-file` writes, so its decisions keep their source). Empty: no cancel file.
+    std::string cancel_file;
+    //! Cancel the build once it has run this long (an outcome of "timeout"). Zero: no timeout.
+    std::chrono::nanoseconds timeout{0};
+    //! The model built, as the build attribute "model.path" (names the build's span).
+    std::string model_path;
+    //! Further build attributes (strings), recorded in the journal's build_start event.
+    std::map<std::string, std::string> attributes;
+    //! The build id (also the trace id): 32 lowercase hex digits. Empty: a random one.
+    std::string build_id;
+    //! How often the writer thread writes the journal and checks the cancel file and timeout.
+    std::chrono::milliseconds poll_interval{100};
+    //! Events waiting for the writer beyond which new ones are dropped (counted, noted in the
+    //! journal, seq gap left) rather than letting memory grow without bound.
+    std::size_t max_pending_events{1u << 20};
+    //! How long end() waits for the journal to be written and synced.
+    std::chrono::milliseconds end_timeout{5000};
+    //! Print the first journal write error and the first loss on stderr.
+    bool warn_on_stderr{true};
+};
+
+namespace detail
+{
+
+//! A departure from TensorRT's progress-monitor protocol (the Python AnomalyKind values).
+enum class Anomaly : std::uint8_t
+{
+    kSTEP_FOR_UNKNOWN_PHASE,
+    kFINISH_OF_UNKNOWN_PHASE,
+    kNAME_REUSED_WHILE_OPEN,
+    kUNKNOWN_PARENT,
+    kSTEP_OUT_OF_RANGE,
+    kSTEP_NOT_INCREASING,
+    kFINISH_WITH_OPEN_CHILDREN,
+    kINVALID_ARGUMENT,
+    kCALLBACK_OUTSIDE_BUILD,
+    kMONITOR_ERROR,
+};
+
+inline char const* anomalyName(Anomaly kind) noexcept
+{
+    static constexpr char const* kNames[] = {"step_for_unknown_phase", "finish_of_unknown_phase",
+        "name_reused_while_open", "unknown_parent", "step_out_of_range", "step_not_increasing",
+        "finish_with_open_children", "invalid_argument", "callback_outside_build", "monitor_error"};
+    return kNames[static_cast<std::size_t>(kind)];
+}
+
+enum class Type : std::uint8_t
+{
+    kBUILD_START,
+    kPHASE_START,
+    kSTEP,
+    kPHASE_FINISH,
+    kCANCEL,
+    kANOMALY,
+    kLOG,
+    kBUILD_END,
+};
+
+//! The text fields of the rare events (anomaly, cancel, log, build_end).
+struct Extra
+{
+    std::string a; // detail, reason or message
+    std::string b; // source, severity or error_type
+    std::string c; // policy
+};
+
+//! One event waiting for the writer: fixed size, so the usual callback allocates nothing.
+//! Phase names and thread labels are indices into tables the writer copies as they grow.
+struct Record
+{
+    std::int64_t seq;
+    std::int64_t wall_ns;
+    std::int64_t mono_ns;
+    std::int64_t number; // num_steps, step; build_end: 1 when error_type is set
+    std::int32_t thread;
+    std::int32_t name;   // -1: none (an anomaly of no phase)
+    std::int32_t parent; // -1: null
+    Type type;
+    std::uint8_t flag; // cancel: timeout; anomaly: kind; build_end: outcome
+    std::unique_ptr<Extra> extra;
+};
+
+inline std::int64_t wallNs() noexcept
+{
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+//! CLOCK_MONOTONIC in libstdc++ and libc++ on Linux: the clock Python's time.monotonic_ns
+//! reads, so another process (trt-otel watch) can measure against the journal's mono_ns.
+inline std::int64_t monoNs() noexcept
+{
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+//! Durations as the Python package prints them: 0.4s, 12.3s, 4m05s, 2h03m.
+inline std::string formatDuration(double seconds)
+{
+    char text[48];
+    if (seconds < 60)
+    {
+        std::snprintf(text, sizeof text, "%.1fs", seconds);
+        return text;
+    }
+    long long const whole = static_cast<long long>(seconds);
+    long long const minutes = whole / 60;
+    if (minutes < 60)
+    {
+        std::snprintf(text, sizeof text, "%lldm%02llds", minutes, whole % 60);
+        return text;
+    }
+    std::snprintf(text, sizeof text, "%lldh%02lldm", minutes / 60, minutes % 60);
+    return text;
+}
+
+//! Python's repr() of a str, for anomaly details identical to the Python monitor's.
+inline std::string pyRepr(std::string_view text)
+{
+    bool const hasSingle = text.find('\'') != std::string_view::npos;
+    bool const hasDouble = text.find('"') != std::string_view::npos;
+    char const quote = (hasSingle && !hasDouble) ? '"' : '\'';
+    std::string out;
+    out.reserve(text.size() + 2);
+    out += quote;
+    for (char const ch : text)
+    {
+        auto const byte = static_cast<unsigned char>(ch);
+        if (ch == quote || ch == '\\')
+        {
+            out += '\\';
+            out += ch;
+        }
+        else if (ch == '\n')
+            out += "\\n";
+        else if (ch == '\r')
+            out += "\\r";
+        else if (ch == '\t')
+            out += "\\t";
+        else if (byte < 0x20 || byte == 0x7f)
+        {
+            char hex[8];
+            std::snprintf(hex, sizeof hex, "\\x%02x", byte);
+            out += hex;
+        }
+        else
+            out += ch;
+    }
+    out += quote;
+    return out;
+}
+
+//! Appends `text` as a JSON string: escapes quotes, backslashes and control characters, and
+//! replaces bytes that are not UTF-8 with U+FFFD, so every line is valid JSON.
+inline void appendJsonString(std::string& out, std::string_view text)
+{
+    out += '"';
+    std::size_t i = 0;
+    std::size_t const n = text.size();
+    while (i < n)
+    {
+        auto const byte = static_cast<unsigned char>(text[i]);
+        if (byte < 0x80)
+        {
+            switch (byte)
+            {
+            case '"': out += "\\\""; break;
+            case '\\': out += "\\\\"; break;
+            case '\n': out += "\\n"; break;
+            case '\r': out += "\\r"; break;
+            case '\t': out += "\\t"; break;
+            default:
+                if (byte < 0x20)
+                {
+                    char hex[8];
+                    std::snprintf(hex, sizeof hex, "\\u%04x", byte);
+                    out += hex;
+                }
+                else
+                    out += static_cast<char>(byte);
+            }
+            ++i;
+            continue;
+        }
+        // A multi-byte sequence: copied when well formed (no overlongs, no surrogates).
+        std::size_t length = 0;
+        std::uint32_t lowest = 0;
+        if ((byte & 0xE0) == 0xC0)
+        {
+            length = 2;
+            lowest = 0x80;
+        }
+        else if ((byte & 0xF0) == 0xE0)
+        {
+            length = 3;
+            lowest = 0x800;
+        }
+        else if ((byte & 0xF8) == 0xF0)
+        {
+            length = 4;
+            lowest = 0x10000;
+        }
+        bool valid = length != 0 && i + length <= n;
+        std::uint32_t code = length == 0 ? 0 : (byte & (0x7F >> length));
+        for (std::size_t k = 1; valid && k < length; ++k)
+        {
+            auto const next = static_cast<unsigned char>(text[i + k]);
+            valid = (next & 0xC0) == 0x80;
+            code = (code << 6) | (next & 0x3F);
+        }
+        valid = valid && code >= lowest && code <= 0x10FFFF && (code < 0xD800 || code > 0xDFFF);
+        if (valid)
+        {
+            out.append(text.data() + i, length);
+            i += length;
+        }
+        else
+        {
+            out += "\\ufffd";
+            ++i;
+        }
+    }
+    out += '"';
+}
+
+template <typename Integer>
+inline void appendInt(std::string& out, Integer value)
+{
+    char digits[24];
+    auto const result = std::to_chars(digits, digits + sizeof digits, value);
+    out.append(digits, result.ptr);
+}
+
+//! A value of a flat JSON object (what the control file and the test traces hold).
+struct JsonValue
+{
+    enum class Kind
+    {
+        kNULL,
+        kBOOL,
+        kNUMBER,
+        kSTRING
+    } kind{Kind::kNULL};
+    bool boolean{false};
+    double number{0};
+    std::string text;
+};
+
+//! Parses one JSON object whose values are scalars (no nesting). nullopt when it is not one.
+inline std::optional<std::map<std::string, JsonValue>> parseFlatJsonObject(std::string_view in)
+{
+    std::size_t pos = 0;
+    auto skip = [&] {
+        while (pos < in.size() && (in[pos] == ' ' || in[pos] == '\t' || in[pos] == '\r' || in[pos] == '\n'))
+            ++pos;
+    };
+    auto appendUtf8 = [](std::string& out, std::uint32_t code) {
+        if (code < 0x80)
+            out += static_cast<char>(code);
+        else if (code < 0x800)
+        {
+            out += static_cast<char>(0xC0 | (code >> 6));
+            out += static_cast<char>(0x80 | (code & 0x3F));
+        }
+        else if (code < 0x10000)
+        {
+            out += static_cast<char>(0xE0 | (code >> 12));
+            out += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
+            out += static_cast<char>(0x80 | (code & 0x3F));
+        }
+        else
+        {
+            out += static_cast<char>(0xF0 | (code >> 18));
+            out += static_cast<char>(0x80 | ((code >> 12) & 0x3F));
+            out += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
+            out += static_cast<char>(0x80 | (code & 0x3F));
+        }
+    };
+    auto hex4 = [&](std::uint32_t& code) {
+        if (pos + 4 > in.size())
+            return false;
+        code = 0;
+        for (int k = 0; k < 4; ++k)
+        {
+            char const c = in[pos++];
+            code <<= 4;
+            if (c >= '0' && c <= '9')
+                code |= static_cast<std::uint32_t>(c - '0');
+            else if (c >= 'a' && c <= 'f')
+                code |= static_cast<std::uint32_t>(c - 'a' + 10);
+            else if (c >= 'A' && c <= 'F')
+                code |= static_cast<std::uint32_t>(c - 'A' + 10);
+            else
+                return false;
+        }
+        return true;
+    };
+    auto string = [&](std::string& out) {
+        if (pos >= in.size() || in[pos] != '"')
+            return false;
+        ++pos;
+        while (pos < in.size())
+        {
+            char const c = in[pos++];
+            if (c == '"')
+                return true;
+            if (c != '\\')
+            {
+                out += c;
+                continue;
+            }
+            if (pos >= in.size())
+                return false;
+            char const e = in[pos++];
+            switch (e)
+            {
+            case '"': out += '"'; break;
+            case '\\': out += '\\'; break;
+            case '/': out += '/'; break;
+            case 'b': out += '\b'; break;
+            case 'f': out += '\f'; break;
+            case 'n': out += '\n'; break;
+            case 'r': out += '\r'; break;
+            case 't': out += '\t'; break;
+            case 'u':
+            {
+                std::uint32_t code = 0;
+                if (!hex4(code))
+                    return false;
+                if (code >= 0xD800 && code < 0xDC00 && pos + 6 <= in.size() && in[pos] == '\\'
+                    && in[pos + 1] == 'u')
+                {
+                    pos += 2;
+                    std::uint32_t low = 0;
+                    if (!hex4(low) || low < 0xDC00 || low > 0xDFFF)
+                        return false;
+                    code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
+                }
+                appendUtf8(out, code);
+                break;
+            }
+            default: return false;
+            }
+        }
+        return false;
+    };
+    std::map<std::string, JsonValue> object;
+    skip();
+    if (pos >= in.size() || in[pos] != '{')
+        return std::nullopt;
+    ++pos;
+    skip();
+    if (pos < in.size() && in[pos] == '}')
+        return object;
+    while (true)
+    {
+        skip();
+        std::string key;
+        if (!string(key))
+            return std::nullopt;
+        skip();
+        if (pos >= in.size() || in[pos] != ':')
+            return std::nullopt;
+        ++pos;
+        skip();
+        JsonValue value;
+        if (pos >= in.size())
+            return std::nullopt;
+        if (in[pos] == '"')
+        {
+            value.kind = JsonValue::Kind::kSTRING;
+            if (!string(value.text))
+                return std::nullopt;
+        }
+        else if (in.substr(pos, 4) == "true" || in.substr(pos, 5) == "false")
+        {
+            value.kind = JsonValue::Kind::kBOOL;
+            value.boolean = in[pos] == 't';
+            pos += value.boolean ? 4 : 5;
+        }
+        else if (in.substr(pos, 4) == "null")
+            pos += 4;
+        else
+        {
+            std::size_t const begin = pos;
+            while (pos < in.size() && std::strchr("+-0123456789.eE", in[pos]) != nullptr)
+                ++pos;
+            if (pos == begin)
+                return std::nullopt;
+            std::string const digits(in.substr(begin, pos - begin));
+            char* end = nullptr;
+            value.number = std::strtod(digits.c_str(), &end);
+            if (end != digits.c_str() + digits.size())
+                return std::nullopt;
+            value.kind = JsonValue::Kind::kNUMBER;
+        }
+        object[std::move(key)] = std::move(value);
+        skip();
+        if (pos < in.size() && in[pos] == ',')
+        {
+            ++pos;
+            continue;
+        }
+        if (pos < in.size() && in[pos] == '}')
+            return object;
+        return std::nullopt;
+    }
+}
+
+//! A label for the calling thread: its name and its id ("trtbuild/4242").
+inline std::string threadLabel()
+{
+#if defined(__linux__)
+    char name[32] = {};
+    prctl(PR_GET_NAME, name, 0, 0, 0);
+    std::string label = name[0] != '\0' ? name : "thread";
+    label += '/';
+    appendInt(label, static_cast<long long>(syscall(SYS_gettid)));
+    return label;
+#else
+    std::string label = "thread/";
+    appendInt(label, static_cast<unsigned long long>(std::hash<std::thread::id>{}(std::this_thread::get_id())));
+    return label;
+#endif
+}
+
+inline std::string randomBuildId()
+{
+    std::random_device device;
+    std::mt19937_64 engine((static_cast<std::uint64_t>(device()) << 32) ^ device()
+        ^ static_cast<std::uint64_t>(monoNs()));
+    std::uint64_t const high = engine();
+    std::uint64_t const low = engine();
+    // A version-4 UUID's bits, as Python's uuid.uuid4().hex.
+    std::uint64_t const words[2] = {(high & ~0xF000ull) | 0x4000ull,
+        (low & 0x3FFFFFFFFFFFFFFFull) | 0x8000000000000000ull};
+    char text[33];
+    std::snprintf(text, sizeof text, "%016llx%016llx", static_cast<unsigned long long>(words[0]),
+        static_cast<unsigned long long>(words[1]));
+    return text;
+}
+
+inline std::uint64_t nextMonitorUid() noexcept
+{
+    static std::atomic<std::uint64_t> counter{0};
+    return ++counter;
+}
+
+//! Which monitor the calling thread last registered with, and its index there.
+struct ThreadSlot
+{
+    std::uint64_t monitor{0};
+    std::int32_t index{-1};
+};
+
+inline ThreadSlot& threadSlot() noexcept
+{
+    static thread_local ThreadSlot slot;
+    return slot;
+}
+
+//! Where a phase name stands: the open instance of that name (at most one), if any.
+struct NameState
+{
+    std::int64_t open_id{-1}; // the seq of its phase_start; -1: not open
+    std::int64_t parent_id{-1};
+    std::int32_t num_steps{0};
+    std::int32_t last_step{-1};
+};
+
+} // namespace detail
+
+//! A TensorRT progress monitor that records the build in the trt-otel journal.
+//!
+//! TensorRT calls phaseStart, stepComplete and phaseFinish from its builder threads; they are
+//! noexcept, take one short lock and do no I/O. cancel(), cancelled() and end() may be called
+//! from any thread. One monitor records one build.
+class ProgressMonitor : public nvinfer1::IProgressMonitor
+{
+public:
+    //! Opens the journal (throws std::runtime_error when it cannot be created: before the
+    //! build, never during it) and starts the writer thread.
+    explicit ProgressMonitor(Options options = Options())
+        : mOptions(std::move(options))
+        , mUid(detail::nextMonitorUid())
+    {
+        if (mOptions.build_id.empty())
+            mOptions.build_id = detail::randomBuildId();
+        if (mOptions.poll_interval <= std::chrono::milliseconds(0))
+            mOptions.poll_interval = std::chrono::milliseconds(100);
+        if (!mOptions.journal.empty())
+        {
+            mFd = ::open(mOptions.journal.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+            if (mFd < 0)
+                throw std::runtime_error(
+                    "trt-otel: cannot create journal " + mOptions.journal + ": " + std::strerror(errno));
+            std::string header = "{\"format\": \"trt-otel-journal\", \"version\": ";
+            detail::appendInt(header, kJournalFormatVersion);
+            header += ", \"created_wall_ns\": ";
+            detail::appendInt(header, detail::wallNs());
+            header += ", \"producer\": \"trt-otel-cpp ";
+            header += kVersion;
+            header += "\"}\n";
+            if (!writeAll(header.data(), header.size()))
+            {
+                std::string const why = std::strerror(errno);
+                ::close(mFd);
+                throw std::runtime_error("trt-otel: cannot write journal " + mOptions.journal + ": " + why);
+            }
+        }
+        mPending.reserve(4096);
+        mWriter = std::thread([this] { runWriter(); });
+    }
+
+    ProgressMonitor(ProgressMonitor const&) = delete;
+    ProgressMonitor& operator=(ProgressMonitor const&) = delete;
+
+    //! Writes what is left and closes the journal. A build never ended (end() not called: the
+    //! program is unwinding from an error) keeps no build_end, so it reads back as unfinished,
+    //! like the journal of a killed process; a log event says why.
+    ~ProgressMonitor() noexcept override
+    {
+        {
+            std::lock_guard<std::mutex> lock(mMutex);
+            if (mStarted && !mEnded)
+                appendLog(stamp(), "warning",
+                    "trt-otel: the monitor was destroyed before end(); the build's outcome is unknown");
+            mStop = true;
+            mWake = true;
+        }
+        mWakeCv.notify_one();
+        if (mWriter.joinable())
+            mWriter.join();
+        if (mFd >= 0)
+        {
+            ::fsync(mFd);
+            ::close(mFd);
+        }
+    }
+
+    // -- TensorRT's callbacks (builder threads) ------------------------------------------------
+
+    //! TensorRT: a phase began. Never blocks on I/O, never throws.
+    void phaseStart(char const* phaseName, char const* parentPhase, int32_t nbSteps) noexcept override
+    {
+        try
+        {
+            std::lock_guard<std::mutex> lock(mMutex);
+            auto const now = stamp();
+            beforeCallback(now);
+            std::string_view const name = text(now, phaseName, "phase_name");
+            std::int32_t const nameIndex = intern(name);
+            std::int32_t const parentIndex
+                = parentPhase == nullptr ? -1 : intern(std::string_view(parentPhase));
+            if (nbSteps < 1)
+            {
+                std::string detail = "num_steps ";
+                detail::appendInt(detail, nbSteps);
+                detail += " is not a valid count";
+                appendAnomaly(now, detail::Anomaly::kINVALID_ARGUMENT, std::move(detail), nameIndex);
+            }
+            if (mNames[nameIndex].open_id >= 0)
+                appendAnomaly(now, detail::Anomaly::kNAME_REUSED_WHILE_OPEN,
+                    "phase " + detail::pyRepr(name) + " started while still open", nameIndex);
+            if (parentIndex >= 0 && mNames[parentIndex].open_id < 0)
+                appendAnomaly(now, detail::Anomaly::kUNKNOWN_PARENT,
+                    "parent " + detail::pyRepr(mNameText[parentIndex]) + " of " + detail::pyRepr(name)
+                        + " is not an open phase",
+                    nameIndex);
+            detail::Record& record = append(now, detail::Type::kPHASE_START);
+            std::int64_t const id = mNextSeq - 1;
+            record.name = nameIndex;
+            record.parent = parentIndex;
+            record.number = nbSteps;
+            // The fold (as Python's BuildState): a reused name closes the old instance first.
+            if (mNames[nameIndex].open_id >= 0)
+                closeSubtree(mNames[nameIndex].open_id, nameIndex);
+            detail::NameState& state = mNames[nameIndex];
+            state.open_id = id;
+            state.parent_id = parentIndex >= 0 ? mNames[parentIndex].open_id : -1;
+            state.num_steps = nbSteps;
+            state.last_step = -1;
+            mOpen.emplace_back(id, nameIndex);
+        }
+        catch (...)
+        {
+            mInternalErrors.fetch_add(1, std::memory_order_relaxed);
+        }
+    }
+
+    //! TensorRT: a step of a phase completed. Returns false once the build must stop. O(1),
+    //! never blocks on I/O, never throws.
+    bool stepComplete(char const* phaseName, int32_t step) noexcept override
+    {
+        try
+        {
+            std::lock_guard<std::mutex> lock(mMutex);
+            auto const now = stamp();
+            if (!mStarted || mEnded || phaseName == nullptr)
+                beforeCallback(now);
+            std::string_view const name = text(now, phaseName, "phase_name");
+            std::int32_t nameIndex = find(name);
+            if (nameIndex < 0)
+                nameIndex = intern(name);
+            detail::NameState& state = mNames[nameIndex];
+            if (state.open_id < 0)
+                anomalyOfStep(now, detail::Anomaly::kSTEP_FOR_UNKNOWN_PHASE, name, step, nameIndex, ", not open");
+            else if (!(state.last_step < step && step < state.num_steps))
+            {
+                if (step < 0 || step >= state.num_steps)
+                {
+                    std::string tail = " outside [0, ";
+                    detail::appendInt(tail, state.num_steps);
+                    tail += ')';
+                    anomalyOfStep(now, detail::Anomaly::kSTEP_OUT_OF_RANGE, name, step, nameIndex, tail);
+                }
+                else
+                {
+                    std::string tail = " after step ";
+                    detail::appendInt(tail, state.last_step);
+                    anomalyOfStep(now, detail::Anomaly::kSTEP_NOT_INCREASING, name, step, nameIndex, tail);
+                }
+            }
+            detail::Record& record = append(now, detail::Type::kSTEP);
+            record.name = nameIndex;
+            record.number = step;
+            if (state.open_id >= 0 && step > state.last_step)
+                state.last_step = step;
+            // Read under the lock: a step recorded after the cancel event is always refused.
+            return !mCancelled.load(std::memory_order_relaxed);
+        }
+        catch (...)
+        {
+            mInternalErrors.fetch_add(1, std::memory_order_relaxed);
+        }
+        return !mCancelled.load(std::memory_order_relaxed);
+    }
+
+    //! TensorRT: a phase ended. Never blocks on I/O, never throws.
+    void phaseFinish(char const* phaseName) noexcept override
+    {
+        try
+        {
+            std::lock_guard<std::mutex> lock(mMutex);
+            auto const now = stamp();
+            beforeCallback(now);
+            std::string_view const name = text(now, phaseName, "phase_name");
+            std::int32_t const nameIndex = intern(name);
+            std::int64_t const id = mNames[nameIndex].open_id;
+            std::vector<std::int32_t> children;
+            if (id < 0)
+                appendAnomaly(now, detail::Anomaly::kFINISH_OF_UNKNOWN_PHASE,
+                    "phase " + detail::pyRepr(name) + " is not open", nameIndex);
+            else
+            {
+                children = openDescendants(id);
+                if (!children.empty())
+                {
+                    std::string names;
+                    for (std::int32_t child : children)
+                    {
+                        if (!names.empty())
+                            names += ", ";
+                        names += detail::pyRepr(mNameText[child]);
+                    }
+                    appendAnomaly(now, detail::Anomaly::kFINISH_WITH_OPEN_CHILDREN,
+                        "phase " + detail::pyRepr(name) + " finished while " + names + " still open",
+                        nameIndex);
+                }
+            }
+            append(now, detail::Type::kPHASE_FINISH).name = nameIndex;
+            if (id >= 0)
+            {
+                for (std::int32_t child : children)
+                    close(child);
+                close(nameIndex);
+            }
+        }
+        catch (...)
+        {
+            mInternalErrors.fetch_add(1, std::memory_order_relaxed);
+        }
+    }
+
+    // -- the application's side (any thread) --------------------------------------------------
+
+    //! Records the build's start (the first callback does it otherwise). Starts the timeout.
+    void start() noexcept
+    {
+        try
+        {
+            std::lock_guard<std::mutex> lock(mMutex);
+            startBuild(stamp());
+        }
+        catch (...)
+        {
+            mInternalErrors.fetch_add(1, std::memory_order_relaxed);
+        }
+    }
+
+    //! Asks TensorRT to stop: the next stepComplete answers false. Thread-safe. Only the first
+    //! request is recorded (a cancel event with its reason); returns true if this one was it.
+    //! `source` is the kind of decider (user, timeout, file, http, stall, signal).
+    bool cancel(std::string_view reason, std::string_view source = "user", bool timeout = false,
+        std::string_view policy = "") noexcept
+    {
+        try
+        {
+            {
+                std::lock_guard<std::mutex> lock(mMutex);
+                if (mCancelled.load(std::memory_order_relaxed))
+                    return false;
+                auto const now = stamp();
+                startBuild(now);
+                detail::Record& record = append(now, detail::Type::kCANCEL, true);
+                record.flag = timeout ? 1 : 0;
+                record.extra.reset(new detail::Extra{std::string(reason), std::string(source), std::string(policy)});
+                mCancelReason = std::string(reason);
+                mCancelTimeout = timeout;
+                mCancelled.store(true, std::memory_order_relaxed);
+                mWake = true;
+            }
+            mWakeCv.notify_one(); // written at once, not at the next poll
+            return true;
+        }
+        catch (...)
+        {
+            mInternalErrors.fetch_add(1, std::memory_order_relaxed);
+            mCancelled.store(true, std::memory_order_relaxed); // the stop matters more than the record
+            return false;
+        }
+    }
+
+    //! True once a cancel was requested (by cancel(), the cancel file or the timeout).
+    bool cancelled() const noexcept { return mCancelled.load(std::memory_order_relaxed); }
+
+    //! Records the build's end from what buildSerializedNetwork returned, closes the phases
+    //! still open and waits (at most Options::end_timeout) for the journal to be written and
+    //! synced. No engine is a cancellation (or a timeout) when a cancel was asked, a failure
+    //! otherwise. Calling it again changes nothing. Returns the outcome recorded.
+    Outcome end(bool engineBuilt, std::string_view failureDetail = {}) noexcept
+    {
+        std::int64_t endSeq = -1;
+        Outcome outcome = Outcome::kFAILURE;
+        try
+        {
+            std::unique_lock<std::mutex> lock(mMutex);
+            if (mEnded)
+                return mOutcome;
+            auto const now = stamp();
+            startBuild(now);
+            std::string detail;
+            std::string errorType;
+            if (engineBuilt)
+                outcome = Outcome::kSUCCESS;
+            else if (mCancelled.load(std::memory_order_relaxed))
+            {
+                outcome = mCancelTimeout ? Outcome::kTIMEOUT : Outcome::kCANCELLATION;
+                detail = mCancelReason;
+                if (outcome == Outcome::kTIMEOUT)
+                    errorType = "timeout";
+            }
+            else
+            {
+                outcome = Outcome::kFAILURE;
+                detail = failureDetail.empty() ? std::string("TensorRT returned no engine") : std::string(failureDetail);
+                errorType = "BuildFailed";
+            }
+            detail::Record& record = append(now, detail::Type::kBUILD_END, true);
+            record.flag = static_cast<std::uint8_t>(outcome);
+            record.number = errorType.empty() ? 0 : 1;
+            record.extra.reset(new detail::Extra{std::move(detail), std::move(errorType), {}});
+            endSeq = record.seq;
+            while (!mOpen.empty())
+                close(mOpen.back().second);
+            mEnded = true;
+            mOutcome = outcome;
+            mWake = true;
+            mWakeCv.notify_one();
+            mWrittenCv.wait_for(lock, mOptions.end_timeout, [&] { return mWrittenThrough >= endSeq; });
+        }
+        catch (...)
+        {
+            mInternalErrors.fetch_add(1, std::memory_order_relaxed);
+        }
+        return outcome;
+    }
+
+    //! Records a message of the builder's logger (see trt_otel::Logger). Thread-safe.
+    void log(std::string_view severity, std::string_view message) noexcept
+    {
+        try
+        {
+            std::lock_guard<std::mutex> lock(mMutex);
+            appendLog(stamp(), severity, message);
+        }
+        catch (...)
+        {
+            mInternalErrors.fetch_add(1, std::memory_order_relaxed);
+        }
+    }
+
+    std::string const& buildId() const noexcept { return mOptions.build_id; }
+    Options const& options() const noexcept { return mOptions; }
+
+    //! Events that did not reach the journal (dropped while the writer could not keep up, or
+    //! whose write failed). Each loss is also noted in the journal once it can be written.
+    std::uint64_t eventsLost() const noexcept { return mLost.load(std::memory_order_relaxed); }
+    //! Events recorded so far (the next seq).
+    std::int64_t eventsRecorded() const
+    {
+        std::lock_guard<std::mutex> lock(mMutex);
+        return mNextSeq;
+    }
+    //! Callbacks that failed inside the monitor (out of memory); each was still answered.
+    std::uint64_t internalErrors() const noexcept { return mInternalErrors.load(std::memory_order_relaxed); }
+
+private:
+    struct Stamp
+    {
+        std::int64_t wall_ns;
+        std::int64_t mono_ns;
+        std::int32_t thread;
+    };
+
+    // -- under mMutex ----------------------------------------------------------------------------
+
+    Stamp stamp()
+    {
+        detail::ThreadSlot& slot = detail::threadSlot();
+        if (slot.monitor != mUid)
+        {
+            auto const key = std::this_thread::get_id();
+            auto found = mThreadIndex.find(key);
+            if (found == mThreadIndex.end())
+            {
+                mThreadText.push_back(detail::threadLabel());
+                found = mThreadIndex.emplace(key, static_cast<std::int32_t>(mThreadText.size() - 1)).first;
+            }
+            slot.monitor = mUid;
+            slot.index = found->second;
+        }
+        return Stamp{detail::wallNs(), detail::monoNs(), slot.index};
+    }
+
+    //! A new record, numbered and stamped. Beyond max_pending_events an ordinary event is
+    //! dropped (its seq is still used, so readers see the gap) and counted; the critical ones
+    //! (start, cancel, end) are always kept.
+    detail::Record& append(Stamp const& now, detail::Type type, bool critical = false)
+    {
+        std::int64_t const seq = mNextSeq++;
+        if (!critical && mPending.size() >= mOptions.max_pending_events)
+        {
+            ++mDroppedUnreported;
+            mLost.fetch_add(1, std::memory_order_relaxed);
+            mScratch = detail::Record{seq, now.wall_ns, now.mono_ns, 0, now.thread, -1, -1, type, 0, nullptr};
+            return mScratch;
+        }
+        mPending.push_back(detail::Record{seq, now.wall_ns, now.mono_ns, 0, now.thread, -1, -1, type, 0, nullptr});
+        return mPending.back();
+    }
+
+    void startBuild(Stamp const& now)
+    {
+        if (mStarted)
+            return;
+        mStarted = true;
+        mStartMono = now.mono_ns;
+        append(now, detail::Type::kBUILD_START, true);
+    }
+
+    void beforeCallback(Stamp const& now)
+    {
+        if (mEnded)
+            appendAnomaly(now, detail::Anomaly::kCALLBACK_OUTSIDE_BUILD,
+                "a callback arrived after the build ended; one monitor serves one build", -1);
+        else
+            startBuild(now);
+    }
+
+    std::string_view text(Stamp const& now, char const* value, char const* argument)
+    {
+        if (value != nullptr)
+            return value;
+        appendAnomaly(now, detail::Anomaly::kINVALID_ARGUMENT, std::string(argument) + " is a null pointer, not a str", -1);
+        return "(null)";
+    }
+
+    void appendAnomaly(Stamp const& now, detail::Anomaly kind, std::string detailText, std::int32_t phase)
+    {
+        detail::Record& record = append(now, detail::Type::kANOMALY);
+        record.flag = static_cast<std::uint8_t>(kind);
+        record.name = phase;
+        record.extra.reset(new detail::Extra{std::move(detailText), {}, {}});
+    }
+
+    void anomalyOfStep(Stamp const& now, detail::Anomaly kind, std::string_view name, std::int32_t step,
+        std::int32_t nameIndex, std::string_view tail)
+    {
+        std::string detailText = "step ";
+        detail::appendInt(detailText, step);
+        detailText += " of ";
+        detailText += detail::pyRepr(name);
+        detailText += tail;
+        appendAnomaly(now, kind, std::move(detailText), nameIndex);
+    }
+
+    void appendLog(Stamp const& now, std::string_view severity, std::string_view message)
+    {
+        detail::Record& record = append(now, detail::Type::kLOG);
+        record.extra.reset(new detail::Extra{std::string(message), std::string(severity), {}});
+    }
+
+    std::int32_t find(std::string_view name) const
+    {
+        auto const found = mNameIndex.find(name);
+        return found == mNameIndex.end() ? -1 : found->second;
+    }
+
+    std::int32_t intern(std::string_view name)
+    {
+        std::int32_t const known = find(name);
+        if (known >= 0)
+            return known;
+        // A deque never moves its strings, so the views keyed on them stay valid.
+        mNameText.emplace_back(name);
+        mNames.emplace_back();
+        auto const index = static_cast<std::int32_t>(mNameText.size() - 1);
+        mNameIndex.emplace(std::string_view(mNameText.back()), index);
+        return index;
+    }
+
+    //! Open phases below the phase `id`, innermost (latest started) first, as names.
+    std::vector<std::int32_t> openDescendants(std::int64_t id) const
+    {
+        std::vector<std::int32_t> found;
+        // Descendants start after their ancestor: usually (TensorRT finishes the innermost
+        // phase first) no open phase is younger, and there is nothing to walk.
+        if (mOpen.empty() || mOpen.back().first <= id)
+            return found;
+        for (auto it = mOpen.rbegin(); it != mOpen.rend() && it->first > id; ++it)
+        {
+            std::int64_t ancestor = mNames[it->second].parent_id;
+            while (ancestor > id)
+                ancestor = parentOf(ancestor);
+            if (ancestor == id)
+                found.push_back(it->second);
+        }
+        return found;
+    }
+
+    std::int64_t parentOf(std::int64_t id) const
+    {
+        for (auto const& open : mOpen)
+            if (open.first == id)
+                return mNames[open.second].parent_id;
+        return -1; // not open: the walk ends (an open phase's ancestors are open)
+    }
+
+    void close(std::int32_t nameIndex)
+    {
+        detail::NameState& state = mNames[nameIndex];
+        std::int64_t const id = state.open_id;
+        for (auto it = mOpen.end(); it != mOpen.begin();)
+        {
+            --it;
+            if (it->first == id)
+            {
+                mOpen.erase(it);
+                break;
+            }
+        }
+        state.open_id = -1;
+    }
+
+    void closeSubtree(std::int64_t id, std::int32_t nameIndex)
+    {
+        for (std::int32_t child : openDescendants(id))
+            close(child);
+        close(nameIndex);
+    }
+
+    // -- the writer thread ---------------------------------------------------------------------
+
+    void runWriter() noexcept
+    {
+        std::vector<detail::Record> batch;
+        batch.reserve(4096);
+        std::string out;
+        std::unique_lock<std::mutex> lock(mMutex);
+        while (true)
+        {
+            if (!mStop && !mWake)
+                mWakeCv.wait_for(lock, mOptions.poll_interval);
+            mWake = false;
+            batch.swap(mPending);
+            // Names and thread labels only grow; the records of this batch use only these.
+            while (mWriterNames.size() < mNameText.size())
+                mWriterNames.push_back(mNameText[mWriterNames.size()]);
+            while (mWriterThreads.size() < mThreadText.size())
+                mWriterThreads.push_back(mThreadText[mWriterThreads.size()]);
+            bool const stopping = mStop;
+            bool const deciding = mStarted && !mEnded && !mCancelled.load(std::memory_order_relaxed);
+            std::int64_t const startMono = mStartMono;
+            lock.unlock();
+
+            bool wroteAll = true;
+            try
+            {
+                if (!batch.empty())
+                    wroteAll = writeBatch(batch);
+            }
+            catch (...)
+            {
+                wroteAll = false;
+            }
+            std::int64_t const through = batch.empty() ? -1 : batch.back().seq;
+            batch.clear();
+            if (deciding)
+                checkPolicies(startMono);
+
+            lock.lock();
+            if (through >= 0)
+                mWrittenThrough = through;
+            mWrittenCv.notify_all();
+            if (wroteAll && (mDroppedUnreported > 0 || mFailedUnreported > 0) && mFd >= 0)
+            {
+                // Said in the journal as soon as it can be: the gap in seq shows where.
+                std::string message = "trt-otel: ";
+                detail::appendInt(message, mDroppedUnreported + mFailedUnreported);
+                message += " events did not reach the journal (";
+                message += mDroppedUnreported > 0 ? "the writer could not keep up" : "";
+                message += mDroppedUnreported > 0 && mFailedUnreported > 0 ? "; " : "";
+                message += mFailedUnreported > 0 ? "write failed: " + mWriteError : "";
+                message += ")";
+                mDroppedUnreported = 0;
+                mFailedUnreported = 0;
+                try
+                {
+                    appendLog(stamp(), "error", message);
+                }
+                catch (...)
+                {
+                }
+                mWake = true;
+            }
+            if (stopping && mPending.empty())
+                break;
+        }
+    }
+
+    void checkPolicies(std::int64_t startMono) noexcept
+    {
+        try
+        {
+            if (!mOptions.cancel_file.empty())
+            {
+                struct stat info{};
+                if (::stat(mOptions.cancel_file.c_str(), &info) == 0)
+                {
+                    cancelFromFile();
+                    return;
+                }
+            }
+            if (mOptions.timeout.count() > 0 && detail::monoNs() - startMono >= mOptions.timeout.count())
+            {
+                std::string const limit = detail::formatDuration(static_cast<double>(mOptions.timeout.count()) / 1e9);
+                cancel("the build ran past its timeout of " + limit, "timeout", true, policyDescription());
+            }
+        }
+        catch (...)
+        {
+            mInternalErrors.fetch_add(1, std::memory_order_relaxed);
+        }
+    }
+
+    //! The options' policies, described as the Python package describes them.
+    std::string policyDescription() const
+    {
+        std::vector<std::string> parts;
+        if (mOptions.timeout.count() > 0)
+            parts.push_back("timeout(" + detail::formatDuration(static_cast<double>(mOptions.timeout.count()) / 1e9) + ")");
+        if (!mOptions.cancel_file.empty())
+            parts.push_back("file(" + mOptions.cancel_file + ")");
+        if (parts.size() == 1)
+            return parts[0];
+        std::string joined = "any_of(";
+        for (std::size_t i = 0; i < parts.size(); ++i)
+            joined += (i ? ", " : "") + parts[i];
+        return joined + ")";
+    }
+
+    void cancelFromFile()
+    {
+        static constexpr std::size_t kMaxReason = 200;
+        std::string line;
+        int const fd = ::open(mOptions.cancel_file.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd >= 0)
+        {
+            char buffer[4 * kMaxReason];
+            ssize_t const got = ::read(fd, buffer, sizeof buffer);
+            ::close(fd);
+            if (got > 0)
+                line.assign(buffer, static_cast<std::size_t>(got));
+            line = line.substr(0, line.find('\n'));
+        }
+        std::string reason;
+        std::string source = "file";
+        bool timeout = false;
+        std::string policy = policyDescription();
+        if (auto object = detail::parseFlatJsonObject(line))
+        {
+            auto const text = [&](char const* key) -> std::string const* {
+                auto const found = object->find(key);
+                return found != object->end() && found->second.kind == detail::JsonValue::Kind::kSTRING
+                    ? &found->second.text
+                    : nullptr;
+            };
+            if (auto const* value = text("reason"))
+                reason = *value;
+            if (auto const* value = text("source"))
+            {
+                static constexpr std::string_view kSources[] = {"timeout", "stall", "file", "http", "signal", "user"};
+                if (std::find(std::begin(kSources), std::end(kSources), *value) != std::end(kSources))
+                    source = *value;
+            }
+            if (auto const* value = text("policy"))
+                policy = *value;
+            auto const flag = object->find("timeout");
+            timeout = flag != object->end() && flag->second.kind == detail::JsonValue::Kind::kBOOL
+                && flag->second.boolean;
+        }
+        else
+            reason = line;
+        reason = trim(reason);
+        // At most kMaxReason characters (code points, not bytes).
+        std::size_t characters = 0;
+        for (std::size_t i = 0; i < reason.size(); ++i)
+        {
+            if ((static_cast<unsigned char>(reason[i]) & 0xC0) != 0x80 && ++characters > kMaxReason)
+            {
+                reason.resize(i);
+                break;
+            }
+        }
+        if (reason.empty())
+            reason = "cancel file " + mOptions.cancel_file + " appeared";
+        cancel(reason, source, timeout, policy);
+    }
+
+    static std::string trim(std::string const& value)
+    {
+        auto const isSpace = [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v'; };
+        std::size_t begin = 0;
+        std::size_t end = value.size();
+        while (begin < end && isSpace(value[begin]))
+            ++begin;
+        while (end > begin && isSpace(value[end - 1]))
+            --end;
+        return value.substr(begin, end - begin);
+    }
+
+    //! Formats and writes a batch; false when (part of) it could not be written.
+    bool writeBatch(std::vector<detail::Record> const& batch)
+    {
+        if (mFd < 0)
+            return true;
+        std::string out;
+        out.reserve(batch.size() * 96);
+        std::vector<std::size_t> lineEnds;
+        lineEnds.reserve(batch.size());
+        bool sync = false;
+        for (detail::Record const& record : batch)
+        {
+            format(out, record);
+            lineEnds.push_back(out.size());
+            sync = sync || record.type == detail::Type::kBUILD_END;
+        }
+        if (mTornTail)
+        {
+            // An earlier write stopped mid-line: end that fragment, so only it reads as corrupt.
+            if (!writeAll("\n", 1))
+                return failed(batch.size(), errno);
+            mTornTail = false;
+        }
+        std::size_t written = 0;
+        bool const ok = writeAll(out.data(), out.size(), &written);
+        if (!ok)
+        {
+            int const error = errno;
+            std::size_t const complete = static_cast<std::size_t>(
+                std::upper_bound(lineEnds.begin(), lineEnds.end(), written) - lineEnds.begin());
+            mTornTail = complete < lineEnds.size() && written > (complete ? lineEnds[complete - 1] : 0);
+            return failed(batch.size() - complete, error);
+        }
+        if (sync)
+            ::fsync(mFd);
+        return true;
+    }
+
+    bool failed(std::size_t lostEvents, int error)
+    {
+        mLost.fetch_add(lostEvents, std::memory_order_relaxed);
+        std::lock_guard<std::mutex> lock(mMutex);
+        mFailedUnreported += lostEvents;
+        mWriteError = std::strerror(error);
+        if (mOptions.warn_on_stderr && !mWarned)
+        {
+            mWarned = true;
+            std::fprintf(stderr, "trt-otel: warning: cannot write journal %s: %s; events are lost (counted)\n",
+                mOptions.journal.c_str(), mWriteError.c_str());
+        }
+        return false;
+    }
+
+    bool writeAll(char const* data, std::size_t size, std::size_t* written = nullptr)
+    {
+        std::size_t done = 0;
+        while (done < size)
+        {
+            ssize_t const n = ::write(mFd, data + done, size - done);
+            if (n < 0)
+            {
+                if (errno == EINTR)
+                    continue;
+                if (written != nullptr)
+                    *written = done;
+                return false;
+            }
+            done += static_cast<std::size_t>(n);
+        }
+        if (written != nullptr)
+            *written = done;
+        return true;
+    }
+
+    void format(std::string& out, detail::Record const& record) const
+    {
+        static constexpr char const* kTypes[]
+            = {"build_start", "phase_start", "step", "phase_finish", "cancel", "anomaly", "log", "build_end"};
+        out += "{\"seq\": ";
+        detail::appendInt(out, record.seq);
+        out += ", \"type\": \"";
+        out += kTypes[static_cast<std::size_t>(record.type)];
+        out += "\", \"wall_ns\": ";
+        detail::appendInt(out, record.wall_ns);
+        out += ", \"mono_ns\": ";
+        detail::appendInt(out, record.mono_ns);
+        out += ", \"thread\": ";
+        detail::appendJsonString(out, mWriterThreads[static_cast<std::size_t>(record.thread)]);
+        detail::Extra const empty{};
+        detail::Extra const& extra = record.extra ? *record.extra : empty;
+        switch (record.type)
+        {
+        case detail::Type::kBUILD_START:
+            out += ", \"build_id\": ";
+            detail::appendJsonString(out, mOptions.build_id);
+            out += ", \"attributes\": {";
+            {
+                std::map<std::string, std::string> attributes = mOptions.attributes;
+                if (!mOptions.model_path.empty())
+                    attributes.emplace("model.path", mOptions.model_path);
+                attributes.emplace("trt.backend", "tensorrt");
+                attributes.emplace("trt.version", tensorrtVersion());
+                bool first = true;
+                for (auto const& [key, value] : attributes)
+                {
+                    out += first ? "" : ", ";
+                    first = false;
+                    detail::appendJsonString(out, key);
+                    out += ": ";
+                    detail::appendJsonString(out, value);
+                }
+            }
+            out += '}';
+            break;
+        case detail::Type::kPHASE_START:
+            out += ", \"name\": ";
+            detail::appendJsonString(out, mWriterNames[static_cast<std::size_t>(record.name)]);
+            out += ", \"parent\": ";
+            if (record.parent < 0)
+                out += "null";
+            else
+                detail::appendJsonString(out, mWriterNames[static_cast<std::size_t>(record.parent)]);
+            out += ", \"num_steps\": ";
+            detail::appendInt(out, record.number);
+            break;
+        case detail::Type::kSTEP:
+            out += ", \"name\": ";
+            detail::appendJsonString(out, mWriterNames[static_cast<std::size_t>(record.name)]);
+            out += ", \"step\": ";
+            detail::appendInt(out, record.number);
+            break;
+        case detail::Type::kPHASE_FINISH:
+            out += ", \"name\": ";
+            detail::appendJsonString(out, mWriterNames[static_cast<std::size_t>(record.name)]);
+            break;
+        case detail::Type::kCANCEL:
+            out += ", \"reason\": ";
+            detail::appendJsonString(out, extra.a);
+            out += ", \"source\": ";
+            detail::appendJsonString(out, extra.b);
+            out += record.flag ? ", \"timeout\": true" : ", \"timeout\": false";
+            out += ", \"policy\": ";
+            detail::appendJsonString(out, extra.c);
+            break;
+        case detail::Type::kANOMALY:
+            out += ", \"kind\": \"";
+            out += detail::anomalyName(static_cast<detail::Anomaly>(record.flag));
+            out += "\", \"detail\": ";
+            detail::appendJsonString(out, extra.a);
+            out += ", \"phase\": ";
+            if (record.name < 0)
+                out += "null";
+            else
+                detail::appendJsonString(out, mWriterNames[static_cast<std::size_t>(record.name)]);
+            break;
+        case detail::Type::kLOG:
+            out += ", \"severity\": ";
+            detail::appendJsonString(out, extra.b);
+            out += ", \"message\": ";
+            detail::appendJsonString(out, extra.a);
+            break;
+        case detail::Type::kBUILD_END:
+            out += ", \"outcome\": \"";
+            out += toString(static_cast<Outcome>(record.flag));
+            out += "\", \"detail\": ";
+            detail::appendJsonString(out, extra.a);
+            out += ", \"error_type\": ";
+            if (record.number != 0)
+                detail::appendJsonString(out, extra.b);
+            else
+                out += "null";
+            break;
+        }
+        out += "}\n";
+    }
+
+    static std::string tensorrtVersion()
+    {
+        std::string version;
+        detail::appendInt(version, NV_TENSORRT_MAJOR);
+        version += '.';
+        detail::appendInt(version, NV_TENSORRT_MINOR);
+        version += '.';
+        detail::appendInt(version, NV_TENSORRT_PATCH);
+        return version;
+    }
+
+    Options mOptions;
+    std::uint64_t const mUid;
+    int mFd{-1};
+    std::atomic<bool> mCancelled{false};
+    std::atomic<std::uint64_t> mLost{0};
+    std::atomic<std::uint64_t> mInternalErrors{0};
+
+    mutable std::mutex mMutex;
+    // Everything below is guarded by mMutex, except the writer's own copies.
+    std::condition_variable mWakeCv;
+    std::condition_variable mWrittenCv;
+    std::int64_t mNextSeq{0};
+    std::vector<detail::Record> mPending;
+    detail::Record mScratch{};
+    bool mStarted{false};
+    bool mEnded{false};
+    bool mStop{false};
+    bool mWake{false};
+    Outcome mOutcome{Outcome::kFAILURE};
+    std::int64_t mStartMono{0};
+    std::int64_t mWrittenThrough{-1};
+    bool mCancelTimeout{false};
+    std::string mCancelReason;
+    std::deque<std::string> mNameText;
+    std::unordered_map<std::string_view, std::int32_t> mNameIndex;
+    std::vector<detail::NameState> mNames;
+    std::vector<std::pair<std::int64_t, std::int32_t>> mOpen; // (id, name), in start order
+    std::unordered_map<std::thread::id, std::int32_t> mThreadIndex;
+    std::vector<std::string> mThreadText;
+    std::uint64_t mDroppedUnreported{0};
+    std::uint64_t mFailedUnreported{0};
+    std::string mWriteError;
+    bool mWarned{false};
+
+    // The writer thread's own.
+    std::vector<std::string> mWriterNames;
+    std::vector<std::string> mWriterThreads;
+    bool mTornTail{false};
+
+    std::thread mWriter; // last: started once everything above exists
+};
+
+//! A TensorRT logger that records the builder's messages in the monitor's journal (as log
+//! events, which the build's span shows when they are errors or warnings) and passes them on.
+class Logger : public nvinfer1::ILogger
+{
+public:
+    explicit Logger(ProgressMonitor& monitor, nvinfer1::ILogger* next = nullptr,
+        Severity least = Severity::kWARNING) noexcept
+        : mMonitor(monitor)
+        , mNext(next)
+        , mLeast(least)
+    {
+    }
+
+    void log(Severity severity, nvinfer1::AsciiChar const* message) noexcept override
+    {
+        if (severity <= mLeast && message != nullptr)
+        {
+            static constexpr char const* kNames[] = {"internal_error", "error", "warning", "info", "verbose"};
+            auto const index = static_cast<std::size_t>(severity);
+            mMonitor.log(index < 5 ? kNames[index] : "verbose", message);
+        }
+        if (mNext != nullptr)
+            mNext->log(severity, message);
+    }
+
+private:
+    ProgressMonitor& mMonitor;
+    nvinfer1::ILogger* mNext;
+    Severity mLeast;
+};
+
+} // namespace trt_otel

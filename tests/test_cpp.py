@@ -1,0 +1,685 @@
+"""The C++ monitor (cpp/include/trt_otel/progress_monitor.h) compiled against NVIDIA's own
+TensorRT headers, driven the way TensorRT calls it, and its journal read back by trt-otel.
+
+The test driver (cpp/tests/driver.cpp) calls the monitor through ``nvinfer1::IProgressMonitor``
+and unwinds like TensorRT when a step is refused. Its journals must read as a Python build's:
+the same events (types, fields, seq) for the same callbacks, hence the same state and spans.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO_ROOT, reference_tree, trace_params
+from trt_otel import BuildMonitor, Outcome, read_journal
+from trt_otel.events import Anomaly, BuildStarted, Event, LogMessage
+from trt_otel.journal import Journal, event_to_dict
+from trt_otel.simulator import Driver, load_trace
+from trt_otel.spans import SpanProjection, SpanRecord
+from trt_otel.state import BuildState
+
+CPP = REPO_ROOT / "cpp"
+TENSORRT_INCLUDE = REPO_ROOT.parent / "shared" / "third_party" / "tensorrt-11.1" / "include"
+WARNINGS = ["-Wall", "-Wextra", "-Werror", "-Wshadow", "-Wpedantic"]
+
+
+def cuda_include() -> Path | None:
+    """``nvidia/cu13/include`` of the nvidia-cuda-runtime wheel (cuda_runtime_api.h)."""
+    for entry in sys.path:
+        candidate = Path(entry) / "nvidia" / "cu13" / "include"
+        if (candidate / "cuda_runtime_api.h").is_file():
+            return candidate
+    return None
+
+
+def missing_toolchain() -> str | None:
+    if shutil.which("g++") is None:
+        return "g++ is not installed (.ci/run installs it)"
+    if not (TENSORRT_INCLUDE / "NvInfer.h").is_file():
+        return (
+            f"NVIDIA's TensorRT headers are not at {TENSORRT_INCLUDE} (a clone outside the project)"
+        )
+    if cuda_include() is None:
+        return (
+            "no nvidia/cu13/include: install the dev extra (nvidia-cuda-runtime, nvidia-cuda-crt)"
+        )
+    return None
+
+
+pytestmark = pytest.mark.skipif(missing_toolchain() is not None, reason=str(missing_toolchain()))
+
+
+def include_flags() -> list[str]:
+    return [
+        "-isystem",
+        str(TENSORRT_INCLUDE),
+        "-isystem",
+        str(cuda_include()),
+        f"-I{CPP / 'include'}",
+    ]
+
+
+SANITIZERS = {
+    "plain": ["-O1"],
+    "asan": ["-O1", "-fsanitize=address,undefined", "-fno-omit-frame-pointer"],
+    "tsan": ["-O1", "-fsanitize=thread"],
+}
+
+
+def compile_driver(variant: str, directory: Path) -> Path:
+    binary = directory / f"driver-{variant}"
+    command = [
+        "g++",
+        "-std=c++17",
+        "-g",
+        *WARNINGS,
+        *SANITIZERS[variant],
+        *include_flags(),
+        str(CPP / "tests" / "driver.cpp"),
+        "-o",
+        str(binary),
+        "-pthread",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    return binary
+
+
+@pytest.fixture(scope="session")
+def drivers(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Compiles each variant of the driver once per session, when first asked for."""
+    directory = tmp_path_factory.mktemp("cpp")
+    built: dict[str, Path] = {}
+
+    def get(variant: str) -> Path:
+        if variant not in built:
+            built[variant] = compile_driver(variant, directory)
+        return built[variant]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def driver(drivers: Callable[[str], Path]) -> Path:
+    return drivers("plain")
+
+
+@dataclass
+class Run:
+    summary: dict[str, Any]
+    stderr: str
+
+
+def run_driver(binary: Path, mode: str, timeout_s: float = 120, **options: object) -> Run:
+    command = [str(binary), mode, *(f"{key}={value}" for key, value in options.items())]
+    environment = {
+        **os.environ,
+        "ASAN_OPTIONS": "halt_on_error=1:detect_leaks=1",
+        "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
+        "TSAN_OPTIONS": "halt_on_error=1",
+    }
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout_s, env=environment, check=False
+    )
+    assert done.returncode == 0, f"{command} exited {done.returncode}:\n{done.stderr}"
+    return Run(json.loads(done.stdout.strip().splitlines()[-1]), done.stderr)
+
+
+def read_clean(path: Path) -> Journal:
+    journal = read_journal(path)
+    assert journal.problems == [], [str(p) for p in journal.problems]
+    seqs = [event.seq for event in journal.events]
+    assert seqs == list(range(len(seqs))), "seq must be contiguous from 0"
+    return journal
+
+
+def fold(events: list[Event]) -> BuildState:
+    state = BuildState()
+    for event in events:
+        state.apply(event)
+    return state
+
+
+def comparable(event: Event) -> dict[str, Any]:
+    """An event as the journal holds it, less what differs between two runs (times, thread)."""
+    record = event_to_dict(event)
+    for key in ("wall_ns", "mono_ns", "thread"):
+        record.pop(key)
+    return record
+
+
+def python_events(
+    started: BuildStarted, play: Callable[[BuildMonitor], bool], end: bool = True
+) -> list[Event]:
+    """The events Python's monitor records for the same callbacks, same build id and attributes."""
+    monitor = BuildMonitor(build_id=started.build_id, attributes=started.attributes)
+    completed = play(monitor)
+    if end:
+        monitor.end_with_result(b"engine" if completed else None)
+    return list(monitor.log.recent())
+
+
+def span_shape(spans: list[SpanRecord]) -> list[tuple[object, ...]]:
+    """Spans less their times: name, ids, parent, attributes, events (names and attributes)."""
+    return [
+        (
+            s.name,
+            s.trace_id,
+            s.span_id,
+            s.parent_span_id,
+            s.attributes,
+            [(e.name, e.attributes) for e in s.events],
+            s.error,
+        )
+        for s in spans
+    ]
+
+
+def spans_of(events: list[Event]) -> list[SpanRecord]:
+    projection = SpanProjection()
+    spans = [span for event in events for span in projection.apply(event)]
+    return spans + projection.finish()
+
+
+# -- compiling -------------------------------------------------------------------------------------
+
+
+def test_header_compiles_cleanly_against_nvidias_headers(tmp_path: Path) -> None:
+    """Warnings are errors; two translation units including it link (header-only, no ODR
+    clash); the monitor is an nvinfer1::IProgressMonitor and the logger an ILogger."""
+    units = []
+    for index in range(2):
+        unit = tmp_path / f"unit{index}.cpp"
+        unit.write_text(
+            "#include <trt_otel/progress_monitor.h>\n"
+            "#include <type_traits>\n"
+            "static_assert(std::is_base_of_v<nvinfer1::IProgressMonitor, "
+            "trt_otel::ProgressMonitor>);\n"
+            "static_assert(std::is_base_of_v<nvinfer1::ILogger, trt_otel::Logger>);\n"
+            + (
+                "int other();\nint main() { trt_otel::ProgressMonitor m; trt_otel::Logger l(m);\n"
+                '  l.log(nvinfer1::ILogger::Severity::kWARNING, "w"); m.end(true);\n'
+                "  return other(); }\n"
+                if index == 0
+                else "int other() { trt_otel::ProgressMonitor m; return m.cancelled() ? 1 : 0; }\n"
+            )
+        )
+        units.append(str(unit))
+    binary = tmp_path / "two_units"
+    done = subprocess.run(
+        ["g++", "-std=c++17", *WARNINGS, *include_flags(), *units, "-o", str(binary), "-pthread"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert subprocess.run([str(binary)], timeout=30, check=False).returncode == 0
+
+
+# -- the journal of recorded TensorRT builds -------------------------------------------------------
+
+
+@pytest.mark.parametrize("trace", trace_params())
+def test_replayed_trace_journal_gives_the_traces_phase_tree(
+    driver: Path, trace: Path, tmp_path: Path
+) -> None:
+    journal_path = tmp_path / "build.jsonl"
+    run = run_driver(driver, "trace", trace=trace, journal=journal_path, model="/models/mnist.onnx")
+    assert run.summary["completed"] and run.summary["events_lost"] == 0
+
+    journal = read_clean(journal_path)
+    assert journal.header["format"] == "trt-otel-journal" and journal.header["version"] == 1
+    state = fold(journal.events)
+    assert state.outcome is Outcome.SUCCESS
+    assert not state.anomalies
+    steps: dict[int, list[int]] = collections.defaultdict(list)
+    open_ids: dict[str, int] = {}
+    for event in journal.events:
+        record = event_to_dict(event)
+        if event.type == "phase_start":
+            open_ids[record["name"]] = event.seq
+        elif event.type == "step":
+            steps[open_ids[record["name"]]].append(record["step"])
+
+    def shape(phase_id: int) -> tuple[object, ...]:
+        phase = state.phases[phase_id]
+        return (
+            phase.name,
+            phase.num_steps,
+            tuple(steps[phase_id]),
+            tuple(shape(child) for child in phase.children),
+        )
+
+    assert [shape(root) for root in state.roots] == [r.shape() for r in reference_tree(trace)]
+
+    # `trt-otel replay` reads it without a complaint and draws that tree.
+    done = subprocess.run(
+        [sys.executable, "-m", "trt_otel.cli", "replay", str(journal_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "line " not in done.stderr
+    assert "build success" in done.stderr and "Determining refit engines" in done.stderr
+
+
+@pytest.mark.parametrize("trace", trace_params())
+def test_cpp_journal_holds_the_events_and_spans_of_pythons_monitor(
+    driver: Path, trace: Path, tmp_path: Path
+) -> None:
+    """The same callbacks give the same events (all fields but times and thread) and so the
+    same spans as Python's BuildMonitor, given the same build id and attributes."""
+    journal_path = tmp_path / "build.jsonl"
+    run_driver(driver, "trace", trace=trace, journal=journal_path, model="/models/mnist.onnx")
+    cpp = read_clean(journal_path).events
+    started = cpp[0]
+    assert isinstance(started, BuildStarted)
+    assert len(started.build_id) == 32 and int(started.build_id, 16) > 0
+    assert started.attributes["model.path"] == "/models/mnist.onnx"
+
+    def play(monitor: BuildMonitor) -> bool:
+        return Driver(speed=0).run(monitor, load_trace(trace)).completed
+
+    python = python_events(started, play)
+    assert [comparable(e) for e in cpp] == [comparable(e) for e in python]
+    cpp_spans = spans_of(cpp)
+    assert len(cpp_spans) == sum(1 for e in cpp if e.type == "phase_start") + 1
+    assert span_shape(cpp_spans) == span_shape(spans_of(python))
+
+
+PROTOCOL_BREAKS: list[tuple[str, str, str | None, int]] = [
+    # (callback, phase, parent, num_steps or step)
+    ("phase_start", "Building engine", None, 4),
+    ("step_complete", "Ghost", None, 0),  # step for a phase that is not open
+    ("phase_finish", "Ghost", None, 0),  # finish of a phase that is not open
+    ("phase_start", "Timing tactics", "Nowhere", 3),  # unknown parent
+    ("phase_start", "Child", "Building engine", 0),  # num_steps 0: invalid
+    ("step_complete", "Child", None, 5),  # out of range
+    ("phase_start", "Timing tactics", "Building engine", 3),  # reused while open
+    ("step_complete", "Timing tactics", None, 2),
+    ("step_complete", "Timing tactics", None, 1),  # not increasing
+    ("phase_start", "Inner", "Timing tactics", 2),
+    ("phase_start", "Innermost", "Inner", 2),
+    ("step_complete", "Building engine", None, 0),  # a parent steps while children are open
+    ("phase_finish", "Building engine", None, 0),  # finished with open children
+    ("step_complete", 'It\'s "quoted"\\', None, 0),  # repr with both quotes and a backslash
+    ("phase_start", "Übergang 漢字", None, 1),
+    ("phase_finish", "Übergang 漢字", None, 0),
+]
+
+
+def test_protocol_breaks_are_the_anomalies_pythons_monitor_records(
+    driver: Path, tmp_path: Path
+) -> None:
+    trace = tmp_path / "breaks.jsonl"
+    with open(trace, "w", encoding="utf-8") as handle:
+        for kind, name, parent, number in PROTOCOL_BREAKS:
+            record: dict[str, object] = {"cb": kind, "phase_name": name}
+            if kind == "phase_start":
+                record.update(parent_phase=parent, num_steps=number)
+            elif kind == "step_complete":
+                record["step"] = number
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    journal_path = tmp_path / "build.jsonl"
+    run_driver(driver, "trace", trace=trace, journal=journal_path)
+    cpp = read_clean(journal_path).events
+    started = cpp[0]
+    assert isinstance(started, BuildStarted)
+
+    def play(monitor: BuildMonitor) -> bool:
+        for kind, name, parent, number in PROTOCOL_BREAKS:
+            if kind == "phase_start":
+                monitor.phase_start(name, parent, number)
+            elif kind == "step_complete":
+                monitor.step_complete(name, number)
+            else:
+                monitor.phase_finish(name)
+        return True
+
+    python = python_events(started, play)
+    kinds = collections.Counter(e.kind.value for e in cpp if isinstance(e, Anomaly))
+    assert set(kinds) == {
+        "step_for_unknown_phase",
+        "finish_of_unknown_phase",
+        "unknown_parent",
+        "invalid_argument",
+        "step_out_of_range",
+        "name_reused_while_open",
+        "step_not_increasing",
+        "finish_with_open_children",
+    }
+    assert [comparable(e) for e in cpp] == [comparable(e) for e in python]
+    assert span_shape(spans_of(cpp)) == span_shape(spans_of(python))
+
+
+# -- threads, cancels, kills and full disks --------------------------------------------------------
+
+
+def test_threads_calling_back_at_once_lose_nothing(driver: Path, tmp_path: Path) -> None:
+    journal_path = tmp_path / "build.jsonl"
+    threads, steps = 4, 2000
+    run = run_driver(driver, "threads", journal=journal_path, threads=threads, steps=steps)
+    assert run.summary["events_lost"] == 0
+    events = read_clean(journal_path).events
+    # build_start, per thread: its phase, per step a child phase of 2 steps and a step, its
+    # finish; build_end.
+    assert len(events) == 1 + threads * (2 + steps * 5) + 1
+    state = fold(events)
+    assert not state.anomalies and state.outcome is Outcome.SUCCESS
+    assert state.steps_completed_total == threads * steps * 3
+    assert len({e.thread for e in events[1:-1]}) == threads
+    for index in range(threads):
+        root = f"worker {index}"
+        mine = [
+            event_to_dict(e)["step"]
+            for e in events
+            if e.type == "step" and event_to_dict(e)["name"] == root
+        ]
+        assert mine == list(range(steps))
+
+
+def cancel_event(events: list[Event]) -> dict[str, Any]:
+    cancels = [event_to_dict(e) for e in events if e.type == "cancel"]
+    assert len(cancels) == 1
+    return cancels[0]
+
+
+def first_step_after(events: list[Event], seq: int) -> list[object]:
+    step = next(event_to_dict(e) for e in events if e.type == "step" and e.seq > seq)
+    return [step["name"], step["step"]]
+
+
+def wait_for(path: Path, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("how", ["cancel()", "cancel file", "control file", "timeout"])
+def test_a_cancel_refuses_the_next_step_with_its_reason(
+    driver: Path, tmp_path: Path, how: str
+) -> None:
+    journal_path = tmp_path / "build.jsonl"
+    stop = tmp_path / "stop"
+    ready = tmp_path / "ready"
+    options: dict[str, object] = {"journal": journal_path, "total": 5000, "delay_us": 300}
+    if how == "cancel()":
+        options["cancel_after"] = 3
+    elif how == "timeout":
+        options.update(timeout_ms=400, poll_ms=20)
+    else:
+        options.update(cancel_file=stop, ready_file=ready, poll_ms=20)
+    command = [str(driver), "steps", *(f"{k}={v}" for k, v in options.items())]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        if how == "cancel file":
+            wait_for(ready)
+            stop.write_text("  release freeze  \nsecond line ignored\n")
+        elif how == "control file":
+            wait_for(ready)
+            decision = {
+                "reason": "no progress for 1.0s",
+                "source": "stall",
+                "policy": "stall(1.0s)",
+            }
+            stop.write_text(json.dumps(decision) + "\n")
+        out, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["refused"] is not None, "the build was never refused a step"
+
+    events = read_clean(journal_path).events
+    cancel = cancel_event(events)
+    assert first_step_after(events, cancel["seq"]) == summary["refused"]
+    expected = {
+        "cancel()": ("stop requested by the test driver", "user", False, "", "cancellation"),
+        "cancel file": ("release freeze", "file", False, f"file({stop})", "cancellation"),
+        "control file": ("no progress for 1.0s", "stall", False, "stall(1.0s)", "cancellation"),
+        "timeout": (
+            "the build ran past its timeout of 0.4s",
+            "timeout",
+            True,
+            "timeout(0.4s)",
+            "timeout",
+        ),
+    }[how]
+    assert (cancel["reason"], cancel["source"], cancel["timeout"], cancel["policy"]) == expected[:4]
+    state = fold(events)
+    assert state.outcome == expected[4]
+    assert state.outcome_detail == expected[0]
+    assert not state.open_by_name, "TensorRT's unwinding finishes every open phase"
+    if how == "timeout":
+        started = events[0].mono_ns
+        assert cancel["mono_ns"] - started >= 400_000_000
+        assert state.error_type == "timeout"
+
+
+def test_a_journal_torn_by_a_kill_replays_as_unfinished(driver: Path, tmp_path: Path) -> None:
+    journal_path = tmp_path / "build.jsonl"
+    ready = tmp_path / "ready"
+    command = [
+        str(driver),
+        "steps",
+        f"journal={journal_path}",
+        f"ready_file={ready}",
+        "total=100000",
+        "poll_ms=10",
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    try:
+        wait_for(ready)
+        time.sleep(0.1)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait(30)
+    data = journal_path.read_bytes()
+    assert data.count(b"\n") > 5
+    # Whatever the kill left, a write cut mid-line is what a kill can leave too.
+    journal_path.write_bytes(data[:-7] if data.endswith(b"\n") else data)
+
+    journal = read_journal(journal_path)
+    assert [p.kind for p in journal.problems] == ["torn_tail"]
+    assert journal.events and not any(e.type == "build_end" for e in journal.events)
+    spans = spans_of(journal.events)
+    build = spans[-1]
+    assert build.attributes["error.type"] == "unfinished"
+    assert build.attributes["cicd.pipeline.result"] == "error"
+    assert any(
+        s.attributes.get("trt.phase.close_reason") == "the log ended before the build did"
+        for s in spans
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "trt_otel.cli", "replay", str(journal_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0 and "torn last line" in done.stderr
+
+
+def test_a_monitor_destroyed_before_end_leaves_an_unfinished_build(
+    driver: Path, tmp_path: Path
+) -> None:
+    journal_path = tmp_path / "build.jsonl"
+    run_driver(driver, "steps", journal=journal_path, total=5, delay_us=0, no_end=1)
+    events = read_clean(journal_path).events
+    assert not any(e.type == "build_end" for e in events)
+    last = events[-1]
+    assert isinstance(last, LogMessage) and "destroyed before end()" in last.message
+    assert spans_of(events)[-1].attributes["error.type"] == "unfinished"
+
+
+def test_a_full_disk_loses_events_counted_and_said_without_blocking(
+    driver: Path, tmp_path: Path
+) -> None:
+    journal_path = tmp_path / "build.jsonl"
+    run = run_driver(
+        driver,
+        "steps",
+        journal=journal_path,
+        total=60,
+        delay_us=500,
+        poll_ms=10,
+        fsize_limit=3000,
+        fsize_restore_after=40,
+    )
+    assert run.summary["completed"], "a full disk must not stop or cancel the build"
+    lost = run.summary["events_lost"]
+    assert lost > 0
+    assert "cannot write journal" in run.stderr
+
+    journal = read_journal(journal_path)
+    gaps = [p for p in journal.problems if p.kind == "seq_gap"]
+    assert gaps, [str(p) for p in journal.problems]
+    notes = [
+        e
+        for e in journal.events
+        if isinstance(e, LogMessage) and "did not reach the journal" in e.message
+    ]
+    assert len(notes) == 1
+    assert notes[0].severity == "error" and f"trt-otel: {lost} events" in notes[0].message
+    assert "File too large" in notes[0].message
+    # Every event is either in the journal or counted as lost.
+    last_seq = journal.events[-1].seq
+    assert len(journal.events) + lost == last_seq + 1
+    assert journal.events[-1].type == "build_end"
+
+
+# -- sanitizers ------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["asan", "tsan"])
+def test_sanitized_builds_are_clean(
+    drivers: Callable[[str], Path], variant: str, tmp_path: Path
+) -> None:
+    """AddressSanitizer (with UndefinedBehaviorSanitizer and leak checks) and ThreadSanitizer
+    halt with a non-zero exit on any report; every driver mode runs under them."""
+    binary = drivers(variant)
+    traces = [p.values[0] for p in trace_params() if p.values[0] is not None]  # type: ignore[attr-defined]
+    if traces:
+        run_driver(binary, "trace", trace=traces[0], journal=tmp_path / "trace.jsonl")
+        read_clean(tmp_path / "trace.jsonl")
+    run_driver(binary, "threads", journal=tmp_path / "threads.jsonl", threads=4, steps=300)
+    read_clean(tmp_path / "threads.jsonl")
+    run = run_driver(
+        binary, "steps", journal=tmp_path / "cancel.jsonl", total=50, delay_us=100, cancel_after=5
+    )
+    assert run.summary["refused"] is not None
+    stop = tmp_path / "stop"
+    stop.write_text("stop\n")
+    run = run_driver(
+        binary,
+        "steps",
+        journal=tmp_path / "file.jsonl",
+        cancel_file=stop,
+        poll_ms=5,
+        total=500,
+        delay_us=200,
+    )
+    assert run.summary["refused"] is not None
+    run = run_driver(
+        binary,
+        "steps",
+        journal=tmp_path / "full.jsonl",
+        total=30,
+        delay_us=200,
+        poll_ms=5,
+        fsize_limit=2000,
+        fsize_restore_after=20,
+    )
+    assert run.summary["events_lost"] > 0
+    run_driver(binary, "steps", journal=tmp_path / "noend.jsonl", total=5, delay_us=0, no_end=1)
+
+
+# -- CMake -----------------------------------------------------------------------------------------
+
+CONSUMER_CMAKE = """
+cmake_minimum_required(VERSION 3.16)
+project(consumer CXX)
+if(USE_INSTALLED)
+    find_package(trt_otel 0.1 CONFIG REQUIRED)
+else()
+    add_subdirectory(${TRT_OTEL_CPP} trt_otel)
+endif()
+add_executable(app main.cpp)
+target_link_libraries(app PRIVATE trt_otel::progress_monitor)
+target_include_directories(app SYSTEM PRIVATE ${NVIDIA_INCLUDES})
+target_compile_options(app PRIVATE -Wall -Wextra -Werror)
+"""
+
+CONSUMER_MAIN = """
+#include <trt_otel/progress_monitor.h>
+int main(int argc, char** argv) {
+    trt_otel::Options options;
+    options.journal = argv[1];
+    trt_otel::ProgressMonitor monitor(options);
+    nvinfer1::IProgressMonitor& tensorrt = monitor;
+    tensorrt.phaseStart("Building engine", nullptr, 1);
+    bool const go_on = tensorrt.stepComplete("Building engine", 0);
+    tensorrt.phaseFinish("Building engine");
+    return argc == 2 && monitor.end(go_on) == trt_otel::Outcome::kSUCCESS ? 0 : 1;
+}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is not installed")
+@pytest.mark.parametrize("how", ["add_subdirectory", "find_package"])
+def test_cmake_target_trt_otel_progress_monitor(tmp_path: Path, how: str) -> None:
+    consumer = tmp_path / "consumer"
+    consumer.mkdir()
+    (consumer / "CMakeLists.txt").write_text(CONSUMER_CMAKE)
+    (consumer / "main.cpp").write_text(CONSUMER_MAIN)
+    nvidia = f"{TENSORRT_INCLUDE};{cuda_include()}"
+    defines = [f"-DNVIDIA_INCLUDES={nvidia}", f"-DTRT_OTEL_CPP={CPP}"]
+    if how == "find_package":
+        prefix = tmp_path / "prefix"
+        for step in (
+            [
+                "cmake",
+                "-S",
+                str(CPP),
+                "-B",
+                str(tmp_path / "lib"),
+                f"-DCMAKE_INSTALL_PREFIX={prefix}",
+            ],
+            ["cmake", "--install", str(tmp_path / "lib")],
+        ):
+            done = subprocess.run(step, capture_output=True, text=True, timeout=300, check=False)
+            assert done.returncode == 0, done.stdout + done.stderr
+        assert (prefix / "include" / "trt_otel" / "progress_monitor.h").is_file()
+        defines += ["-DUSE_INSTALLED=ON", f"-DCMAKE_PREFIX_PATH={prefix}"]
+    build = tmp_path / "build"
+    for step in (
+        ["cmake", "-S", str(consumer), "-B", str(build), *defines],
+        ["cmake", "--build", str(build)],
+    ):
+        done = subprocess.run(step, capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+    journal_path = tmp_path / "build.jsonl"
+    assert (
+        subprocess.run([str(build / "app"), str(journal_path)], timeout=60, check=False).returncode
+        == 0
+    )
+    assert fold(read_clean(journal_path).events).outcome is Outcome.SUCCESS
