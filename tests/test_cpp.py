@@ -319,6 +319,7 @@ PROTOCOL_BREAKS: list[tuple[str, str, str | None, int]] = [
     ("step_complete", "Building engine", None, 0),  # a parent steps while children are open
     ("phase_finish", "Building engine", None, 0),  # finished with open children
     ("step_complete", 'It\'s "quoted"\\', None, 0),  # repr with both quotes and a backslash
+    ("step_complete", "Builder's pass", None, 0),  # repr in double quotes
     ("phase_start", "Übergang 漢字", None, 1),
     ("phase_finish", "Übergang 漢字", None, 0),
 ]
