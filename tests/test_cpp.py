@@ -230,6 +230,41 @@ def test_header_compiles_cleanly_against_nvidias_headers(tmp_path: Path) -> None
     assert subprocess.run([str(binary)], timeout=30, check=False).returncode == 0
 
 
+def test_readme_example_compiles_in_ten_lines(tmp_path: Path) -> None:
+    """The C++ section's example, inside a function given TensorRT's builder, network and
+    config, compiles cleanly as it stands in the README."""
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Using the monitor from C++", 1)[1]
+    example = section.split("```cpp\n", 1)[1].split("```", 1)[0]
+    lines = [line for line in example.splitlines() if line.strip()]
+    assert lines[0] == "#include <trt_otel/progress_monitor.h>"
+    assert len(lines) <= 10
+    body = "\n".join(lines[1:])
+    unit = tmp_path / "example.cpp"
+    unit.write_text(
+        f"{lines[0]}\n#include <memory>\n"
+        "void build(nvinfer1::IBuilder* builder, nvinfer1::INetworkDefinition* network,\n"
+        f"           nvinfer1::IBuilderConfig* config) {{\n{body}\n}}\n"
+    )
+    done = subprocess.run(
+        [
+            "g++",
+            "-std=c++17",
+            *WARNINGS,
+            *include_flags(),
+            "-c",
+            str(unit),
+            "-o",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
 # -- the journal of recorded TensorRT builds -------------------------------------------------------
 
 
