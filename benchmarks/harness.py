@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from trt_otel import BuildMonitor, JournalWriter
 from trt_otel.console import PlainLines
-from trt_otel.eta import EtaProjection
+from trt_otel.readmodel import ReadModel
 from trt_otel.sinks.http import StatusServer
 from trt_otel.sinks.otlp import OtlpSettings, OtlpSpanExport
 from trt_otel.sinks.prometheus import BuildCollector, MetricsServer
@@ -92,19 +92,25 @@ class FullMonitor:
 
 
 def full_monitor(directory: Path, dead_port: int, name: str = "bench") -> FullMonitor:
+    """Wired as :func:`trt_otel.session.run_session` wires it: the journal, the read model
+    (console lines, span projection and ETA read it), the HTTP view's feed."""
     monitor = BuildMonitor(attributes={"model.path": "bench.onnx"})
     log = monitor.log
     log.follow(JournalWriter(directory / f"{name}.jsonl"), capacity=1_000_000)
-    log.follow(PlainLines(io.StringIO()))
+    model = ReadModel()
     settings = OtlpSettings.resolve(f"http://127.0.0.1:{dead_port}", "http/protobuf", environ={})
     assert settings is not None
-    spans = OtlpSpanExport(settings, warn=lambda message: None)
-    log.follow(spans, capacity=1_000_000)
-    eta = EtaProjection()
-    log.follow(eta, capacity=1_000_000)
-    metrics = MetricsServer(monitor, 0, span_health=spans.queue.health)
+    spans = OtlpSpanExport(settings, warn=lambda message: None, model=model)
+    model.subscribe(spans)
+    model.subscribe(PlainLines(model, io.StringIO()))
+    log.follow(model, capacity=1_000_000)
+
+    def eta() -> float | None:
+        return model.estimate(monitor.log.clock.mono_ns()).build.seconds
+
+    metrics = MetricsServer(monitor, 0, span_health=spans.queue.health, eta=eta)
     registry = CollectorRegistry(auto_describe=True)
     registry.register(BuildCollector(monitor))
-    status = StatusServer(monitor, eta, registry, port=0, cancel_token="bench")
+    status = StatusServer(monitor, model, registry, port=0, cancel_token="bench")
     log.follow(status.feed, capacity=1_000_000)
     return FullMonitor(monitor, spans, metrics, status)

@@ -9,6 +9,7 @@ from rich.console import Console
 from trt_otel import BuildMonitor, ManualClock
 from trt_otel.console import LiveConsole, PlainLines, render_build
 from trt_otel.durations import format_duration
+from trt_otel.readmodel import ReadModel
 from trt_otel.simulator import Driver, generate_plan
 
 
@@ -24,10 +25,16 @@ def finished_build() -> BuildMonitor:
     return monitor
 
 
+def model_of(monitor: BuildMonitor) -> ReadModel:
+    model = ReadModel()
+    model.handle(monitor.log.recent())
+    return model
+
+
 def render(monitor: BuildMonitor) -> str:
     out = io.StringIO()
     Console(file=out, width=100, force_terminal=False, color_system=None).print(
-        render_build(monitor.state)
+        render_build(model_of(monitor))
     )
     return out.getvalue()
 
@@ -61,8 +68,9 @@ def test_an_open_build_shows_progress_of_open_phases() -> None:
 def test_plain_lines_show_shallow_phases_and_a_summary() -> None:
     monitor = finished_build()
     out = io.StringIO()
-    plain = PlainLines(out, progress_every_s=5)
-    plain.handle(monitor.log.recent())
+    model = ReadModel()
+    model.subscribe(PlainLines(model, out, progress_every_s=5))
+    model.handle(monitor.log.recent())
     lines = out.getvalue().splitlines()
     assert lines[0].endswith(f"build started ({monitor.build_id})")
     assert any("▶ Building engine (6 steps)" in line for line in lines)
@@ -76,9 +84,10 @@ def test_the_live_console_draws_to_a_terminal() -> None:
     out = io.StringIO()
     console = Console(file=out, width=100, force_terminal=True)
     monitor = finished_build()
-    live = LiveConsole(console, refresh_per_second=20)
-    live.handle(monitor.log.recent())
-    live.close()
+    model = ReadModel()
+    model.subscribe(LiveConsole(model, console, refresh_per_second=20))
+    model.handle(monitor.log.recent())
+    model.close()
     assert "build success" in out.getvalue()
 
 

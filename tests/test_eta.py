@@ -6,12 +6,25 @@ import statistics
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
-from trt_otel.eta import BoundaryTracker, EtaProjection, History, estimate, format_eta
+from trt_otel import BuildMonitor, ManualClock
+from trt_otel.components import build_collector
+from trt_otel.config import MetricsConfig
+from trt_otel.eta import (
+    MIN_ELAPSED_S,
+    MIN_PROGRESS,
+    BoundaryTracker,
+    History,
+    estimate,
+    format_eta,
+)
 from trt_otel.events import Event, PhaseFinished, StepCompleted
 from trt_otel.journal import JournalWriter
 from trt_otel.model import demo_model_bytes
-from trt_otel.simulator import generate_plan
+from trt_otel.readmodel import ReadModel
+from trt_otel.simulator import Driver, generate_plan
 from trt_otel.state import BuildState
 from trt_otel.testing import virtual_build
 
@@ -102,25 +115,47 @@ def test_estimates_say_when_they_do_not_know() -> None:
     assert estimate(finished, tracker, events[-1].mono_ns, None).build.seconds == 0.0
 
 
-def test_the_gauge_is_absent_while_unknown_and_present_once_known(history_dir: Path) -> None:
-    from prometheus_client import generate_latest
+def eta_gauge(registry: CollectorRegistry) -> float | None:
+    """``trt_build_eta_seconds`` as a scrape reads it, from the exposition text."""
+    text = generate_latest(registry).decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "trt_build_eta_seconds":
+                return float(sample.value)
+    return None
 
-    from trt_otel import BuildMonitor
-    from trt_otel.sinks.prometheus import MetricsServer
 
-    monitor = BuildMonitor()
-    projection = EtaProjection(History.load(history_dir, MODEL["model.sha256"]))
-    known: list[float | None] = [None]
-    server = MetricsServer(monitor, 0, eta=lambda: known[0])
+def test_the_eta_gauge_is_the_estimate_of_the_live_build_wired_as_the_session_wires_it() -> None:
+    """The gauge reads the session's read model at scrape time; with no history it is the
+    progress estimate: elapsed * (1 - p) / p, the time *left*."""
+    clock = ManualClock()
+    monitor = BuildMonitor(clock=clock, attributes=MODEL)
+    model = ReadModel()
+    monitor.log.follow(model, capacity=1_000_000)
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(
+        build_collector(monitor, MetricsConfig(), spans=None, runner=None, model=model)
+    )
     try:
-        assert "trt_build_eta_seconds" not in generate_latest(server.registry).decode()
-        events = virtual_build(PLAN, seed=5, attributes=MODEL)
-        projection.handle(events[: len(events) // 2])
-        known[0] = projection.current(events[len(events) // 2].mono_ns).build.seconds
-        assert known[0] is not None
-        assert f"trt_build_eta_seconds {known[0]}" in generate_latest(server.registry).decode()
+        assert eta_gauge(registry) is None, "absent while unknown"
+        monitor.start()
+        half = len(PLAN) // 2
+        Driver(speed=1.0, sleep=clock.advance).run(monitor, PLAN[:half])
+        clock.advance(1.5)  # scraped a while after the last callback
+        assert monitor.log.flush()
+        state = monitor.state
+        assert state.start_mono_ns is not None
+        ratio = state.progress_ratio()
+        elapsed_s = (clock.mono_ns() - state.start_mono_ns) / 1e9
+        assert MIN_PROGRESS < ratio < 1 and elapsed_s > MIN_ELAPSED_S
+        assert eta_gauge(registry) == pytest.approx(elapsed_s * (1 - ratio) / ratio)
+        clock.advance(10.0)
+        later = (clock.mono_ns() - state.start_mono_ns) / 1e9
+        assert eta_gauge(registry) == pytest.approx(later * (1 - ratio) / ratio), (
+            "read at scrape time, not at the last event"
+        )
     finally:
-        server.close()
+        monitor.close()
 
 
 def test_the_command_reads_a_history_folder(

@@ -22,7 +22,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from trt_otel import BuildMonitor, Outcome, read_journal
-from trt_otel.eta import EtaProjection
+from trt_otel.readmodel import ReadModel
 from trt_otel.simulator import Driver, generate_plan
 from trt_otel.sinks.http import StatusServer
 from trt_otel.sinks.prometheus import BuildCollector
@@ -205,11 +205,11 @@ def test_a_generated_token_is_written_for_the_owner_only(tmp_path: Path) -> None
 @pytest.fixture
 def served() -> Iterator[tuple[BuildMonitor, StatusServer]]:
     monitor = BuildMonitor()
-    eta = EtaProjection()
-    monitor.log.follow(eta)
+    model = ReadModel()
+    monitor.log.follow(model)
     registry = CollectorRegistry(auto_describe=True)
     registry.register(BuildCollector(monitor))
-    server = StatusServer(monitor, eta, registry, port=0, cancel_token=TOKEN)
+    server = StatusServer(monitor, model, registry, port=0, cancel_token=TOKEN)
     monitor.log.follow(server.feed, capacity=1_000_000)
     try:
         yield monitor, server

@@ -38,14 +38,13 @@ from trt_otel.build import (
     model_attributes,
     read_model,
 )
-from trt_otel.components import span_export
+from trt_otel.components import console_view, span_export
 from trt_otel.config import ConsoleConfig, SessionConfig, SpanConfig, UsageError
-from trt_otel.console import LiveConsole, PlainLines, render_build
-from trt_otel.eta import EtaProjection
-from trt_otel.events import Event
+from trt_otel.console import render_build
 from trt_otel.journal import JournalError, read_journal
 from trt_otel.model import demo_model_bytes
 from trt_otel.options import BuildOptions
+from trt_otel.readmodel import ReadModel
 from trt_otel.session import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -56,7 +55,6 @@ from trt_otel.session import (
 )
 from trt_otel.simulator import SIMULATOR_VERSION, TraceError, load_trace
 from trt_otel.sinks.otlp import OtlpConfigError
-from trt_otel.state import BuildState
 from trt_otel.watch import WatchError, follow_journal, follow_url
 
 
@@ -273,35 +271,27 @@ def replay(command: ReplayCommand) -> int:
     journal = read_journal(command.journal)
     for problem in journal.problems:
         print(f"trt-otel: {command.journal}: {problem}", file=sys.stderr)
-    state = BuildState()
-    for event in journal.events:
-        state.apply(event)
-    with span_export(command.spans) as spans:
-        Console(stderr=True).print(render_build(state))
-        if spans is not None:
-            # The same projection as the live run, fed the same events: the same spans.
-            spans.handle(journal.events)
-            spans.close()
+    model = ReadModel()
+    with span_export(command.spans, model):
+        # The same model and projections as the live run, fed the same events: the same tree
+        # and the same spans.
+        model.handle(journal.events)
+        model.close()
+        Console(stderr=True).print(render_build(model))
     return EXIT_OK
 
 
 def watch(command: WatchCommand) -> int:
-    eta = EtaProjection()
-    use_live = command.console.live and sys.stderr.isatty()
-    console = LiveConsole(eta=eta) if use_live else PlainLines(sys.stderr)
-
-    def show(events: Sequence[Event]) -> None:
-        eta.handle(events)
-        console.handle(events)
-
+    model = ReadModel()
+    console_view(command.console, model)
     try:
         if command.url is not None:
-            end = follow_url(command.url, show, warn=warn)
+            end = follow_url(command.url, model.handle, warn=warn)
         else:
             assert command.journal is not None
-            end = follow_journal(command.journal, show, warn=warn)
+            end = follow_journal(command.journal, model.handle, warn=warn)
     finally:
-        console.close()
+        model.close()
     if end is None:
         print("trt-otel: error: lost the build before its end", file=sys.stderr)
         return EXIT_USAGE

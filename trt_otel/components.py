@@ -30,13 +30,14 @@ from trt_otel.config import (
     UsageError,
 )
 from trt_otel.console import LiveConsole, PlainLines
-from trt_otel.eta import EtaProjection, History
+from trt_otel.eta import History
 from trt_otel.followers import Follower, FollowerWorker
 from trt_otel.gpu import GpuReader, open_reader
 from trt_otel.journal import JournalWriter
 from trt_otel.log import EventLog
 from trt_otel.monitor import BuildMonitor
 from trt_otel.policies import PolicyRunner
+from trt_otel.readmodel import ReadModel, Subscriber
 from trt_otel.sinks.http import StatusServer
 from trt_otel.sinks.otlp import OtlpSpanExport
 from trt_otel.sinks.prometheus import BuildCollector, MetricsServer, push_build_metrics
@@ -102,13 +103,15 @@ def load_history(directory: Path | None, attributes: dict[str, Any]) -> History 
 
 
 @contextlib.contextmanager
-def span_export(config: SpanConfig) -> Iterator[OtlpSpanExport | None]:
-    """Spans to an OTLP collector, if one is configured; flushed within the deadline on exit."""
+def span_export(config: SpanConfig, model: ReadModel) -> Iterator[OtlpSpanExport | None]:
+    """Spans to an OTLP collector, if one is configured, projected from ``model`` (they
+    subscribe to it); flushed within the deadline on exit."""
     settings = config.settings()
     if settings is None:
         yield None
         return
-    export = OtlpSpanExport(settings, warn=warn)
+    export = OtlpSpanExport(settings, warn=warn, model=model)
+    model.subscribe(export)
     say(f"spans: {settings.endpoint} ({settings.protocol})")
     completed = False
     try:
@@ -134,19 +137,19 @@ def build_collector(
     *,
     spans: OtlpSpanExport | None,
     runner: PolicyRunner | None,
-    eta: EtaProjection,
+    model: ReadModel,
 ) -> BuildCollector:
     return BuildCollector(
         monitor,
         build_id_label=config.build_id_label,
         span_health=spans.queue.health if spans is not None else None,
         policy_health=runner.health if runner is not None else None,
-        eta=_eta_seconds(eta, monitor),
+        eta=_eta_seconds(model, monitor),
     )
 
 
-def _eta_seconds(eta: EtaProjection, monitor: BuildMonitor) -> Callable[[], float | None]:
-    return lambda: eta.current(monitor.log.clock.mono_ns()).build.seconds
+def _eta_seconds(model: ReadModel, monitor: BuildMonitor) -> Callable[[], float | None]:
+    return lambda: model.estimate(monitor.log.clock.mono_ns()).build.seconds
 
 
 @contextlib.contextmanager
@@ -156,7 +159,7 @@ def metrics_endpoint(
     *,
     spans: OtlpSpanExport | None,
     runner: PolicyRunner | None,
-    eta: EtaProjection,
+    model: ReadModel,
 ) -> Iterator[MetricsServer | None]:
     """Prometheus' scrape endpoint, if asked for. On exit the final values reach Prometheus:
     pushed to the Pushgateway, and a last scrape awaited."""
@@ -170,7 +173,7 @@ def metrics_endpoint(
                 build_id_label=config.build_id_label,
                 span_health=spans.queue.health if spans is not None else None,
                 policy_health=runner.health if runner is not None else None,
-                eta=_eta_seconds(eta, monitor),
+                eta=_eta_seconds(model, monitor),
             )
         except OSError as error:
             raise UsageError(
@@ -209,7 +212,7 @@ def status_server(
     monitor: BuildMonitor,
     config: HttpConfig,
     *,
-    eta: EtaProjection,
+    model: ReadModel,
     registry: Callable[[], CollectorRegistry],
 ) -> Iterator[StatusServer | None]:
     """The HTTP view, if asked for; ``registry`` makes the /metrics it serves (called only
@@ -222,7 +225,7 @@ def status_server(
         try:
             server = StatusServer(
                 monitor,
-                eta,
+                model,
                 registry(),
                 port=config.port,
                 address=config.address,
@@ -277,19 +280,24 @@ def open_journal(path: Path) -> JournalWriter:
         raise UsageError(f"cannot write journal {path}: {error.strerror or error}") from None
 
 
-def console_follower(
-    config: ConsoleConfig, *, eta: EtaProjection, history: History | None
-) -> Follower:
-    """The live tree on a terminal, plain lines elsewhere."""
+def console_view(config: ConsoleConfig, model: ReadModel) -> Subscriber:
+    """The live tree on a terminal, plain lines elsewhere; subscribed to ``model``."""
+    view: Subscriber
     if config.live and sys.stderr.isatty():
-        return LiveConsole(eta=eta)
-    return PlainLines(sys.stderr, history=history)
+        view = LiveConsole(model)
+    else:
+        view = PlainLines(model, sys.stderr)
+    model.subscribe(view)
+    return view
 
 
 @contextlib.contextmanager
-def following(log: EventLog, followers: Sequence[tuple[Follower, int]]) -> Iterator[EventLog]:
+def following(
+    log: EventLog, followers: Sequence[tuple[Follower, int]], model: ReadModel | None = None
+) -> Iterator[EventLog]:
     """The log feeding each ``(follower, queue capacity)``; on exit every follower handles
-    what is queued and is closed, and what any of them lost is said."""
+    what is queued and is closed, and what any of them (or of ``model``'s subscribers) lost
+    is said."""
     for follower, capacity in followers:
         log.follow(follower, capacity=capacity)
     try:
@@ -299,6 +307,8 @@ def following(log: EventLog, followers: Sequence[tuple[Follower, int]]) -> Itera
         if not log.close(timeout_s=5.0):
             warn("a follower did not finish in time")
         report_follower_health(workers)
+        for name, (failed, last_error) in (model.subscriber_errors if model else {}).items():
+            warn(f"{name}: failed on {failed:,} events (last error: {last_error})")
 
 
 def report_follower_health(workers: Sequence[FollowerWorker]) -> None:
@@ -320,7 +330,7 @@ def status_registry(
     *,
     spans: OtlpSpanExport | None,
     runner: PolicyRunner | None,
-    eta: EtaProjection,
+    model: ReadModel,
 ) -> Callable[[], CollectorRegistry]:
     """What the HTTP view's /metrics serves: the Prometheus endpoint's registry when there is
     one, else one of its own."""
@@ -329,7 +339,7 @@ def status_registry(
         if metrics is not None:
             return metrics.registry
         registry = CollectorRegistry(auto_describe=True)
-        registry.register(build_collector(monitor, config, spans=spans, runner=runner, eta=eta))
+        registry.register(build_collector(monitor, config, spans=spans, runner=runner, model=model))
         return registry
 
     return make

@@ -1,14 +1,14 @@
 """The build shown to people: a live tree in a terminal, plain lines elsewhere.
 
-Both are log followers that fold the events into a :class:`BuildState` of their own (the same
-fold as everywhere, so ``watch`` and ``replay`` show what the build showed). Recording is apart
-from drawing: ``handle`` only folds, under a lock; rich's refresh thread draws at a fixed rate.
+Both read the build's :class:`~trt_otel.readmodel.ReadModel` (the same model ``/status`` reads,
+and ``watch`` and ``replay`` build from the same events, so they show what the build showed).
+Recording is apart from drawing: the model folds on its own thread; rich's refresh thread draws
+the live tree from it at a fixed rate. Plain lines are written as events arrive, as one of the
+model's subscribers.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import TextIO
 
@@ -19,14 +19,7 @@ from rich.tree import Tree
 
 from trt_otel.clock import SYSTEM_CLOCK, Clock
 from trt_otel.durations import format_duration
-from trt_otel.eta import (
-    BoundaryTracker,
-    Estimate,
-    EtaProjection,
-    History,
-    estimate,
-    format_eta,
-)
+from trt_otel.eta import Estimate, format_eta
 from trt_otel.events import (
     Anomaly,
     BuildFinished,
@@ -38,6 +31,7 @@ from trt_otel.events import (
     PhaseFinished,
     PhaseStarted,
 )
+from trt_otel.readmodel import ReadModel, SiblingGroup
 from trt_otel.state import BuildState, BuildStatus, Phase, PhaseStatus
 
 _OUTCOME_STYLE = {
@@ -61,21 +55,20 @@ def _now_ns(state: BuildState, now_mono_ns: int | None) -> int | None:
 
 
 def render_build(
-    state: BuildState, now_mono_ns: int | None = None, eta: Estimate | None = None
+    model: ReadModel, now_mono_ns: int | None = None, eta: Estimate | None = None
 ) -> RenderableType:
-    """The build as a header line and a tree of phases.
+    """The build as a header line and a tree of phases (hold the model's lock, or own it).
 
-    Open phases are shown with their progress; finished phases that share a name under one
-    parent (TensorRT starts "Measuring tactic time" hundreds of times) are folded into one line
-    with a count and their total time.
+    Open phases are shown with their progress; repeated phases are folded by the model's rule
+    (:meth:`~trt_otel.readmodel.ReadModel.tree`) into one line with a count and their total time.
     """
+    state = model.state
     now = _now_ns(state, now_mono_ns)
     header = _header(state, now)
     if eta is not None and state.outcome is None:
         header.append(f"  {format_eta(eta)}", "dim")
     tree = Tree(header, guide_style="dim")
-    for root_id in state.roots:
-        _add_phase(tree, state, state.phases[root_id], now)
+    _add_nodes(tree, model, None, now)
     footer = _footer(state)
     return Group(tree, footer) if footer is not None else tree
 
@@ -147,51 +140,36 @@ def _phase_label(state: BuildState, phase: Phase, now: int | None) -> Text:
     return label
 
 
-def _add_phase(parent: Tree, state: BuildState, phase: Phase, now: int | None) -> None:
-    node = parent.add(_phase_label(state, phase, now))
-    finished: dict[str, list[Phase]] = defaultdict(list)
-    for child_id in phase.children:
-        child = state.phases[child_id]
-        if not child.is_open:
-            finished[child.name].append(child)
-    shown: set[str] = set()
-    for child_id in phase.children:
-        child = state.phases[child_id]
-        if child.is_open:
-            _add_phase(node, state, child, now)
-        elif child.name not in shown:
-            shown.add(child.name)
-            group = finished[child.name]
-            if len(group) == 1 and not child.children:
-                node.add(_phase_label(state, child, now))
-            elif len(group) == 1:
-                _add_phase(node, state, child, now)
-            else:
-                total_s = sum((p.duration_ns() or 0) for p in group) / 1e9
-                label = Text("✓ ", "green")
-                label.append(f"{child.name} ×{len(group)}")
-                label.append(f" {format_duration(total_s)} in all", "dim")
-                node.add(label)
+def _add_nodes(parent: Tree, model: ReadModel, phase_id: int | None, now: int | None) -> None:
+    for node in model.tree(phase_id):
+        if isinstance(node, SiblingGroup):
+            label = Text("✓ ", "green")
+            label.append(f"{node.name} ×{node.count}")
+            label.append(f" {format_duration(node.total_ns / 1e9)} in all", "dim")
+            parent.add(label)
+        else:
+            branch = parent.add(_phase_label(model.state, node, now))
+            if node.children:
+                _add_nodes(branch, model, node.id, now)
 
 
 class LiveConsole:
-    """A follower drawing the live tree in a terminal, refreshed a few times a second."""
+    """A subscriber of the read model drawing the live tree in a terminal, refreshed a few
+    times a second from the model (not once per event)."""
 
     name = "console"
 
     def __init__(
         self,
+        model: ReadModel,
         console: Console | None = None,
         *,
         refresh_per_second: float = 4,
         clock: Clock = SYSTEM_CLOCK,
-        eta: EtaProjection | None = None,
     ) -> None:
+        self.model = model
         self.console = console or Console(stderr=True)
-        self._eta = eta
-        self.state = BuildState()
         self._clock = clock
-        self._lock = threading.Lock()
         self._live = Live(
             get_renderable=self._renderable,
             console=self.console,
@@ -203,14 +181,10 @@ class LiveConsole:
 
     def _renderable(self) -> RenderableType:
         now = self._clock.mono_ns()
-        eta = self._eta.current(now).build if self._eta is not None else None
-        with self._lock:
-            return render_build(self.state, now, eta)
+        with self.model.reading() as model:
+            return render_build(model, now, model.estimate_locked(now).build)
 
-    def handle(self, events: Sequence[Event]) -> None:
-        with self._lock:
-            for event in events:
-                self.state.apply(event)
+    def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
         if not self._started:
             self._started = True
             self._live.start()
@@ -223,58 +197,46 @@ class LiveConsole:
 
 
 class PlainLines:
-    """A follower writing one line per notable event, for CI logs and pipes.
+    """A subscriber of the read model writing one line per notable event, for CI logs and
+    pipes.
 
     Phases down to ``max_depth`` get a start and an end line; deeper ones only count toward a
-    progress line written at most every ``progress_every_s`` of build time.
+    progress line written at most every ``progress_every_s`` of build time. Every line is a
+    function of the events alone (times included), so a replay, or a watch of this build,
+    writes the same ones.
     """
 
     name = "console"
 
     def __init__(
         self,
+        model: ReadModel,
         stream: TextIO,
         *,
         max_depth: int = 2,
         progress_every_s: float = 10.0,
         show_eta: bool = True,
-        history: History | None = None,
     ) -> None:
+        self.model = model
         self.stream = stream
-        # Estimated from this follower's own fold, so the lines are a function of the events
-        # alone: a replay, or a watch of this build, writes the same ones.
         self._show_eta = show_eta
-        self._history = history
-        self._boundaries = BoundaryTracker()
         self.max_depth = max_depth
         self.progress_every_ns = int(progress_every_s * 1e9)
-        self.state = BuildState()
         self._last_progress_line_ns: int | None = None
 
-    def handle(self, events: Sequence[Event]) -> None:
-        lines = []
-        for event in events:
-            phase_before = (
-                self.state.open_by_name.get(event.name)
-                if isinstance(event, PhaseFinished)
-                else None
-            )
-            self.state.apply(event)
-            self._boundaries.apply(event, self.state)
-            line = self._line_for(event, phase_before)
-            if line is not None:
-                lines.append(line)
-        if lines:
-            self.stream.write("".join(f"{line}\n" for line in lines))
-            self.stream.flush()
+    def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
+        line = self._line_for(event, closed)
+        if line is not None:
+            self.stream.write(f"{line}\n")
+            self.stream.flush()  # a line is rare (a shallow phase, or every 10s at most)
 
     def _stamp(self, event: Event) -> str:
-        start = self.state.start_mono_ns
+        start = self.model.state.start_mono_ns
         elapsed = (event.mono_ns - start) / 1e9 if start is not None else 0.0
         return f"[{elapsed:8.1f}s]"
 
-    def _line_for(self, event: Event, finished_id: int | None) -> str | None:
-        state = self.state
+    def _line_for(self, event: Event, closed: Sequence[Phase]) -> str | None:
+        state = self.model.state
         if isinstance(event, BuildStarted):
             return f"{self._stamp(event)} build started ({event.build_id})"
         if isinstance(event, PhaseStarted):
@@ -283,14 +245,14 @@ class PlainLines:
                 indent = "  " * phase.depth
                 return f"{self._stamp(event)} {indent}▶ {phase.name} ({phase.num_steps} steps)"
             return self._progress_line(event)
-        if isinstance(event, PhaseFinished) and finished_id is not None:
-            phase = state.phases[finished_id]
-            if phase.depth <= self.max_depth:
-                took = format_duration((phase.duration_ns() or 0) / 1e9)
-                indent = "  " * phase.depth
+        if isinstance(event, PhaseFinished):
+            finished = closed[-1] if closed and closed[-1].name == event.name else None
+            if finished is not None and finished.depth <= self.max_depth:
+                took = format_duration((finished.duration_ns() or 0) / 1e9)
+                indent = "  " * finished.depth
                 return (
-                    f"{self._stamp(event)} {indent}✓ {phase.name} "
-                    f"{phase.last_step + 1}/{phase.num_steps} in {took}"
+                    f"{self._stamp(event)} {indent}✓ {finished.name} "
+                    f"{finished.last_step + 1}/{finished.num_steps} in {took}"
                 )
             return None
         if isinstance(event, CancelRequested):
@@ -315,15 +277,15 @@ class PlainLines:
             self._last_progress_line_ns = event.mono_ns
             return None
         self._last_progress_line_ns = event.mono_ns
-        open_ids = self.state.open_phase_ids()
-        inner = self.state.phases[open_ids[-1]].name if open_ids else "-"
+        state = self.model.state
+        open_ids = state.open_phase_ids()
+        inner = state.phases[open_ids[-1]].name if open_ids else "-"
         eta = ""
         if self._show_eta:
-            estimates = estimate(self.state, self._boundaries, event.mono_ns, self._history)
-            eta = f"; {format_eta(estimates.build)}"
+            eta = f"; {format_eta(self.model.estimate_locked(event.mono_ns).build)}"
         return (
-            f"{self._stamp(event)} … {self.state.progress_ratio():.0%} "
-            f"({self.state.steps_completed_total:,} steps; in {inner}{eta})"
+            f"{self._stamp(event)} … {state.progress_ratio():.0%} "
+            f"({state.steps_completed_total:,} steps; in {inner}{eta})"
         )
 
     def close(self) -> None:

@@ -17,10 +17,8 @@ The whole-build ETA is the history estimate where there is one, else the progres
 
 from __future__ import annotations
 
-import contextlib
 import statistics
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -215,34 +213,3 @@ def _phase_estimate(state: BuildState, phase_id: int, now_mono_ns: int) -> Estim
         return Estimate(None, "steps", "no step yet")
     per_step = (now_mono_ns - phase.start_mono_ns) / 1e9 / done
     return Estimate(per_step * max(0, phase.num_steps - done), "steps")
-
-
-class EtaProjection:
-    """A follower keeping the estimates current; read :meth:`current` from any thread."""
-
-    name = "eta"
-
-    def __init__(self, history: History | None = None) -> None:
-        self.history = history
-        self.state = BuildState()
-        self.tracker = BoundaryTracker()
-        self._lock = threading.Lock()
-
-    def handle(self, events: Sequence[Event]) -> None:
-        with self._lock:
-            for event in events:
-                self.state.apply(event)
-                self.tracker.apply(event, self.state)
-
-    def current(self, now_mono_ns: int) -> BuildEta:
-        with self._lock:
-            return estimate(self.state, self.tracker, now_mono_ns, self.history)
-
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[BuildState]:
-        """The projection's state, held still while the caller reads it."""
-        with self._lock:
-            yield self.state
-
-    def close(self) -> None:
-        pass

@@ -23,7 +23,7 @@ from typing import Any
 from trt_otel.build import BuildJob, BuildResult, partial_files, run_build_job
 from trt_otel.components import (
     DEEP_QUEUE,
-    console_follower,
+    console_view,
     following,
     gpu_reader,
     join_parent_trace,
@@ -38,12 +38,12 @@ from trt_otel.components import (
 )
 from trt_otel.config import SessionConfig, UsageError
 from trt_otel.durations import format_duration
-from trt_otel.eta import EtaProjection
 from trt_otel.events import Outcome
 from trt_otel.followers import Follower
 from trt_otel.gpu import GpuSampler
 from trt_otel.monitor import BuildMonitor
 from trt_otel.policies import PolicyRunner
+from trt_otel.readmodel import ReadModel
 from trt_otel.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent, trace_id_for
 from trt_otel.supervisor import IsolatedResult, run_isolated
 
@@ -78,27 +78,27 @@ def run_session(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]
         history = load_history(observe.history, attributes)
         monitor = BuildMonitor(attributes=attributes)
         runner = PolicyRunner(monitor, policy, warn=warn) if policy is not None else None
-        eta = EtaProjection(history)
+        model = ReadModel(history)  # the build folded once, for every view below
 
         # Sinks: each stops after the log's followers have drained into it.
-        spans = stack.enter_context(span_export(observe.spans))
-        sources: dict[str, Any] = {"spans": spans, "runner": runner, "eta": eta}
+        spans = stack.enter_context(span_export(observe.spans, model))
+        sources: dict[str, Any] = {"spans": spans, "runner": runner, "model": model}
         metrics = stack.enter_context(metrics_endpoint(monitor, observe.metrics, **sources))
         registry = status_registry(monitor, observe.metrics, metrics, **sources)
-        http = stack.enter_context(status_server(monitor, observe.http, eta=eta, registry=registry))
+        http = stack.enter_context(
+            status_server(monitor, observe.http, model=model, registry=registry)
+        )
+        console_view(observe.console, model)
         _announce(monitor.build_id, attributes, spans is not None, runner)
 
         # The log's followers, each on its own thread behind a bounded queue.
         followers: list[tuple[Follower, int]] = []
         if observe.journal is not None:
             followers.append((open_journal(observe.journal), DEEP_QUEUE))
-        if spans is not None:
-            followers.append((spans, DEEP_QUEUE))
-        followers.append((eta, DEEP_QUEUE))
+        followers.append((model, DEEP_QUEUE))
         if http is not None:
             followers.append((http.feed, DEEP_QUEUE))
-        followers.append((console_follower(observe.console, eta=eta, history=history), 65_536))
-        stack.enter_context(following(monitor.log, followers))
+        stack.enter_context(following(monitor.log, followers, model))
 
         # Things that act during the build: policies, the GPU sampler, signal handlers.
         monitor.start()

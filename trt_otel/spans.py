@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,10 +42,9 @@ from trt_otel.events import (
     GpuSample,
     LogMessage,
     Outcome,
-    PhaseFinished,
-    PhaseStarted,
     StepCompleted,
 )
+from trt_otel.readmodel import ReadModel
 from trt_otel.state import BuildState, Phase, PhaseStatus
 
 DEFAULT_SPAN_BUDGET = 10_000
@@ -195,19 +195,26 @@ class _Notes:
 
 
 class SpanProjection:
-    """Feed it events in ``seq`` order; it returns the spans each one completes."""
+    """Spans from the read model: each event, once the model has folded it, may complete some.
+
+    Alone, :meth:`apply` folds each event into a model of the projection's own (a replayed
+    journal, a test). In a session it subscribes, through the span export, to the build's
+    shared :class:`~trt_otel.readmodel.ReadModel` and is handed each event with the phases it
+    closed (:meth:`project`); it never changes the model.
+    """
 
     def __init__(
         self,
         *,
         span_budget: int = DEFAULT_SPAN_BUDGET,
         fold_under_ns: int = DEFAULT_FOLD_UNDER_NS,
+        model: ReadModel | None = None,
     ) -> None:
         if span_budget < 1:
             raise ValueError("the span budget must allow at least the build's own span")
         self.span_budget = span_budget
         self.fold_under_ns = fold_under_ns
-        self.state = BuildState()
+        self.model = model if model is not None else ReadModel()
         self.emitted = 0
         self.folded = 0
         self._trace_id = 0
@@ -217,11 +224,17 @@ class SpanProjection:
         self._build_key = ""
         self._wall_base_ns: int | None = None
         self._mono_base_ns = 0
+        # What a span gathers while its phase is open (None: the build's span), dropped when
+        # the span is made: the model keeps what is left of a closed phase.
         self._folds: dict[int | None, _Fold] = {}
         self._notes: dict[int | None, _Notes] = {}
+        self._gpu: dict[int | None, _GpuStats] = {}
         self._build_done = False
         self._refused: frozenset[int] = frozenset()
-        self._gpu: dict[int | None, _GpuStats] = {}
+
+    @property
+    def state(self) -> BuildState:
+        return self.model.state
 
     @property
     def finished(self) -> bool:
@@ -231,14 +244,18 @@ class SpanProjection:
     # -- the fold ------------------------------------------------------------------------------
 
     def apply(self, event: Event) -> list[SpanRecord]:
-        """Fold one event in; the spans it completed, innermost first."""
+        """Fold one event into the projection's own model; the spans it completed, innermost
+        first. (With a shared model, the model folds and calls :meth:`project`.)"""
+        return self.project(event, self.model.apply(event))
+
+    def project(self, event: Event, closed: Sequence[Phase]) -> list[SpanRecord]:
+        """The spans ``event`` completed, the model having folded it; ``closed`` are the
+        phases it closed, innermost first."""
         if self._build_done:
             return []
-        state = self.state
+        state = self.model.state
         if self._wall_base_ns is None:
             self._begin(event)
-        closing = isinstance(event, PhaseStarted | PhaseFinished | BuildFinished)
-        open_before = set(state.open_by_name.values()) if closing else set()
         if isinstance(event, GpuSample):
             # Each open phase, and the build, saw this sample: O(open phases), once a second.
             for owner in (None, *state.open_by_name.values()):
@@ -249,12 +266,10 @@ class SpanProjection:
             # The first step after a cancel is the one the monitor answered False: TensorRT
             # unwinds the phases open now, so their ends are the cancel's doing.
             self._refused = frozenset(state.open_by_name.values())
-        state.apply(event)
-        if not closing:
-            return []
         spans: list[SpanRecord] = []
-        for phase_id in sorted(open_before - set(state.open_by_name.values()), reverse=True):
-            span = self._phase_closed(state.phases[phase_id])
+        for phase in closed:
+            assert phase.finish_mono_ns is not None
+            span = self._phase_span(phase, phase.finish_mono_ns, phase.status, phase.close_reason)
             if span is not None:
                 spans.append(span)
         if isinstance(event, BuildFinished):
@@ -263,21 +278,22 @@ class SpanProjection:
 
     def finish(self) -> list[SpanRecord]:
         """End what the log left open (a build whose process died before its end): every open
-        phase and the build's span end at the last event, marked unfinished."""
+        phase and the build's span end at the last event, marked unfinished. The model is left
+        as the log left it."""
         if self._build_done or self._wall_base_ns is None:
             return []
-        state = self.state
+        state = self.model.state
         last_mono = state.last_event_mono_ns or self._mono_base_ns
         spans: list[SpanRecord] = []
-        for phase_id in sorted(state.open_by_name.values(), reverse=True):
-            phase = state.phases[phase_id]
-            phase.status = PhaseStatus.ABORTED
-            phase.close_reason = "the log ended before the build did"
-            phase.finish_mono_ns = last_mono
-            span = self._phase_closed(phase)
+        for phase_id in reversed(state.open_phase_ids()):
+            span = self._phase_span(
+                state.phases[phase_id],
+                last_mono,
+                PhaseStatus.ABORTED,
+                "the log ended before the build did",
+            )
             if span is not None:
                 spans.append(span)
-        state.open_by_name.clear()
         spans.append(self._build_span(self._span_time(last_mono), unfinished=True))
         return spans
 
@@ -317,9 +333,10 @@ class SpanProjection:
             attributes = {"log.severity": event.severity, "log.message": event.message}
             self._notes.setdefault(None, _Notes()).add(SpanEvent("trt.log", time_ns, attributes))
 
-    def _phase_closed(self, phase: Phase) -> SpanRecord | None:
-        assert phase.finish_mono_ns is not None
-        duration = phase.finish_mono_ns - phase.start_mono_ns
+    def _phase_span(
+        self, phase: Phase, end_mono_ns: int, status: PhaseStatus, close_reason: str | None
+    ) -> SpanRecord | None:
+        duration = end_mono_ns - phase.start_mono_ns
         fold = self._folds.pop(phase.id, None)
         notes = self._notes.pop(phase.id, None)
         gpu = self._gpu.pop(phase.id, None)
@@ -337,12 +354,12 @@ class SpanProjection:
             "trt.phase.num_steps": phase.num_steps,
             "trt.phase.steps_completed": phase.steps_completed,
             "trt.phase.depth": phase.depth,
-            "trt.phase.status": phase.status.value,
+            "trt.phase.status": status.value,
         }
         if phase.skipped_steps:
             attributes["trt.phase.skipped_steps"] = phase.skipped_steps
-        if phase.close_reason is not None:
-            attributes["trt.phase.close_reason"] = phase.close_reason
+        if close_reason is not None:
+            attributes["trt.phase.close_reason"] = close_reason
         if phase.id in self._refused:
             attributes["trt.phase.cancelled"] = True
         events: tuple[SpanEvent, ...] = ()
@@ -364,14 +381,14 @@ class SpanProjection:
             parent_span_id=self._build_span_id if parent is None else self._span_id(parent),
             parent_is_remote=False,
             start_ns=self._span_time(phase.start_mono_ns),
-            end_ns=self._span_time(phase.finish_mono_ns),
+            end_ns=self._span_time(end_mono_ns),
             attributes=attributes,
             events=events,
             sampled=self._sampled,
         )
 
     def _build_span(self, end_ns: int, *, unfinished: bool = False) -> SpanRecord:
-        state = self.state
+        state = self.model.state
         self._build_done = True
         self.emitted += 1
         attributes: dict[str, Any] = {

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,9 +79,15 @@ class BuildStatus(enum.StrEnum):
 
 
 class BuildState:
-    """The fold. Mutated only by :meth:`apply`; read by projections and people."""
+    """The fold. Mutated only by :meth:`apply`; read by projections and people.
 
-    def __init__(self) -> None:
+    ``on_close`` is told of each phase as it closes (finished or aborted), innermost first,
+    inside :meth:`apply`: how a follower-side read model learns which phases an event closed
+    without comparing the open phases before and after. It must not change the state.
+    """
+
+    def __init__(self, *, on_close: Callable[[Phase], None] | None = None) -> None:
+        self._on_close = on_close
         self.build_id: str | None = None
         self.attributes: dict[str, Any] = {}
         self.start_wall_ns: int | None = None
@@ -205,6 +211,8 @@ class BuildState:
             phase.close_reason = abort_reason
         if self.open_by_name.get(phase.name) == phase.id:
             del self.open_by_name[phase.name]
+        if self._on_close is not None:
+            self._on_close(phase)
 
     def _progressed(self, event: Event) -> None:
         self.last_progress_wall_ns = event.wall_ns

@@ -30,11 +30,12 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from trt_otel.clock import SYSTEM_CLOCK, Clock
-from trt_otel.eta import BuildEta, Estimate, EtaProjection, estimate
+from trt_otel.eta import BuildEta, Estimate
 from trt_otel.events import BuildFinished, Event
 from trt_otel.journal import event_to_dict
 from trt_otel.monitor import BuildMonitor
-from trt_otel.state import BuildState, Phase, PhaseStatus
+from trt_otel.readmodel import ReadModel, SiblingGroup
+from trt_otel.state import BuildState, Phase
 
 _logger = logging.getLogger(__name__)
 
@@ -109,8 +110,9 @@ def _estimate_json(value: Estimate) -> dict[str, Any]:
     return {"seconds": value.seconds, "basis": value.basis, "unknown": value.unknown}
 
 
-def status_document(state: BuildState, eta: BuildEta, now_mono_ns: int) -> dict[str, Any]:
-    """The build as one JSON document."""
+def status_document(model: ReadModel, eta: BuildEta, now_mono_ns: int) -> dict[str, Any]:
+    """The build as one JSON document (hold the model's lock, or own it)."""
+    state = model.state
     start = state.start_mono_ns
     end = state.end_mono_ns if state.end_mono_ns is not None else now_mono_ns
     cancel = state.cancel
@@ -133,7 +135,7 @@ def status_document(state: BuildState, eta: BuildEta, now_mono_ns: int) -> dict[
         "anomalies": {kind.value: count for kind, count in state.anomalies.items()},
         "gpu": _gpu_json(state),
         "attributes": state.attributes,
-        "phases": [_phase_json(state, state.phases[r], eta, now_mono_ns) for r in state.roots],
+        "phases": _nodes_json(model, None, eta, now_mono_ns),
     }
 
 
@@ -146,37 +148,43 @@ def _gpu_json(state: BuildState) -> dict[str, Any] | None:
     return record
 
 
-def _phase_json(state: BuildState, phase: Phase, eta: BuildEta, now: int) -> dict[str, Any]:
+def _nodes_json(
+    model: ReadModel, parent_id: int | None, eta: BuildEta, now: int
+) -> list[dict[str, Any]]:
+    """The phases under ``parent_id``, repeated ones folded by the model's rule (the terminal
+    folds them the same way)."""
+    nodes: list[dict[str, Any]] = []
+    for node in model.tree(parent_id):
+        if isinstance(node, SiblingGroup):
+            nodes.append(
+                {
+                    "name": node.name,
+                    "status": "finished",
+                    "count": node.count,
+                    "elapsed_s": node.total_ns / 1e9,
+                    "longest_s": node.longest_ns / 1e9,
+                }
+            )
+        else:
+            nodes.append(_phase_json(model, node, eta, now))
+    return nodes
+
+
+def _phase_json(model: ReadModel, phase: Phase, eta: BuildEta, now: int) -> dict[str, Any]:
     node: dict[str, Any] = {
         "name": phase.name,
         "status": phase.status.value,
         "num_steps": phase.num_steps,
         "steps_completed": phase.steps_completed,
         "last_step": phase.last_step,
-        "progress": state.phase_progress(phase.id),
+        "progress": model.state.phase_progress(phase.id),
         "elapsed_s": (phase.duration_ns(now) or 0) / 1e9,
     }
     if phase.close_reason:
         node["close_reason"] = phase.close_reason
     if phase.id in eta.phases:
         node["eta"] = _estimate_json(eta.phases[phase.id])
-    # Finished siblings sharing a name (TensorRT repeats some phases a thousand times) are
-    # folded into one node with a count, as the terminal folds them.
-    children: list[dict[str, Any]] = []
-    folded: dict[str, dict[str, Any]] = {}
-    for child_id in phase.children:
-        child = state.phases[child_id]
-        if child.status is PhaseStatus.FINISHED and not child.children:
-            group = folded.get(child.name)
-            if group is None:
-                group = {"name": child.name, "status": "finished", "count": 0, "elapsed_s": 0.0}
-                folded[child.name] = group
-                children.append(group)
-            group["count"] += 1
-            group["elapsed_s"] += (child.duration_ns() or 0) / 1e9
-        else:
-            children.append(_phase_json(state, child, eta, now))
-    node["children"] = children
+    node["children"] = _nodes_json(model, phase.id, eta, now) if phase.children else []
     return node
 
 
@@ -201,7 +209,7 @@ class StatusServer:
     def __init__(
         self,
         monitor: BuildMonitor,
-        eta: EtaProjection,
+        model: ReadModel,
         registry: CollectorRegistry,
         *,
         port: int,
@@ -210,7 +218,7 @@ class StatusServer:
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.monitor = monitor
-        self.eta = eta
+        self.model = model
         self.registry = registry
         self.feed = EventFeed()
         self.clock = clock
@@ -252,10 +260,8 @@ class StatusServer:
 
     def status(self) -> dict[str, Any]:
         now = self.clock.mono_ns()
-        with self.eta.locked() as state:
-            return status_document(
-                state, estimate(state, self.eta.tracker, now, self.eta.history), now
-            )
+        with self.model.reading() as model:
+            return status_document(model, model.estimate_locked(now), now)
 
     def close(self, linger_s: float = 5.0) -> None:
         """Stop serving; streaming clients first get the end of the build (within

@@ -32,12 +32,14 @@ from opentelemetry.trace.status import Status, StatusCode
 
 from trt_otel import __version__
 from trt_otel.events import Event
+from trt_otel.readmodel import ReadModel
 from trt_otel.spans import (
     DEFAULT_FOLD_UNDER_NS,
     DEFAULT_SPAN_BUDGET,
     SpanProjection,
     SpanRecord,
 )
+from trt_otel.state import Phase
 
 GRPC = "grpc"
 HTTP_PROTOBUF = "http/protobuf"
@@ -402,10 +404,11 @@ class OtlpSpanExport:
         warn: Warn,
         exporter: SpanExporter | None = None,
         resource: Resource | None = None,
+        model: ReadModel | None = None,
     ) -> None:
         self.settings = settings
         self.projection = SpanProjection(
-            span_budget=settings.span_budget, fold_under_ns=settings.fold_under_ns
+            span_budget=settings.span_budget, fold_under_ns=settings.fold_under_ns, model=model
         )
         self.queue = SpanExportQueue(
             exporter or settings.make_exporter(),
@@ -416,9 +419,16 @@ class OtlpSpanExport:
         self._warn = warn
 
     def handle(self, events: Sequence[Event]) -> None:
+        """As a follower of the log: fold each event into the projection's own model."""
         for event in events:
             for record in self.projection.apply(event):
                 self._emitter.emit(record)
+
+    def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
+        """As a subscriber of the shared read model given at construction, on its thread: the
+        spans the event completed go to the export queue (an append, never a wait)."""
+        for record in self.projection.project(event, closed):
+            self._emitter.emit(record)
 
     def close(self) -> None:
         """The log ended: end whatever it left open (see :meth:`SpanProjection.finish`)."""

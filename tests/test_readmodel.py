@@ -1,0 +1,223 @@
+"""The read model: the build folded once on the follower side, read by every view, with one rule
+for folding repeated phases."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from conftest import trace_params
+from trt_otel import BuildMonitor, ManualClock
+from trt_otel.cli import main
+from trt_otel.console import render_build
+from trt_otel.eta import estimate
+from trt_otel.events import Event
+from trt_otel.readmodel import ReadModel, SiblingGroup
+from trt_otel.simulator import Driver, generate_plan, load_trace
+from trt_otel.sinks.http import status_document
+from trt_otel.spans import SpanProjection
+from trt_otel.state import BuildState, Phase
+
+
+def recorded(plan_or_trace: Any, *, cancel_at: int | None = None) -> list[Event]:
+    """The events of a driven build, in virtual time; cancelled at callback ``cancel_at``."""
+    clock = ManualClock()
+    monitor = BuildMonitor(clock=clock)
+    plan = list(plan_or_trace)
+    if cancel_at is not None:
+        Driver(speed=1.0, sleep=clock.advance).run(monitor, plan[:cancel_at])
+        monitor.cancel("enough", source="user")
+        Driver(speed=1.0, sleep=clock.advance).run(monitor, plan[cancel_at:])
+    else:
+        Driver(speed=1.0, sleep=clock.advance).run(monitor, plan)
+    monitor.end()
+    return monitor.log.recent()
+
+
+def console_nodes(model: ReadModel) -> list[tuple[int, str, int]]:
+    """(depth, name, count) of every line of the terminal's tree, in order."""
+    out = io.StringIO()
+    Console(file=out, width=400, force_terminal=False, color_system=None).print(render_build(model))
+    nodes = []
+    for line in out.getvalue().splitlines()[1:]:
+        match = re.match(r"^([ │├└─]*)[✓✗▶] (.+?)(?: ×(\d+)| (?:━|╺|─)*\s*\d+/\d+)", line)
+        if match is not None:
+            depth = len(match.group(1)) // 4 - 1  # the header is the root of the tree
+            nodes.append((depth, match.group(2), int(match.group(3) or 1)))
+    return nodes
+
+
+def status_nodes(document: dict[str, Any]) -> list[tuple[int, str, int]]:
+    nodes: list[tuple[int, str, int]] = []
+
+    def walk(children: list[dict[str, Any]], depth: int) -> None:
+        for child in children:
+            nodes.append((depth, child["name"], child.get("count", 1)))
+            walk(child.get("children", []), depth + 1)
+
+    walk(document["phases"], 0)
+    return nodes
+
+
+def model_of(events: Sequence[Event]) -> ReadModel:
+    model = ReadModel()
+    model.handle(events)
+    return model
+
+
+@pytest.mark.parametrize("trace", trace_params())
+@pytest.mark.parametrize("cancelled", [False, True], ids=["finished", "cancelled"])
+def test_the_terminal_and_status_fold_a_real_build_alike(trace: Path, cancelled: bool) -> None:
+    """A recorded TensorRT build (hundreds of phases, most of them repeated): the terminal
+    and /status show the same nodes, folded alike."""
+    callbacks = load_trace(trace)
+    events = recorded(callbacks, cancel_at=len(callbacks) // 2 if cancelled else None)
+    model = model_of(events)
+    now = events[-1].mono_ns
+    document = status_document(model, model.estimate_locked(now), now)
+    terminal, status = console_nodes(model), status_nodes(document)
+    assert terminal == status
+    assert any(count > 1 for _, _, count in status), "repeated phases are folded"
+    assert len(status) * 5 < len(model.state.phases)
+    statuses = re.findall(r"'status': '(\w+)'", repr(document["phases"]))
+    assert ("aborted" in statuses) == cancelled, "aborted phases are shown, each on its own"
+
+
+def test_the_rule_folds_finished_siblings_of_a_name_once_there_are_two() -> None:
+    monitor = BuildMonitor(clock=ManualClock())
+    monitor.phase_start("root", None, 3)
+    monitor.phase_start("timing", "root", 1)
+    monitor.phase_finish("timing")
+    model = model_of(monitor.log.recent())
+    root = model.state.roots[0]
+    assert [type(n) for n in model.tree(root)] == [Phase], "one is shown as itself"
+    monitor.phase_start("timing", "root", 1)
+    monitor.phase_finish("timing")
+    monitor.phase_start("other", "root", 1)
+    monitor.phase_start("timing", "root", 1)  # open: shown on its own, after the group
+    model = model_of(monitor.log.recent())
+    nodes = model.tree(root)
+    assert isinstance(nodes[0], SiblingGroup) and nodes[0].count == 2
+    assert [n.name for n in nodes] == ["timing", "other", "timing"]
+    assert isinstance(nodes[2], Phase) and nodes[2].is_open
+
+
+def test_subscribers_see_the_model_after_each_event_and_what_it_closed() -> None:
+    events = recorded(generate_plan(3))
+    model = ReadModel()
+    seen: list[tuple[int, int, list[int]]] = []
+
+    class Probe:
+        name = "probe"
+
+        def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
+            seen.append((event.seq, model.state.last_seq, [p.id for p in closed]))
+
+        def close(self) -> None:
+            seen.append((-1, -1, []))
+
+    model.subscribe(Probe())
+    model.handle(events)
+    model.close()
+    assert [s for s, _, _ in seen[:-1]] == [e.seq for e in events]
+    assert all(seq == last for seq, last, _ in seen[:-1]), "told after the fold"
+    assert seen[-1] == (-1, -1, [])
+    closed = [phase_id for _, _, ids in seen for phase_id in ids]
+    assert sorted(closed) == sorted(model.state.phases), "every phase closed exactly once"
+
+
+def test_a_failing_subscriber_is_counted_and_the_others_go_on() -> None:
+    events = recorded(generate_plan(3))
+    model = ReadModel()
+    counted: list[int] = []
+
+    class Broken:
+        name = "broken"
+
+        def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
+            raise RuntimeError("bug")
+
+        def close(self) -> None:
+            pass
+
+    class Counter:
+        name = "counter"
+
+        def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
+            counted.append(event.seq)
+
+        def close(self) -> None:
+            pass
+
+    model.subscribe(Broken())
+    model.subscribe(Counter())
+    model.handle(events)
+    assert len(counted) == len(events)
+    assert model.subscriber_errors["broken"] == (len(events), "RuntimeError: bug")
+
+
+def test_the_span_projection_ends_an_unfinished_log_without_changing_the_model() -> None:
+    events = recorded(generate_plan(3))
+    unfinished = events[: len(events) // 2]
+    projection = SpanProjection()
+    for event in unfinished:
+        projection.apply(event)
+    state = projection.model.state
+    open_before = dict(state.open_by_name)
+    statuses = {pid: p.status for pid, p in state.phases.items()}
+    assert open_before
+    spans = projection.finish()
+    assert dict(state.open_by_name) == open_before
+    assert {pid: p.status for pid, p in state.phases.items()} == statuses
+    aborted = [s for s in spans[:-1] if s.attributes["trt.phase.status"] == "aborted"]
+    assert len(aborted) == len(open_before)
+    assert all(
+        s.attributes["trt.phase.close_reason"] == "the log ended before the build did"
+        for s in aborted
+    )
+
+
+def test_the_model_estimates_from_its_own_fold() -> None:
+    events = recorded(generate_plan(13))
+    half = events[: len(events) // 2]
+    model = model_of(half)
+    state = BuildState()
+    for event in half:
+        state.apply(event)
+    now = half[-1].mono_ns
+    assert model.estimate(now).build == estimate(state, model.boundaries, now, None).build
+
+
+def test_a_session_folds_the_build_state_twice_whatever_is_attached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Console, /status, the ETA, spans and metrics all on: the build's state is folded by
+    the monitor (for the callbacks) and by the read model (for every view), nowhere else."""
+    from prometheus_server import free_port
+
+    folded: dict[int, int] = {}
+    original = BuildState.apply
+
+    def counting(self: BuildState, event: Event) -> None:
+        folded[id(self)] = folded.get(id(self), 0) + 1
+        original(self, event)
+
+    monkeypatch.setattr(BuildState, "apply", counting)
+    code = main(
+        [
+            "demo", "--speed", "0", "--in-process", "--no-gpu", "--no-progress",
+            "--journal", str(tmp_path / "j.jsonl"), "--http-port", "0",
+            "--cancel-token", "t", "--prometheus-port", "0", "--prometheus-linger", "0",
+            "--otlp-endpoint", f"http://127.0.0.1:{free_port()}", "--otlp-flush-timeout", "0.1",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    assert "build success" in capsys.readouterr().err
+    assert len(folded) == 2, f"{len(folded)} folds of the build state"
+    assert len(set(folded.values())) == 1, "each saw every event"

@@ -1,0 +1,182 @@
+"""The read model: the build folded once, on the follower side, for every view of it.
+
+One follower of the event log folds each event into a :class:`~trt_otel.state.BuildState`, the
+build's phase boundaries (for the ETA) and the summaries of repeated phases, and then tells its
+subscribers (the span projection, the plain console lines) what the event did. Views that draw
+on demand (the live console, ``/status``, the ETA gauge) read the model under :attr:`lock`
+instead. The monitor's own fold, under the log's lock on TensorRT's threads, stays the minimum
+that answering a callback needs; everything people look at comes from here.
+
+Repeated phases are folded by one rule (:meth:`ReadModel.tree`), so the terminal and ``/status``
+show one build the same way: finished siblings that share a name under one parent (TensorRT
+starts "Measuring tactic time" over a thousand times) become one node with their count and total
+time, once there are two of them. Open and aborted phases are always shown on their own.
+
+What the model keeps of a closed phase lives in two places only: its :class:`Phase` record and
+its :class:`SiblingGroup`, so a later bound on memory can drop the first and keep the second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from trt_otel.eta import BoundaryTracker, BuildEta, History, estimate
+from trt_otel.events import Event
+from trt_otel.state import BuildState, Phase, PhaseStatus
+
+_logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class SiblingGroup:
+    """The finished phases of one name under one parent (None: the roots)."""
+
+    name: str
+    parent_id: int | None
+    count: int = 0
+    total_ns: int = 0
+    longest_ns: int = 0
+
+    def add(self, phase: Phase) -> None:
+        duration = phase.duration_ns() or 0
+        self.count += 1
+        self.total_ns += duration
+        self.longest_ns = max(self.longest_ns, duration)
+
+
+TreeNode = Phase | SiblingGroup
+"""What a tree shows at a place: one phase, or the finished phases of a name folded together."""
+
+
+class Subscriber(Protocol):
+    """Told of each event after the model folded it, on the model's thread, in ``seq`` order.
+
+    It reads the model without taking :attr:`ReadModel.lock` (only that thread writes it), must
+    not change it, and should be quick: the views that read the model wait for it.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
+        """``closed``: the phases this event closed, innermost first."""
+        ...
+
+    def close(self) -> None:
+        """The log ended: after the last event."""
+        ...
+
+
+class ReadModel:
+    """A follower of the log (``log.follow(model)``), or fed directly with :meth:`handle` (a
+    replayed journal, a watched build)."""
+
+    name = "model"
+
+    def __init__(self, history: History | None = None) -> None:
+        self.history = history
+        self._closed: list[Phase] = []
+        self.state = BuildState(on_close=self._closed.append)
+        self.boundaries = BoundaryTracker()
+        self._groups: dict[tuple[int | None, str], SiblingGroup] = {}
+        self.lock = threading.Lock()
+        """Held while an event is folded in; readers on other threads hold it while they look."""
+        self._subscribers: tuple[Subscriber, ...] = ()
+        self.subscriber_errors: dict[str, tuple[int, str]] = {}
+        """Per failing subscriber: how many events it failed on, and its last error."""
+
+    # -- the fold --------------------------------------------------------------------------------
+
+    def subscribe(self, subscriber: Subscriber) -> None:
+        self._subscribers = (*self._subscribers, subscriber)
+
+    def apply(self, event: Event) -> Sequence[Phase]:
+        """Fold one event in (events in ``seq`` order); the phases it closed, innermost first."""
+        closed = self._closed
+        closed.clear()
+        with self.lock:
+            self.state.apply(event)
+            self.boundaries.apply(event, self.state)
+            for phase in closed:
+                if phase.status is PhaseStatus.FINISHED:
+                    self._group(phase).add(phase)
+        return tuple(closed) if closed else ()
+
+    def _group(self, phase: Phase) -> SiblingGroup:
+        key = (phase.parent_id, phase.name)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = SiblingGroup(phase.name, phase.parent_id)
+        return group
+
+    def handle(self, events: Sequence[Event]) -> None:
+        subscribers = self._subscribers
+        for event in events:
+            closed = self.apply(event)
+            for subscriber in subscribers:
+                try:
+                    subscriber.on_event(event, closed)
+                except Exception as error:  # one view's bug costs that view, not the others
+                    self._failed(subscriber.name, error)
+
+    def close(self) -> None:
+        for subscriber in self._subscribers:
+            try:
+                subscriber.close()
+            except Exception as error:
+                self._failed(subscriber.name, error)
+
+    def _failed(self, name: str, error: Exception) -> None:
+        count, _ = self.subscriber_errors.get(name, (0, ""))
+        self.subscriber_errors[name] = (count + 1, f"{type(error).__name__}: {error}")
+        if count == 0:
+            _logger.warning(
+                "trt-otel %s failed (%s: %s); the build goes on, further errors are only counted",
+                name,
+                type(error).__name__,
+                error,
+            )
+
+    # -- queries (hold :attr:`lock` from another thread) ------------------------------------------
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[ReadModel]:
+        """The model held still while the caller looks at it."""
+        with self.lock:
+            yield self
+
+    def tree(self, parent_id: int | None = None) -> list[TreeNode]:
+        """The nodes under a phase (None: the roots), in start order, repeated phases folded:
+        a name's finished phases become one :class:`SiblingGroup` where the first of them
+        started, once there are two or more."""
+        state = self.state
+        ids = state.roots if parent_id is None else state.phases[parent_id].children
+        nodes: list[TreeNode] = []
+        shown: set[str] = set()
+        groups = self._groups
+        for phase_id in ids:
+            phase = state.phases[phase_id]
+            if phase.status is PhaseStatus.FINISHED:
+                group = groups.get((parent_id, phase.name))
+                if group is not None and group.count > 1:
+                    if phase.name not in shown:
+                        shown.add(phase.name)
+                        nodes.append(group)
+                    continue
+            nodes.append(phase)
+        return nodes
+
+    def estimate_locked(self, now_mono_ns: int) -> BuildEta:
+        """Every estimate of the time left, at ``now_mono_ns`` (the caller holds the lock, or
+        is the model's own thread)."""
+        return estimate(self.state, self.boundaries, now_mono_ns, self.history)
+
+    def estimate(self, now_mono_ns: int) -> BuildEta:
+        """Every estimate of the time left, at ``now_mono_ns``; from any thread."""
+        with self.lock:
+            return self.estimate_locked(now_mono_ns)
