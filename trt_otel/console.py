@@ -30,6 +30,7 @@ from trt_otel.events import (
     Outcome,
     PhaseFinished,
     PhaseStarted,
+    StepCompleted,
 )
 from trt_otel.readmodel import ReadModel, SiblingGroup
 from trt_otel.state import BuildState, BuildStatus, Phase, PhaseStatus
@@ -236,6 +237,8 @@ class PlainLines:
         return f"[{elapsed:8.1f}s]"
 
     def _line_for(self, event: Event, closed: Sequence[Phase]) -> str | None:
+        if type(event) is StepCompleted:  # most events: at most a progress line
+            return self._progress_line(event)
         state = self.model.state
         if isinstance(event, BuildStarted):
             return f"{self._stamp(event)} build started ({event.build_id})"

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from trt_otel.eta import BoundaryTracker, BuildEta, History, estimate
-from trt_otel.events import Event
+from trt_otel.events import Event, StepCompleted
 from trt_otel.state import BuildState, Phase, PhaseStatus
 
 _logger = logging.getLogger(__name__)
@@ -101,10 +101,11 @@ class ReadModel:
         closed.clear()
         with self.lock:
             self.state.apply(event)
-            self.boundaries.apply(event, self.state)
-            for phase in closed:
-                if phase.status is PhaseStatus.FINISHED:
-                    self._group(phase).add(phase)
+            if type(event) is not StepCompleted:  # most events are steps: no boundary there
+                self.boundaries.apply(event, self.state)
+                for phase in closed:
+                    if phase.status is PhaseStatus.FINISHED:
+                        self._group(phase).add(phase)
         return tuple(closed) if closed else ()
 
     def _group(self, phase: Phase) -> SiblingGroup:

@@ -256,16 +256,19 @@ class SpanProjection:
         state = self.model.state
         if self._wall_base_ns is None:
             self._begin(event)
+        if type(event) is StepCompleted:  # most events: a span changes only after a cancel
+            if state.cancel is not None and not self._refused:
+                # The first step after a cancel is the one the monitor answered False:
+                # TensorRT unwinds the phases open now, so their ends are the cancel's doing.
+                self._refused = frozenset(state.open_by_name.values())
+            if not closed:
+                return []
         if isinstance(event, GpuSample):
             # Each open phase, and the build, saw this sample: O(open phases), once a second.
             for owner in (None, *state.open_by_name.values()):
                 self._gpu.setdefault(owner, _GpuStats()).add(event)
         elif isinstance(event, Anomaly | LogMessage):
             self._note(event)
-        elif isinstance(event, StepCompleted) and state.cancel is not None and not self._refused:
-            # The first step after a cancel is the one the monitor answered False: TensorRT
-            # unwinds the phases open now, so their ends are the cancel's doing.
-            self._refused = frozenset(state.open_by_name.values())
         spans: list[SpanRecord] = []
         for phase in closed:
             assert phase.finish_mono_ns is not None
