@@ -8,7 +8,6 @@ import argparse
 import dataclasses
 import os
 import socket
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -134,19 +133,14 @@ def test_history_must_be_a_directory(tmp_path: Path) -> None:
         session_config(parser.parse_args(["--history", str(tmp_path / "absent")]))
 
 
-def _token_files() -> set[Path]:
-    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    directory = Path(base) / f"trt-otel-{os.getuid()}"
-    return set(directory.glob("*.token")) if directory.is_dir() else set()
-
-
 def test_a_session_that_cannot_start_stops_what_it_started(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The HTTP port is taken: exit 2 before any build, and the parts that had started (the
     Prometheus endpoint, the generated cancel token) are stopped and removed again."""
     metrics_port = free_port()
-    tokens_before = _token_files()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # where the token is generated
+    monkeypatch.delenv("TRT_OTEL_CANCEL_TOKEN", raising=False)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -162,7 +156,9 @@ def test_a_session_that_cannot_start_stops_what_it_started(
     err = capsys.readouterr().err
     assert f"cannot serve HTTP on 127.0.0.1:{http_port}" in err
     assert "build started" not in err
-    assert _token_files() == tokens_before, "the generated token went with the session"
+    tokens = tmp_path / f"trt-otel-{os.getuid()}"
+    assert tokens.is_dir(), "a token was generated"
+    assert not list(tokens.iterdir()), "the generated token went with the session"
     with socket.socket() as again:  # the metrics endpoint let its port go
         again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         again.bind(("127.0.0.1", metrics_port))

@@ -135,8 +135,12 @@ def test_since_query_resumes_too(tmp_path: Path) -> None:
 def test_status_describes_the_build(tmp_path: Path) -> None:
     process, base = start_demo("--speed", "3")
     try:
-        time.sleep(1.5)
+        deadline = time.monotonic() + 30
         status = get_json(f"{base}/status")
+        while not (status["progress"] > 0 and status["elapsed_s"] > 1):
+            assert time.monotonic() < deadline, status
+            time.sleep(0.1)
+            status = get_json(f"{base}/status")
         health = get_json(f"{base}/healthz")
         with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
             metrics = response.read().decode()
