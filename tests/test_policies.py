@@ -109,24 +109,29 @@ def test_timeout_and_stall_decide_at_their_limits() -> None:
 def test_cancel_file_gives_its_first_line_as_reason(tmp_path: Path) -> None:
     sentinel = tmp_path / "stop"
     policy = CancelFile(sentinel)
+    policy.poll_once()
     assert policy.check(view(1)) is None
     sentinel.write_text("")
+    policy.poll_once()
     decision = policy.check(view(1))
     assert decision is not None and decision.reason == f"cancel file {sentinel} appeared"
     sentinel.write_text("GPU needed for the release build\nmore\n")
+    policy.poll_once()
     decision = policy.check(view(1))
     assert decision is not None and decision.reason == "GPU needed for the release build"
 
 
 def test_composition_any_of_and_all_of(tmp_path: Path) -> None:
     sentinel = tmp_path / "stop"
-    any_policy = AnyOf(Timeout(60), CancelFile(sentinel))
-    all_policy = AllOf(Stall(10), CancelFile(sentinel))
+    files = CancelFile(sentinel), CancelFile(sentinel)
+    any_policy = AnyOf(Timeout(60), files[0])
+    all_policy = AllOf(Stall(10), files[1])
     assert any_policy.describe() == f"any_of(timeout(1m00s), file({sentinel}))"
     assert all_policy.describe() == f"all_of(stall(10.0s), file({sentinel}))"
     assert any_policy.check(view(61)) is not None
     assert all_policy.check(view(61, progress_s=0)) is None, "the file is not there"
     sentinel.write_text("stop\n")
+    files[1].poll_once()
     assert all_policy.check(view(5, progress_s=0)) is None, "not stalled yet"
     both = all_policy.check(view(61, progress_s=0))
     assert both is not None and both.reason == "no progress for 10.0s in 'Timing graph nodes'; stop"

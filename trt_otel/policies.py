@@ -4,8 +4,10 @@ A policy looks at a :class:`BuildView` (a snapshot of the build's state) and the
 answers with a :class:`Decision` or None. A :class:`PolicyRunner` asks it a few times a second on a
 thread of its own and turns the first decision into ``monitor.cancel(...)``: a ``cancel`` event
 carrying the reason, the kind of decider (``source``) and the policy's description, after which
-the very next ``step_complete`` answers False. No policy does I/O on a callback thread; the one
-that polls a URL does so on its own thread, so a hanging server delays nothing else.
+the very next ``step_complete`` answers False. No policy does I/O on a callback thread, nor on the
+runner's: those that ask the outside world (a file, a URL) are :class:`Polled`, each on a thread
+of its own, so a FIFO, a hung mount or a server that never finishes its answer delays no other
+policy; it is reported as stuck instead.
 
 Policies compose: ``AnyOf(Timeout(7200), CancelFile("/tmp/stop"))`` decides when either does,
 ``AllOf(Stall(600), CancelFile(...))`` only when both do at once.
@@ -13,15 +15,20 @@ Policies compose: ``AnyOf(Timeout(7200), CancelFile("/tmp/stop"))`` decides when
 
 from __future__ import annotations
 
+import http.client
+import io
 import json
 import logging
+import os
+import socket
+import stat
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trt_otel.durations import format_duration
 from trt_otel.monitor import BuildMonitor
@@ -60,6 +67,8 @@ class PolicyHealth:
     source: str
     errors: int
     last_error: str | None
+    stuck_s: float | None = None
+    """How long the policy's check under way has gone without an answer, once past its limit."""
 
 
 class Policy:
@@ -135,27 +144,182 @@ class Stall(Policy):
         return Decision(f"no progress for {limit}{where}", self.source)
 
 
-class CancelFile(Policy):
-    """Stop the build when ``path`` exists. Its first line, if any, is the reason."""
+class Polled(Policy):
+    """A policy that asks the outside world (a file, a URL), on a thread of its own.
+
+    :meth:`probe` may block: a FIFO, a hung network mount, a server that drips its answer. So it
+    runs every ``interval_s`` on this policy's own thread, and :meth:`check` only reads the
+    latest answer from memory: a probe that blocks delays no other policy. A probe that has not
+    answered ``stuck_after_s`` after it began is an error (counted, and reported by the runner
+    as a stuck policy), once per ``stuck_after_s`` it stays stuck; ``failures_to_close`` errors
+    in a row decide (fail-closed) when the policy is built so.
+    """
+
+    stuck_hint = ""
+    """What a stuck probe is most likely waiting for, for the message."""
+
+    def __init__(
+        self,
+        *,
+        interval_s: float,
+        stuck_after_s: float,
+        fail_closed: bool = False,
+        failures_to_close: int = 3,
+    ) -> None:
+        self.interval_s = interval_s
+        self.stuck_after_s = stuck_after_s
+        self.fail_closed = fail_closed
+        self.failures_to_close = failures_to_close
+        self.polls = 0
+        self.errors = 0
+        self.consecutive_errors = 0
+        self.last_error: str | None = None
+        self._answer: Decision | None = None
+        self._lock = threading.Lock()
+        self._probe_began: float | None = None
+        self._overruns_counted = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"trt-otel-policy-{self.source}", daemon=True
+        )
+
+    def probe(self) -> Decision | None:
+        """Ask the outside world once (may block; raise for an error)."""
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        # Never joined: a probe stuck in a system call cannot be interrupted, and its daemon
+        # thread must not hold up the end of the build.
+        self._stop.set()
+
+    def check(self, view: BuildView) -> Decision | None:
+        self._count_overrun()
+        with self._lock:
+            answer, errors = self._answer, self.consecutive_errors
+        if answer is not None:
+            return answer
+        if self.fail_closed and errors >= self.failures_to_close:
+            return Decision(
+                f"{self.describe()} failed {errors} times in a row ({self.last_error}); "
+                "failing closed",
+                self.source,
+            )
+        return None
+
+    def stuck_for_s(self) -> float | None:
+        """How long the probe under way has been running, once that is past its limit."""
+        began = self._probe_began
+        if began is None:
+            return None
+        elapsed = time.monotonic() - began
+        return elapsed if elapsed >= self.stuck_after_s else None
+
+    def poll_once(self) -> None:
+        """One probe, on the calling thread; updates the answer or the error counts."""
+        with self._lock:
+            self.polls += 1
+            self._probe_began = time.monotonic()
+            self._overruns_counted = 0
+        try:
+            answer = self.probe()
+        except Exception as error:  # the probe's errors are this policy's to count
+            self._finish_probe(None, _error_text(error))
+        else:
+            self._finish_probe(answer, None)
+
+    def _finish_probe(self, answer: Decision | None, error: str | None) -> None:
+        with self._lock:
+            overran = self._overruns_counted > 0
+            self._probe_began = None
+            if error is None:
+                self.consecutive_errors = 0
+                self._answer = answer
+            elif not overran:  # an overrun already counted this probe's failure
+                self._failed_locked(error)
+
+    def _count_overrun(self) -> None:
+        stuck_s = self.stuck_for_s()
+        if stuck_s is None:
+            return
+        with self._lock:
+            due = int(stuck_s // self.stuck_after_s)
+            if self._probe_began is None or due <= self._overruns_counted:
+                return
+            self._overruns_counted = due
+            hint = f" ({self.stuck_hint})" if self.stuck_hint else ""
+            self._failed_locked(f"no answer for {format_duration(stuck_s)}{hint}")
+
+    def _failed_locked(self, error: str) -> None:
+        self.errors += 1
+        self.consecutive_errors += 1
+        self.last_error = error
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            began = time.monotonic()
+            self.poll_once()
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - began)))
+
+    def health(self) -> PolicyHealth:
+        self._count_overrun()
+        return PolicyHealth(
+            self.describe(), self.source, self.errors, self.last_error, self.stuck_for_s()
+        )
+
+
+def _error_text(error: BaseException) -> str:
+    return str(error) or type(error).__name__
+
+
+class CancelFile(Polled):
+    """Stop the build when ``path`` exists. Its first line, if any, is the reason.
+
+    Existence is the signal, so the path is only ``stat``-ed; the reason is read without
+    blocking, and only from a regular file (a FIFO or a device at the path is a signal with no
+    reason). A hung mount blocks the ``stat`` on this policy's own thread: it is reported as
+    stuck, and the other policies keep deciding.
+    """
 
     source = "file"
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(
+        self, path: str | Path, *, interval_s: float = 0.1, stuck_after_s: float = 2.0
+    ) -> None:
         self.path = Path(path)
+        self.stuck_hint = f"is {self.path} on a hung mount?"
+        super().__init__(interval_s=interval_s, stuck_after_s=stuck_after_s)
 
     def describe(self) -> str:
         return f"file({self.path})"
 
-    def check(self, view: BuildView) -> Decision | None:
+    def probe(self) -> Decision | None:
         try:
-            with open(self.path, "rb") as handle:
-                first_line = handle.readline(4 * MAX_REASON)
-        except FileNotFoundError:
+            info = os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        except OSError:
-            first_line = b""  # it exists (a directory, unreadable): that is the signal
-        text = first_line.decode("utf-8", "replace").strip()[:MAX_REASON]
-        return Decision(text or f"cancel file {self.path} appeared", self.source)
+        reason = read_reason(self.path) if stat.S_ISREG(info.st_mode) else ""
+        return Decision(reason or f"cancel file {self.path} appeared", self.source)
+
+
+def read_reason(path: Path) -> str:
+    """The first line of the regular file at ``path``, read without blocking ('' if none)."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        return ""  # it exists (unreadable, or gone again): the signal holds, with no reason
+    try:
+        # The path may have been swapped for a FIFO since the stat: read only a regular file.
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return ""
+        first = os.read(descriptor, 4 * MAX_REASON).split(b"\n", 1)[0]
+    except OSError:
+        return ""
+    finally:
+        os.close(descriptor)
+    return first.decode("utf-8", "replace").strip()[:MAX_REASON]
 
 
 class FlagError(ValueError):
@@ -195,15 +359,18 @@ def parse_flag(status: int, body: bytes) -> tuple[bool, str | None]:
     raise FlagError(f"not a flag: {text[:60]!r}")
 
 
-class CancelUrl(Policy):
+class CancelUrl(Polled):
     """Stop the build when a URL says so, polled every ``interval_s`` on a thread of its own.
 
-    Errors (unreachable, slow, a bad answer) are counted and shown, and by default mean "keep
-    building" (fail-open): a flaky flag server should not kill hours of work. With
-    ``fail_closed``, ``failures_to_close`` errors in a row stop the build.
+    One poll (connect, headers and body together) gets ``request_timeout_s`` at most: a server
+    that answers slowly, or drips its answer byte by byte, is an error like an unreachable one.
+    Errors are counted and shown, and by default mean "keep building" (fail-open): a flaky flag
+    server should not kill hours of work. With ``fail_closed``, ``failures_to_close`` errors in
+    a row stop the build.
     """
 
     source = "http"
+    stuck_hint = "a name lookup or a connection that hangs?"
 
     def __init__(
         self,
@@ -215,71 +382,77 @@ class CancelUrl(Policy):
         failures_to_close: int = 3,
     ) -> None:
         self.url = url
-        self.interval_s = interval_s
         self.request_timeout_s = min(request_timeout_s, max(interval_s, 0.1))
-        self.fail_closed = fail_closed
-        self.failures_to_close = failures_to_close
-        self.polls = 0
-        self.errors = 0
-        self.consecutive_errors = 0
-        self.last_error: str | None = None
-        self._answer: tuple[bool, str | None] = (False, None)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="trt-otel-cancel-url", daemon=True)
+        super().__init__(
+            interval_s=interval_s,
+            # The poll gives up at its own deadline; this only catches what no socket timeout
+            # covers (a name lookup that hangs), a little later.
+            stuck_after_s=self.request_timeout_s + 0.5,
+            fail_closed=fail_closed,
+            failures_to_close=failures_to_close,
+        )
 
     def describe(self) -> str:
         mode = ", fail-closed" if self.fail_closed else ""
         return f"url({self.url}{mode})"
 
-    def start(self) -> None:
-        self._thread.start()
+    def probe(self) -> Decision | None:
+        status, body = fetch(self.url, self.request_timeout_s, MAX_FLAG_BODY + 1)
+        cancel, reason = parse_flag(status, body)
+        return Decision(reason or f"cancel URL {self.url} said so", self.source) if cancel else None
 
-    def stop(self) -> None:
-        self._stop.set()
 
-    def check(self, view: BuildView) -> Decision | None:
-        cancel, reason = self._answer
-        if cancel:
-            return Decision(reason or f"cancel URL {self.url} said so", self.source)
-        if self.fail_closed and self.consecutive_errors >= self.failures_to_close:
-            return Decision(
-                f"cancel URL failed {self.consecutive_errors} times in a row "
-                f"({self.last_error}); failing closed",
-                self.source,
-            )
-        return None
+def fetch(url: str, timeout_s: float, max_bytes: int) -> tuple[int, bytes]:
+    """``GET url``: its status and at most ``max_bytes`` of its body, all within ``timeout_s``.
 
-    def poll_once(self) -> None:
-        """One request; updates the answer or the error counts."""
-        self.polls += 1
+    A socket timeout bounds each read, not the whole answer, so every read here is given only
+    what is left of the deadline, and a read that would start past it is a TimeoutError.
+    """
+    deadline = time.monotonic() + timeout_s
+    parts = urllib.parse.urlsplit(url)
+    connection_class = (
+        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    )
+    connection = connection_class(parts.netloc, timeout=timeout_s)
+
+    class Response(http.client.HTTPResponse):
+        def __init__(self, sock: socket.socket, *args: Any, **kwargs: Any) -> None:
+            super().__init__(sock, *args, **kwargs)
+            self.fp.close()
+            self.fp = io.BufferedReader(_DeadlineReader(sock, deadline, timeout_s))
+
+    connection.response_class = Response
+    try:
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        connection.request("GET", path, headers={"Accept": "application/json"})
+        response = connection.getresponse()
+        return response.status, response.read(max_bytes)
+    finally:
+        connection.close()
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's reads, each limited to what is left of one deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: float, timeout_s: float) -> None:
+        self._sock = sock
+        self._deadline = deadline
+        self._timeout_s = timeout_s
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no complete answer within {format_duration(self._timeout_s)}")
+        self._sock.settimeout(left)
         try:
-            request = urllib.request.Request(self.url, headers={"Accept": "application/json"})
-            with urllib.request.urlopen(request, timeout=self.request_timeout_s) as response:
-                answer = parse_flag(response.status, response.read(MAX_FLAG_BODY + 1))
-        except urllib.error.HTTPError as error:
-            self._failed(f"HTTP status {error.code}")
-        except (OSError, FlagError, ValueError) as error:
-            self._failed(str(getattr(error, "reason", None) or error) or type(error).__name__)
-        else:
-            self.consecutive_errors = 0
-            self._answer = answer
-
-    def _failed(self, error: str) -> None:
-        self.errors += 1
-        self.consecutive_errors += 1
-        self.last_error = error
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            began = time.monotonic()
-            try:
-                self.poll_once()
-            except Exception as error:  # the poller must outlive any surprise
-                self._failed(f"{type(error).__name__}: {error}")
-            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - began)))
-
-    def health(self) -> PolicyHealth:
-        return PolicyHealth(self.describe(), self.source, self.errors, self.last_error)
+            return self._sock.recv_into(buffer)
+        except TimeoutError:
+            raise TimeoutError(
+                f"no complete answer within {format_duration(self._timeout_s)}"
+            ) from None
 
 
 class _Composite(Policy):
@@ -361,7 +534,7 @@ class PolicyRunner:
         self.interval_s = interval_s
         self.decision: Decision | None = None
         self._warn = warn or (lambda message: _logger.warning("%s", message))
-        self._warned: set[str] = set()
+        self._warned: set[tuple[str, str]] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trt-otel-policies", daemon=True)
 
@@ -423,14 +596,27 @@ class PolicyRunner:
     def _report_policy_errors(self) -> None:
         for leaf in self.policy.leaves():
             health = leaf.health()
-            if health is not None and health.errors and health.last_error:
+            if health is None:
+                continue
+            if health.stuck_s is not None:
+                self._report(
+                    health.policy,
+                    f"{health.last_error}; the other policies keep deciding",
+                    kind="stuck",
+                )
+            elif health.errors and health.last_error:
                 self._report(health.policy, health.last_error)
 
-    def _report(self, policy: str, error: str) -> None:
-        if policy in self._warned:
+    def _report(self, policy: str, error: str, kind: str = "error") -> None:
+        # Once per policy and kind: a flaky server's every error would flood the terminal, but
+        # a policy that goes on to be stuck is news.
+        if (policy, kind) in self._warned:
             return
-        self._warned.add(policy)
-        self._warn(f"cancel policy {policy}: {error}; further errors are only counted")
+        self._warned.add((policy, kind))
+        if kind == "stuck":
+            self._warn(f"cancel policy {policy} is stuck: {error}")
+        else:
+            self._warn(f"cancel policy {policy}: {error}; further errors are only counted")
 
     def health(self) -> list[PolicyHealth]:
         return [h for leaf in self.policy.leaves() if (h := leaf.health()) is not None]

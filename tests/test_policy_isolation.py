@@ -1,0 +1,226 @@
+"""A policy that blocks must not blind the others: a cancel file that is a FIFO or sits on a hung
+mount, a cancel URL that drips its answer. Real FIFOs, real sockets, real worker processes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trt_otel import BuildMonitor, read_journal
+from trt_otel.events import CancelRequested
+from trt_otel.policies import AnyOf, CancelFile, CancelUrl, Decision, Polled, PolicyRunner, Stall
+from trt_otel.policies import Timeout, fetch
+
+CLI = [sys.executable, "-m", "trt_otel.cli"]
+
+
+def wait_for_text(journal: Path, text: bytes, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not (journal.exists() and text in journal.read_bytes()):
+        assert time.monotonic() < deadline, f"{text!r} never appeared in the journal"
+        time.sleep(0.05)
+
+
+def cancel_of(journal: Path) -> CancelRequested:
+    return next(e for e in read_journal(journal).events if isinstance(e, CancelRequested))
+
+
+# -- a cancel file that blocks ------------------------------------------------------------------
+
+
+class HungProbe(Polled):
+    """A probe that blocks until released, as a ``stat`` on a hung NFS mount does."""
+
+    source = "file"
+
+    def __init__(self) -> None:
+        super().__init__(interval_s=0.05, stuck_after_s=0.3)
+        self.release = threading.Event()
+
+    def describe(self) -> str:
+        return "file(/mnt/hung/stop)"
+
+    def probe(self) -> Decision | None:
+        self.release.wait(30)
+        return None
+
+
+def test_a_hung_probe_is_reported_stuck_and_the_other_policies_still_decide() -> None:
+    hung = HungProbe()
+    warnings: list[str] = []
+    monitor = BuildMonitor()
+    runner = PolicyRunner(monitor, AnyOf(hung, Timeout(1.0)), interval_s=0.02, warn=warnings.append)
+    try:
+        with runner:
+            monitor.start()
+            deadline = time.monotonic() + 10
+            while not monitor.cancelled and time.monotonic() < deadline:
+                time.sleep(0.02)
+    finally:
+        hung.release.set()
+    assert monitor.state.cancel is not None, "the timeout never fired: the hung probe starved it"
+    assert monitor.state.cancel.source == "timeout"
+    stuck = [w for w in warnings if "is stuck" in w]
+    assert stuck and stuck[0].startswith("cancel policy file(/mnt/hung/stop) is stuck: no answer")
+    assert "the other policies keep deciding" in stuck[0]
+    assert hung.errors >= 1, "a stuck probe is counted as an error"
+
+
+def test_a_fifo_as_cancel_file_is_a_signal_and_is_never_opened_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "stop"
+    os.mkfifo(fifo)
+    policy = CancelFile(fifo)
+    done = threading.Event()
+
+    def check() -> None:
+        policy.poll_once()
+        done.set()
+
+    threading.Thread(target=check, daemon=True).start()
+    try:
+        assert done.wait(5), "reading the FIFO's reason blocked"
+    finally:
+        if not done.is_set():  # release the blocked open() so its thread ends
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    decision = policy.check(None)  # type: ignore[arg-type]
+    assert decision is not None and decision.reason == f"cancel file {fifo} appeared"
+
+
+def test_a_fifo_appearing_mid_build_cancels_it_at_once(tmp_path: Path) -> None:
+    journal, fifo = tmp_path / "fifo.jsonl", tmp_path / "cf"
+    process = subprocess.Popen(
+        [*CLI, "demo", "--no-progress", "--journal", str(journal), "--cancel-file", str(fifo),
+         "--timeout", "20s", "--silence", "60s"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for_text(journal, b"Optimizing graph")
+        os.mkfifo(fifo)
+        began = time.monotonic()
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 3, err
+    assert time.monotonic() - began < 15, "the cancel waited for something else"
+    cancel = cancel_of(journal)
+    assert (cancel.source, cancel.reason) == ("file", f"cancel file {fifo} appeared")
+
+
+# -- a cancel URL that drips ------------------------------------------------------------------
+
+
+class DripServer(socketserver.ThreadingTCPServer):
+    """Accepts a request, then sends its answer one byte every ``drip_s``, forever: in the
+    headers (``where="headers"``) or in a body that never reaches its Content-Length."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, where: str, drip_s: float = 0.1) -> None:
+        self.where, self.drip_s = where, drip_s
+        self.requests = 0
+        self.stopping = threading.Event()
+        super().__init__(("127.0.0.1", 0), DripHandler)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}/flag"
+
+
+class DripHandler(socketserver.BaseRequestHandler):
+    server: DripServer
+
+    def handle(self) -> None:
+        self.server.requests += 1
+        self.request.recv(65536)
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Padding: "
+        if self.server.where == "body":
+            self.request.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+            head = b""
+        try:
+            for index in range(100_000):
+                if self.server.stopping.wait(self.server.drip_s):
+                    return
+                byte = head[index : index + 1] or b" "
+                self.request.sendall(byte)
+        except OSError:
+            return
+
+
+@pytest.fixture(params=["headers", "body"])
+def drip_server(request: pytest.FixtureRequest) -> Iterator[DripServer]:
+    server = DripServer(request.param)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.stopping.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_one_poll_is_bounded_as_a_whole(drip_server: DripServer) -> None:
+    began = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"no complete answer within 1\.0s"):
+        fetch(drip_server.url, 1.0, 65536)
+    assert time.monotonic() - began < 1.8
+
+
+def test_a_dripping_cancel_url_fails_closed(tmp_path: Path, drip_server: DripServer) -> None:
+    journal = tmp_path / "drip.jsonl"
+    result = subprocess.run(
+        [*CLI, "demo", "--no-progress", "--journal", str(journal),
+         "--cancel-url", drip_server.url, "--cancel-url-interval", "0.5s",
+         "--cancel-url-fail-closed", "--silence", "60s"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    cancel = cancel_of(journal)
+    assert cancel.source == "http" and "failing closed" in cancel.reason
+    assert "no complete answer within 0.5s" in cancel.reason
+    assert drip_server.requests >= 3, "each poll is its own request, the first did not hang"
+    assert result.stderr.count("no complete answer within 0.5s") >= 1
+
+
+def test_a_policy_error_report_is_json_safe() -> None:
+    # The health of a stuck policy reaches /status and the metrics as plain values.
+    hung = HungProbe()
+    hung.start()
+    try:
+        deadline = time.monotonic() + 5
+        while hung.health().stuck_s is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        health = hung.health()
+    finally:
+        hung.release.set()
+        hung.stop()
+    assert health.stuck_s is not None and health.stuck_s >= 0.3
+    json.dumps([health.policy, health.errors, health.last_error, health.stuck_s])
+
+
+def test_a_stall_still_fires_while_a_cancel_url_hangs() -> None:
+    server = DripServer("headers", drip_s=0.5)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = CancelUrl(server.url, interval_s=10)
+    monitor = BuildMonitor()
+    try:
+        with PolicyRunner(monitor, AnyOf(url, Stall(0.5)), interval_s=0.02, warn=lambda m: None):
+            monitor.start()
+            deadline = time.monotonic() + 10
+            while not monitor.cancelled and time.monotonic() < deadline:
+                time.sleep(0.02)
+    finally:
+        server.stopping.set()
+        server.shutdown()
+        server.server_close()
+    assert monitor.state.cancel is not None and monitor.state.cancel.source == "stall"
