@@ -10,15 +10,15 @@ real build runs.
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trt_otel import preflight
 from trt_otel.events import Outcome
 from trt_otel.monitor import BuildMonitor
 from trt_otel.options import BuildOptions, ShapeRange
+from trt_otel.saving import save_build
 
 _SEVERITY_RANK = {"internal_error": 0, "error": 1, "warning": 2, "info": 3, "verbose": 4}
 
@@ -105,17 +105,11 @@ def model_attributes(model_path: Path, model: bytes) -> dict[str, Any]:
 
 
 def read_model(model_path: Path) -> bytes:
+    """The model, only from a regular file of a sane size (:func:`preflight.read_model`)."""
     try:
-        data = model_path.read_bytes()
-    except FileNotFoundError:
-        raise BuildSetupError(f"model not found: {model_path}") from None
-    except IsADirectoryError:
-        raise BuildSetupError(f"model path is a directory: {model_path}") from None
-    except OSError as error:
-        raise BuildSetupError(f"cannot read model {model_path}: {error.strerror}") from None
-    if not data:
-        raise BuildSetupError(f"model file is empty: {model_path}")
-    return data
+        return preflight.read_model(model_path)
+    except preflight.PreflightError as error:
+        raise BuildSetupError(str(error)) from None
 
 
 def run_build(
@@ -152,15 +146,19 @@ def run_build(
     timing_cache = _load_timing_cache(config, options.timing_cache, monitor)
     config.progress_monitor = monitor
     serialized = builder.build_serialized_network(network, config)
-    outcome = monitor.end_with_result(serialized)
     if serialized is None:
+        outcome = monitor.end_with_result(serialized)
         return BuildResult(outcome, monitor.state.outcome_detail, None, 0)
     data = memoryview(serialized).tobytes()
-    if engine_path is not None:
-        write_atomically(engine_path, data)
+    cache_data = None
     if timing_cache is not None and options.timing_cache is not None:
-        cache = config.get_timing_cache()
-        write_atomically(options.timing_cache, memoryview(cache.serialize()).tobytes())
+        cache_data = memoryview(config.get_timing_cache().serialize()).tobytes()
+    # The build has not succeeded until its files are written: its end is recorded after.
+    failure = save_build(data, engine_path, cache_data, options.timing_cache)
+    if failure is not None:
+        monitor.end(Outcome.FAILURE, failure.detail, error_type=failure.error_type)
+        return BuildResult(Outcome.FAILURE, failure.detail, None, 0)
+    outcome = monitor.end_with_result(serialized)
     return BuildResult(outcome, "", engine_path, len(data))
 
 
@@ -270,21 +268,3 @@ def _event_logger(trt: Any, monitor: BuildMonitor, level: str = "info") -> Any:
                 monitor.log_message(name.upper(), msg)
 
     return EventLogger()
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
-    directory = path.parent if str(path.parent) else Path(".")
-    # The pid in the name lets a supervisor that killed this process find what it left.
-    handle, temporary = tempfile.mkstemp(
-        prefix=f".{path.name}.{os.getpid()}.", suffix=".partial", dir=directory
-    )
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

@@ -1,0 +1,199 @@
+"""A build's files: refused before the build when they cannot work (exit 2), and a write that
+still fails after the build is a failure that keeps the plan (exit 4). Real processes, real
+files, real FIFOs and devices, and a real full filesystem where this user may mount one."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trt_otel import Outcome, read_journal
+from trt_otel.events import BuildFinished
+from trt_otel.preflight import PreflightError, read_model
+
+CLI = [sys.executable, "-m", "trt_otel.cli"]
+
+
+def run_cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, timeout=120, check=False, cwd=cwd,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+def end_of(journal: Path) -> BuildFinished:
+    ends = [e for e in read_journal(journal).events if isinstance(e, BuildFinished)]
+    assert len(ends) == 1
+    return ends[0]
+
+
+# -- refused before the build --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-o", "nodir/sub/x.engine"], "-o nodir/sub/x.engine: directory nodir/sub does not exist"),
+        (["-o", "adir"], "-o adir is a directory; give a file name"),
+        (["-o", "/dev/null"], "-o /dev/null is not a regular file (a device)"),
+        (["-o", "keep.jsonl", "--journal", "keep.jsonl"],
+         "-o keep.jsonl is also the --journal"),
+        (["--timing-cache", "keep.jsonl", "--journal", "./keep.jsonl"],
+         "--journal keep.jsonl is also the --timing-cache"),
+        (["--model", "model.onnx", "-o", "model.onnx"], "-o model.onnx is also the model"),
+        (["--model", "model.onnx", "--journal", "model.onnx"],
+         "--journal model.onnx is also the model"),
+        (["--timing-cache", "adir"], "--timing-cache adir is a directory"),
+        (["--model", "/dev/zero"], "model /dev/zero is not a regular file (a device)"),
+        (["--model", "fifo"], "model fifo is not a regular file (a named pipe)"),
+        (["--cancel-file", "stale"],
+         "--cancel-file stale already exists (left from an earlier build?)"),
+    ],
+)  # fmt: skip
+def test_files_that_cannot_work_are_refused_before_the_build(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "keep.jsonl").write_text("precious\n")
+    (tmp_path / "model.onnx").write_bytes(b"precious model")
+    (tmp_path / "stale").write_text("")
+    os.mkfifo(tmp_path / "fifo")
+    result = run_cli("demo", "--speed", "0", "--no-progress", "--no-gpu", *args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert f"trt-otel: error: {message}" in result.stderr
+    assert "Traceback" not in result.stderr and "build started" not in result.stderr
+    assert (tmp_path / "keep.jsonl").read_text() == "precious\n", "nothing truncated"
+    assert (tmp_path / "model.onnx").read_bytes() == b"precious model"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in a read-only directory")
+def test_a_read_only_directory_is_refused(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    result = run_cli("demo", "--speed", "0", "--no-progress", "-o", "locked/x.engine", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "-o locked/x.engine: cannot write in locked: Permission denied" in result.stderr
+
+
+def test_build_refuses_its_own_model_as_output(tmp_path: Path) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"model")
+    (tmp_path / "link.onnx").symlink_to("m.onnx")  # another name, the same file
+    result = run_cli("build", "m.onnx", "-o", "link.onnx", cwd=tmp_path)
+    assert result.returncode == 2 and "-o link.onnx is also the model" in result.stderr
+    assert (tmp_path / "m.onnx").read_bytes() == b"model"
+
+
+def test_a_model_over_the_limit_or_not_a_file_is_refused(tmp_path: Path) -> None:
+    big = tmp_path / "big.onnx"
+    big.write_bytes(b"x" * 1001)
+    with pytest.raises(PreflightError, match=r"big.onnx is 1,001 bytes, over the limit of 1,000"):
+        read_model(big, max_bytes=1000)
+    assert read_model(big, max_bytes=1001) == b"x" * 1001
+    fifo = tmp_path / "fifo.onnx"
+    os.mkfifo(fifo)
+    began = time.monotonic()
+    with pytest.raises(PreflightError, match="named pipe"):
+        read_model(fifo)
+    assert time.monotonic() - began < 1, "opening the FIFO blocked"
+
+
+# -- a write that fails after the build ----------------------------------------------------
+
+
+def wait_for_text(journal: Path, text: bytes, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not (journal.exists() and text in journal.read_bytes()):
+        assert time.monotonic() < deadline, f"{text!r} never appeared in the journal"
+        time.sleep(0.05)
+
+
+def build_while(
+    tmp_path: Path, out: Path, trouble: object, *extra: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run a demo build writing ``out``; call ``trouble()`` once it has started."""
+    journal, keep = tmp_path / "b.jsonl", tmp_path / "tmp"
+    keep.mkdir()
+    process = subprocess.Popen(
+        [*CLI, "demo", "--no-progress", "--no-gpu", "--speed", "2", "--journal", str(journal),
+         "-o", str(out), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(keep)},
+    )  # fmt: skip
+    try:
+        wait_for_text(journal, b"Building engine")
+        trouble()  # type: ignore[operator]
+        out_text, err_text = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    return subprocess.CompletedProcess(process.args, process.returncode, out_text, err_text), keep
+
+
+@pytest.mark.parametrize("in_process", [False, True], ids=["worker", "in-process"])
+def test_an_engine_that_cannot_be_written_is_a_failure_and_the_plan_is_kept(
+    tmp_path: Path, in_process: bool
+) -> None:
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    extra = ["--in-process"] if in_process else []
+    result, keep = build_while(
+        tmp_path, out_dir / "x.engine", lambda: shutil.rmtree(out_dir), *extra
+    )
+    assert result.returncode == 4, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "build success" not in result.stderr
+    kept = list(keep.glob("x.engine.unsaved-*"))
+    assert len(kept) == 1 and kept[0].stat().st_size > 0
+    end = end_of(tmp_path / "b.jsonl")
+    assert end.outcome is Outcome.FAILURE and end.error_type == "EngineWriteError"
+    assert end.detail == (
+        f"the engine was built but cannot be written to {out_dir / 'x.engine'}: "
+        f"No such file or directory; the built plan was kept at {kept[0]}"
+    )
+    assert end.detail in result.stderr
+
+
+@contextlib.contextmanager
+def small_filesystem(path: Path, size: str) -> Iterator[None]:
+    path.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True, check=False,
+    )  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a small filesystem here (needs root)")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(directory: Path) -> None:
+    with open(directory / "filler", "wb", buffering=0) as handle:
+        with contextlib.suppress(OSError):  # until the disk is full
+            while True:
+                handle.write(b"\0" * 4096)
+
+
+def test_a_disk_that_fills_during_the_build_fails_it_with_the_reason(tmp_path: Path) -> None:
+    disk = tmp_path / "disk"
+    with small_filesystem(disk, "256k"):
+        result, keep = build_while(
+            tmp_path, disk / "x.engine", lambda: fill(disk), "--timing-cache", str(disk / "t.cache")
+        )
+        assert not (disk / "x.engine").exists()
+        assert not list(disk.glob(".x.engine.*")), "no partial file left"
+    assert result.returncode == 4, result.stderr
+    end = end_of(tmp_path / "b.jsonl")
+    assert end.outcome is Outcome.FAILURE and end.error_type == "EngineWriteError"
+    assert "No space left on device; the built plan was kept at" in end.detail
+    assert list(keep.glob("x.engine.unsaved-*"))
