@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import socketserver
 import subprocess
 import sys
@@ -19,8 +18,17 @@ import pytest
 
 from trt_otel import BuildMonitor, read_journal
 from trt_otel.events import CancelRequested
-from trt_otel.policies import AnyOf, CancelFile, CancelUrl, Decision, Polled, PolicyRunner, Stall
-from trt_otel.policies import Timeout, fetch
+from trt_otel.policies import (
+    AnyOf,
+    CancelFile,
+    CancelUrl,
+    Decision,
+    PolicyRunner,
+    Polled,
+    Stall,
+    Timeout,
+    fetch,
+)
 
 CLI = [sys.executable, "-m", "trt_otel.cli"]
 
