@@ -3,7 +3,10 @@
 Format (version 1), one JSON object per line, UTF-8:
 
 * line 1, the header: ``{"format": "trt-otel-journal", "version": 1, "created_wall_ns": N,
-  "producer": "trt-otel X.Y.Z"}``
+  "producer": "trt-otel X.Y.Z", "writer_pid": N, "writer_host": "...", "touch_interval_s": 10}``
+  (the writer's fields let ``watch`` tell a silent build from a lost one, and while open the
+  writer touches the file every ``touch_interval_s``; readers ignore keys they do not know, so
+  adding them needed no new version)
 * every other line, one event: ``type`` (``build_start``, ``phase_start``, ``step``,
   ``phase_finish``, ``cancel``, ``anomaly``, ``log``, ``build_end``, ``gpu``), ``seq``,
   ``wall_ns``, ``mono_ns``, ``thread``, then the fields of that event type (see
@@ -45,6 +48,7 @@ from trt_otel.events import (
     PhaseStarted,
     StepCompleted,
 )
+from trt_otel.liveness import Toucher, writer_fields
 
 FORMAT_NAME = "trt-otel-journal"
 FORMAT_VERSION = 1
@@ -158,10 +162,13 @@ class JournalWriter:
             "version": FORMAT_VERSION,
             "created_wall_ns": time.time_ns(),
             "producer": f"trt-otel {__version__}",
+            **writer_fields(),
         }
         self._file.write(_ENCODER.encode(header) + b"\n")
         self._file.flush()
         self.lines_written = 0
+        # Signs of life for `watch` while the build is silent (see trt_otel.liveness).
+        self._toucher = Toucher(self.path)
 
     def handle(self, events: Sequence[Event]) -> None:
         self._file.write(_ENCODER.encode_lines(events))
@@ -170,6 +177,7 @@ class JournalWriter:
             self._file.flush()
 
     def close(self) -> None:
+        self._toucher.stop()
         try:
             self._file.flush()
             os.fsync(self._file.fileno())

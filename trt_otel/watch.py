@@ -14,6 +14,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from trt_otel.durations import format_duration
 from trt_otel.events import BuildFinished, Event
 from trt_otel.journal import (
     CorruptLineError,
@@ -23,6 +24,7 @@ from trt_otel.journal import (
     decode_event,
     parse_header,
 )
+from trt_otel.liveness import DEFAULT_LOST_AFTER_S, Liveness
 
 Sink = Callable[[Sequence[Event]], None]
 Warn = Callable[[str], None]
@@ -133,17 +135,22 @@ def _event_from_frame(data: str) -> Event | None:
         return None
 
 
+class BuildLostError(WatchError):
+    """The followed build's journal has no end, and its writer is gone (or silent too long)."""
+
+
 def follow_journal(
     path: Path,
     sink: Sink,
     *,
     warn: Warn,
     poll_s: float = 0.2,
-    quiet_notice_s: float = 30.0,
+    lost_after_s: float = DEFAULT_LOST_AFTER_S,
 ) -> BuildFinished | None:
     """Feed ``sink`` the events of the journal at ``path`` as it grows, until the build's end.
 
-    A journal that ends without one is followed until interrupted (its build may be silent).
+    A journal that stops growing is followed while its writer shows signs of life (a silent
+    build is not a lost one); :class:`BuildLostError` says when it has none (:mod:`liveness`).
     """
     try:
         handle = open(path, "rb")  # noqa: SIM115 - closed below, kept open while it grows
@@ -151,18 +158,25 @@ def follow_journal(
         raise JournalError(f"cannot read journal {str(path)!r}: {error.strerror}") from None
     with handle:
         first = _complete_line(handle, poll_s)
-        parse_header(first, path)
+        liveness = Liveness(path, parse_header(first, path), lost_after_s)
         reader = LineReader()  # the reader replay uses, fed as the file grows
         quiet_since = time.monotonic()
         noticed = False
         while True:
             chunk = handle.read(1 << 20)
             if not chunk:
-                if not noticed and time.monotonic() - quiet_since > quiet_notice_s:
+                lost = liveness.lost()
+                if lost is not None:
+                    raise BuildLostError(lost)
+                if not noticed and time.monotonic() - quiet_since > lost_after_s:
                     noticed = True
-                    warn(f"{path}: nothing new for {quiet_notice_s:.0f}s; still following")
+                    warn(
+                        f"{path}: no event for {format_duration(lost_after_s)}, but its writer "
+                        "is alive (TensorRT is silent); still following"
+                    )
                 time.sleep(poll_s)
                 continue
+            liveness.grew()
             quiet_since, noticed = time.monotonic(), False
             batch: list[Event] = []
             for item in reader.feed(chunk):

@@ -1,0 +1,154 @@
+"""`watch JOURNAL` tells a silent build from a lost one: a writer killed on this host is lost at
+once, a journal with no sign of life is lost after --lost-after, and a live build's silent
+window is followed to its end. Real processes, signals and files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from trt_otel.liveness import Toucher, process_running
+from trt_otel.watch import BuildLostError, follow_journal
+
+CLI = [sys.executable, "-m", "trt_otel.cli"]
+
+
+def wait_for_text(journal: Path, text: bytes, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not (journal.exists() and text in journal.read_bytes()):
+        assert time.monotonic() < deadline, f"{text!r} never appeared in the journal"
+        time.sleep(0.05)
+
+
+def start_demo(journal: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*CLI, "demo", "--no-progress", "--no-gpu", "--journal", str(journal), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def watch(journal: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, "watch", "--no-progress", str(journal), *args],
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def test_watch_of_a_journal_whose_writer_was_killed_is_lost_at_once(tmp_path: Path) -> None:
+    journal = tmp_path / "k9.jsonl"
+    build = start_demo(journal, "--silence", "120s")
+    try:
+        wait_for_text(journal, b"Optimizing graph")
+    finally:
+        build.send_signal(signal.SIGKILL)
+        build.communicate(timeout=30)
+    header = json.loads(journal.read_text().splitlines()[0])
+    assert header["writer_pid"] == build.pid and header["writer_host"] == socket.gethostname()
+    began = time.monotonic()
+    result = watch(journal, timeout=20)
+    assert result.returncode == 2, result.stderr
+    assert time.monotonic() - began < 10, "lost at once, not after a silence"
+    assert (
+        f"trt-otel: error: {journal}: its writer (pid {build.pid} on {socket.gethostname()}) is "
+        "gone and the journal has no end: the build was lost"
+    ) in result.stderr
+    assert "Optimizing graph" in result.stderr, "what was recorded is shown first"
+
+
+def strip_writer(journal: Path) -> None:
+    lines = journal.read_text().splitlines(keepends=True)
+    header = json.loads(lines[0])
+    for key in ("writer_pid", "writer_host", "touch_interval_s"):
+        header.pop(key, None)
+    journal.write_text(json.dumps(header) + "\n" + "".join(lines[1:]))
+
+
+def test_a_journal_with_no_sign_of_life_is_lost_after_the_limit(tmp_path: Path) -> None:
+    journal = tmp_path / "old.jsonl"
+    build = start_demo(journal, "--silence", "120s")
+    try:
+        wait_for_text(journal, b"Optimizing graph")
+    finally:
+        build.send_signal(signal.SIGKILL)
+        build.communicate(timeout=30)
+    strip_writer(journal)  # as an older writer, or one on another host, leaves it
+    began = time.monotonic()
+    result = watch(journal, "--lost-after", "1.5s", timeout=30)
+    waited = time.monotonic() - began
+    assert result.returncode == 2, result.stderr
+    assert 1.5 <= waited < 15
+    assert (
+        f"{journal}: nothing written nor touched for 1.5s and the journal has no end: the build "
+        "was lost (--lost-after waits longer)"
+    ) in result.stderr
+
+
+def test_a_live_build_silent_longer_than_the_limit_is_followed_to_its_end(tmp_path: Path) -> None:
+    journal = tmp_path / "live.jsonl"
+    build = start_demo(journal, "--speed", "4", "--silence", "6s")
+    try:
+        wait_for_text(journal, b"Optimizing graph")
+        result = watch(journal, "--lost-after", "1s", timeout=120)
+        build.communicate(timeout=60)
+    finally:
+        build.kill()
+    assert result.returncode == 0, result.stderr
+    assert "build success" in result.stderr
+    assert "its writer is alive (TensorRT is silent); still following" in result.stderr
+
+
+def test_touches_keep_a_remote_writers_journal_alive(tmp_path: Path) -> None:
+    journal = tmp_path / "remote.jsonl"
+    header = {
+        "format": "trt-otel-journal", "version": 1, "created_wall_ns": time.time_ns(),
+        "writer_pid": 1, "writer_host": "another-host.example", "touch_interval_s": 0.2,
+    }  # fmt: skip
+    journal.write_text(json.dumps(header) + "\n")
+    toucher = Toucher(journal, interval_s=0.2)
+    outcome: list[object] = []
+
+    def follow() -> None:
+        try:
+            outcome.append(follow_journal(journal, lambda events: None, warn=lambda m: None,
+                                          poll_s=0.05, lost_after_s=1.0))  # fmt: skip
+        except BuildLostError as error:
+            outcome.append(error)
+
+    follower = threading.Thread(target=follow, daemon=True)
+    began = time.monotonic()
+    follower.start()
+    follower.join(3.0)
+    assert follower.is_alive(), f"given up while the file was touched: {outcome}"
+    toucher.stop()
+    follower.join(10.0)
+    assert not follower.is_alive()
+    assert isinstance(outcome[0], BuildLostError)
+    assert "nothing written nor touched" in str(outcome[0])
+    assert time.monotonic() - began >= 3.5
+
+
+def test_a_zombie_or_a_reused_pid_is_not_the_writer() -> None:
+    child = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child.pid}/stat").exists() and time.monotonic() < deadline:
+        state = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state == "Z":
+            break
+        time.sleep(0.01)
+    try:
+        assert process_running(child.pid) is False, "a zombie has ended"
+    finally:
+        child.wait()
+    assert process_running(child.pid) is False
+    assert process_running(os.getpid(), created_wall_ns=time.time_ns()) is True
+    an_hour_ago = time.time_ns() - 3600 * 10**9
+    assert process_running(os.getpid(), created_wall_ns=an_hour_ago) is False, (
+        "a process that started after the journal was written is another one"
+    )
