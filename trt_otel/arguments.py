@@ -299,7 +299,8 @@ def add_policy_options(parser: argparse.ArgumentParser) -> Group:
         "--cancel-file",
         type=Path,
         metavar="PATH",
-        help="stop when this file exists (its first line, if any, is the reason)",
+        help="stop when this file appears (its first line, if any, is the reason); it must "
+        "not exist when the build starts",
     )
     group.add_argument(
         "--cancel-url",

@@ -26,6 +26,7 @@ from trt_otel.arguments import (
     add_span_options,
     builder_options,
     non_negative_float,
+    positive_seconds,
     seconds,
     session_config,
     span_config,
@@ -42,8 +43,10 @@ from trt_otel.components import console_view, span_export
 from trt_otel.config import ConsoleConfig, SessionConfig, SpanConfig, UsageError
 from trt_otel.console import render_build
 from trt_otel.journal import JournalError, read_journal
+from trt_otel.liveness import DEFAULT_LOST_AFTER_S
 from trt_otel.model import demo_model_bytes
 from trt_otel.options import BuildOptions
+from trt_otel.preflight import PreflightError, check_build_files
 from trt_otel.readmodel import ReadModel
 from trt_otel.session import (
     EXIT_INTERRUPTED,
@@ -130,6 +133,15 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument(
         "--no-progress", action="store_true", help="plain lines instead of the live tree"
     )
+    watch.add_argument(
+        "--lost-after",
+        type=positive_seconds,
+        default=DEFAULT_LOST_AFTER_S,
+        metavar="DURATION",
+        help="give the build up as lost (exit 2) after this long with no sign of life: no "
+        "event and no touch of its journal, or no connection to its URL (default: 30s); a "
+        "journal whose writer is gone from this host is lost at once",
+    )
     return parser
 
 
@@ -165,6 +177,7 @@ class WatchCommand:
     console: ConsoleConfig
     journal: Path | None = None
     url: str | None = None
+    lost_after_s: float = DEFAULT_LOST_AFTER_S
 
 
 Command = DemoCommand | BuildCommand | ReplayCommand | WatchCommand
@@ -192,7 +205,9 @@ def command_of(args: argparse.Namespace) -> Command:
     if args.command == "watch":
         if (args.journal is None) == (args.url is None):
             raise UsageError("watch takes a journal or --url URL (one of them)")
-        return WatchCommand(ConsoleConfig(live=not args.no_progress), args.journal, args.url)
+        return WatchCommand(
+            ConsoleConfig(live=not args.no_progress), args.journal, args.url, args.lost_after
+        )
     return ReplayCommand(args.journal, span_config(args))
 
 
@@ -216,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         TraceError,
         OtlpConfigError,
         WatchError,
+        PreflightError,
     ) as error:
         print(f"trt-otel: error: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -223,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def demo(command: DemoCommand) -> int:
     trace = command.simulator.trace
+    preflight(command.session, command.builder, command.model, command.output, trace)
     if trace is not None:
         load_trace(trace)  # a bad trace is a usage error here, not a failure in the worker
     if command.model is not None:
@@ -250,6 +267,7 @@ def demo(command: DemoCommand) -> int:
 
 
 def build(command: BuildCommand) -> int:
+    preflight(command.session, command.builder, command.model, command.output)
     model = read_model(command.model)
     if command.session.in_process or importlib.util.find_spec("tensorrt") is None:
         import_tensorrt()  # says how to install it, exit 2, when it is missing
@@ -265,6 +283,24 @@ def build(command: BuildCommand) -> int:
     }
     job = BuildJob(model_path=command.model, engine_path=command.output, options=command.builder)
     return run_session(job, command.session, attributes)
+
+
+def preflight(
+    session: SessionConfig,
+    builder: BuildOptions,
+    model: Path | None,
+    engine: Path | None,
+    trace: Path | None = None,
+) -> None:
+    """The build's files, checked before anything is opened or truncated (exit 2)."""
+    check_build_files(
+        model=model,
+        engine=engine,
+        journal=session.observe.journal,
+        timing_cache=builder.timing_cache,
+        trace=trace,
+        cancel_file=session.policy.cancel_file,
+    )
 
 
 def replay(command: ReplayCommand) -> int:
@@ -286,10 +322,12 @@ def watch(command: WatchCommand) -> int:
     console_view(command.console, model)
     try:
         if command.url is not None:
-            end = follow_url(command.url, model.handle, warn=warn)
+            end = follow_url(command.url, model.handle, warn=warn, retry_for_s=command.lost_after_s)
         else:
             assert command.journal is not None
-            end = follow_journal(command.journal, model.handle, warn=warn)
+            end = follow_journal(
+                command.journal, model.handle, warn=warn, lost_after_s=command.lost_after_s
+            )
     finally:
         model.close()
     if end is None:
