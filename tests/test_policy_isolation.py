@@ -232,3 +232,26 @@ def test_a_stall_still_fires_while_a_cancel_url_hangs() -> None:
         server.shutdown()
         server.server_close()
     assert monitor.state.cancel is not None and monitor.state.cancel.source == "stall"
+
+
+class LateBodyHandler(socketserver.BaseRequestHandler):
+    """HTTP/1.0 with ``Connection: close``: the client lets go of the socket after the headers,
+    and the body comes a moment later."""
+
+    def handle(self) -> None:
+        self.request.recv(65536)
+        self.request.sendall(b"HTTP/1.0 500 Oops\r\nConnection: close\r\nContent-Length: 4\r\n\r\n")
+        time.sleep(0.2)
+        self.request.sendall(b"oops")
+
+
+def test_a_body_sent_after_its_headers_on_a_closing_connection_is_read() -> None:
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), LateBodyHandler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/flag"
+        assert fetch(url, 2.0, 100) == (500, b"oops")
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -418,8 +418,9 @@ def fetch(url: str, timeout_s: float, max_bytes: int) -> tuple[int, bytes]:
     class Response(http.client.HTTPResponse):
         def __init__(self, sock: socket.socket, *args: Any, **kwargs: Any) -> None:
             super().__init__(sock, *args, **kwargs)
-            self.fp.close()
-            self.fp = io.BufferedReader(_DeadlineReader(sock, deadline, timeout_s))
+            # The socket's own file stays open (the reader closes it): it keeps the socket
+            # alive when the connection lets go of it (``Connection: close``).
+            self.fp = io.BufferedReader(_DeadlineReader(sock, self.fp, deadline, timeout_s))
 
     connection.response_class = Response
     try:
@@ -434,13 +435,20 @@ def fetch(url: str, timeout_s: float, max_bytes: int) -> tuple[int, bytes]:
 class _DeadlineReader(io.RawIOBase):
     """A socket's reads, each limited to what is left of one deadline."""
 
-    def __init__(self, sock: socket.socket, deadline: float, timeout_s: float) -> None:
+    def __init__(
+        self, sock: socket.socket, owner: io.BufferedIOBase, deadline: float, timeout_s: float
+    ) -> None:
         self._sock = sock
+        self._owner = owner
         self._deadline = deadline
         self._timeout_s = timeout_s
 
     def readable(self) -> bool:
         return True
+
+    def close(self) -> None:
+        self._owner.close()
+        super().close()
 
     def readinto(self, buffer: Any) -> int:
         left = self._deadline - time.monotonic()

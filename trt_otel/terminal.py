@@ -1,0 +1,77 @@
+"""What reaches the operator's terminal: text made safe to show, and a stream that a closed pipe
+cannot break.
+
+- :func:`printable` escapes control characters (ESC, newlines, ...) in text that came from
+  outside (a cancel reason from the HTTP view or a cancel URL), so it cannot move the cursor,
+  recolour or clear the screen, or forge lines. The journal keeps such text verbatim.
+- :class:`PipeSafeStream` wraps stderr: when its reader goes away (``trt-otel demo 2>&1 | head``)
+  the first failed write turns every later one into nothing, so the build's outcome, exit code
+  and cleanup are those of a build with a terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import unicodedata
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character written as an escape (``\\x1b``, ``\\n``)."""
+    if text.isprintable():
+        return text
+    return "".join(
+        char
+        if char.isprintable() or unicodedata.category(char) == "Zs"
+        else repr(char)[1:-1]
+        for char in text
+    )
+
+
+class PipeSafeStream:
+    """A text stream whose writes never raise BrokenPipeError: after the first, it writes to
+    ``os.devnull`` (also at the descriptor, so the interpreter's last flush is quiet too)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self.broken = False
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._break()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._break()
+
+    def _break(self) -> None:
+        self.broken = True
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def pipe_safe_stderr() -> Iterator[PipeSafeStream]:
+    """``sys.stderr`` made pipe-safe for the duration."""
+    previous = sys.stderr
+    safe = previous if isinstance(previous, PipeSafeStream) else PipeSafeStream(previous)
+    sys.stderr = safe
+    try:
+        yield safe
+    finally:
+        sys.stderr = previous
