@@ -24,9 +24,7 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(
-        char
-        if char.isprintable() or unicodedata.category(char) == "Zs"
-        else repr(char)[1:-1]
+        char if char.isprintable() or unicodedata.category(char) == "Zs" else repr(char)[1:-1]
         for char in text
     )
 
