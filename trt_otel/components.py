@@ -142,7 +142,7 @@ def build_collector(
     return BuildCollector(
         monitor,
         build_id_label=config.build_id_label,
-        span_health=spans.queue.health if spans is not None else None,
+        span_health=spans.health if spans is not None else None,
         policy_health=runner.health if runner is not None else None,
         eta=_eta_seconds(model, monitor),
     )
@@ -171,7 +171,7 @@ def metrics_endpoint(
                 config.port,
                 config.address,
                 build_id_label=config.build_id_label,
-                span_health=spans.queue.health if spans is not None else None,
+                span_health=spans.health if spans is not None else None,
                 policy_health=runner.health if runner is not None else None,
                 eta=_eta_seconds(model, monitor),
             )

@@ -1,11 +1,12 @@
 """OTLP span export: the span projection, turned into OpenTelemetry spans and sent off-thread.
 
-Two threads stand between TensorRT and the collector. The ``otlp`` follower folds events into
-span records (:mod:`trt_otel.spans`) and hands each finished span to the OpenTelemetry SDK with
-its recorded times and derived ids; a :class:`SpanExportQueue` then exports them in batches on a
-thread of its own, through a bounded queue. A collector that is down, slow or refusing costs the
-build nothing: failures are reported once and counted, spans that do not fit are dropped and
-counted, and shutting down waits for a final flush only up to a deadline.
+The span projection runs where the build's read model is folded (its follower thread) and hands
+each finished span to the OpenTelemetry SDK with its recorded times and derived ids; a
+:class:`SpanExportQueue`, the export's one queue and one thread, exports them in batches. What an
+export did is the exporter's ``SpanExportResult``, and the process's logging is left alone. A
+collector that is down, slow or refusing costs the build nothing: failures are reported once with
+their likely reason and counted, exports are held back while they fail, spans that do not fit
+are dropped and counted, and shutting down waits for a final flush only up to a deadline.
 
 Configuration follows the OpenTelemetry environment variables (``OTEL_EXPORTER_OTLP_*``,
 ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``), which ``--otlp-endpoint`` and
@@ -14,9 +15,10 @@ Configuration follows the OpenTelemetry environment variables (``OTEL_EXPORTER_O
 
 from __future__ import annotations
 
-import logging
 import os
+import socket
 import threading
+import time
 import urllib.parse
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -165,25 +167,36 @@ class SpanExportHealth:
     last_error: str | None
 
 
-class _ExporterLogCapture(logging.Handler):
-    """Keeps the last complaint of the OTLP exporters, so a failure can say why."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.last: str | None = None
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            self.last = record.getMessage()
-        except Exception:  # a malformed log record must not break the exporter thread
-            self.last = str(record.msg)
+def unreachable_because(endpoint: str, timeout_s: float = 1.0) -> str | None:
+    """Why the collector at ``endpoint`` (a URL or ``host:port``) cannot be reached, or None
+    when a connection opens. The SDK's exporters answer only SUCCESS or FAILURE; this says
+    which of the usual reasons it was, without reading their log."""
+    parts = urllib.parse.urlsplit(endpoint if "//" in endpoint else f"//{endpoint}")
+    host = parts.hostname or "localhost"
+    port: int | str = "?"
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except socket.gaierror as error:
+        return f"cannot resolve {host} ({error.strerror})"
+    except TimeoutError:
+        return f"no answer from {host}:{port} within {timeout_s:g}s"
+    except (OSError, ValueError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        return f"cannot connect to {host}:{port} ({reason})"
 
 
 class SpanExportQueue(SpanProcessor):
-    """An SDK span processor that exports ended spans in batches on its own thread.
+    """An SDK span processor that exports ended spans in batches on its own thread: the OTLP
+    export's one queue and one thread (the spans are made on the read model's thread).
 
     ``on_end`` is an append to a bounded deque (the oldest span makes room when it is full, and
-    is counted). The first failed export is reported through ``warn``; later ones are counted.
+    is counted). What an export did is the exporter's ``SpanExportResult``; the first failure is
+    reported through ``warn`` with the likely reason (:func:`unreachable_because`, or no answer
+    within the request timeout), later ones are counted. While exports fail they are held back
+    ``retry_after_s``, doubling up to a minute, so a dead collector costs a timeout now and
+    then. The process's logging is never touched.
     """
 
     def __init__(
@@ -192,27 +205,37 @@ class SpanExportQueue(SpanProcessor):
         *,
         describe: str,
         warn: Warn,
+        endpoint: str = "",
+        request_timeout_s: float | None = None,
         capacity: int = 65_536,
         batch_size: int = 512,
         interval_s: float = 1.0,
+        retry_after_s: float = 5.0,
     ) -> None:
         self._exporter = exporter
         self._describe = describe
         self._warn = warn
+        self._endpoint = endpoint
+        self._request_timeout_s = request_timeout_s
         self._capacity = capacity
         self._batch_size = batch_size
         self._interval_s = interval_s
+        self._retry_after_s = retry_after_s
+        self._backoff_s = retry_after_s
+        self._retry_at = float("-inf")
         self._queue: deque[ReadableSpan] = deque()
         self._wake = threading.Event()
         self._idle = threading.Condition()
         self._in_flight = 0
+        self._final = False
+        """Set by close: one last attempt, whatever the backoff; a failure gives the rest up."""
+        self._given_up = False
+        self._reported = False
         self._stopping = False
         self._exported = 0
         self._dropped = 0
         self._failed = 0
         self._last_error: str | None = None
-        self._log_capture = _ExporterLogCapture()
-        logging.getLogger("opentelemetry.exporter").addHandler(self._log_capture)
         self._thread = threading.Thread(target=self._run, name="trt-otel-otlp-export", daemon=True)
         self._thread.start()
 
@@ -244,9 +267,12 @@ class SpanExportQueue(SpanProcessor):
         while True:
             self._wake.wait(self._interval_s)
             self._wake.clear()
-            while self._queue:
-                batch = self._take_batch()
-                self._export(batch)
+            while self._queue and not self._given_up:
+                if not self._final and time.monotonic() < self._retry_at:
+                    break  # held back after a failure
+                if not self._export(self._take_batch()):
+                    self._given_up = self._final
+                    break
             with self._idle:
                 self._idle.notify_all()
             if self._stopping:
@@ -260,29 +286,48 @@ class SpanExportQueue(SpanProcessor):
             self._in_flight = len(batch)
         return batch
 
-    def _export(self, batch: Sequence[ReadableSpan]) -> None:
+    def _export(self, batch: Sequence[ReadableSpan]) -> bool:
+        error: str | None = None
+        began = time.monotonic()
         try:
-            result = self._exporter.export(batch)
-            error = None if result is SpanExportResult.SUCCESS else self._log_capture.last
-            ok = result is SpanExportResult.SUCCESS
+            ok = self._exporter.export(batch) is SpanExportResult.SUCCESS
         except Exception as exception:  # an exporter bug must not end the thread
             ok, error = False, f"{type(exception).__name__}: {exception}"
-        first_failure = False
+        took_s = time.monotonic() - began
         with self._idle:
             if self._in_flight == 0:
-                return  # close() gave up on this batch and counted it dropped
+                return False  # close() gave up on this batch and counted it dropped
             self._in_flight = 0
             if ok:
                 self._exported += len(batch)
-            else:
-                self._failed += len(batch)
-                self._last_error = error or "the collector did not accept the spans"
-                first_failure = self._failed == len(batch)
+                self._backoff_s = self._retry_after_s
+                return True
+            self._failed += len(batch)
+            first_failure = self._failed == len(batch)
+        self._last_error = error or self._why_failed(took_s)
+        self._retry_at = time.monotonic() + self._backoff_s
+        self._backoff_s = min(self._backoff_s * 2, 60.0)
         if first_failure:
+            self._report(self._last_error)
+        return False
+
+    def _report(self, reason: str) -> None:
+        if not self._reported:
+            self._reported = True
             self._warn(
-                f"OTLP export to {self._describe} failed ({self._last_error}); "
+                f"OTLP export to {self._describe} failed ({reason}); "
                 "the build goes on, further failures are only counted"
             )
+
+    def _why_failed(self, took_s: float) -> str:
+        """The likely reason of a FAILURE, the exporter's only answer."""
+        unreachable = unreachable_because(self._endpoint) if self._endpoint else None
+        if unreachable is not None:
+            return unreachable
+        timeout_s = self._request_timeout_s
+        if timeout_s is not None and took_s >= timeout_s * 0.9:
+            return f"no answer within {timeout_s:g}s"
+        return "the collector answered, but did not accept the spans"
 
     # -- control -------------------------------------------------------------------------------
 
@@ -291,28 +336,37 @@ class SpanExportQueue(SpanProcessor):
         self._wake.set()
         with self._idle:
             return self._idle.wait_for(
-                lambda: not self._queue and not self._in_flight, timeout=timeout_s
+                lambda: self._given_up or (not self._queue and not self._in_flight),
+                timeout=timeout_s,
             )
 
     def close(self, timeout_s: float) -> bool:
-        """Export what is queued within ``timeout_s``, then drop the rest and stop; True when
-        everything queued was handed to the collector in time."""
+        """Export what is queued within ``timeout_s`` (one last attempt, whatever the backoff),
+        then drop the rest and stop; True when everything queued was handed to the collector in
+        time."""
         if self._stopping:
             return not self._queue
-        flushed = self.flush(timeout_s)
+        self._final = True
+        flushed = self.flush(timeout_s) and not self._given_up
         self._stopping = True
         self._wake.set()
         with self._idle:
-            self._dropped += len(self._queue) + self._in_flight
+            left = len(self._queue) + self._in_flight
+            self._dropped += left
             self._queue.clear()
             self._in_flight = 0
+        if left and not self._given_up:  # the deadline passed with an export unanswered
+            reason = (
+                unreachable_because(self._endpoint) if self._endpoint else None
+            ) or f"no answer within {timeout_s:g}s"
+            self._last_error = self._last_error or reason
+            self._report(reason)
         try:
             # Aborts retries and in-flight calls; an exporter stuck anyway is left behind on
             # its daemon thread rather than holding up the process.
             self._exporter.shutdown()
         except Exception as exception:
             self._last_error = f"{type(exception).__name__}: {exception}"
-        logging.getLogger("opentelemetry.exporter").removeHandler(self._log_capture)
         return flushed
 
     def health(self) -> SpanExportHealth:
@@ -405,7 +459,10 @@ class OtlpSpanExport:
         exporter: SpanExporter | None = None,
         resource: Resource | None = None,
         model: ReadModel | None = None,
+        interval_s: float = 1.0,
+        retry_after_s: float = 5.0,
     ) -> None:
+        """``interval_s`` and ``retry_after_s`` tune the :class:`SpanExportQueue`."""
         self.settings = settings
         self.projection = SpanProjection(
             span_budget=settings.span_budget, fold_under_ns=settings.fold_under_ns, model=model
@@ -414,6 +471,10 @@ class OtlpSpanExport:
             exporter or settings.make_exporter(),
             describe=f"{settings.endpoint} ({settings.protocol})",
             warn=warn,
+            endpoint=settings.endpoint,
+            request_timeout_s=settings.request_timeout_s,
+            interval_s=interval_s,
+            retry_after_s=retry_after_s,
         )
         self._emitter = SpanEmitter(self.queue, resource)
         self._warn = warn
@@ -438,4 +499,8 @@ class OtlpSpanExport:
     def shutdown(self, timeout_s: float) -> SpanExportHealth:
         """Flush within ``timeout_s`` and stop; what happened to the spans."""
         self.queue.close(timeout_s)
+        return self.queue.health()
+
+    def health(self) -> SpanExportHealth:
+        """What happened to the spans so far; safe from any thread (a scrape reads it)."""
         return self.queue.health()
