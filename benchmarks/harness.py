@@ -9,14 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-
 from trt_otel import BuildMonitor, JournalWriter
 from trt_otel.console import PlainLines
 from trt_otel.readmodel import ReadModel
 from trt_otel.sinks.http import StatusServer
 from trt_otel.sinks.otlp import OtlpSettings, OtlpSpanExport
-from trt_otel.sinks.prometheus import BuildCollector, MetricsServer
+from trt_otel.sinks.prometheus import MetricSources, MetricsServer, metrics_registry
 
 
 class LockAndDictMonitor:
@@ -108,9 +106,8 @@ def full_monitor(directory: Path, dead_port: int, name: str = "bench") -> FullMo
     def eta() -> float | None:
         return model.estimate(monitor.log.clock.mono_ns()).build.seconds
 
-    metrics = MetricsServer(monitor, 0, span_health=spans.queue.health, eta=eta)
-    registry = CollectorRegistry(auto_describe=True)
-    registry.register(BuildCollector(monitor))
+    registry = metrics_registry(MetricSources(monitor, span_health=spans.health, eta=eta))
+    metrics = MetricsServer(registry, 0)
     status = StatusServer(monitor, model, registry, port=0, cancel_token="bench")
     log.follow(status.feed, capacity=1_000_000)
     return FullMonitor(monitor, spans, metrics, status)

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from trt_otel import BuildMonitor, ManualClock
-from trt_otel.components import build_collector
+from trt_otel.components import metric_sources
 from trt_otel.config import MetricsConfig
 from trt_otel.eta import (
     MIN_ELAPSED_S,
@@ -25,6 +25,7 @@ from trt_otel.journal import JournalWriter
 from trt_otel.model import demo_model_bytes
 from trt_otel.readmodel import ReadModel
 from trt_otel.simulator import Driver, generate_plan
+from trt_otel.sinks.prometheus import metrics_registry
 from trt_otel.state import BuildState
 from trt_otel.testing import virtual_build
 
@@ -132,10 +133,8 @@ def test_the_eta_gauge_is_the_estimate_of_the_live_build_wired_as_the_session_wi
     monitor = BuildMonitor(clock=clock, attributes=MODEL)
     model = ReadModel()
     monitor.log.follow(model, capacity=1_000_000)
-    registry = CollectorRegistry(auto_describe=True)
-    registry.register(
-        build_collector(monitor, MetricsConfig(), spans=None, runner=None, model=model)
-    )
+    sources = metric_sources(monitor, MetricsConfig(), spans=None, runner=None, model=model)
+    registry = metrics_registry(sources)
     try:
         assert eta_gauge(registry) is None, "absent while unknown"
         monitor.start()

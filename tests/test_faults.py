@@ -173,10 +173,10 @@ def test_a_full_disk_stops_the_journal_not_the_build(tmp_path: Path) -> None:
 
 
 def test_a_scrape_during_shutdown_is_harmless() -> None:
-    from trt_otel.sinks.prometheus import MetricsServer
+    from trt_otel.sinks.prometheus import MetricSources, MetricsServer, metrics_registry
 
     monitor = BuildMonitor()
-    server = MetricsServer(monitor, 0)
+    server = MetricsServer(metrics_registry(MetricSources(monitor)), 0)
     url = f"http://127.0.0.1:{server.port}/metrics"
     failures: list[BaseException] = []
     stop = threading.Event()

@@ -160,11 +160,11 @@ def test_gauges_show_the_latest_sample_and_pass_promtool() -> None:
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from trt_otel.sinks.prometheus import MetricsServer
+    from trt_otel.sinks.prometheus import MetricSources, MetricsServer, metrics_registry
 
     reader = RecordedReader([GpuReading(memory_used_bytes=5 * GIB, utilization=0.5)])
     monitor = BuildMonitor()
-    server = MetricsServer(monitor, 0)
+    server = MetricsServer(metrics_registry(MetricSources(monitor)), 0)
     try:
         monitor.start()
         GpuSampler(monitor.log, reader).sample_once()

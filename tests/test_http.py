@@ -25,7 +25,7 @@ from trt_otel import BuildMonitor, Outcome, read_journal
 from trt_otel.readmodel import ReadModel
 from trt_otel.simulator import Driver, generate_plan
 from trt_otel.sinks.http import StatusServer
-from trt_otel.sinks.prometheus import BuildCollector
+from trt_otel.sinks.prometheus import BuildCollector, MetricSources
 
 CLI = [sys.executable, "-m", "trt_otel.cli"]
 TOKEN = "s3cret-token-for-tests"
@@ -212,7 +212,7 @@ def served() -> Iterator[tuple[BuildMonitor, StatusServer]]:
     model = ReadModel()
     monitor.log.follow(model)
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(BuildCollector(monitor))
+    registry.register(BuildCollector(MetricSources(monitor)))
     server = StatusServer(monitor, model, registry, port=0, cancel_token=TOKEN)
     monitor.log.follow(server.feed, capacity=1_000_000)
     try:

@@ -432,13 +432,13 @@ def test_run_isolated_runs_a_build_function_in_a_worker(tmp_path: Path) -> None:
 def test_the_metrics_count_policy_errors(flag_server: FlagServer) -> None:
     from prometheus_client import generate_latest
 
-    from trt_otel.sinks.prometheus import MetricsServer
+    from trt_otel.sinks.prometheus import MetricSources, MetricsServer, metrics_registry
 
     flag_server.status = 500
     policy = CancelUrl(flag_server.url, interval_s=0.05)
     monitor = BuildMonitor()
     runner = PolicyRunner(monitor, policy, interval_s=0.02, warn=lambda message: None)
-    server = MetricsServer(monitor, 0, policy_health=runner.health)
+    server = MetricsServer(metrics_registry(MetricSources(monitor, policy_health=runner.health)), 0)
     try:
         with runner:
             monitor.start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import subprocess
@@ -16,9 +17,15 @@ import yaml
 
 from prometheus_server import PrometheusServer, free_port, promtool_lint
 from trt_otel import BuildMonitor, JournalWriter
+from trt_otel.events import AnomalyKind, Outcome
 from trt_otel.gpu import GpuReading, GpuSampler
 from trt_otel.simulator import Driver, generate_plan
-from trt_otel.sinks.prometheus import MetricsServer
+from trt_otel.sinks.prometheus import (
+    CANCEL_REASONS,
+    MetricSources,
+    MetricsServer,
+    metrics_registry,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DASHBOARD = REPO / "dashboards" / "trt-otel.json"
@@ -101,13 +108,13 @@ def test_prometheus_finds_the_step_gauges_the_build_reported(
     prometheus: PrometheusServer, exporter_port: int
 ) -> None:
     monitor = BuildMonitor(attributes={"trt.backend": "simulator"})
-    server = MetricsServer(monitor, exporter_port)
+    server = MetricsServer(metrics_registry(MetricSources(monitor)), exporter_port)
     try:
         monitor.start()
         assert prometheus.wait_for('trt_build_state{state="running"} == 1')
         assert Driver(speed=0).run(monitor, generate_plan(13)).completed
         monitor.end()
-        assert server.collector.wait_for_scrape_after(time.monotonic(), 10)
+        assert server.wait_for_scrape_after(time.monotonic(), 10)
         assert prometheus.wait_for('trt_build_state{state="success"} == 1')
         state = monitor.state
         expected = {
@@ -138,7 +145,7 @@ def test_every_dashboard_expression_returns_data_during_a_build(
 ) -> None:
     monitor = BuildMonitor(attributes={"trt.backend": "simulator", "model.path": "/m/mnist.onnx"})
     monitor.log.follow(JournalWriter(tmp_path / "build.jsonl"))
-    server = MetricsServer(monitor, exporter_port)
+    server = MetricsServer(metrics_registry(MetricSources(monitor)), exporter_port)
     build = SlowBuild(monitor, speed=0.5)
     # No GPU here: a recorded series stands in for NVML, so the GPU panels have data too.
     sampler = GpuSampler(monitor.log, RecordedGpu(), interval_s=0.2)
@@ -149,17 +156,21 @@ def test_every_dashboard_expression_returns_data_during_a_build(
         # rate() needs two samples in its window; wait for a few scrapes of the running build.
         assert prometheus.wait_for("count_over_time(trt_build_steps_completed_total[1m]) >= 4")
         expressions = dashboard_expressions()
-        empty = [e for e in expressions if "cancellations" not in e and not prometheus.query(e)]
-        assert empty == []
+        empty = [e for e in expressions if not prometheus.query(e)]
+        assert empty == [], "every panel has data, cancellations too (0 for every reason)"
 
         monitor.cancel("checked every panel", source="test")
         build.thread.join(60)
         assert build.completed is False
-        assert server.collector.wait_for_scrape_after(time.monotonic(), 10)
+        assert server.wait_for_scrape_after(time.monotonic(), 10)
         cancellations = [e for e in expressions if "cancellations" in e]
         assert cancellations
+        assert prometheus.wait_for('trt_build_cancellations_total{reason="test"} == 1')
         for expression in cancellations:
-            assert prometheus.wait_for(expression)[0]["metric"] == {"reason": "test"}
+            by_reason = {
+                r["metric"]["reason"]: float(r["value"][1]) for r in prometheus.query(expression)
+            }
+            assert by_reason == {reason: 0.0 for reason in CANCEL_REASONS} | {"test": 1.0}
         assert prometheus.wait_for('trt_build_state{state="cancellation"} == 1')
     finally:
         sampler.stop()
@@ -175,12 +186,12 @@ def test_promtool_finds_nothing_to_lint_mid_build() -> None:
     from trt_otel.sinks.otlp import SpanExportHealth
 
     monitor = BuildMonitor(attributes={"trt.backend": "simulator", "model.path": "m.onnx"})
-    server = MetricsServer(
+    sources = MetricSources(
         monitor,
-        0,
         span_health=lambda: SpanExportHealth(10, 2, 3, 1, "refused"),
         policy_health=lambda: [PolicyHealth("url(http://x)", "http", 4, "HTTP status 500")],
     )
+    server = MetricsServer(metrics_registry(sources), 0)
     try:
         plan = generate_plan(13)
         Driver(speed=0).run(monitor, plan[: len(plan) // 2])
@@ -201,7 +212,7 @@ def test_a_port_in_use_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> N
     from trt_otel.cli import main
 
     monitor = BuildMonitor()
-    taken = MetricsServer(monitor, 0)
+    taken = MetricsServer(metrics_registry(MetricSources(monitor)), 0)
     try:
         assert main(["demo", "--speed", "0", "--prometheus-port", str(taken.port)]) == 2
         assert "cannot serve metrics on 127.0.0.1" in capsys.readouterr().err
@@ -297,3 +308,148 @@ def test_a_short_build_pushes_its_final_values_to_a_pushgateway(tmp_path: Path) 
 def scrape_url(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as response:
         return str(response.read().decode())
+
+
+# -- one registry, one server: negotiation, zeros, the wait at exit ------------------------------
+
+
+def get(port: int, headers: dict[str, str]) -> tuple[dict[str, str], bytes]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=headers)
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return dict(response.headers), response.read()
+
+
+def test_the_endpoint_negotiates_openmetrics_and_gzip_as_prometheus_client_does() -> None:
+    monitor = BuildMonitor()
+    monitor.start()
+    server = MetricsServer(metrics_registry(MetricSources(monitor)), 0)
+    try:
+        headers, body = get(server.port, {"Accept": "application/openmetrics-text"})
+        assert headers["Content-Type"].startswith("application/openmetrics-text")
+        assert body.endswith(b"# EOF\n")
+        headers, body = get(server.port, {"Accept-Encoding": "gzip"})
+        assert headers.get("Content-Encoding") == "gzip"
+        text = gzip.decompress(body).decode()
+        assert text.startswith("# HELP") and "trt_build_state" in text
+        headers, body = get(server.port, {})
+        assert headers["Content-Type"].startswith("text/plain") and b"# EOF" not in body
+    finally:
+        server.close()
+
+
+def test_bounded_label_sets_are_there_at_0_before_anything_happens() -> None:
+    monitor = BuildMonitor()
+    monitor.start()
+    server = MetricsServer(metrics_registry(MetricSources(monitor)), 0)
+    try:
+        text = scrape(server.port)
+    finally:
+        server.close()
+    for reason in ("timeout", "stall", "file", "http", "signal", "user"):
+        assert f'trt_build_cancellations_total{{reason="{reason}"}} 0.0' in text
+    for kind in AnomalyKind:
+        assert f'trt_otel_anomalies_total{{kind="{kind.value}"}} 0.0' in text
+    assert 'trt_build_state{state="running"} 1.0' in text
+
+
+def test_nothing_scraping_means_no_wait_at_exit(capsys: pytest.CaptureFixture[str]) -> None:
+    from trt_otel.cli import main
+
+    began = time.monotonic()
+    args = ["demo", "--speed", "0", "--no-progress", "--prometheus-port", "0"]
+    assert main([*args, "--prometheus-linger", "60s", "--http-port", "0"]) == 0
+    took = time.monotonic() - began
+    assert took < 40, f"the build waited {took:.0f}s for a scrape nobody makes"
+    assert "final values scraped" not in capsys.readouterr().err
+
+
+def test_registering_reading_or_pushing_is_not_a_scrape() -> None:
+    from prometheus_client import generate_latest
+
+    monitor = BuildMonitor()
+    registry = metrics_registry(MetricSources(monitor))
+    server = MetricsServer(registry, 0)
+    try:
+        monitor.start()
+        generate_latest(registry)  # what the HTTP view's /metrics and a push do
+        monitor.end()
+        began = time.monotonic()
+        assert server.linger(30.0) is False
+        assert time.monotonic() - began < 1.0
+        assert server.scrapes == 0
+    finally:
+        server.close()
+
+
+@needs_prometheus
+def test_a_real_scraper_gets_the_final_values_before_the_end(
+    prometheus: PrometheusServer, exporter_port: int
+) -> None:
+    monitor = BuildMonitor()
+    server = MetricsServer(metrics_registry(MetricSources(monitor)), exporter_port)
+    try:
+        monitor.start()
+        assert prometheus.wait_for('trt_build_state{state="running"} == 1')
+        monitor.cancel("enough", source="file")
+        monitor.end(Outcome.CANCELLATION, "enough")
+        began = time.monotonic()
+        assert server.linger(30.0) is True, "Prometheus scrapes every second"
+        assert time.monotonic() - began < 10
+        assert prometheus.wait_for('trt_build_state{state="cancellation"} == 1')
+        assert prometheus.wait_for('trt_build_cancellations_total{reason="file"} == 1')
+    finally:
+        server.close()
+
+
+@pytest.mark.skipif(
+    shutil.which("prometheus-pushgateway") is None,
+    reason="Debian's prometheus-pushgateway is not installed (.ci/run installs it)",
+)
+def test_the_push_carries_the_same_series_as_a_scrape() -> None:
+    from trt_otel.sinks.prometheus import push_build_metrics
+
+    port = free_port()
+    gateway = subprocess.Popen(
+        ["prometheus-pushgateway", f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    monitor = BuildMonitor(attributes={"trt.backend": "simulator"})
+    registry = metrics_registry(MetricSources(monitor, eta=lambda: 12.0))
+    server = MetricsServer(registry, 0)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/-/ready", timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the pushgateway did not start"
+                time.sleep(0.1)
+        Driver(speed=0).run(monitor, generate_plan(3))
+        monitor.end()
+        push_build_metrics(registry, url)
+        scraped = series(scrape(server.port))
+        pushed = {
+            name: labels - {("instance", ""), ("job", "trt_otel")}
+            for name, labels in series(scrape_url(f"{url}/metrics")).items()
+            if name in scraped
+        }
+        assert pushed == scraped
+        assert "trt_build_eta_seconds" in scraped and "trt_build_phase_steps" in scraped
+    finally:
+        server.close()
+        gateway.terminate()
+        gateway.wait(10)
+
+
+def series(text: str) -> dict[str, frozenset[tuple[str, str]]]:
+    """Every sample's name and labels in an exposition (values aside)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found: dict[str, set[tuple[str, str]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found.setdefault(sample.name, set()).update(sample.labels.items())
+    return {name: frozenset(labels) for name, labels in found.items()}

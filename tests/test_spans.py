@@ -469,13 +469,15 @@ def test_traceparent_parsing() -> None:
 def test_export_health_is_in_the_monitors_own_metrics() -> None:
     from prometheus_client import generate_latest
 
-    from trt_otel.sinks.prometheus import MetricsServer
+    from trt_otel.sinks.prometheus import MetricSources, MetricsServer, metrics_registry
 
     warnings: list[str] = []
     export = export_to(f"http://127.0.0.1:{dead_port()}", HTTP_PROTOBUF, warnings)
     monitor = BuildMonitor()
     monitor.log.follow(export)
-    server = MetricsServer(monitor, 0, span_health=export.queue.health)
+    server = MetricsServer(
+        metrics_registry(MetricSources(monitor, span_health=export.queue.health)), 0
+    )
     try:
         Driver(speed=0).run(monitor, generate_plan(num_layers=2, num_profiles=1, seed=1))
         monitor.end()

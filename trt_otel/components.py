@@ -40,7 +40,7 @@ from trt_otel.policies import PolicyRunner
 from trt_otel.readmodel import ReadModel, Subscriber
 from trt_otel.sinks.http import StatusServer
 from trt_otel.sinks.otlp import OtlpSpanExport
-from trt_otel.sinks.prometheus import BuildCollector, MetricsServer, push_build_metrics
+from trt_otel.sinks.prometheus import MetricSources, MetricsServer, push_build_metrics
 from trt_otel.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent
 
 DEEP_QUEUE = 1_000_000
@@ -131,15 +131,15 @@ def span_export(config: SpanConfig, model: ReadModel) -> Iterator[OtlpSpanExport
             say(f"spans: {health.exported:,} exported")
 
 
-def build_collector(
+def metric_sources(
     monitor: BuildMonitor,
     config: MetricsConfig,
     *,
     spans: OtlpSpanExport | None,
     runner: PolicyRunner | None,
     model: ReadModel,
-) -> BuildCollector:
-    return BuildCollector(
+) -> MetricSources:
+    return MetricSources(
         monitor,
         build_id_label=config.build_id_label,
         span_health=spans.health if spans is not None else None,
@@ -154,27 +154,15 @@ def _eta_seconds(model: ReadModel, monitor: BuildMonitor) -> Callable[[], float 
 
 @contextlib.contextmanager
 def metrics_endpoint(
-    monitor: BuildMonitor,
-    config: MetricsConfig,
-    *,
-    spans: OtlpSpanExport | None,
-    runner: PolicyRunner | None,
-    model: ReadModel,
+    registry: CollectorRegistry, config: MetricsConfig
 ) -> Iterator[MetricsServer | None]:
-    """Prometheus' scrape endpoint, if asked for. On exit the final values reach Prometheus:
-    pushed to the Pushgateway, and a last scrape awaited."""
+    """Prometheus' scrape endpoint for ``registry``, if asked for. On exit the final values
+    reach Prometheus: pushed to the Pushgateway, and a last scrape awaited (only when
+    something has been scraping)."""
     server: MetricsServer | None = None
     if config.port is not None:
         try:
-            server = MetricsServer(
-                monitor,
-                config.port,
-                config.address,
-                build_id_label=config.build_id_label,
-                span_health=spans.health if spans is not None else None,
-                policy_health=runner.health if runner is not None else None,
-                eta=_eta_seconds(model, monitor),
-            )
+            server = MetricsServer(registry, config.port, config.address)
         except OSError as error:
             raise UsageError(
                 f"cannot serve metrics on {config.address}:{config.port}: {error.strerror or error}"
@@ -186,18 +174,18 @@ def metrics_endpoint(
         completed = True
     finally:
         if completed:
-            _publish_final_values(monitor, config, server)
+            _publish_final_values(registry, config, server)
         elif server is not None:
             server.close()
 
 
 def _publish_final_values(
-    monitor: BuildMonitor, config: MetricsConfig, server: MetricsServer | None
+    registry: CollectorRegistry, config: MetricsConfig, server: MetricsServer | None
 ) -> None:
     """Let the final values reach Prometheus: push them, and wait for a last scrape."""
     if config.pushgateway is not None:
         try:
-            push_build_metrics(monitor, config.pushgateway, build_id_label=config.build_id_label)
+            push_build_metrics(registry, config.pushgateway)
         except OSError as error:
             warn(f"cannot push metrics to {config.pushgateway}: {error}")
     if server is not None:
@@ -213,10 +201,10 @@ def status_server(
     config: HttpConfig,
     *,
     model: ReadModel,
-    registry: Callable[[], CollectorRegistry],
+    registry: CollectorRegistry,
 ) -> Iterator[StatusServer | None]:
-    """The HTTP view, if asked for; ``registry`` makes the /metrics it serves (called only
-    when it is). Its events come from the log: follow ``server.feed``."""
+    """The HTTP view, if asked for; its /metrics serves ``registry``. Its events come from the
+    log: follow ``server.feed``."""
     if config.port is None:
         yield None
         return
@@ -226,7 +214,7 @@ def status_server(
             server = StatusServer(
                 monitor,
                 model,
-                registry(),
+                registry,
                 port=config.port,
                 address=config.address,
                 cancel_token=token,
@@ -321,25 +309,3 @@ def report_follower_health(workers: Sequence[FollowerWorker]) -> None:
                 f"({health.dropped:,} dropped from a full queue, {health.failed_events:,} in "
                 f"{health.errors:,} failed batches; last error: {health.last_error or 'none'})"
             )
-
-
-def status_registry(
-    monitor: BuildMonitor,
-    config: MetricsConfig,
-    metrics: MetricsServer | None,
-    *,
-    spans: OtlpSpanExport | None,
-    runner: PolicyRunner | None,
-    model: ReadModel,
-) -> Callable[[], CollectorRegistry]:
-    """What the HTTP view's /metrics serves: the Prometheus endpoint's registry when there is
-    one, else one of its own."""
-
-    def make() -> CollectorRegistry:
-        if metrics is not None:
-            return metrics.registry
-        registry = CollectorRegistry(auto_describe=True)
-        registry.register(build_collector(monitor, config, spans=spans, runner=runner, model=model))
-        return registry
-
-    return make

@@ -28,11 +28,11 @@ from trt_otel.components import (
     gpu_reader,
     join_parent_trace,
     load_history,
+    metric_sources,
     metrics_endpoint,
     open_journal,
     say,
     span_export,
-    status_registry,
     status_server,
     warn,
 )
@@ -44,6 +44,7 @@ from trt_otel.gpu import GpuSampler
 from trt_otel.monitor import BuildMonitor
 from trt_otel.policies import PolicyRunner
 from trt_otel.readmodel import ReadModel
+from trt_otel.sinks.prometheus import metrics_registry
 from trt_otel.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent, trace_id_for
 from trt_otel.supervisor import IsolatedResult, run_isolated
 
@@ -82,9 +83,9 @@ def run_session(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]
 
         # Sinks: each stops after the log's followers have drained into it.
         spans = stack.enter_context(span_export(observe.spans, model))
-        sources: dict[str, Any] = {"spans": spans, "runner": runner, "model": model}
-        metrics = stack.enter_context(metrics_endpoint(monitor, observe.metrics, **sources))
-        registry = status_registry(monitor, observe.metrics, metrics, **sources)
+        sources = metric_sources(monitor, observe.metrics, spans=spans, runner=runner, model=model)
+        registry = metrics_registry(sources)  # one registry: scrapes, the HTTP view, the push
+        stack.enter_context(metrics_endpoint(registry, observe.metrics))
         http = stack.enter_context(
             status_server(monitor, observe.http, model=model, registry=registry)
         )

@@ -3,18 +3,27 @@
 Nothing happens per step: a scrape takes the log's lock just long enough to copy a few numbers
 per phase name (TensorRT has about a dozen), then builds the metric families outside it. Labels
 stay bounded: phase names are reused, so the gauges describe the latest instance of each name,
-and no build id is a label (it is in ``trt_build_info`` only when asked for).
+and no build id is a label (it is in ``trt_build_info`` only when asked for). Label sets known in
+advance (cancellations by reason, anomalies by kind, states) are all present from the first
+scrape, at 0, so a dashboard shows 0 rather than "No data".
+
+One registry is built per build from a typed :class:`MetricSources`; the scrape endpoint, the
+HTTP view's ``/metrics`` and the Pushgateway all read it, so they show the same series.
 """
 
 from __future__ import annotations
 
+import socket
+import socketserver
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
-from prometheus_client import CollectorRegistry, push_to_gateway, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app, push_to_gateway
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -23,7 +32,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from trt_otel.events import GpuSample
+from trt_otel.events import AnomalyKind, GpuSample
 from trt_otel.followers import FollowerHealth
 from trt_otel.monitor import BuildMonitor
 from trt_otel.policies import PolicyHealth
@@ -36,6 +45,10 @@ EtaSource = Callable[[], float | None]
 
 BUILD_STATES = ("pending", "running", "cancelling", "success", "failure", "cancellation", "timeout")
 """Values of ``trt_build_state{state}``: one is 1, the others 0."""
+
+CANCEL_REASONS = ("timeout", "stall", "file", "http", "signal", "user")
+"""Values of ``trt_build_cancellations_total{reason}`` (the cancel's ``source``), each present
+from the start at 0; a source outside them gets its series when it happens."""
 
 _INFO_ATTRIBUTES = {
     "trt.backend": "backend",
@@ -78,15 +91,33 @@ class BuildSample:
     gpu: GpuSample | None = None
 
 
-def sample_build(
-    monitor: BuildMonitor,
-    *,
-    build_id_label: bool = False,
-    span_health: SpanHealthSource | None = None,
-    policy_health: PolicyHealthSource | None = None,
-    eta: EtaSource | None = None,
-) -> BuildSample:
+@dataclass(frozen=True, slots=True)
+class MetricSources:
+    """What the build's metrics are read from at scrape time: the monitor, and the health of
+    the parts that report one (absent parts have no series)."""
+
+    monitor: BuildMonitor
+    build_id_label: bool = False
+    """Add the build id to ``trt_build_info`` (one series per build)."""
+    span_health: SpanHealthSource | None = None
+    policy_health: PolicyHealthSource | None = None
+    eta: EtaSource | None = None
+
+
+def metrics_registry(sources: MetricSources) -> CollectorRegistry:
+    """The build's one registry: what a scrape, the HTTP view's ``/metrics`` and a push read.
+
+    ``auto_describe`` stays off: it would collect (a scrape's worth of work) at registration.
+    """
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BuildCollector(sources))
+    return registry
+
+
+def sample_build(sources: MetricSources) -> BuildSample:
     """A consistent snapshot of the monitor's state for one scrape."""
+    monitor, build_id_label = sources.monitor, sources.build_id_label
+    span_health, policy_health, eta = sources.span_health, sources.policy_health, sources.eta
     with monitor.log.transaction():
         state = monitor.state
         outcome = state.outcome
@@ -141,45 +172,11 @@ def _seconds(ns: int | None) -> float | None:
 class BuildCollector(Collector):
     """The contract's ``trt_build_*`` metrics and the monitor's own ``trt_otel_*`` health."""
 
-    def __init__(
-        self,
-        monitor: BuildMonitor,
-        *,
-        build_id_label: bool = False,
-        span_health: SpanHealthSource | None = None,
-        policy_health: PolicyHealthSource | None = None,
-        eta: EtaSource | None = None,
-    ) -> None:
-        self.monitor = monitor
-        self.build_id_label = build_id_label
-        self.span_health = span_health
-        self.policy_health = policy_health
-        self.eta = eta
-        self.scrapes = 0
-        self.last_scrape_mono_s: float | None = None
-        self._scraped = threading.Condition()
+    def __init__(self, sources: MetricSources) -> None:
+        self.sources = sources
 
     def collect(self) -> Iterable[Metric]:
-        sample = sample_build(
-            self.monitor,
-            build_id_label=self.build_id_label,
-            span_health=self.span_health,
-            policy_health=self.policy_health,
-            eta=self.eta,
-        )
-        with self._scraped:
-            self.scrapes += 1
-            self.last_scrape_mono_s = time.monotonic()
-            self._scraped.notify_all()
-        return list(build_metrics(sample))
-
-    def wait_for_scrape_after(self, mono_s: float, timeout_s: float) -> bool:
-        """Wait until a scrape happens after ``mono_s`` (time.monotonic); False on timeout."""
-        with self._scraped:
-            return self._scraped.wait_for(
-                lambda: self.last_scrape_mono_s is not None and self.last_scrape_mono_s > mono_s,
-                timeout_s,
-            )
+        return list(build_metrics(sample_build(self.sources)))
 
 
 def build_metrics(sample: BuildSample) -> Iterable[Metric]:
@@ -240,8 +237,11 @@ def build_metrics(sample: BuildSample) -> Iterable[Metric]:
     cancellations = CounterMetricFamily(
         "trt_build_cancellations", "Cancels requested, by who requested them", labels=["reason"]
     )
+    reasons = dict.fromkeys(CANCEL_REASONS, 0)
     if sample.cancel_reason is not None:
-        cancellations.add_metric([sample.cancel_reason], 1)
+        reasons[sample.cancel_reason] = 1
+    for reason, count in reasons.items():
+        cancellations.add_metric([reason], count)
     yield cancellations
     if sample.info:
         yield InfoMetricFamily(
@@ -254,7 +254,8 @@ def health_metrics(sample: BuildSample) -> Iterable[Metric]:
     anomalies = CounterMetricFamily(
         "trt_otel_anomalies", "TensorRT protocol departures tolerated, by kind", labels=["kind"]
     )
-    for kind, count in sorted(sample.anomalies.items()):
+    counts = {kind.value: 0 for kind in AnomalyKind} | dict(sample.anomalies)
+    for kind, count in sorted(counts.items()):
         anomalies.add_metric([kind], count)
     yield anomalies
     yield CounterMetricFamily("trt_otel_events", "Events in the build's log", sample.events_total)
@@ -351,40 +352,77 @@ def _span_export_metrics(health: SpanExportHealth) -> Iterable[Metric]:
     yield GaugeMetricFamily("trt_otel_spans_queued", "Spans waiting to be exported", health.queued)
 
 
-class MetricsServer:
-    """Serves ``/metrics`` for one build on ``address:port`` (loopback by default)."""
+class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True
 
-    def __init__(
-        self,
-        monitor: BuildMonitor,
-        port: int,
-        address: str = "127.0.0.1",
-        *,
-        build_id_label: bool = False,
-        span_health: SpanHealthSource | None = None,
-        policy_health: PolicyHealthSource | None = None,
-        eta: EtaSource | None = None,
-    ) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        self.collector = BuildCollector(
-            monitor,
-            build_id_label=build_id_label,
-            span_health=span_health,
-            policy_health=policy_health,
-            eta=eta,
-        )
-        self.registry.register(self.collector)
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not news: no line per request on the build's terminal."""
+
+
+class MetricsServer:
+    """Serves ``registry`` on ``address:port`` (loopback by default) with prometheus_client's
+    own WSGI app: its content negotiation (text or OpenMetrics) and gzip when asked for.
+
+    It counts the scrapes it answers, so the end of a build waits for a last one only when
+    something is scraping (registering, pushing or the HTTP view's ``/metrics`` is not a scrape
+    here).
+    """
+
+    def __init__(self, registry: CollectorRegistry, port: int, address: str = "127.0.0.1") -> None:
+        self.registry = registry
+        self.scrapes = 0
+        self._last_scrape_began: float | None = None
+        self._scraped = threading.Condition()
+        family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0][0]
+        server_class = type("MetricsWSGIServer", (_ThreadingServer,), {"address_family": family})
         # Binding happens here, so a port in use is a configuration error before the build.
-        self._server, self._thread = start_http_server(port, address, self.registry)
+        self._server: WSGIServer = make_server(
+            address, port, self._counting(make_wsgi_app(registry)), server_class, _QuietHandler
+        )
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="trt-otel-metrics", daemon=True
+        )
+        self._thread.start()
         self.address = address
         self.port = int(self._server.server_port)
 
+    def _counting(self, app: WSGIApplication) -> WSGIApplication:
+        def counted(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+            began = time.monotonic()
+            statuses: list[str] = []
+
+            def starting(status: str, *args: Any) -> Any:
+                statuses.append(status)
+                return start_response(status, *args)
+
+            body = app(environ, starting)
+            ok = bool(statuses) and statuses[0].startswith("200")
+            if ok and environ.get("PATH_INFO") != "/favicon.ico":
+                with self._scraped:
+                    self.scrapes += 1
+                    self._last_scrape_began = max(began, self._last_scrape_began or began)
+                    self._scraped.notify_all()
+            return body
+
+        return counted
+
+    def wait_for_scrape_after(self, mono_s: float, timeout_s: float) -> bool:
+        """Wait until a scrape that began after ``mono_s`` (time.monotonic) was answered; False
+        on timeout. A scrape that began earlier may have read older values."""
+        with self._scraped:
+            return self._scraped.wait_for(
+                lambda: self._last_scrape_began is not None and self._last_scrape_began > mono_s,
+                timeout_s,
+            )
+
     def linger(self, timeout_s: float) -> bool:
         """After the build, wait (at most ``timeout_s``) for one more scrape so the final
-        values reach Prometheus; only when something was scraping at all."""
-        if self.collector.scrapes == 0 or timeout_s <= 0:
+        values reach Prometheus; only when something has scraped at all."""
+        if self.scrapes == 0 or timeout_s <= 0:
             return False
-        return self.collector.wait_for_scrape_after(time.monotonic(), timeout_s)
+        return self.wait_for_scrape_after(time.monotonic(), timeout_s)
 
     def close(self) -> None:
         self._server.shutdown()
@@ -393,15 +431,8 @@ class MetricsServer:
 
 
 def push_build_metrics(
-    monitor: BuildMonitor,
-    gateway: str,
-    *,
-    job: str = "trt_otel",
-    timeout_s: float = 5.0,
-    build_id_label: bool = False,
+    registry: CollectorRegistry, gateway: str, *, job: str = "trt_otel", timeout_s: float = 5.0
 ) -> None:
-    """Push the build's metrics to a Pushgateway once (for builds shorter than a scrape
-    interval). Raises OSError (URLError) when the gateway cannot be reached."""
-    registry = CollectorRegistry(auto_describe=True)
-    registry.register(BuildCollector(monitor, build_id_label=build_id_label))
+    """Push the build's metrics (the registry a scrape reads) to a Pushgateway once, for builds
+    shorter than a scrape interval. Raises OSError (URLError) when it cannot be reached."""
     push_to_gateway(gateway, job=job, registry=registry, timeout=timeout_s)
