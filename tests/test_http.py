@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import json
 import os
@@ -19,13 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from trt_otel import BuildMonitor, Outcome, read_journal
 from trt_otel.readmodel import ReadModel
 from trt_otel.simulator import Driver, generate_plan
 from trt_otel.sinks.http import StatusServer
-from trt_otel.sinks.prometheus import BuildCollector, MetricSources
+from trt_otel.sinks.prometheus import MetricSources, MetricsServer, metrics_registry
 
 CLI = [sys.executable, "-m", "trt_otel.cli"]
 TOKEN = "s3cret-token-for-tests"
@@ -211,9 +211,9 @@ def served() -> Iterator[tuple[BuildMonitor, StatusServer]]:
     monitor = BuildMonitor()
     model = ReadModel()
     monitor.log.follow(model)
-    registry = CollectorRegistry(auto_describe=True)
-    registry.register(BuildCollector(MetricSources(monitor)))
-    server = StatusServer(monitor, model, registry, port=0, cancel_token=TOKEN)
+    server = StatusServer(
+        monitor, model, metrics_registry(MetricSources(monitor)), port=0, cancel_token=TOKEN
+    )
     monitor.log.follow(server.feed, capacity=1_000_000)
     try:
         yield monitor, server
@@ -369,3 +369,33 @@ def test_watch_of_an_unreachable_url_is_exit_2(capsys: pytest.CaptureFixture[str
 
     assert main(["watch", "--url", f"http://127.0.0.1:{free_port()}", "--no-progress"]) == 2
     assert "cannot follow" in capsys.readouterr().err
+
+
+def test_the_http_view_answers_metrics_as_the_prometheus_endpoint_does(
+    served: tuple[BuildMonitor, StatusServer],
+) -> None:
+    monitor, server = served
+    monitor.start()
+    Driver(speed=0).run(monitor, generate_plan(2))
+    monitor.end()
+    endpoint = MetricsServer(server.registry, 0)
+    try:
+        for headers in (
+            {},
+            {"Accept": "application/openmetrics-text; version=1.0.0"},
+            {"Accept-Encoding": "gzip"},
+            {"Accept": "application/openmetrics-text", "Accept-Encoding": "gzip, deflate"},
+        ):
+            answers = []
+            for port in (server.port, endpoint.port):
+                url = f"http://127.0.0.1:{port}/metrics"
+                request = urllib.request.Request(url, headers=headers)
+                with urllib.request.urlopen(request, timeout=5) as response:
+                    body = response.read()
+                    encoding = response.headers.get("Content-Encoding")
+                    text = gzip.decompress(body) if encoding == "gzip" else body
+                    answers.append((response.headers["Content-Type"], encoding, text))
+            assert answers[0] == answers[1], headers
+            assert answers[0][1] == ("gzip" if "Accept-Encoding" in headers else None)
+    finally:
+        endpoint.close()

@@ -27,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from trt_otel.clock import SYSTEM_CLOCK, Clock
 from trt_otel.eta import BuildEta, Estimate
@@ -35,6 +35,7 @@ from trt_otel.events import BuildFinished, Event
 from trt_otel.journal import event_to_dict
 from trt_otel.monitor import BuildMonitor
 from trt_otel.readmodel import ReadModel, SiblingGroup
+from trt_otel.sinks.prometheus import exposition
 from trt_otel.state import BuildState, Phase
 
 _logger = logging.getLogger(__name__)
@@ -286,8 +287,9 @@ def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
                 self._json(200, server.status())
             elif path == "/events":
                 self._events(urllib.parse.parse_qs(query))
-            elif path == "/metrics":
-                self._send(200, CONTENT_TYPE_LATEST, generate_latest(server.registry))
+            elif path == "/metrics":  # negotiated as the Prometheus endpoint does
+                accept, encoding = self.headers.get("Accept"), self.headers.get("Accept-Encoding")
+                self._send(200, *exposition(server.registry, accept, encoding))
             elif path == "/healthz":
                 self._json(200, {"status": "ok", "build": server.monitor.state.status.value})
             elif path == "/cancel":

@@ -13,6 +13,7 @@ HTTP view's ``/metrics`` and the Pushgateway all read it, so they show the same 
 
 from __future__ import annotations
 
+import gzip
 import socket
 import socketserver
 import threading
@@ -30,6 +31,7 @@ from prometheus_client.core import (
     InfoMetricFamily,
     Metric,
 )
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from trt_otel.events import AnomalyKind, GpuSample
@@ -428,6 +430,19 @@ class MetricsServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5)
+
+
+def exposition(
+    registry: CollectorRegistry, accept: str | None, accept_encoding: str | None
+) -> tuple[str, bytes, dict[str, str]]:
+    """``/metrics`` as prometheus_client's own server answers it, for a server of ours (the HTTP
+    view): the format ``Accept`` asks for (text, or OpenMetrics), gzipped when accepted.
+    Returns the content type, the body and any other headers."""
+    encoder, content_type = choose_encoder(accept or "")
+    body = encoder(registry)
+    if "gzip" in (accept_encoding or ""):
+        return content_type, gzip.compress(body), {"Content-Encoding": "gzip"}
+    return content_type, body, {}
 
 
 def push_build_metrics(
