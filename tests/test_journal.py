@@ -347,3 +347,15 @@ def test_demo_refuses_a_trace_that_is_not_one_with_exit_2(
     assert main(["demo", "--speed", "0", "--no-progress", "--trace", str(trace)]) == 2
     err = capsys.readouterr().err
     assert "not a trace callback" in err and "Traceback" not in err
+
+
+def test_an_attribute_that_is_not_json_is_written_as_its_text(tmp_path: Path) -> None:
+    path = tmp_path / "build.jsonl"
+    monitor = BuildMonitor(attributes={"model.path": Path("/models/m.onnx"), "n": 3})
+    monitor.log.follow(JournalWriter(path))
+    monitor.start()
+    monitor.end()
+    assert monitor.close(10)
+    journal = read_journal(path)
+    assert journal.problems == []
+    assert fold(journal.events).attributes == {"model.path": "/models/m.onnx", "n": 3}  # type: ignore[arg-type]

@@ -69,7 +69,9 @@ AnyEvent = (
 )
 """Every event type, as the decoder tells them apart (by their ``type`` tag)."""
 
-_ENCODER = msgspec.json.Encoder()
+_ENCODER = msgspec.json.Encoder(enc_hook=str)
+"""``enc_hook``: a build attribute that is not JSON (a path, say) is written as its text rather
+than failing the batch."""
 _DECODER = msgspec.json.Decoder(AnyEvent)
 
 

@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry
 from trt_otel.clock import SYSTEM_CLOCK, Clock
 from trt_otel.eta import BuildEta, Estimate
 from trt_otel.events import BuildFinished, Event
-from trt_otel.journal import event_to_dict
+from trt_otel.journal import encode_event, event_to_dict
 from trt_otel.monitor import BuildMonitor
 from trt_otel.readmodel import ReadModel, SiblingGroup
 from trt_otel.sinks.prometheus import exposition
@@ -100,8 +100,8 @@ class EventFeed:
 
 
 def _frame(event: Event) -> bytes:
-    data = json.dumps(event_to_dict(event), separators=(",", ":"), default=str)
-    return f"id: {event.seq}\nevent: {event.type}\ndata: {data}\n\n".encode()
+    # The data is the journal's line, encoded by the journal's codec (JSON has no raw newline).
+    return f"id: {event.seq}\nevent: {event.type}\ndata: ".encode() + encode_event(event) + b"\n\n"
 
 
 # -- /status -----------------------------------------------------------------------------------
