@@ -937,7 +937,11 @@ private:
             slot.monitor = mUid;
             slot.index = found->second;
         }
-        return Stamp{detail::wallNs(), detail::monoNs(), slot.index};
+        // One clock read per callback (each costs as much as the rest of a step): the wall
+        // time is the monotonic time anchored to the wall clock when the monitor was created,
+        // as the span projection anchors it anyway.
+        std::int64_t const mono = detail::monoNs();
+        return Stamp{mWallAnchor + (mono - mMonoAnchor), mono, slot.index};
     }
 
     //! A new record, numbered and stamped. Beyond max_pending_events an ordinary event is
@@ -1446,6 +1450,8 @@ private:
 
     Options mOptions;
     std::uint64_t const mUid;
+    std::int64_t const mMonoAnchor{detail::monoNs()};
+    std::int64_t const mWallAnchor{detail::wallNs()};
     int mFd{-1};
     std::atomic<bool> mCancelled{false};
     std::atomic<std::uint64_t> mLost{0};
