@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -26,7 +27,7 @@ import pytest
 from conftest import REPO_ROOT, reference_tree, trace_params
 from trt_otel import BuildMonitor, Outcome, read_journal
 from trt_otel.events import Anomaly, BuildStarted, Event, LogMessage
-from trt_otel.journal import Journal, event_to_dict
+from trt_otel.journal import Journal, encode_events, event_to_dict
 from trt_otel.simulator import Driver, load_trace
 from trt_otel.spans import SpanProjection, SpanRecord
 from trt_otel.state import BuildState
@@ -170,6 +171,17 @@ def python_events(
     if end:
         monitor.end_with_result(b"engine" if completed else None)
     return list(monitor.log.recent())
+
+
+def same_lines(journal_path: Path, python: list[Event]) -> None:
+    """The C++ journal's lines are the bytes Python's writer writes, times and thread aside."""
+    stamp = re.compile(rb'"wall_ns":\d+,"mono_ns":\d+,"thread":"[^"]*"')
+
+    def normal(lines: list[bytes]) -> list[bytes]:
+        return [stamp.sub(b'"wall_ns":0,"mono_ns":0,"thread":""', line) for line in lines]
+
+    cpp_lines = journal_path.read_bytes().splitlines()[1:]
+    assert normal(cpp_lines) == normal(encode_events(python).splitlines())
 
 
 def span_shape(spans: list[SpanRecord]) -> list[tuple[object, ...]]:
@@ -333,6 +345,7 @@ def test_cpp_journal_holds_the_events_and_spans_of_pythons_monitor(
 
     python = python_events(started, play)
     assert [comparable(e) for e in cpp] == [comparable(e) for e in python]
+    same_lines(journal_path, python)
     cpp_spans = spans_of(cpp)
     assert len(cpp_spans) == sum(1 for e in cpp if e.type == "phase_start") + 1
     assert span_shape(cpp_spans) == span_shape(spans_of(python))
@@ -401,6 +414,7 @@ def test_protocol_breaks_are_the_anomalies_pythons_monitor_records(
         "finish_with_open_children",
     }
     assert [comparable(e) for e in cpp] == [comparable(e) for e in python]
+    same_lines(journal_path, python)
     assert span_shape(spans_of(cpp)) == span_shape(spans_of(python))
 
 

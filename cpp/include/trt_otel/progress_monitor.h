@@ -591,11 +591,11 @@ public:
             if (mFd < 0)
                 throw std::runtime_error(
                     "trt-otel: cannot create journal " + mOptions.journal + ": " + std::strerror(errno));
-            std::string header = "{\"format\": \"trt-otel-journal\", \"version\": ";
+            std::string header = "{\"format\":\"trt-otel-journal\",\"version\":";
             detail::appendInt(header, kJournalFormatVersion);
-            header += ", \"created_wall_ns\": ";
+            header += ",\"created_wall_ns\":";
             detail::appendInt(header, detail::wallNs());
-            header += ", \"producer\": \"trt-otel-cpp ";
+            header += ",\"producer\":\"trt-otel-cpp ";
             header += kVersion;
             header += "\"}\n";
             if (!writeAll(header.data(), header.size()))
@@ -1339,24 +1339,25 @@ private:
     {
         static constexpr char const* kTypes[]
             = {"build_start", "phase_start", "step", "phase_finish", "cancel", "anomaly", "log", "build_end"};
-        out += "{\"seq\": ";
-        detail::appendInt(out, record.seq);
-        out += ", \"type\": \"";
+        // The layout of the Python writer's lines: compact, "type" first.
+        out += "{\"type\":\"";
         out += kTypes[static_cast<std::size_t>(record.type)];
-        out += "\", \"wall_ns\": ";
+        out += "\",\"seq\":";
+        detail::appendInt(out, record.seq);
+        out += ",\"wall_ns\":";
         detail::appendInt(out, record.wall_ns);
-        out += ", \"mono_ns\": ";
+        out += ",\"mono_ns\":";
         detail::appendInt(out, record.mono_ns);
-        out += ", \"thread\": ";
+        out += ",\"thread\":";
         detail::appendJsonString(out, mWriterThreads[static_cast<std::size_t>(record.thread)]);
         detail::Extra const empty{};
         detail::Extra const& extra = record.extra ? *record.extra : empty;
         switch (record.type)
         {
         case detail::Type::kBUILD_START:
-            out += ", \"build_id\": ";
+            out += ",\"build_id\":";
             detail::appendJsonString(out, mOptions.build_id);
-            out += ", \"attributes\": {";
+            out += ",\"attributes\":{";
             {
                 std::map<std::string, std::string> attributes = mOptions.attributes;
                 if (!mOptions.model_path.empty())
@@ -1366,68 +1367,68 @@ private:
                 bool first = true;
                 for (auto const& [key, value] : attributes)
                 {
-                    out += first ? "" : ", ";
+                    out += first ? "" : ",";
                     first = false;
                     detail::appendJsonString(out, key);
-                    out += ": ";
+                    out += ':';
                     detail::appendJsonString(out, value);
                 }
             }
             out += '}';
             break;
         case detail::Type::kPHASE_START:
-            out += ", \"name\": ";
+            out += ",\"name\":";
             detail::appendJsonString(out, mWriterNames[static_cast<std::size_t>(record.name)]);
-            out += ", \"parent\": ";
+            out += ",\"parent\":";
             if (record.parent < 0)
                 out += "null";
             else
                 detail::appendJsonString(out, mWriterNames[static_cast<std::size_t>(record.parent)]);
-            out += ", \"num_steps\": ";
+            out += ",\"num_steps\":";
             detail::appendInt(out, record.number);
             break;
         case detail::Type::kSTEP:
-            out += ", \"name\": ";
+            out += ",\"name\":";
             detail::appendJsonString(out, mWriterNames[static_cast<std::size_t>(record.name)]);
-            out += ", \"step\": ";
+            out += ",\"step\":";
             detail::appendInt(out, record.number);
             break;
         case detail::Type::kPHASE_FINISH:
-            out += ", \"name\": ";
+            out += ",\"name\":";
             detail::appendJsonString(out, mWriterNames[static_cast<std::size_t>(record.name)]);
             break;
         case detail::Type::kCANCEL:
-            out += ", \"reason\": ";
+            out += ",\"reason\":";
             detail::appendJsonString(out, extra.a);
-            out += ", \"source\": ";
+            out += ",\"source\":";
             detail::appendJsonString(out, extra.b);
-            out += record.flag ? ", \"timeout\": true" : ", \"timeout\": false";
-            out += ", \"policy\": ";
+            out += record.flag ? ",\"timeout\":true" : ",\"timeout\":false";
+            out += ",\"policy\":";
             detail::appendJsonString(out, extra.c);
             break;
         case detail::Type::kANOMALY:
-            out += ", \"kind\": \"";
+            out += ",\"kind\":\"";
             out += detail::anomalyName(static_cast<detail::Anomaly>(record.flag));
-            out += "\", \"detail\": ";
+            out += "\",\"detail\":";
             detail::appendJsonString(out, extra.a);
-            out += ", \"phase\": ";
+            out += ",\"phase\":";
             if (record.name < 0)
                 out += "null";
             else
                 detail::appendJsonString(out, mWriterNames[static_cast<std::size_t>(record.name)]);
             break;
         case detail::Type::kLOG:
-            out += ", \"severity\": ";
+            out += ",\"severity\":";
             detail::appendJsonString(out, extra.b);
-            out += ", \"message\": ";
+            out += ",\"message\":";
             detail::appendJsonString(out, extra.a);
             break;
         case detail::Type::kBUILD_END:
-            out += ", \"outcome\": \"";
+            out += ",\"outcome\":\"";
             out += toString(static_cast<Outcome>(record.flag));
-            out += "\", \"detail\": ";
+            out += "\",\"detail\":";
             detail::appendJsonString(out, extra.a);
-            out += ", \"error_type\": ";
+            out += ",\"error_type\":";
             if (record.number != 0)
                 detail::appendJsonString(out, extra.b);
             else
