@@ -9,6 +9,7 @@ the same events (types, fields, seq) for the same callbacks, hence the same stat
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
 import re
@@ -17,6 +18,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +28,20 @@ from typing import Any
 import pytest
 
 from conftest import REPO_ROOT, reference_tree, trace_params
-from trt_otel import BuildMonitor, Outcome, read_journal
-from trt_otel.events import Anomaly, BuildStarted, Event, LogMessage
+from otlp_receiver import ReceivedSpan, otlp_receiver
+from prometheus_server import free_port
+from trt_otel import BuildMonitor, JournalWriter, Outcome, read_journal
+from trt_otel.events import (
+    Anomaly,
+    BuildFinished,
+    BuildStarted,
+    CancelRequested,
+    Event,
+    LogMessage,
+    PhaseFinished,
+    PhaseStarted,
+    StepCompleted,
+)
 from trt_otel.journal import Journal, encode_events, event_to_dict
 from trt_otel.simulator import Driver, load_trace
 from trt_otel.spans import SpanProjection, SpanRecord
@@ -614,6 +629,15 @@ def test_a_full_disk_loses_events_counted_and_said_without_blocking(
     assert len(journal.events) + lost == last_seq + 1
     assert journal.events[-1].type == "build_end"
 
+    # watch, as the build's exporter, follows the journal past its gap to the build's end.
+    done = subprocess.run(
+        [sys.executable, "-m", "trt_otel.cli", "watch", str(journal_path), "--no-progress",
+         "--http-port", "0", "--no-gpu"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "seq jumps" in done.stderr
+
 
 # -- sanitizers ------------------------------------------------------------------------------------
 
@@ -733,3 +757,171 @@ def test_cmake_target_trt_otel_progress_monitor(tmp_path: Path, how: str) -> Non
         == 0
     )
     assert fold(read_clean(journal_path).events).outcome is Outcome.SUCCESS
+
+
+# -- trt-otel watch as the exporter and supervisor of a C++ build ---------------------------------
+
+
+def received_shape(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
+    """Received spans less what differs between two runs: times, the sending process."""
+    return sorted(
+        (
+            dataclasses.replace(
+                s,
+                start_ns=0,
+                end_ns=0,
+                resource={k: v for k, v in s.resource.items() if k != "service.instance.id"},
+            )
+            for s in spans
+        ),
+        key=lambda s: s.span_id,
+    )
+
+
+def python_journal_of(events: list[Event], path: Path) -> None:
+    """Python's monitor making the callbacks (and the cancel) the C++ journal records, in the
+    same order, with the same build id and attributes, writing its own journal."""
+    started = events[0]
+    assert isinstance(started, BuildStarted)
+    monitor = BuildMonitor(build_id=started.build_id, attributes=started.attributes)
+    monitor.log.follow(JournalWriter(path))
+    for event in events[1:]:
+        if isinstance(event, PhaseStarted):
+            monitor.phase_start(event.name, event.parent, event.num_steps)
+        elif isinstance(event, StepCompleted):
+            monitor.step_complete(event.name, event.step)
+        elif isinstance(event, PhaseFinished):
+            monitor.phase_finish(event.name)
+        elif isinstance(event, CancelRequested):
+            monitor.cancel(
+                event.reason, source=event.source, timeout=event.timeout, policy=event.policy
+            )
+        elif isinstance(event, BuildFinished):
+            monitor.end_with_result(b"engine" if event.outcome is Outcome.SUCCESS else None)
+    assert monitor.close(10)
+
+
+def http_json(url: str, *, data: bytes | None = None, token: str | None = None) -> tuple[int, Any]:
+    request = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"null")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("decider", ["POST /cancel", "--timeout"])
+def test_watch_exports_serves_and_cancels_a_cpp_build(
+    driver: Path, tmp_path: Path, decider: str
+) -> None:
+    journal_path = tmp_path / "build.jsonl"
+    control = tmp_path / "control"
+    http_port = free_port()
+    build = subprocess.Popen(
+        [str(driver), "steps", f"journal={journal_path}", f"cancel_file={control}",
+         "total=100000", "delay_us=3000", "poll_ms=20", "model=/models/resnet.onnx"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    log = tmp_path / "watch.log"
+    with otlp_receiver() as receiver, open(log, "w") as watch_stderr:
+        options = ["--timeout", "1.5s"] if decider == "--timeout" else []
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "trt_otel.cli", "watch", str(journal_path),
+             "--control-file", str(control), "--http-port", str(http_port),
+             "--cancel-token", "secret", "--no-progress", "--no-gpu",
+             "--otlp-endpoint", f"http://127.0.0.1:{receiver.grpc_port}", "--otlp-protocol", "grpc",
+             *options],
+            stderr=watch_stderr,
+        )  # fmt: skip
+        try:
+            status_url = f"http://127.0.0.1:{http_port}/status"
+            deadline = time.monotonic() + 60
+            while True:
+                assert time.monotonic() < deadline, "watch never served the build's /status"
+                try:
+                    code, status = http_json(status_url)
+                except OSError:
+                    code, status = 0, None
+                if code == 200 and status["steps_completed"] > 10:
+                    break
+                time.sleep(0.1)
+            assert status["status"] == "running"
+            assert status["attributes"]["model.path"] == "/models/resnet.onnx"
+            assert [phase["name"] for phase in status["phases"]] == ["Building engine"]
+            if decider == "POST /cancel":
+                body = json.dumps({"reason": "stopped from the web page"}).encode()
+                code, answer = http_json(
+                    f"http://127.0.0.1:{http_port}/cancel", data=body, token="secret"
+                )
+                assert code == 202 and answer["first"], answer
+            out, _ = build.communicate(timeout=60)
+            watched = watch.wait(60)
+        finally:
+            build.kill()
+            watch.kill()
+        assert watched == 3, log.read_text()
+        assert json.loads(out.strip().splitlines()[-1])["refused"] is not None
+
+        events = read_clean(journal_path).events
+        cancel = cancel_event(events)
+        if decider == "POST /cancel":
+            assert (cancel["reason"], cancel["source"], cancel["timeout"]) == (
+                "stopped from the web page",
+                "http",
+                False,
+            )
+            assert fold(events).outcome is Outcome.CANCELLATION
+        else:
+            assert (cancel["reason"], cancel["source"], cancel["timeout"], cancel["policy"]) == (
+                "the build ran past its timeout of 1.5s",
+                "timeout",
+                True,
+                "timeout(1.5s)",
+            )
+            assert fold(events).outcome is Outcome.TIMEOUT
+            assert cancel["mono_ns"] - events[0].mono_ns >= 1_500_000_000
+
+        phases = sum(1 for e in events if e.type == "phase_start")
+        watched_spans = receiver.wait_for(phases + 1)
+        assert len(watched_spans) == phases + 1
+        build_span = next(s for s in watched_spans if s.name == "build resnet.onnx")
+        assert build_span.attributes["trt.cancel.source"] == cancel["source"]
+
+        # The same callbacks made in Python, replayed to the same receiver: the same spans.
+        receiver.clear()
+        python_journal = tmp_path / "python.jsonl"
+        python_journal_of(events, python_journal)
+        replay = subprocess.run(
+            [sys.executable, "-m", "trt_otel.cli", "replay", str(python_journal),
+             "--otlp-endpoint", f"http://127.0.0.1:{receiver.grpc_port}",
+             "--otlp-protocol", "grpc"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert replay.returncode == 0, replay.stderr
+        assert received_shape(receiver.wait_for(phases + 1)) == received_shape(watched_spans)
+
+
+def test_watch_refuses_options_it_cannot_honour(tmp_path: Path) -> None:
+    journal_path = tmp_path / "build.jsonl"
+    journal_path.write_text('{"format":"trt-otel-journal","version":1}\n')
+    for arguments, message in (
+        (["--timeout", "1h"], "need --control-file"),
+        (["--journal", str(tmp_path / "x.jsonl")], "--journal does not apply"),
+        (["--http-port", "0", "--gpu", "0"], "does not sample the GPU"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "trt_otel.cli", "watch", str(journal_path), *arguments],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "trt_otel.cli", "watch", "--url", "http://127.0.0.1:1",
+         "--http-port", "0"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and "only shows the build" in done.stderr

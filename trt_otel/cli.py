@@ -12,7 +12,7 @@ import importlib.metadata
 import importlib.util
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ from trt_otel.model import demo_model_bytes
 from trt_otel.options import BuildOptions
 from trt_otel.preflight import PreflightError, check_build_files
 from trt_otel.readmodel import ReadModel
+from trt_otel.remote import supervises, watch_and_supervise
 from trt_otel.session import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -128,10 +129,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--http-port) or its journal as it grows, with the build's own terminal view. Exits "
         "with the build's exit code (0, 3, 4), or 2 when it cannot be followed.",
     )
-    watch.add_argument("journal", nargs="?", type=Path, help="a journal being written")
+    watch.add_argument(
+        "watched", nargs="?", type=Path, metavar="JOURNAL", help="a journal being written"
+    )
     watch.add_argument("--url", metavar="URL", help="the build's HTTP endpoint")
     watch.add_argument(
-        "--no-progress", action="store_true", help="plain lines instead of the live tree"
+        "--control-file",
+        type=Path,
+        metavar="PATH",
+        help="with a journal: where to write a cancel decided here (a policy, POST /cancel) "
+        "for the build's monitor to read (its cancel file)",
     )
     watch.add_argument(
         "--lost-after",
@@ -142,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         "event and no touch of its journal, or no connection to its URL (default: 30s); a "
         "journal whose writer is gone from this host is lost at once",
     )
+    add_session_options(watch, in_process=False)
     return parser
 
 
@@ -178,6 +186,9 @@ class WatchCommand:
     journal: Path | None = None
     url: str | None = None
     lost_after_s: float = DEFAULT_LOST_AFTER_S
+    session: SessionConfig = field(default_factory=SessionConfig)
+    """With a journal: the exporters and policies of a build run elsewhere (trt_otel.remote)."""
+    control_file: Path | None = None
 
 
 Command = DemoCommand | BuildCommand | ReplayCommand | WatchCommand
@@ -203,10 +214,18 @@ def command_of(args: argparse.Namespace) -> Command:
             output=args.output,
         )
     if args.command == "watch":
-        if (args.journal is None) == (args.url is None):
+        if (args.watched is None) == (args.url is None):
             raise UsageError("watch takes a journal or --url URL (one of them)")
+        session = session_config(args)
+        if args.url is not None and supervises(session, args.control_file):
+            raise UsageError("watch --url only shows the build: its own process exports it")
         return WatchCommand(
-            ConsoleConfig(live=not args.no_progress), args.journal, args.url, args.lost_after
+            ConsoleConfig(live=not args.no_progress),
+            args.watched,
+            args.url,
+            session=session,
+            control_file=args.control_file,
+            lost_after_s=args.lost_after,
         )
     return ReplayCommand(args.journal, span_config(args))
 
@@ -318,6 +337,17 @@ def replay(command: ReplayCommand) -> int:
 
 
 def watch(command: WatchCommand) -> int:
+    if command.journal is not None and supervises(command.session, command.control_file):
+        end = watch_and_supervise(
+            command.journal,
+            command.session,
+            command.control_file,
+            lost_after_s=command.lost_after_s,
+        )
+        if end is None:
+            print("trt-otel: error: lost the build before its end", file=sys.stderr)
+            return EXIT_USAGE
+        return exit_code_of(end.outcome)
     model = ReadModel()
     console_view(command.console, model)
     try:

@@ -104,13 +104,19 @@ class EventLog:
         self._publish(event)
         return event
 
-    def extend(self, events: list[Event]) -> None:
+    def extend(self, events: list[Event], *, resync: bool = False) -> None:
         """Append events recorded elsewhere (a replayed journal), keeping their stamps.
 
-        Their ``seq`` must continue this log's sequence, so a replay equals the live run.
+        Their ``seq`` must continue this log's sequence, so a replay equals the live run. With
+        ``resync``, a jump forward (events the journal's writer lost, which its reader reports)
+        continues from the event's ``seq``, and an event already appended is skipped.
         """
         with self.lock:
             for event in events:
+                if resync and event.seq != self._next_seq:
+                    if event.seq < self._next_seq:
+                        continue
+                    self._next_seq = event.seq
                 if event.seq != self._next_seq:
                     raise ValueError(
                         f"event seq {event.seq} does not continue the log at {self._next_seq}"

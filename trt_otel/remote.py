@@ -1,0 +1,209 @@
+"""``trt-otel watch JOURNAL`` with session options: the exporter and supervisor of a build that
+runs in another process, such as a C++ program using ``trt_otel::ProgressMonitor``.
+
+The build's journal is the log. Its events are appended, with their own ``seq``, times and
+threads, to a local :class:`~trt_otel.log.EventLog` whose followers are those of a build run
+here (spans, metrics, the HTTP view, the console, the ETA), so a build watched this way is
+exported exactly as the same callbacks made in Python would be.
+
+A decision made here (a policy, ``POST /cancel``) cannot reach TensorRT directly: it is written
+to the control file that the build's monitor polls (its cancel file), as one JSON line with the
+reason, source, timeout flag and policy. The build records the cancel itself, and that event
+comes back through the journal like every other: the journal stays the one record of the build.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from trt_otel.components import (
+    DEEP_QUEUE,
+    console_view,
+    following,
+    load_history,
+    metrics_endpoint,
+    say,
+    span_export,
+    status_registry,
+    status_server,
+    warn,
+)
+from trt_otel.config import SessionConfig, UsageError
+from trt_otel.events import BuildFinished, BuildStarted, Event
+from trt_otel.followers import Follower
+from trt_otel.journal import JournalError, JournalProblem, LineReader, parse_header
+from trt_otel.liveness import DEFAULT_LOST_AFTER_S
+from trt_otel.monitor import BuildMonitor
+from trt_otel.policies import PolicyRunner
+from trt_otel.readmodel import ReadModel
+from trt_otel.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent, trace_id_for
+from trt_otel.watch import follow_journal
+
+FIRST_EVENT_TIMEOUT_S = 30.0
+
+
+class RemoteBuild(BuildMonitor):
+    """The monitor of a build in another process, as seen through its journal.
+
+    Its log receives the build's own events (see :meth:`feed`); it records nothing itself.
+    :meth:`cancel` hands the decision to the build through ``control_file``.
+    """
+
+    def __init__(self, control_file: Path | None, *, started: BuildStarted) -> None:
+        super().__init__(build_id=started.build_id, attributes=started.attributes)
+        self.control_file = control_file
+        self._requested = False
+        self._request_lock = threading.Lock()
+
+    def start(self, **attributes: Any) -> None:
+        """The build's own ``build_start`` comes from its journal."""
+
+    @property
+    def cancelled(self) -> bool:
+        return self._requested or self.state.cancel is not None
+
+    def cancel(
+        self, reason: str, *, source: str = "user", timeout: bool = False, policy: str = ""
+    ) -> bool:
+        """Write the decision to the control file, for the build's monitor to act on at its
+        next poll (it records the ``cancel`` event). Only the first request is written."""
+        with self._request_lock:
+            if self._requested or self.state.cancel is not None:
+                return False
+            if self.control_file is None:
+                warn(f"cannot cancel ({reason}): watch was not given --control-file")
+                return False
+            decision = {"reason": reason, "source": source, "timeout": timeout, "policy": policy}
+            try:
+                _write_atomically(self.control_file, json.dumps(decision) + "\n")
+            except OSError as error:
+                warn(f"cannot write the control file {self.control_file}: {error}")
+                return False
+            self._requested = True
+        say(f"cancel requested through {self.control_file}: {reason}")
+        return True
+
+    def feed(self, events: Sequence[Event]) -> None:
+        """Append the build's events as they were recorded. A gap in ``seq`` (events its writer
+        lost, which the reader has reported) continues from the next event's ``seq``."""
+        self.log.extend(list(events), resync=True)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    # The build's monitor polls for the file: it must never see it half written.
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def first_event(path: Path, timeout_s: float = FIRST_EVENT_TIMEOUT_S) -> BuildStarted:
+    """The journal's first event, its ``build_start`` (the build id and attributes every
+    projection needs), waiting for a writer that has only just started."""
+    deadline = time.monotonic() + timeout_s
+    reader = LineReader()
+    header_read = False
+    offset = 0
+    while True:
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(offset)
+                chunk = handle.read(1 << 16)
+        except FileNotFoundError:
+            chunk = b""
+        except OSError as error:
+            raise JournalError(f"cannot read journal {str(path)!r}: {error.strerror}") from None
+        offset += len(chunk)
+        if not header_read and chunk:
+            first_line, newline, rest = chunk.partition(b"\n")
+            if not newline:
+                offset -= len(chunk)  # the header is still being written
+                chunk = b""
+            else:
+                parse_header(first_line + newline, path)
+                header_read, chunk = True, rest
+        for item in reader.feed(chunk) if chunk else []:
+            if isinstance(item, JournalProblem):
+                continue
+            if isinstance(item, BuildStarted):
+                return item
+            raise JournalError(f"{path}: the first event is {item.type}, not build_start")
+        if time.monotonic() > deadline:
+            raise JournalError(f"{path}: no build started within {timeout_s:.0f}s")
+        time.sleep(0.05)
+
+
+def supervises(config: SessionConfig, control_file: Path | None) -> bool:
+    """Whether watching a journal asks for more than the console: then watch runs a session."""
+    observe = config.observe
+    return (
+        control_file is not None
+        or config.policy.policy() is not None
+        or observe.http.port is not None
+        or observe.metrics.port is not None
+        or observe.metrics.pushgateway is not None
+        or observe.history is not None
+        or observe.journal is not None
+        or observe.spans.settings() is not None
+    )
+
+
+def watch_and_supervise(
+    journal: Path,
+    config: SessionConfig,
+    control_file: Path | None,
+    *,
+    lost_after_s: float = DEFAULT_LOST_AFTER_S,
+) -> BuildFinished | None:
+    """Follow the build of ``journal`` to its end with everything ``config`` asks for attached;
+    returns its end (None if interrupted before it)."""
+    observe = config.observe
+    if observe.journal is not None:
+        raise UsageError("watch reads the build's journal; --journal does not apply to it")
+    if observe.gpu.device is not None:
+        raise UsageError("watch does not sample the GPU: the build's own process would have to")
+    policy = config.policy.policy()
+    if policy is not None and control_file is None:
+        raise UsageError(
+            "policy options need --control-file: the file the build's monitor polls "
+            "(trt_otel::Options::cancel_file), through which watch cancels it"
+        )
+    started = first_event(journal)
+    with contextlib.ExitStack() as stack:
+        attributes = dict(started.attributes)
+        history = load_history(observe.history, attributes)
+        monitor = RemoteBuild(control_file, started=started)
+        runner = PolicyRunner(monitor, policy, warn=warn) if policy is not None else None
+        model = ReadModel(history)  # the build folded once, for every view below
+
+        # As run_session attaches them to a build run here.
+        spans = stack.enter_context(span_export(observe.spans, model))
+        sources: dict[str, Any] = {"spans": spans, "runner": runner, "model": model}
+        metrics = stack.enter_context(metrics_endpoint(monitor, observe.metrics, **sources))
+        registry = status_registry(monitor, observe.metrics, metrics, **sources)
+        http = stack.enter_context(
+            status_server(monitor, observe.http, model=model, registry=registry)
+        )
+        console_view(observe.console, model)
+        if spans is not None:
+            remote = parse_traceparent(str(attributes.get(TRACEPARENT_ATTRIBUTE, "")))
+            say(f"trace: {trace_id_for(started.build_id, remote):032x}")
+        if runner is not None:
+            say(f"policy: {runner.policy.describe()} (through {control_file})")
+
+        followers: list[tuple[Follower, int]] = [(model, DEEP_QUEUE)]
+        if http is not None:
+            followers.append((http.feed, DEEP_QUEUE))
+        stack.enter_context(following(monitor.log, followers, model))
+        if runner is not None:
+            stack.enter_context(runner)
+        return follow_journal(journal, monitor.feed, warn=warn, lost_after_s=lost_after_s)
+
+
+__all__ = ["RemoteBuild", "first_event", "supervises", "watch_and_supervise"]
