@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -925,3 +926,48 @@ def test_watch_refuses_options_it_cannot_honour(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 2 and "only shows the build" in done.stderr
+
+
+def test_the_journal_names_its_writer_and_is_touched_through_a_silence(
+    driver: Path, tmp_path: Path
+) -> None:
+    """What `watch` needs to tell a silent C++ build from a lost one (trt_otel.liveness)."""
+    journal_path = tmp_path / "build.jsonl"
+    build = subprocess.Popen(
+        [str(driver), "steps", f"journal={journal_path}", "total=1", "delay_us=30000000",
+         "poll_ms=20", "touch_ms=200"],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while b"Timing tactics" not in (
+            journal_path.read_bytes() if journal_path.exists() else b""
+        ):
+            assert time.monotonic() < deadline, "the build never started its phases"
+            time.sleep(0.02)
+        header = json.loads(journal_path.read_bytes().splitlines()[0])
+        assert header["writer_pid"] == build.pid
+        assert header["writer_host"] == socket.gethostname()
+        assert header["touch_interval_s"] == 0.2
+        before = journal_path.stat()
+        time.sleep(1.0)
+        after = journal_path.stat()
+        assert after.st_size == before.st_size, "the build is silent: nothing new to write"
+        assert after.st_mtime_ns > before.st_mtime_ns, "but its journal was touched"
+
+        # Killed in its silence: `watch` sees at once that the writer is gone.
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "trt_otel.cli", "watch", str(journal_path), "--no-progress",
+             "--lost-after", "300s"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        time.sleep(1.0)
+        build.kill()
+        build.wait(30)
+        _, stderr = watch.communicate(timeout=60)
+        assert watch.returncode == 2, stderr
+        assert f"pid {build.pid}" in stderr and "gone" in stderr
+    finally:
+        build.kill()
+        build.wait(30)

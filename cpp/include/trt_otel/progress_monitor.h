@@ -107,6 +107,10 @@ struct Options
     //! Events waiting for the writer beyond which new ones are dropped (counted, noted in the
     //! journal, seq gap left) rather than letting memory grow without bound.
     std::size_t max_pending_events{1u << 20};
+    //! While the journal is open, the writer touches it this often even with nothing to write:
+    //! the sign of life `trt-otel watch` looks for through a build's silent minutes (its header
+    //! also names the writing process and host).
+    std::chrono::milliseconds touch_interval{10000};
     //! How long end() waits for the journal to be written and synced.
     std::chrono::milliseconds end_timeout{5000};
     //! Print the first journal write error and the first loss on stderr.
@@ -585,6 +589,8 @@ public:
             mOptions.build_id = detail::randomBuildId();
         if (mOptions.poll_interval <= std::chrono::milliseconds(0))
             mOptions.poll_interval = std::chrono::milliseconds(100);
+        if (mOptions.touch_interval <= std::chrono::milliseconds(0))
+            mOptions.touch_interval = std::chrono::milliseconds(10000);
         if (!mOptions.journal.empty())
         {
             mFd = ::open(mOptions.journal.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -597,7 +603,18 @@ public:
             detail::appendInt(header, detail::wallNs());
             header += ",\"producer\":\"trt-otel-cpp ";
             header += kVersion;
-            header += "\"}\n";
+            // Who writes it, so `trt-otel watch` can tell a silent build from a lost one.
+            header += "\",\"writer_pid\":";
+            detail::appendInt(header, static_cast<long long>(::getpid()));
+            header += ",\"writer_host\":";
+            char host[256] = {};
+            ::gethostname(host, sizeof host - 1);
+            detail::appendJsonString(header, host);
+            header += ",\"touch_interval_s\":";
+            char interval[32];
+            std::snprintf(interval, sizeof interval, "%g", static_cast<double>(mOptions.touch_interval.count()) / 1000.0);
+            header += interval;
+            header += std::strpbrk(interval, ".e") == nullptr ? ".0}\n" : "}\n";
             if (!writeAll(header.data(), header.size()))
             {
                 std::string const why = std::strerror(errno);
@@ -1087,7 +1104,9 @@ private:
     {
         std::vector<detail::Record> batch;
         batch.reserve(4096);
-        std::string out;
+        std::int64_t lastTouch = detail::monoNs();
+        std::int64_t const touchNs
+            = std::chrono::duration_cast<std::chrono::nanoseconds>(mOptions.touch_interval).count();
         std::unique_lock<std::mutex> lock(mMutex);
         while (true)
         {
@@ -1119,6 +1138,11 @@ private:
             batch.clear();
             if (deciding)
                 checkPolicies(startMono);
+            if (mFd >= 0 && detail::monoNs() - lastTouch >= touchNs)
+            {
+                ::futimens(mFd, nullptr); // a sign of life, never a reason to fail
+                lastTouch = detail::monoNs();
+            }
 
             lock.lock();
             if (through >= 0)
