@@ -28,10 +28,10 @@ from trt_otel.components import (
     console_view,
     following,
     load_history,
+    metric_sources,
     metrics_endpoint,
     say,
     span_export,
-    status_registry,
     status_server,
     warn,
 )
@@ -43,6 +43,7 @@ from trt_otel.liveness import DEFAULT_LOST_AFTER_S
 from trt_otel.monitor import BuildMonitor
 from trt_otel.policies import PolicyRunner
 from trt_otel.readmodel import ReadModel
+from trt_otel.sinks.prometheus import metrics_registry
 from trt_otel.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent, trace_id_for
 from trt_otel.watch import follow_journal
 
@@ -184,9 +185,9 @@ def watch_and_supervise(
 
         # As run_session attaches them to a build run here.
         spans = stack.enter_context(span_export(observe.spans, model))
-        sources: dict[str, Any] = {"spans": spans, "runner": runner, "model": model}
-        metrics = stack.enter_context(metrics_endpoint(monitor, observe.metrics, **sources))
-        registry = status_registry(monitor, observe.metrics, metrics, **sources)
+        sources = metric_sources(monitor, observe.metrics, spans=spans, runner=runner, model=model)
+        registry = metrics_registry(sources)  # one registry: scrapes, the HTTP view, the push
+        stack.enter_context(metrics_endpoint(registry, observe.metrics))
         http = stack.enter_context(
             status_server(monitor, observe.http, model=model, registry=registry)
         )
