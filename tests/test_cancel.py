@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import random
+from typing import Any
 
 import pytest
 
@@ -73,23 +74,60 @@ def test_the_simulated_builder_returns_none_when_cancelled() -> None:
     assert monitor.end_with_result(None) is Outcome.CANCELLATION
 
 
-@pytest.mark.parametrize("answer", [None, 1, "yes"], ids=repr)
-def test_a_non_bool_answer_cancels_as_the_tensorrt_binding_does(answer: object) -> None:
-    class Sloppy:
-        def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
-            pass
+class Answering:
+    """A progress monitor of the given base whose step_complete answers ``answer``."""
 
-        def step_complete(self, phase_name: str, step: int) -> object:
-            return answer
+    @staticmethod
+    def of(base: type, answer: object) -> Any:
+        class Monitor(base):  # type: ignore[misc]
+            def __init__(self) -> None:
+                base.__init__(self)  # type: ignore[misc]
+                self.steps = 0
 
-        def phase_finish(self, phase_name: str) -> None:
-            pass
+            def phase_start(self, name: str, parent: str | None, num_steps: int) -> None:
+                pass
 
+            def step_complete(self, name: str, step: int) -> object:
+                self.steps += 1
+                if answer is RuntimeError:
+                    raise RuntimeError("a bug in the monitor")
+                return answer
+
+            def phase_finish(self, name: str) -> None:
+                pass
+
+        return Monitor()
+
+
+ANSWERS = [None, "yes", "", RuntimeError, False, 0, True, 1, 2.5]
+
+
+@pytest.mark.parametrize("answer", ANSWERS, ids=repr)
+def test_the_real_binding_and_the_simulator_take_any_answer_alike(answer: object) -> None:
+    """What TensorRT-RTX's own binding does with each answer of step_complete (a build of one
+    ReLU on this machine's CPU), and the simulator the same: None, a string or an exception
+    cancel the build; a number counts by its truth."""
+    trt = pytest.importorskip("tensorrt_rtx")
+    logger = trt.Logger(trt.Logger.INTERNAL_ERROR)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)
+    relu = network.add_activation(
+        network.add_input("x", trt.float32, (1, 4)), trt.ActivationType.RELU
+    )
+    network.mark_output(relu.get_output(0))
+    config = builder.create_builder_config()
+    real = Answering.of(trt.IProgressMonitor, answer)
+    config.progress_monitor = real
+    real_cancelled = builder.build_serialized_network(network, config) is None
+    assert real.steps > 0
+
+    simulated = Answering.of(object, answer)
     stderr = io.StringIO()
-    plan = [Callback("phase_start", "A", None, 2), Callback("step_complete", "A", step=0)]
-    result = Driver(speed=0, stderr=stderr).run(Sloppy(), plan)  # type: ignore[arg-type]
-    assert not result.completed
-    assert "[ERROR] Exception caught in step_complete()" in stderr.getvalue()
+    plan = [Callback("phase_start", "A", None, 2), Callback("step_complete", "A", step=0),
+            Callback("step_complete", "A", step=1), Callback("phase_finish", "A")]  # fmt: skip
+    simulated_cancelled = not Driver(speed=0, stderr=stderr).run(simulated, plan).completed
+    assert simulated_cancelled == real_cancelled
+    assert real_cancelled == (answer in (None, "yes", "", RuntimeError, False, 0))
 
 
 def test_cancel_is_recorded_once_and_answers_false_from_then_on() -> None:

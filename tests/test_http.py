@@ -29,6 +29,9 @@ from trt_otel.sinks.prometheus import MetricSources, MetricsServer, metrics_regi
 
 CLI = [sys.executable, "-m", "trt_otel.cli"]
 TOKEN = "s3cret-token-for-tests"
+HOLD = ("--speed", "0", "--silence", "2s")
+"""A build at full speed that holds still for 2 s where tactic timing begins, as real builds go
+silent: long enough for a test to act mid-build, without a paced build's tens of seconds."""
 
 
 def start_demo(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
@@ -104,12 +107,15 @@ def test_clients_joining_mid_build_and_resuming_get_every_event_once_in_order(
     tmp_path: Path,
 ) -> None:
     journal = tmp_path / "build.jsonl"
-    process, base = start_demo("--speed", "3", "--journal", str(journal))
+    # At full speed into a silent window: the build is mid-way while the clients join.
+    process, base = start_demo(*HOLD, "--journal", str(journal))
     try:
-        time.sleep(1.0)  # mid-build
         first_part = sse_events(base, limit=40)
+        late: list[dict[str, Any]] = []
+        joining = threading.Thread(target=lambda: late.extend(sse_events(base)))
+        joining.start()  # a client joining mid-build gets it from its first event
         resumed = sse_events(base, last_event_id=first_part[-1]["seq"])
-        late = sse_events(base)
+        joining.join(60)
         process.communicate(timeout=60)
     finally:
         process.kill()
@@ -121,7 +127,7 @@ def test_clients_joining_mid_build_and_resuming_get_every_event_once_in_order(
 
 
 def test_since_query_resumes_too(tmp_path: Path) -> None:
-    process, base = start_demo("--speed", "3")
+    process, base = start_demo(*HOLD)
     try:
         with urllib.request.urlopen(f"{base}/events?since=9", timeout=30) as response:
             head = response.read(4096).decode()
@@ -133,7 +139,7 @@ def test_since_query_resumes_too(tmp_path: Path) -> None:
 
 
 def test_status_describes_the_build(tmp_path: Path) -> None:
-    process, base = start_demo("--speed", "3")
+    process, base = start_demo(*HOLD)
     try:
         deadline = time.monotonic() + 30
         status = get_json(f"{base}/status")
@@ -159,7 +165,9 @@ def test_status_describes_the_build(tmp_path: Path) -> None:
 
 def test_cancel_needs_the_right_token_and_says_why(tmp_path: Path) -> None:
     journal = tmp_path / "cancel.jsonl"
-    process, base = start_demo("--journal", str(journal), env={"TRT_OTEL_CANCEL_TOKEN": TOKEN})
+    process, base = start_demo(
+        *HOLD, "--journal", str(journal), env={"TRT_OTEL_CANCEL_TOKEN": TOKEN}
+    )
     try:
         assert post(f"{base}/cancel")[0] == 401
         assert post(f"{base}/cancel", headers={"Authorization": "Bearer nope"})[0] == 403
@@ -183,7 +191,7 @@ def test_cancel_needs_the_right_token_and_says_why(tmp_path: Path) -> None:
 
 
 def test_a_generated_token_is_written_for_the_owner_only(tmp_path: Path) -> None:
-    process, base = start_demo("--speed", "3", env={"XDG_RUNTIME_DIR": str(tmp_path)})
+    process, base = start_demo(*HOLD, env={"XDG_RUNTIME_DIR": str(tmp_path)})
     assert process.stderr is not None
     line = process.stderr.readline()
     match = re.search(r"\$\(cat ([^)]+)\)", line)
@@ -309,7 +317,7 @@ def build_lines(text: str) -> list[str]:
 
 def test_watch_by_url_and_by_journal_show_what_the_build_showed(tmp_path: Path) -> None:
     journal = tmp_path / "watched.jsonl"
-    process, base = start_demo("--speed", "3", "--journal", str(journal))
+    process, base = start_demo("--speed", "0", "--silence", "5s", "--journal", str(journal))
     watchers = [
         subprocess.Popen(
             [*CLI, "watch", *source, "--no-progress"],
@@ -334,15 +342,37 @@ def test_watch_by_url_and_by_journal_show_what_the_build_showed(tmp_path: Path) 
         assert build_lines(output) == expected
 
 
-def test_watch_renders_a_finished_journal_and_mirrors_its_exit_code(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        ([], 0),
+        # A timeout inside a silent window: cancelled at the first step after it.
+        (["--silence", "1s", "--timeout", "0.2s"], 3),
+    ],
+    ids=["success", "timeout"],
+)
+def test_watch_renders_a_finished_journal_and_mirrors_its_exit_code(
+    tmp_path: Path, args: list[str], code: int
+) -> None:
     from trt_otel.cli import main
 
     journal = tmp_path / "done.jsonl"
-    assert main(["demo", "--speed", "0", "--no-progress", "--journal", str(journal),
-                 "--timeout", "0.05s", "--in-process"]) in (0, 3)  # fmt: skip
-    outcome = [e for e in read_journal(journal).events if e.type == "build_end"][-1]
-    expected = 0 if outcome.outcome is Outcome.SUCCESS else 3  # type: ignore[attr-defined]
-    assert main(["watch", str(journal), "--no-progress"]) == expected
+    demo = ["demo", "--speed", "0", "--no-progress", "--in-process", "--journal", str(journal)]
+    assert main([*demo, *args]) == code
+    assert main(["watch", str(journal), "--no-progress"]) == code
+
+
+def test_watch_of_a_failed_build_is_exit_4(tmp_path: Path) -> None:
+    from trt_otel import JournalWriter
+    from trt_otel.cli import main
+
+    monitor = BuildMonitor()
+    journal = JournalWriter(tmp_path / "failed.jsonl")
+    monitor.log.follow(journal)
+    monitor.phase_start("Building engine", None, 6)
+    monitor.end(Outcome.FAILURE, "bad model", error_type="BuildFailed")
+    monitor.close()
+    assert main(["watch", str(journal.path), "--no-progress"]) == 4
 
 
 @pytest.mark.parametrize(

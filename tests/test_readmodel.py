@@ -221,3 +221,20 @@ def test_a_session_folds_the_build_state_twice_whatever_is_attached(
     assert "build success" in capsys.readouterr().err
     assert len(folded) == 2, f"{len(folded)} folds of the build state"
     assert len(set(folded.values())) == 1, "each saw every event"
+
+
+def test_the_progress_of_a_phase_is_its_steps_done_and_its_open_childs_share() -> None:
+    monitor = BuildMonitor(clock=ManualClock())
+    state = monitor.state
+    monitor.phase_start("Building engine", None, 4)
+    assert state.progress_ratio() == 0.0
+    monitor.step_complete("Building engine", 0)  # step 0 done: one of four
+    root = state.roots[0]
+    assert state.phase_progress(root) == 0.25
+    monitor.phase_start("Timing tactics", "Building engine", 2)
+    monitor.step_complete("Timing tactics", 0)
+    assert state.phase_progress(state.open_by_name["Timing tactics"]) == 0.5
+    assert state.phase_progress(root) == (1 + 0.5) / 4
+    assert state.progress_ratio() == (1 + 0.5) / 4
+    monitor.phase_finish("Timing tactics")
+    assert state.phase_progress(root) == 0.25, "a finished child is counted by its parent's step"

@@ -38,7 +38,8 @@ from trt_otel.sinks.otlp import (
     OtlpSettings,
     OtlpSpanExport,
 )
-from trt_otel.spans import UNFINISHED, parse_traceparent
+from trt_otel.spans import UNFINISHED, SpanProjection, parse_traceparent
+from trt_otel.state import BuildState
 
 CLI = [sys.executable, "-m", "trt_otel.cli"]
 STATUS_ERROR = 2
@@ -53,6 +54,25 @@ def receiver() -> Iterator[OtlpReceiver]:
 def endpoint(receiver: OtlpReceiver, protocol: str) -> str:
     port = receiver.grpc_port if protocol == GRPC else receiver.http_port
     return f"http://127.0.0.1:{port}"
+
+
+DEMO_SPANS = sum(c.kind == "phase_start" for c in generate_plan(13)) + 1
+"""The demo's spans: one per phase of its 13-layer model's build, and the build's own."""
+
+
+def test_the_budget_is_exact_until_the_first_fold() -> None:
+    budget = 20
+    projection = SpanProjection(span_budget=budget, fold_under_ns=10**12)
+    monitor = BuildMonitor()
+    Driver(speed=0).run(monitor, generate_plan(13))
+    monitor.end()
+    emitted_before_fold = None
+    for event in monitor.log.recent():
+        projection.apply(event)
+        if projection.folded and emitted_before_fold is None:
+            emitted_before_fold = projection.emitted
+    assert emitted_before_fold == budget - 1, "the build's own span is the budget's last"
+    assert projection.emitted + projection.folded == monitor.state.phases_started_total + 1
 
 
 def export_to(url: str, protocol: str, warnings: list[str], **settings: int) -> OtlpSpanExport:
@@ -163,8 +183,8 @@ def test_replay_exports_exactly_the_live_spans(
         "--otlp-protocol", protocol,
     )  # fmt: skip
     assert live.returncode == 0, live.stderr
-    assert "spans: 336 exported" in live.stderr
-    live_spans = receiver.wait_for(336)
+    assert f"spans: {DEMO_SPANS} exported" in live.stderr
+    live_spans = receiver.wait_for(DEMO_SPANS)
     receiver.clear()
 
     replay = subprocess.run(
@@ -195,19 +215,26 @@ def comparable(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
     )
 
 
+def wait_for_silence(journal: Path) -> None:
+    """Until the build is in its silent window (where tactic timing begins)."""
+    deadline = time.monotonic() + 30
+    while not (journal.exists() and b"Computing profile costs" in journal.read_bytes()):
+        assert time.monotonic() < deadline, "the demo did not reach its silent window"
+        time.sleep(0.05)
+
+
 def test_a_cancelled_build_ends_every_span_and_says_why(
     tmp_path: Path, receiver: OtlpReceiver
 ) -> None:
     journal = tmp_path / "cancelled.jsonl"
     process = subprocess.Popen(
-        [*CLI, "demo", "--no-progress", "--journal", str(journal),
-         "--otlp-endpoint", endpoint(receiver, GRPC), "--otlp-protocol", GRPC],
+        [*CLI, "demo", "--no-progress", "--journal", str(journal), "--speed", "0",
+         "--silence", "2s", "--otlp-endpoint", endpoint(receiver, GRPC), "--otlp-protocol", GRPC],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while not (journal.exists() and b"Timing graph nodes" in journal.read_bytes()):
-        assert time.monotonic() < deadline, "the demo did not reach its timing phase"
-        time.sleep(0.05)
+    wait_for_silence(journal)
+    # Cancelled in the silence before tactic timing; refused at the first step after it, in
+    # "Timing graph nodes".
     os.kill(process.pid, signal.SIGTERM)
     _, err = process.communicate(timeout=30)
     assert process.returncode == 3, err
@@ -232,13 +259,11 @@ def test_a_killed_build_replays_with_every_span_ended(
 ) -> None:
     journal = tmp_path / "killed.jsonl"
     process = subprocess.Popen(
-        [*CLI, "demo", "--no-progress", "--journal", str(journal)],
+        [*CLI, "demo", "--no-progress", "--journal", str(journal), "--speed", "0",
+         "--silence", "10m"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while not (journal.exists() and b"Timing graph nodes" in journal.read_bytes()):
-        assert time.monotonic() < deadline, "the demo did not reach its timing phase"
-        time.sleep(0.05)
+    wait_for_silence(journal)
     process.kill()
     process.wait(timeout=10)
 
@@ -253,7 +278,11 @@ def test_a_killed_build_replays_with_every_span_ended(
     assert root.attributes["error.type"] == UNFINISHED
     assert root.status_code == STATUS_ERROR
     unfinished = [s for s in spans if s.attributes.get("trt.phase.status") == "aborted"]
-    assert {s.name for s in unfinished} >= {"Building engine", "Timing graph nodes"}
+    left_open = BuildState()
+    for event in events:
+        left_open.apply(event)
+    assert len(left_open.open_by_name) >= 3
+    assert sorted(s.name for s in unfinished) == sorted(left_open.open_by_name)
     last_event_ns = max(s.end_ns for s in spans)
     assert root.end_ns == last_event_ns
     assert_nested(spans)
@@ -302,6 +331,46 @@ def test_an_unreachable_collector_costs_the_build_nothing(protocol: str, collect
     assert reason in warnings[0] and health.last_error is not None and reason in health.last_error
 
 
+def test_a_refusing_collector_is_reported_once_and_every_span_counted() -> None:
+    """A collector that answers 400 to every export (a failure the exporter does not retry):
+    one warning with the reason, however many batches fail; every span counted as failed."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    posts: list[str] = []
+
+    class Refusing(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            posts.append(self.path)
+            self.send_response(400)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        warnings: list[str] = []
+        export = export_to(f"http://127.0.0.1:{server.server_port}", HTTP_PROTOBUF, warnings)
+        monitor = BuildMonitor()
+        monitor.log.follow(export, capacity=1_000_000)
+        monitor.start()
+        Driver(speed=0).run(monitor, generate_plan(40, num_profiles=2))
+        monitor.end()
+        assert monitor.close(timeout_s=5.0)
+        health = export.shutdown(10.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(posts) >= 2, "several batches, each refused"
+    assert health.failed == monitor.state.phases_started_total + 1
+    assert len(warnings) == 1, warnings
+    assert "OTLP export to" in warnings[0]
+
+
 def trace_files_or_plan() -> list[Path]:
     from conftest import trace_files
 
@@ -325,6 +394,7 @@ def test_the_cli_exits_promptly_when_the_collector_is_unreachable(collector: str
     assert "build success" in result.stderr
     assert "spans not exported" in result.stderr
     assert result.stderr.count("OTLP export to") == 1
+    assert result.stderr.count("spans not exported") == 1, "the loss is said once"
     assert "Traceback" not in result.stderr
     assert took < 15.0, f"the demo took {took:.1f}s with the collector {collector}"
 
@@ -385,7 +455,7 @@ def test_a_build_inside_a_traced_job_joins_its_trace(receiver: OtlpReceiver) -> 
         env={"TRACEPARENT": traceparent},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    spans = receiver.wait_for(336)
+    spans = receiver.wait_for(DEMO_SPANS)
     assert {s.trace_id for s in spans} == {"0af7651916cd43dd8448eb211c80319c"}
     roots = [s for s in spans if s.parent_span_id == "b7ad6b7169203331"]
     assert [s.name for s in roots] == ["build trt-otel-demo-mnist.onnx"]
@@ -402,7 +472,7 @@ def test_standard_environment_variables_configure_the_export(receiver: OtlpRecei
         },
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    spans = receiver.wait_for(336)
+    spans = receiver.wait_for(DEMO_SPANS)
     resource = spans[0].resource
     assert resource["service.name"] == "engine-builds"
     assert (resource["deployment.environment.name"], resource["team"]) == ("ci", "ml")

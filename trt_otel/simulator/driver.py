@@ -160,10 +160,13 @@ class Driver:
             answer = monitor.step_complete(callback.name, callback.step)
         except Exception:
             answer = None
-        if type(answer) is not bool:
+        # pybind11 converts the answer as TensorRT's binding does: a bool, or a number by its
+        # truth (TensorRT-RTX 1.7.1 builds on with 1 or 2.5); anything else (None, a string, an
+        # exception) is an error, and the build is cancelled.
+        if type(answer) is not bool and not isinstance(answer, int | float):
             self._print("[ERROR] Exception caught in step_complete()")
             return False
-        return answer
+        return bool(answer)
 
     def _print(self, message: str) -> None:
         print(message, file=self.stderr or sys.stderr)
