@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 
 from trt_otel import BuildMonitor, PhaseStatus
-from trt_otel.events import StepCompleted
-from trt_otel.simulator import Driver, SimulatedTensorRT, generate_plan
+from trt_otel.events import PhaseFinished, PhaseStarted, StepCompleted
+from trt_otel.simulator import Driver, generate_plan
 from trt_otel.testing import CollectingFollower
 
 THREADS = 8
@@ -63,12 +63,22 @@ def test_eight_threads_of_fifty_thousand_callbacks_lose_nothing() -> None:
 
 
 def test_the_simulator_calls_back_from_several_builder_threads() -> None:
-    trt = SimulatedTensorRT(speed=0)
     monitor = BuildMonitor()
-    result = Driver(speed=0, threads=4).run(monitor, generate_plan(13))
+    plan = generate_plan(13)
+    result = Driver(speed=0, threads=4).run(monitor, plan)
     assert result.completed
-    threads = {e.thread for e in monitor.log.recent() if e.type in ("step", "phase_start")}
-    assert len(threads) > 1
+    events = monitor.log.recent()
+    threads = {e.thread for e in events if e.type in ("step", "phase_start")}
+    assert len(threads) == 4
     assert all(name.startswith("trt-builder-") for name in threads)
     assert not monitor.state.anomalies
-    assert trt.speed == 0
+    # Each phase instance calls back from one thread, as with TensorRT's max_threads, and the
+    # callbacks are the plan's, in its order.
+    thread_of_open: dict[str, str] = {}
+    for event in events:
+        if isinstance(event, PhaseStarted):
+            thread_of_open[event.name] = event.thread
+        elif isinstance(event, StepCompleted | PhaseFinished):
+            assert thread_of_open[event.name] == event.thread, event
+    kinds = {"phase_start": "phase_start", "step": "step_complete", "phase_finish": "phase_finish"}
+    assert [kinds[e.type] for e in events if e.type in kinds] == [c.kind for c in plan]

@@ -95,3 +95,55 @@ def test_a_follower_joining_late_first_gets_the_retained_events() -> None:
     monitor.end()
     assert monitor.close(5)
     assert [e.seq for e in late.events] == list(range(monitor.log.next_seq))
+
+
+def test_the_metrics_tell_failed_events_from_dropped_ones() -> None:
+    """A follower that fails on every batch and one that is too slow for its queue: each loss
+    shows under its own name in the exposition text a scrape reads."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from trt_otel.sinks.prometheus import BuildCollector
+
+    class Failing:
+        name = "failing"
+
+        def handle(self, events: Sequence[Event]) -> None:
+            raise OSError("disk full")
+
+        def close(self) -> None:
+            pass
+
+    release = threading.Event()
+
+    class Stuck:
+        name = "stuck"
+
+        def handle(self, events: Sequence[Event]) -> None:
+            release.wait(30)
+
+        def close(self) -> None:
+            pass
+
+    monitor = BuildMonitor()
+    failing = monitor.log.follow(Failing(), min_interval_s=0.0)
+    stuck = monitor.log.follow(Stuck(), capacity=5, min_interval_s=0.0)
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(BuildCollector(monitor))
+    monitor.phase_start("A", None, 100)
+    for step in range(40):
+        monitor.step_complete("A", step)
+    assert failing.flush(10.0)
+    values = {
+        (sample.name, sample.labels.get("follower")): sample.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for sample in family.samples
+    }
+    release.set()
+    monitor.close()
+    lost, dropped = failing.health().failed_events, stuck.health().dropped
+    assert lost > 0 and dropped > 0
+    assert values[("trt_otel_follower_failed_events_total", "failing")] == lost
+    assert values[("trt_otel_follower_dropped_events_total", "failing")] == 0
+    assert values[("trt_otel_follower_dropped_events_total", "stuck")] == dropped
+    assert values[("trt_otel_follower_failed_events_total", "stuck")] == 0

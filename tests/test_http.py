@@ -24,7 +24,7 @@ import pytest
 from trt_otel import BuildMonitor, Outcome, read_journal
 from trt_otel.readmodel import ReadModel
 from trt_otel.simulator import Driver, generate_plan
-from trt_otel.sinks.http import StatusServer
+from trt_otel.sinks.http import EventFeed, StatusServer
 from trt_otel.sinks.prometheus import MetricSources, MetricsServer, metrics_registry
 
 CLI = [sys.executable, "-m", "trt_otel.cli"]
@@ -228,6 +228,76 @@ def served() -> Iterator[tuple[BuildMonitor, StatusServer]]:
     finally:
         monitor.close()
         server.close(linger_s=2.0)
+
+
+def test_a_cancel_after_the_build_ended_is_409(
+    served: tuple[BuildMonitor, StatusServer],
+) -> None:
+    monitor, server = served
+    monitor.start()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    monitor.end()
+    code, answer = post(f"{server.url}/cancel", b"too late", auth)
+    assert (code, answer) == (409, {"error": "the build has ended", "outcome": "success"})
+    assert monitor.state.cancel is None, "nothing recorded"
+
+
+def test_the_event_feed_keeps_the_newest_frames_and_says_what_it_dropped() -> None:
+    """The HTTP view holds a bounded tail of the stream: trimmed to ``retain`` once it passes
+    a tenth more; a client asking for older events gets a ``gap`` frame, then the rest."""
+    feed = EventFeed(retain=20)
+    monitor = BuildMonitor()
+    Driver(speed=0).run(monitor, generate_plan(3))
+    events = monitor.log.recent()[:40]
+    feed.handle(events[:22])
+    first, frames, _ = feed.frames_after(-1, 0)
+    assert (first, len(frames)) == (0, 22), "within a tenth over the bound: kept"
+    feed.handle(events[22:23])
+    first, frames, _ = feed.frames_after(-1, 0)
+    assert (first, len(frames)) == (3, 20), "over it: trimmed to the newest 20"
+    feed.handle(events[23:40])
+    first, frames, _ = feed.frames_after(-1, 0)
+    assert first + len(frames) == 40 and 20 <= len(frames) <= 22
+    assert frames[0].startswith(f"id: {first}\n".encode())
+    assert feed.frames_after(30, 0)[0] == 31, "a resumed client gets what follows, no gap"
+
+    monitor = BuildMonitor()
+    model = ReadModel()
+    monitor.log.follow(model)
+    server = StatusServer(
+        monitor, model, metrics_registry(MetricSources(monitor)), port=0, cancel_token=TOKEN
+    )
+    server.feed = EventFeed(retain=20)
+    monitor.log.follow(server.feed, capacity=1_000_000)
+    try:
+        Driver(speed=0).run(monitor, generate_plan(3))
+        monitor.end()
+        assert monitor.log.flush()
+        host = server.url.removeprefix("http://")
+
+        def stream(last_event_id: int) -> str:
+            connection = http.client.HTTPConnection(host, timeout=30)
+            connection.request("GET", "/events", headers={"Last-Event-ID": str(last_event_id)})
+            text = connection.getresponse().read().decode()
+            connection.close()
+            return text
+
+        body = stream(4)
+        held_from = int(re.findall(r"^id: (\d+)$", body, flags=re.MULTILINE)[0])
+        just_missed = stream(held_from - 2)  # one event too old: a gap all the same
+        in_time = stream(held_from - 1)  # nothing missed: no gap
+    finally:
+        monitor.close()
+        server.close(linger_s=2.0)
+    total = monitor.log.next_seq
+    gap = re.search(r"event: gap\ndata: (.*)\n", body)
+    assert gap is not None, body[:300]
+    first_available = json.loads(gap.group(1))["first_available"]
+    assert json.loads(gap.group(1)) == {"requested_after": 4, "first_available": first_available}
+    assert total - 22 <= first_available <= total - 20
+    ids = [int(i) for i in re.findall(r"^id: (\d+)$", body, flags=re.MULTILINE)]
+    assert ids == list(range(first_available, total)), "then every held event, in order"
+    assert "event: gap" in just_missed and "event: gap" not in in_time
 
 
 def test_oversized_and_malformed_requests_get_clear_answers(

@@ -151,16 +151,41 @@ def test_a_journal_replays_as_a_trace_with_its_own_timing(tmp_path: Path) -> Non
     assert all(c.delay_s is not None and c.delay_s >= 0 for c in callbacks)
 
 
+def test_the_journal_is_flushed_at_phase_boundaries_while_the_writer_is_alive(
+    tmp_path: Path,
+) -> None:
+    """A reader (``watch``, a person) sees every phase boundary as it happens, without waiting
+    for the writer to close; steps alone may wait for the next boundary."""
+    monitor = BuildMonitor()
+    writer = JournalWriter(tmp_path / "live.jsonl")
+    monitor.phase_start("Building engine", None, 6)
+    monitor.step_complete("Building engine", 0)
+    monitor.phase_start("Timing tactics", "Building engine", 2)
+    started = monitor.log.recent()
+    writer.handle(started)
+    assert [e.seq for e in read_journal(writer.path).events] == [e.seq for e in started]
+    monitor.step_complete("Timing tactics", 0)
+    monitor.phase_finish("Timing tactics")
+    finished = monitor.log.recent(started[-1].seq)
+    writer.handle(finished)
+    assert len(read_journal(writer.path).events) == len(started) + len(finished)
+    monitor.cancel("enough")
+    writer.handle(monitor.log.recent(finished[-1].seq))
+    assert read_journal(writer.path).events[-1].type == "cancel"
+    writer.close()
+
+
 def test_a_build_killed_mid_write_leaves_a_usable_prefix(tmp_path: Path) -> None:
     path = tmp_path / "killed.jsonl"
-    command = [sys.executable, "-m", "trt_otel.cli", "demo", "--speed", "4", "--no-progress"]
+    command = [sys.executable, "-m", "trt_otel.cli", "demo", "--speed", "0", "--no-progress"]
     process = subprocess.Popen(
-        [*command, "--journal", str(path)],
+        [*command, "--silence", "10m", "--journal", str(path)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (not path.exists() or path.stat().st_size < 20_000):
+    while not (path.exists() and b"Computing profile costs" in path.read_bytes()):
+        assert time.monotonic() < deadline, "the build never reached its silent window"
         time.sleep(0.05)
     os.kill(process.pid, signal.SIGKILL)
     process.wait(10)
