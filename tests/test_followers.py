@@ -100,10 +100,10 @@ def test_a_follower_joining_late_first_gets_the_retained_events() -> None:
 def test_the_metrics_tell_failed_events_from_dropped_ones() -> None:
     """A follower that fails on every batch and one that is too slow for its queue: each loss
     shows under its own name in the exposition text a scrape reads."""
-    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from trt_otel.sinks.prometheus import BuildCollector
+    from trt_otel.sinks.prometheus import MetricSources, metrics_registry
 
     class Failing:
         name = "failing"
@@ -128,8 +128,7 @@ def test_the_metrics_tell_failed_events_from_dropped_ones() -> None:
     monitor = BuildMonitor()
     failing = monitor.log.follow(Failing(), min_interval_s=0.0)
     stuck = monitor.log.follow(Stuck(), capacity=5, min_interval_s=0.0)
-    registry = CollectorRegistry(auto_describe=True)
-    registry.register(BuildCollector(monitor))
+    registry = metrics_registry(MetricSources(monitor))
     monitor.phase_start("A", None, 100)
     for step in range(40):
         monitor.step_complete("A", step)
