@@ -50,6 +50,7 @@ from trt_otel.preflight import PreflightError, check_build_files
 from trt_otel.readmodel import ReadModel
 from trt_otel.remote import supervises, watch_and_supervise
 from trt_otel.session import (
+    EXIT_CANCELLED,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
@@ -59,6 +60,7 @@ from trt_otel.session import (
 )
 from trt_otel.simulator import SIMULATOR_VERSION, TraceError, load_trace
 from trt_otel.sinks.otlp import OtlpConfigError
+from trt_otel.supervisor import StopNow
 from trt_otel.watch import WatchError, follow_journal, follow_url
 
 
@@ -241,6 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(command, WatchCommand):
             return watch(command)
         return replay(command)
+    except StopNow:  # a second SIGTERM outside the build: still a cancel
+        return EXIT_CANCELLED
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except (

@@ -46,7 +46,7 @@ from trt_otel.policies import PolicyRunner
 from trt_otel.readmodel import ReadModel
 from trt_otel.sinks.prometheus import metrics_registry
 from trt_otel.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent, trace_id_for
-from trt_otel.supervisor import IsolatedResult, run_isolated
+from trt_otel.supervisor import IsolatedResult, StopNow, run_isolated
 
 __all__ = [
     "EXIT_CANCELLED",
@@ -144,6 +144,11 @@ def _build(
         grace_s = config.policy.grace_s
         isolated = run_isolated(run_build_job, job, monitor=monitor, grace_s=grace_s)
         return _conclude(monitor, isolated, job, grace_s), isolated.interrupted
+    except StopNow as stop:  # in-process: nothing to stop but this build, which ends here
+        detail = f"received {stop.signal_name} again: stopped at once"
+        monitor.cancel(f"received {stop.signal_name}", source="signal")
+        monitor.end(Outcome.CANCELLATION, detail)
+        return BuildResult(Outcome.CANCELLATION, detail, None, 0), False
     except KeyboardInterrupt:
         monitor.cancel("interrupted by the user", source="signal")
         monitor.end(Outcome.CANCELLATION, "interrupted by the user")
@@ -171,6 +176,13 @@ def _conclude(
             leftover.unlink(missing_ok=True)
     cancel = monitor.state.cancel
     if isolated.stopped_with is not None:
+        if isolated.stopped_now is not None:
+            detail = (
+                f"received {isolated.stopped_now} again; the build's process was stopped with "
+                f"{isolated.stopped_with}"
+            )
+            monitor.end(Outcome.CANCELLATION, detail)
+            return BuildResult(Outcome.CANCELLATION, detail, None, 0)
         if isolated.interrupted or cancel is None:
             detail = (
                 f"interrupted by the user; the build's process was stopped with "
@@ -225,7 +237,9 @@ def _cancel_on_signals(monitor: BuildMonitor) -> Iterator[_SignalState]:
             state.interrupted = True
         state.received += 1
         if state.received > 1 or monitor.cancelled:
-            raise KeyboardInterrupt
+            # SIGTERM is a request to stop, every time (exit 3); only Ctrl-C is the user's
+            # interrupt (130).
+            raise KeyboardInterrupt if state.interrupted else StopNow(name)
         threading.Thread(target=cancel, args=(name,), name="trt-otel-signal", daemon=True).start()
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}

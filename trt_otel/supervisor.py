@@ -51,6 +51,16 @@ _NOTE_BYTES = 4096
 Target = Callable[..., Any]
 
 
+class StopNow(KeyboardInterrupt):
+    """A second SIGTERM: stop the build's process at once, as a cancel (exit 3), not as the
+    user's interrupt (exit 130). A KeyboardInterrupt, so everything that stops on Ctrl-C stops
+    on it too."""
+
+    def __init__(self, signal_name: str = "SIGTERM") -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
 @dataclass(frozen=True, slots=True)
 class IsolatedResult:
     """How the worker ended."""
@@ -67,6 +77,8 @@ class IsolatedResult:
     interrupted: bool
     """Stopped at once on the user's second interrupt, rather than after the grace period."""
     pid: int | None
+    stopped_now: str | None = None
+    """Stopped at once on a second signal that is not the user's (``SIGTERM``)."""
 
     @property
     def died(self) -> str | None:
@@ -310,13 +322,14 @@ def run_isolated(
     poll_s: float = 0.1,
 ) -> IsolatedResult:
     """Run ``target(worker_monitor, *args)`` in a worker process, with ``monitor`` (here) fed
-    every event of the worker's monitor.
+        every event of the worker's monitor.
 
-    ``target`` must be importable by name (a module-level function) and its arguments and
-    result picklable. A cancel of ``monitor`` (a policy, a signal, ``monitor.cancel``) reaches
-    the worker's next ``step_complete``; if the worker is still running ``grace_s`` later, it is
-    sent SIGTERM, and SIGKILL ``kill_after_s`` after that. A KeyboardInterrupt here (a second
-    Ctrl-C) stops the worker the same way at once.
+        ``target`` must be importable by name (a module-level function) and its arguments and
+        result picklable. A cancel of ``monitor`` (a policy, a signal, ``monitor.cancel``) reaches
+        the worker's next ``step_complete``; if the worker is still running ``grace_s`` later, it is
+        sent SIGTERM, and SIGKILL ``kill_after_s`` after that. A KeyboardInterrupt here (a second
+        Ctrl-C) stops the worker the same way at once; so does a :class:`StopNow` (a second SIGTERM),
+    which the result tells apart (``stopped_now``).
     """
     context = multiprocessing.get_context("spawn")  # CUDA does not survive a fork
     # Raw shared memory, no lock: one writer (this process), and a byte flag written last.
@@ -352,6 +365,7 @@ def run_isolated(
     )
     stopped_with: str | None = None
     interrupted = False
+    stopped_now: str | None = None
     process.start()
     sending.close()
     reader.start()
@@ -362,6 +376,9 @@ def run_isolated(
                 if process.is_alive():
                     stopped_with = _stop(process, kill_after_s)
                 break
+    except StopNow as stop:
+        stopped_now = stop.signal_name
+        stopped_with = _stop(process, kill_after_s)
     except KeyboardInterrupt:
         interrupted = True
         stopped_with = _stop(process, kill_after_s)
@@ -378,6 +395,7 @@ def run_isolated(
         exitcode=process.exitcode,
         stopped_with=stopped_with,
         interrupted=interrupted,
+        stopped_now=stopped_now,
         pid=process.pid,
     )
 
