@@ -61,6 +61,7 @@ from trt_otel.session import (
 from trt_otel.simulator import SIMULATOR_VERSION, TraceError, load_trace
 from trt_otel.sinks.otlp import OtlpConfigError
 from trt_otel.supervisor import StopNow
+from trt_otel.terminal import pipe_safe_stderr
 from trt_otel.watch import WatchError, follow_journal, follow_url
 
 
@@ -233,6 +234,13 @@ def command_of(args: argparse.Namespace) -> Command:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # A reader that goes away (`trt-otel demo 2>&1 | head`) changes neither the outcome nor
+    # the cleanup: what is left to say is dropped.
+    with pipe_safe_stderr():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         command = command_of(args)

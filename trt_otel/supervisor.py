@@ -328,8 +328,8 @@ def run_isolated(
         result picklable. A cancel of ``monitor`` (a policy, a signal, ``monitor.cancel``) reaches
         the worker's next ``step_complete``; if the worker is still running ``grace_s`` later, it is
         sent SIGTERM, and SIGKILL ``kill_after_s`` after that. A KeyboardInterrupt here (a second
-        Ctrl-C) stops the worker the same way at once; so does a :class:`StopNow` (a second SIGTERM),
-    which the result tells apart (``stopped_now``).
+        Ctrl-C) stops the worker the same way at once; so does a :class:`StopNow` (a second
+    SIGTERM), which the result tells apart (``stopped_now``).
     """
     context = multiprocessing.get_context("spawn")  # CUDA does not survive a fork
     # Raw shared memory, no lock: one writer (this process), and a byte flag written last.
