@@ -34,6 +34,7 @@ from trt_otel.events import (
 )
 from trt_otel.readmodel import ReadModel, SiblingGroup
 from trt_otel.state import BuildState, BuildStatus, Phase, PhaseStatus
+from trt_otel.terminal import printable
 
 _OUTCOME_STYLE = {
     Outcome.SUCCESS: "bold green",
@@ -114,9 +115,13 @@ def _gpu_text(sample: GpuSample) -> str:
 
 def _footer(state: BuildState) -> Text | None:
     if state.cancel is not None:
-        return Text(f"cancel requested by {state.cancel.source}: {state.cancel.reason}", "yellow")
+        cancel = state.cancel
+        return Text(
+            f"cancel requested by {printable(cancel.source)}: {printable(cancel.reason)}",
+            "yellow",
+        )
     if state.outcome is Outcome.FAILURE and state.outcome_detail:
-        return Text(f"failed: {state.outcome_detail}", "red")
+        return Text(f"failed: {printable(state.outcome_detail)}", "red")
     return None
 
 
@@ -259,12 +264,17 @@ class PlainLines:
                 )
             return None
         if isinstance(event, CancelRequested):
-            return f"{self._stamp(event)} cancel requested by {event.source}: {event.reason}"
+            # A reason can come from outside (the HTTP view, a cancel URL): shown escaped.
+            return (
+                f"{self._stamp(event)} cancel requested by {printable(event.source)}: "
+                f"{printable(event.reason)}"
+            )
         if isinstance(event, Anomaly) and state.anomalies[event.kind] == 1:
-            return f"{self._stamp(event)} protocol anomaly ({event.kind.value}): {event.detail}"
+            detail = printable(event.detail)
+            return f"{self._stamp(event)} protocol anomaly ({event.kind.value}): {detail}"
         if isinstance(event, BuildFinished):
             took = format_duration((event.mono_ns - (state.start_mono_ns or event.mono_ns)) / 1e9)
-            detail = f": {event.detail}" if event.detail else ""
+            detail = f": {printable(event.detail)}" if event.detail else ""
             return (
                 f"{self._stamp(event)} build {event.outcome.value} in {took} "
                 f"({state.steps_completed_total:,} steps, {state.phases_started_total:,} phases)"
