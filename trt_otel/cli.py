@@ -42,8 +42,9 @@ from trt_otel.build import (
 from trt_otel.components import console_view, span_export
 from trt_otel.config import ConsoleConfig, SessionConfig, SpanConfig, UsageError
 from trt_otel.console import render_build
+from trt_otel.durations import format_duration
 from trt_otel.journal import JournalError, read_journal
-from trt_otel.liveness import DEFAULT_LOST_AFTER_S
+from trt_otel.liveness import DEFAULT_LOST_AFTER_S, Writer
 from trt_otel.model import demo_model_bytes
 from trt_otel.options import BuildOptions
 from trt_otel.preflight import PreflightError, check_build_files
@@ -344,8 +345,30 @@ def replay(command: ReplayCommand) -> int:
         # and the same spans.
         model.handle(journal.events)
         model.close()
-        Console(stderr=True).print(render_build(model))
+        unended = model.state.outcome is None and model.state.start_mono_ns is not None
+        if unended:
+            print(f"trt-otel: {command.journal}: {_no_end(journal.header, model)}", file=sys.stderr)
+        Console(stderr=True).print(render_build(model, never_ended=unended))
     return EXIT_OK
+
+
+def _no_end(header: dict[str, Any], model: ReadModel) -> str:
+    """What a journal without the build's end means, said plainly."""
+    state = model.state
+    start, last = state.start_mono_ns or 0, state.last_event_mono_ns or 0
+    open_ids = state.open_phase_ids()
+    where = f" in {state.phases[open_ids[-1]].name!r}" if open_ids else ""
+    writer = Writer.from_header(header)
+    if writer.running_here():
+        return (
+            f"the build has not ended yet: its writer ({writer.describe()}) is still running "
+            "(`trt-otel watch` follows it)"
+        )
+    return (
+        f"the build never ended: its record stops {format_duration((last - start) / 1e9)} in"
+        f"{where}, and its writer died or was stopped before the end (the tree below is where "
+        "it was then)"
+    )
 
 
 def watch(command: WatchCommand) -> int:

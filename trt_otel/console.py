@@ -9,6 +9,7 @@ model's subscribers.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import TextIO
 
@@ -57,25 +58,43 @@ def _now_ns(state: BuildState, now_mono_ns: int | None) -> int | None:
 
 
 def render_build(
-    model: ReadModel, now_mono_ns: int | None = None, eta: Estimate | None = None
+    model: ReadModel,
+    now_mono_ns: int | None = None,
+    eta: Estimate | None = None,
+    *,
+    silent_s: float | None = None,
+    never_ended: bool = False,
 ) -> RenderableType:
     """The build as a header line and a tree of phases (hold the model's lock, or own it).
 
     Open phases are shown with their progress; repeated phases are folded by the model's rule
     (:meth:`~trt_otel.readmodel.ReadModel.tree`) into one line with a count and their total time.
+    ``silent_s``: how long TensorRT has made no callback, said once it is long
+    (:data:`SILENCE_SHOWN_S`); ``never_ended``: a record that stops before the build's end.
     """
     state = model.state
     now = _now_ns(state, now_mono_ns)
-    header = _header(state, now)
-    if eta is not None and state.outcome is None:
-        header.append(f"  {format_eta(eta)}", "dim")
+    header = _header(state, now, never_ended=never_ended)
+    running = state.outcome is None and not never_ended
+    if eta is not None and running and state.status is not BuildStatus.CANCELLING:
+        header.append(f"  {format_eta(eta)}", "dim")  # no estimate of a build being stopped
+    if running and silent_s is not None and silent_s >= SILENCE_SHOWN_S:
+        header.append(f"  silent for {format_duration(silent_s)}", "yellow")
+        inner = _innermost(state)
+        if inner is not None:
+            header.append(f" in {inner}", "yellow")
     tree = Tree(header, guide_style="dim")
     _add_nodes(tree, model, None, now)
     footer = _footer(state)
     return Group(tree, footer) if footer is not None else tree
 
 
-def _header(state: BuildState, now: int | None) -> Text:
+def _innermost(state: BuildState) -> str | None:
+    open_ids = state.open_phase_ids()
+    return state.phases[open_ids[-1]].name if open_ids else None
+
+
+def _header(state: BuildState, now: int | None, *, never_ended: bool = False) -> Text:
     elapsed = (
         (now - state.start_mono_ns) / 1e9
         if now is not None and state.start_mono_ns is not None
@@ -85,6 +104,8 @@ def _header(state: BuildState, now: int | None) -> Text:
     text = Text()
     if state.outcome is not None:
         text.append(f"build {state.outcome.value}", _OUTCOME_STYLE[state.outcome])
+    elif never_ended:
+        text.append("build never ended", "bold red")
     elif status is BuildStatus.CANCELLING:
         text.append("cancelling", "bold yellow")
     else:
@@ -116,13 +137,51 @@ def _gpu_text(sample: GpuSample) -> str:
 def _footer(state: BuildState) -> Text | None:
     if state.cancel is not None:
         cancel = state.cancel
-        return Text(
+        text = Text(
             f"cancel requested by {printable(cancel.source)}: {printable(cancel.reason)}",
             "yellow",
         )
+        detail = state.outcome_detail
+        if state.outcome is not None and detail and detail != cancel.reason:
+            # How it ended: "...; its process was stopped with SIGTERM".
+            text.append(f"\nended: {printable(detail)}", "yellow")
+        return text
     if state.outcome is Outcome.FAILURE and state.outcome_detail:
         return Text(f"failed: {printable(state.outcome_detail)}", "red")
     return None
+
+
+SILENCE_SHOWN_S = 10.0
+"""A silence this long (no callback from TensorRT) is said, by the live view and the plain
+lines alike: real builds go quiet for minutes, and that should not look like a hang."""
+
+
+class SilenceClock:
+    """When TensorRT last made a callback, by this process's clock: a view following a build on
+    another host cannot compare its clock with the build's, but it can time what it sees."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._seen_ns: int | None = None
+        self._elapsed_ns = 0
+
+    def saw(self, event: Event, start_mono_ns: int | None) -> None:
+        if isinstance(event, _PROGRESS):
+            self._seen_ns = self._clock.mono_ns()
+            if start_mono_ns is not None:
+                self._elapsed_ns = event.mono_ns - start_mono_ns
+
+    def silent_s(self) -> float | None:
+        if self._seen_ns is None:
+            return None
+        return (self._clock.mono_ns() - self._seen_ns) / 1e9
+
+    def build_elapsed_s(self) -> float:
+        """The build's time now, counted on from its last callback."""
+        return self._elapsed_ns / 1e9 + (self.silent_s() or 0.0)
+
+
+_PROGRESS = (BuildStarted, PhaseStarted, StepCompleted, PhaseFinished)
 
 
 def _phase_label(state: BuildState, phase: Phase, now: int | None) -> Text:
@@ -176,21 +235,27 @@ class LiveConsole:
         self.model = model
         self.console = console or Console(stderr=True)
         self._clock = clock
+        self._silence = SilenceClock(clock)
         self._live = Live(
             get_renderable=self._renderable,
             console=self.console,
             refresh_per_second=refresh_per_second,
             redirect_stdout=False,
-            redirect_stderr=False,
+            # Warnings and notices printed to stderr while the tree is drawn land above it,
+            # instead of being drawn over (or leaving pieces of old frames behind).
+            redirect_stderr=True,
         )
         self._started = False
 
     def _renderable(self) -> RenderableType:
         now = self._clock.mono_ns()
         with self.model.reading() as model:
-            return render_build(model, now, model.estimate_locked(now).build)
+            return render_build(
+                model, now, model.estimate_locked(now).build, silent_s=self._silence.silent_s()
+            )
 
     def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
+        self._silence.saw(event, self.model.state.start_mono_ns)
         if not self._started:
             self._started = True
             self._live.start()
@@ -222,6 +287,8 @@ class PlainLines:
         max_depth: int = 2,
         progress_every_s: float = 10.0,
         show_eta: bool = True,
+        heartbeat_s: float | None = SILENCE_SHOWN_S,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.model = model
         self.stream = stream
@@ -229,12 +296,51 @@ class PlainLines:
         self.max_depth = max_depth
         self.progress_every_ns = int(progress_every_s * 1e9)
         self._last_progress_line_ns: int | None = None
+        self._clock = clock
+        self._silence = SilenceClock(clock)
+        self._write_lock = threading.Lock()
+        self._last_line_ns = clock.mono_ns()
+        self._heartbeat_s = heartbeat_s
+        self._stop = threading.Event()
+        self._beats: threading.Thread | None = None
 
     def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
+        self._silence.saw(event, self.model.state.start_mono_ns)
         line = self._line_for(event, closed)
         if line is not None:
+            self._write(line)  # a line is rare (a shallow phase, or every 10s at most)
+        if self._beats is None and self._heartbeat_s is not None:
+            self._beats = threading.Thread(
+                target=self._beat, name="trt-otel-heartbeat", daemon=True
+            )
+            self._beats.start()
+
+    def _write(self, line: str) -> None:
+        with self._write_lock:
             self.stream.write(f"{line}\n")
-            self.stream.flush()  # a line is rare (a shallow phase, or every 10s at most)
+            self.stream.flush()
+            self._last_line_ns = self._clock.mono_ns()
+
+    def _beat(self) -> None:
+        """While TensorRT is silent, a line every ``heartbeat_s``: how long, and where."""
+        assert self._heartbeat_s is not None
+        every_ns = self._heartbeat_s * 1e9
+        while not self._stop.wait(min(1.0, self._heartbeat_s / 4)):
+            silent_s = self._silence.silent_s()
+            if silent_s is None or silent_s < self._heartbeat_s:
+                continue
+            if self._clock.mono_ns() - self._last_line_ns < every_ns:
+                continue
+            with self.model.reading() as model:
+                state = model.state
+                if state.outcome is not None or state.start_mono_ns is None:
+                    continue
+                inner = _innermost(state) or "-"
+                ratio, steps = state.progress_ratio(), state.steps_completed_total
+            self._write(
+                f"[{self._silence.build_elapsed_s():8.1f}s] … silent for "
+                f"{format_duration(silent_s)} in {inner} ({ratio:.0%}, {steps:,} steps)"
+            )
 
     def _stamp(self, event: Event) -> str:
         start = self.model.state.start_mono_ns
@@ -294,7 +400,7 @@ class PlainLines:
         open_ids = state.open_phase_ids()
         inner = state.phases[open_ids[-1]].name if open_ids else "-"
         eta = ""
-        if self._show_eta:
+        if self._show_eta and state.cancel is None:  # no estimate of a build being stopped
             eta = f"; {format_eta(self.model.estimate_locked(event.mono_ns).build)}"
         return (
             f"{self._stamp(event)} … {state.progress_ratio():.0%} "
@@ -302,4 +408,6 @@ class PlainLines:
         )
 
     def close(self) -> None:
-        self.stream.flush()
+        self._stop.set()
+        with self._write_lock:
+            self.stream.flush()

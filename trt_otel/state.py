@@ -257,12 +257,13 @@ class BuildState:
         """Fraction of a phase done: its completed steps plus the progress of its open child,
         over its step count. TensorRT reports the index of each completed step."""
         phase = self.phases[phase_id]
-        if not phase.is_open:
+        if phase.status is PhaseStatus.FINISHED:
             return 1.0
+        # An aborted phase (a cancelled or failed build) counts what it had done, not 100%.
         done = float(phase.last_step + 1)
         for child_id in reversed(phase.children):
             child = self.phases[child_id]
-            if child.is_open:
+            if child.status is phase.status:  # its open child; or, aborted, its aborted one
                 done += self.phase_progress(child_id)
                 break
         return min(1.0, done / phase.num_steps) if phase.num_steps > 0 else 0.0
