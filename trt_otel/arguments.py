@@ -426,6 +426,14 @@ def add_observability_options(parser: argparse.ArgumentParser) -> Group:
         help="address to serve metrics on (default: 127.0.0.1; 0.0.0.0 for every interface)",
     )
     group.add_argument(
+        "--http-linger",
+        type=seconds,
+        default=3.0,
+        metavar="DURATION",
+        help="after the build, keep serving its final status up to this long, until a client "
+        "has read it (default: 3s)",
+    )
+    group.add_argument(
         "--prometheus-linger",
         type=seconds,
         default=15.0,
@@ -456,7 +464,10 @@ def observability_config(args: argparse.Namespace) -> ObservabilityConfig:
         history=args.history,
         spans=span_config(args),
         http=HttpConfig(
-            port=args.http_port, address=args.http_address, cancel_token=args.cancel_token
+            port=args.http_port,
+            address=args.http_address,
+            cancel_token=args.cancel_token,
+            linger_s=args.http_linger,
         ),
         metrics=MetricsConfig(
             port=args.prometheus_port,

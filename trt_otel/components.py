@@ -233,7 +233,7 @@ def status_server(
         try:
             yield server
         finally:
-            server.close()
+            server.close(linger_s=config.linger_s)
     finally:
         if token_file is not None:
             token_file.unlink(missing_ok=True)

@@ -92,6 +92,9 @@ class HttpConfig:
     address: str = LOOPBACK
     cancel_token: str | None = None
     """None: ``TRT_OTEL_CANCEL_TOKEN``, else one generated per build."""
+    linger_s: float = 3.0
+    """After the build, how long the view keeps serving its final status, at most: until a
+    client has read it (``/status``, ``/healthz`` or the end of ``/events``)."""
 
 
 @dataclass(frozen=True, slots=True)

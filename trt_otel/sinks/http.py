@@ -228,6 +228,9 @@ class StatusServer:
         self._token = cancel_token.encode()
         self._sse_clients = 0
         self._clients_lock = threading.Lock()
+        self.final_served = threading.Event()
+        """Set once a client has been given the build's end (its final status, or the end of
+        the event stream): the view need not linger after that."""
         self._server = _Server((address, port), _handler_class(self))
         self.address = address
         self.port = int(self._server.server_address[1])
@@ -264,11 +267,15 @@ class StatusServer:
         with self.model.reading() as model:
             return status_document(model, model.estimate_locked(now), now)
 
-    def close(self, linger_s: float = 5.0) -> None:
-        """Stop serving; streaming clients first get the end of the build (within
-        ``linger_s``)."""
+    def close(self, linger_s: float = 3.0) -> None:
+        """Stop serving, after ``linger_s`` at most: streaming clients first get the end of the
+        build, and an ended build's final status stays readable (and ``POST /cancel`` answers
+        409) until a client has read it, since pollers would rarely catch it otherwise."""
         deadline = time.monotonic() + linger_s
-        while self._sse_clients and time.monotonic() < deadline:
+        ended = self.monitor.state.outcome is not None
+        while time.monotonic() < deadline and (
+            self._sse_clients or (ended and not self.final_served.is_set())
+        ):
             time.sleep(0.05)
         self._server.shutdown()
         self._server.server_close()
@@ -281,17 +288,33 @@ def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
         server_version = "trt-otel"
         sys_version = ""
 
+        head_only = False
+        """A HEAD request: everything a GET would send but the body."""
+
+        def do_HEAD(self) -> None:
+            self.head_only = True
+            try:
+                self.do_GET()
+            finally:
+                self.head_only = False  # the connection's next request may be a GET
+
         def do_GET(self) -> None:
             path, _, query = self.path.partition("?")
             if path == "/status":
-                self._json(200, server.status())
+                status = server.status()
+                self._json(200, status)
+                if status.get("outcome") is not None and not self.head_only:
+                    server.final_served.set()
             elif path == "/events":
                 self._events(urllib.parse.parse_qs(query))
             elif path == "/metrics":  # negotiated as the Prometheus endpoint does
                 accept, encoding = self.headers.get("Accept"), self.headers.get("Accept-Encoding")
                 self._send(200, *exposition(server.registry, accept, encoding))
             elif path == "/healthz":
-                self._json(200, {"status": "ok", "build": server.monitor.state.status.value})
+                build = server.monitor.state
+                self._json(200, {"status": "ok", "build": build.status.value})
+                if build.outcome is not None and not self.head_only:
+                    server.final_served.set()
             elif path == "/cancel":
                 self._json(405, {"error": "use POST"}, {"Allow": "POST"})
             else:
@@ -368,6 +391,9 @@ def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
                 except ValueError:
                     self._json(400, {"error": f"not an event id: {text[:40]!r}"})
                     return
+            if self.head_only:
+                self._send(200, "text/event-stream", b"", {"Cache-Control": "no-cache"})
+                return
             if not server.enter_sse():
                 self._json(503, {"error": "too many event streams"}, {"Retry-After": "5"})
                 return
@@ -398,6 +424,7 @@ def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
                     self.wfile.write(b": keepalive\n\n")
                 self.wfile.flush()
                 if over:
+                    server.final_served.set()
                     return
 
         def _json(self, status: int, document: Any, headers: dict[str, str] | None = None) -> None:
@@ -417,7 +444,8 @@ def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
             for name, value in (headers or {}).items():
                 self.send_header(name, value)
             self.end_headers()
-            self.wfile.write(body)
+            if not self.head_only:
+                self.wfile.write(body)
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # requests are not the build's business; errors reach the client
