@@ -119,15 +119,6 @@ def decode_event(raw: bytes | str) -> Event:
     return event
 
 
-def event_from_dict(record: dict[str, Any]) -> Event:
-    """The event a journal object describes, checked as a line is. Raises ValueError."""
-    try:
-        event: Event = msgspec.convert(record, AnyEvent)
-    except msgspec.ValidationError as error:
-        raise ValueError(f"not an event: {error}") from None
-    return event
-
-
 def _classify(raw: bytes | str, error: msgspec.ValidationError) -> tuple[str, str]:
     """Why a well-formed JSON line is not an event: a type this version does not know (from a
     newer writer: skipped, and said so) or a field of the wrong type or missing."""
