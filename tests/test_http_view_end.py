@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -47,6 +48,13 @@ def test_head_is_a_get_without_its_body(tmp_path: Path) -> None:
             assert response.getheader("Content-Type", "").startswith(kind)
             assert response.read() == b""
             connection.close()
+        # On the wire: nothing after the headers (a client would read it as the next answer).
+        with socket.create_connection((host.split(":")[0], int(host.split(":")[1])), 10) as raw:
+            raw.sendall(b"HEAD /status HTTP/1.0\r\n\r\n")
+            answer = b""
+            while chunk := raw.recv(65536):
+                answer += chunk
+        assert answer.split(b"\r\n\r\n", 1)[1] == b""
         # One connection, a HEAD then a GET: the GET has its body.
         connection = http.client.HTTPConnection(host, timeout=10)
         connection.request("HEAD", "/status")
@@ -69,6 +77,7 @@ def test_the_final_status_lingers_and_a_late_cancel_gets_409() -> None:
         for line in process.stderr:
             if "build success" in line:
                 break
+        time.sleep(2.0)  # a poller that comes by a little after the end
         request = urllib.request.Request(
             f"{url}/cancel", data=b"too late", headers={"Authorization": "Bearer t"},
             method="POST",
