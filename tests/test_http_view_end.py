@@ -64,7 +64,7 @@ def test_head_is_a_get_without_its_body(tmp_path: Path) -> None:
         body = connection.getresponse().read()
         connection.close()
         assert int(head.getheader("Content-Length", "0")) > 0
-        assert json.loads(body)["status"] == "running"
+        assert json.loads(body)["status"] in ("pending", "running")  # a body, and the status
     finally:
         process.kill()
         process.communicate()
