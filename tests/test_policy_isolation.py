@@ -4,7 +4,6 @@ mount, a cancel URL that drips its answer. Real FIFOs, real sockets, real worker
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socketserver
 import subprocess
@@ -15,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 
 from trt_otel import BuildMonitor, read_journal
 from trt_otel.events import CancelRequested
@@ -29,6 +29,7 @@ from trt_otel.policies import (
     Timeout,
     fetch,
 )
+from trt_otel.sinks.prometheus import MetricSources, metrics_registry
 
 CLI = [sys.executable, "-m", "trt_otel.cli"]
 
@@ -212,20 +213,24 @@ def test_a_dripping_cancel_url_fails_closed(tmp_path: Path, drip_server: DripSer
     assert result.stderr.count("no complete answer within 0.5s") >= 1
 
 
-def test_a_policy_error_report_is_json_safe() -> None:
-    # The health of a stuck policy reaches /status and the metrics as plain values.
+def test_a_stuck_policy_shows_in_the_metrics() -> None:
     hung = HungProbe()
-    hung.start()
+    monitor = BuildMonitor()
+    runner = PolicyRunner(monitor, hung, interval_s=0.02, warn=lambda message: None)
+    registry = metrics_registry(MetricSources(monitor, policy_health=runner.health))
     try:
-        deadline = time.monotonic() + 5
-        while hung.health().stuck_s is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        health = hung.health()
+        with runner:
+            monitor.start()
+            deadline = time.monotonic() + 5
+            while hung.health().stuck_s is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.2)
+            text = generate_latest(registry).decode()
     finally:
         hung.release.set()
-        hung.stop()
-    assert health.stuck_s is not None and health.stuck_s >= 0.3
-    json.dumps([health.policy, health.errors, health.last_error, health.stuck_s])
+    line = next(x for x in text.splitlines() if x.startswith("trt_otel_policy_stuck_seconds"))
+    assert line.startswith('trt_otel_policy_stuck_seconds{policy="file"} ')
+    assert float(line.split()[-1]) >= 0.3
 
 
 def test_a_stall_still_fires_while_a_cancel_url_hangs() -> None:

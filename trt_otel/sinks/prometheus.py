@@ -307,9 +307,17 @@ def health_metrics(sample: BuildSample) -> Iterable[Metric]:
             "Errors met by a cancel policy (an unreachable cancel URL), by kind of policy",
             labels=["policy"],
         )
+        stuck = GaugeMetricFamily(
+            "trt_otel_policy_stuck_seconds",
+            "How long a cancel policy's check under way has gone without an answer, once past "
+            "its limit (a cancel file on a hung mount); 0 when none is stuck",
+            labels=["policy"],
+        )
         for policy in sample.policies:
             policy_errors.add_metric([policy.source], policy.errors)
+            stuck.add_metric([policy.source], policy.stuck_s or 0.0)
         yield policy_errors
+        yield stuck
 
 
 _GPU_GAUGES = (
