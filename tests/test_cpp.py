@@ -971,3 +971,43 @@ def test_the_journal_names_its_writer_and_is_touched_through_a_silence(
     finally:
         build.kill()
         build.wait(30)
+
+
+def test_a_writer_that_cannot_keep_up_drops_counted_events_and_never_blocks_the_build(
+    driver: Path, tmp_path: Path
+) -> None:
+    """The journal is a pipe nobody reads (a hung disk): the writer blocks in write(); the
+    build still completes, the events beyond max_pending are counted as lost, and once the
+    pipe is read again the journal says so."""
+    fifo = tmp_path / "journal.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # opened, never read until the end
+    build = subprocess.Popen(
+        [str(driver), "steps", f"journal={fifo}", "total=4000", "delay_us=0", "max_pending=500",
+         "poll_ms=10", "end_timeout_ms=200"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert build.stdout is not None
+        line = build.stdout.readline()  # printed after end(), while the pipe is still full
+        summary = json.loads(line)
+        assert summary["completed"], "the build must not be cancelled or stopped by its journal"
+        assert summary["events_lost"] > 0
+        os.set_blocking(reader, True)
+        data = b""
+        while chunk := os.read(reader, 1 << 16):
+            data += chunk
+        assert build.wait(60) == 0
+    finally:
+        os.close(reader)
+        build.kill()
+        build.communicate(timeout=30)
+    journal_path = tmp_path / "copy.jsonl"
+    journal_path.write_bytes(data)
+    journal = read_journal(journal_path)
+    assert {p.kind for p in journal.problems} == {"seq_gap"}
+    notes = [e for e in journal.events if isinstance(e, LogMessage) and "keep up" in e.message]
+    assert len(notes) == 1 and f"{summary['events_lost']} events" in notes[0].message
+    assert len(journal.events) + summary["events_lost"] == journal.events[-1].seq + 1
+    assert any(e.type == "build_end" for e in journal.events)

@@ -7,7 +7,7 @@
 //   driver steps   journal=PATH [total=N] [delay_us=N] [cancel_after=K] [fsize_limit=BYTES
 //                  fsize_restore_after=K] [ready_file=PATH] [no_end=1] [monitor options]
 //   monitor options: cancel_file=PATH timeout_ms=N poll_ms=N model=PATH build_id=HEX
-//                    max_pending=N touch_ms=N
+//                    max_pending=N touch_ms=N end_timeout_ms=N
 //
 // The last line on stdout is a JSON summary: {"completed": bool, "refused": [phase, step] or
 // null, "events_lost": N, "internal_errors": N}.
@@ -55,6 +55,7 @@ trt_otel::Options monitorOptions(Args const& args)
     options.build_id = args.text("build_id");
     options.max_pending_events = static_cast<std::size_t>(args.number("max_pending", 1 << 20));
     options.touch_interval = std::chrono::milliseconds(args.number("touch_ms", 10000));
+    options.end_timeout = std::chrono::milliseconds(args.number("end_timeout_ms", 5000));
     return options;
 }
 

@@ -1023,9 +1023,9 @@ private:
         appendAnomaly(now, kind, std::move(detailText), nameIndex);
     }
 
-    void appendLog(Stamp const& now, std::string_view severity, std::string_view message)
+    void appendLog(Stamp const& now, std::string_view severity, std::string_view message, bool critical = false)
     {
-        detail::Record& record = append(now, detail::Type::kLOG);
+        detail::Record& record = append(now, detail::Type::kLOG, critical);
         record.extra.reset(new detail::Extra{std::string(message), std::string(severity), {}});
     }
 
@@ -1162,7 +1162,8 @@ private:
                 mFailedUnreported = 0;
                 try
                 {
-                    appendLog(stamp(), "error", message);
+                    // Kept even when the queue is full: dropping the note would hide the loss.
+                    appendLog(stamp(), "error", message, true);
                 }
                 catch (...)
                 {
