@@ -1011,3 +1011,17 @@ def test_a_writer_that_cannot_keep_up_drops_counted_events_and_never_blocks_the_
     assert len(notes) == 1 and f"{summary['events_lost']} events" in notes[0].message
     assert len(journal.events) + summary["events_lost"] == journal.events[-1].seq + 1
     assert any(e.type == "build_end" for e in journal.events)
+
+
+def test_the_logger_records_tensorrts_warnings_on_the_build_span(
+    driver: Path, tmp_path: Path
+) -> None:
+    journal_path = tmp_path / "build.jsonl"
+    run_driver(driver, "steps", journal=journal_path, total=2, delay_us=0, log="weights are FP32")
+    events = read_clean(journal_path).events
+    logs = [(e.severity, e.message) for e in events if isinstance(e, LogMessage)]
+    assert logs == [("warning", "weights are FP32")], "verbose messages are left out by default"
+    build_span = spans_of(events)[-1]
+    assert [(e.name, e.attributes) for e in build_span.events] == [
+        ("trt.log", {"log.severity": "warning", "log.message": "weights are FP32"})
+    ]

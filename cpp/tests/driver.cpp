@@ -5,7 +5,8 @@
 //   driver trace   trace=FILE journal=PATH [delay_us=N] [monitor options]
 //   driver threads journal=PATH threads=N steps=N
 //   driver steps   journal=PATH [total=N] [delay_us=N] [cancel_after=K] [fsize_limit=BYTES
-//                  fsize_restore_after=K] [ready_file=PATH] [no_end=1] [monitor options]
+//                  fsize_restore_after=K] [ready_file=PATH] [no_end=1] [log=TEXT]
+//                  [monitor options]
 //   monitor options: cancel_file=PATH timeout_ms=N poll_ms=N model=PATH build_id=HEX
 //                    max_pending=N touch_ms=N end_timeout_ms=N
 //
@@ -221,6 +222,15 @@ int steps(Args const& args)
         setrlimit(RLIMIT_FSIZE, &limit);
     }
     monitor.start();
+    std::string const message = args.text("log");
+    if (!message.empty())
+    {
+        // TensorRT's logger as an application wires it: through trt_otel::Logger.
+        trt_otel::Logger logger(monitor);
+        nvinfer1::ILogger& tensorrt = logger;
+        tensorrt.log(nvinfer1::ILogger::Severity::kWARNING, message.c_str());
+        tensorrt.log(nvinfer1::ILogger::Severity::kVERBOSE, "below the least severity kept");
+    }
     builder.start("Building engine", nullptr, total);
     for (int32_t s = 0; s < total && !builder.refused; ++s)
     {
