@@ -357,7 +357,7 @@ def _no_end(header: dict[str, Any], model: ReadModel) -> str:
     state = model.state
     start, last = state.start_mono_ns or 0, state.last_event_mono_ns or 0
     open_ids = state.open_phase_ids()
-    where = f" in {state.phases[open_ids[-1]].name!r}" if open_ids else ""
+    where = f", in {state.phases[open_ids[-1]].name!r}" if open_ids else ""
     writer = Writer.from_header(header)
     if writer.running_here():
         return (
@@ -365,7 +365,7 @@ def _no_end(header: dict[str, Any], model: ReadModel) -> str:
             "(`trt-otel watch` follows it)"
         )
     return (
-        f"the build never ended: its record stops {format_duration((last - start) / 1e9)} in"
+        f"the build never ended: its record stops after {format_duration((last - start) / 1e9)}"
         f"{where}, and its writer died or was stopped before the end (the tree below is where "
         "it was then)"
     )
