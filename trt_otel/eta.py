@@ -75,6 +75,7 @@ class BoundaryTracker:
 
     def apply(self, event: Event, state: BuildState) -> None:
         if isinstance(event, BuildStarted):
+            self.counts, self.boundaries = {}, {}  # a log of several builds: this one's own
             self.last, self.last_mono_ns = START, event.mono_ns
             self.boundaries[START] = 0
         elif isinstance(event, PhaseFinished):

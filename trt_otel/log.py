@@ -139,13 +139,20 @@ class EventLog:
 
     # -- consuming -----------------------------------------------------------------------------
 
-    def add_fold(self, fold: Fold) -> None:
+    def add_fold(self, fold: Fold, *, replay_retained: bool = True) -> None:
         """Register a synchronous fold. It runs under the log's lock on the appending thread, so
-        it must be pure, O(1) and must not block. It first sees the retained events."""
+        it must be pure, O(1) and must not block. It first sees the retained events, unless
+        ``replay_retained`` is False (a fold of one build in a log of several)."""
         with self.lock:
-            for event in self._recent:
-                fold(event)
+            if replay_retained:
+                for event in self._recent:
+                    fold(event)
             self._folds = (*self._folds, fold)
+
+    def remove_fold(self, fold: Fold) -> None:
+        """Stop running ``fold`` (a build's own fold, once that build has ended)."""
+        with self.lock:
+            self._folds = tuple(f for f in self._folds if f != fold)
 
     def follow(
         self,

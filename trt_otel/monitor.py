@@ -111,7 +111,8 @@ class BuildMonitor:
             native_base.__init__(self)  # type: ignore[misc]  # pybind11 requires it when __init__ is overridden
         self.log = log if log is not None else EventLog(clock=clock)
         self.state = BuildState()
-        self.log.add_fold(self.state.apply)
+        # Only this build's events: the log may already hold earlier builds (``trt-otel run``).
+        self.log.add_fold(self.state.apply, replay_retained=False)
         self.build_id = build_id or uuid.uuid4().hex
         self._attributes = dict(attributes or {})
         self._cancelled = False

@@ -237,6 +237,11 @@ class SpanProjection:
         return self.model.state
 
     @property
+    def started(self) -> bool:
+        """True once the projection has seen its build's first event."""
+        return self._wall_base_ns is not None
+
+    @property
     def finished(self) -> bool:
         """True once the build's own span was produced."""
         return self._build_done

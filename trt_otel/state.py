@@ -126,6 +126,12 @@ class BuildState:
         elif isinstance(event, PhaseFinished):
             self._phase_finish(event)
         elif isinstance(event, BuildStarted):
+            if self.build_id is not None:
+                # A log of several builds, one after another (``trt-otel run``): each
+                # build_start begins a fresh state, so every view shows the latest build.
+                self.__init__()  # type: ignore[misc]
+                self.last_seq = event.seq
+                self.last_event_mono_ns = event.mono_ns
             self.build_id = event.build_id
             self.attributes = dict(event.attributes)
             self.start_wall_ns = event.wall_ns

@@ -33,7 +33,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFl
 from opentelemetry.trace.status import Status, StatusCode
 
 from trt_otel import __version__
-from trt_otel.events import Event
+from trt_otel.events import BuildStarted, Event
 from trt_otel.readmodel import ReadModel
 from trt_otel.spans import (
     DEFAULT_FOLD_UNDER_NS,
@@ -482,14 +482,33 @@ class OtlpSpanExport:
     def handle(self, events: Sequence[Event]) -> None:
         """As a follower of the log: fold each event into the projection's own model."""
         for event in events:
+            if isinstance(event, BuildStarted) and self.projection.started:
+                # A log of several builds (``trt-otel run``): each is a trace of its own.
+                self._next_build()
             for record in self.projection.apply(event):
                 self._emitter.emit(record)
 
     def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
         """As a subscriber of the shared read model given at construction, on its thread: the
         spans the event completed go to the export queue (an append, never a wait)."""
+        if isinstance(event, BuildStarted) and self.projection.started:
+            # The model has already begun the new build: the last one ended before it (a run
+            # records its builds one after another), so there is nothing left to finish.
+            self.projection = self._projection(self.projection.model)
         for record in self.projection.project(event, closed):
             self._emitter.emit(record)
+
+    def _next_build(self) -> None:
+        for record in self.projection.finish():
+            self._emitter.emit(record)
+        self.projection = self._projection(None)
+
+    def _projection(self, model: ReadModel | None) -> SpanProjection:
+        return SpanProjection(
+            span_budget=self.settings.span_budget,
+            fold_under_ns=self.settings.fold_under_ns,
+            model=model,
+        )
 
     def close(self) -> None:
         """The log ended: end whatever it left open (see :meth:`SpanProjection.finish`)."""
