@@ -213,6 +213,8 @@ class ProgramBuilds:
                 monitor.cancel(
                     f"the program's own progress monitor {record[4]}", source=PROGRAM_SOURCE
                 )
+            elif kind == "interrupt":
+                monitor.cancel("the program was interrupted (SIGINT)", source="signal")
             elif kind == "done":
                 self._end(build, record)
             else:

@@ -26,6 +26,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
+import signal
 import sys
 import threading
 import time
@@ -112,6 +113,15 @@ class Build(Protocol):
         """The build call returned (``returned``: an engine or True) or raised ``error``."""
         ...
 
+    @property
+    def interrupted(self) -> bool:
+        """Ctrl-C came during the build (raise it again when the build returns)."""
+        ...
+
+    def interrupt(self) -> None:
+        """Ctrl-C during the build: cancel it at the next step."""
+        ...
+
 
 class Sink(Protocol):
     def begin(self, attributes: dict[str, Any]) -> Build | None:
@@ -119,7 +129,14 @@ class Sink(Protocol):
         ...
 
 
-_sink: Sink | None = None
+class _Installed:
+    """What :func:`install` set up (module state, one per process)."""
+
+    sink: Sink | None = None
+    hook: _ImportHook | None = None
+
+
+_installed = _Installed()
 
 
 # -- the recorder: the callbacks inside the program --------------------------------------------
@@ -182,8 +199,8 @@ def recorder_class(library: ModuleType) -> type:
                     )
                 build.callbacks_total += 1
                 build.callback_ns_total += _perf_ns() - began_ns
-            except BaseException:
-                self._build.internal_errors += 1
+            except BaseException as error:
+                self._build.caught(error)
             own = self._own
             if own is not None:
                 own.phase_start(phase_name, parent_phase, num_steps)
@@ -209,8 +226,8 @@ def recorder_class(library: ModuleType) -> type:
                     )
                 build.callbacks_total += 1
                 build.callback_ns_total += _perf_ns() - began_ns
-            except BaseException:
-                build.internal_errors += 1
+            except BaseException as error:
+                build.caught(error)
             own = self._own
             if own is not None:
                 try:
@@ -236,8 +253,8 @@ def recorder_class(library: ModuleType) -> type:
                 self._records.append(("phase_finish", _wall_ns(), _mono_ns(), _thread_name(), name))
                 build.callbacks_total += 1
                 build.callback_ns_total += _perf_ns() - began_ns
-            except BaseException:
-                self._build.internal_errors += 1
+            except BaseException as error:
+                self._build.caught(error)
             own = self._own
             if own is not None:
                 own.phase_finish(phase_name)
@@ -259,10 +276,24 @@ class RemoteBuild:
         self.callback_ns_total = 0
         self.internal_errors = 0
         self._own_cancelled = False
+        self.interrupted = False
         self.done = False
 
     def callbacks(self, library: ModuleType, own: Any) -> Any:
         return recorder_class(library)(self, own)
+
+    def caught(self, error: BaseException) -> None:
+        """Our part of a callback raised (a KeyboardInterrupt from a handler of the program's
+        own, most likely): never into TensorRT."""
+        if isinstance(error, KeyboardInterrupt):
+            self.interrupt()
+        else:
+            self.internal_errors += 1
+
+    def interrupt(self) -> None:
+        if not self.interrupted:
+            self.interrupted = self.cancelled = True
+            self.records.append(("interrupt", _wall_ns(), _mono_ns(), _thread_name()))
 
     def own_cancel(self, how: str) -> None:
         if not self._own_cancelled:
@@ -287,12 +318,33 @@ class RemoteBuild:
         self.sink.flush()
 
 
-class RemoteSink:
-    """The connection to ``trt-otel run``, opened at the program's first build."""
+class Channel(Protocol):
+    """Where records go and cancels come from: a ``multiprocessing`` connection to
+    ``trt-otel run``, or an in-process stand-in for ``trt_otel.instrument()``."""
 
-    def __init__(self, address: str, authkey: bytes) -> None:
-        self._address = address
-        self._authkey = authkey
+    def send(self, message: tuple[Any, ...]) -> None: ...
+
+    def recv(self) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+def socket_channel(address: str, authkey: bytes) -> Callable[[], Channel]:
+    def connect() -> Channel:
+        from multiprocessing.connection import Client
+
+        connection: Channel = Client(address, family="AF_UNIX", authkey=authkey)
+        return connection
+
+    return connect
+
+
+class RemoteSink:
+    """The channel to the process that runs the projections, opened at the first build."""
+
+    def __init__(self, connect: Callable[[], Channel], describe: str) -> None:
+        self._connect_channel = connect
+        self._describe = describe
         self._connection: Any = None
         self._broken = False
         self._builds: dict[int, RemoteBuild] = {}
@@ -316,19 +368,19 @@ class RemoteSink:
         if self._connection is not None or self._broken:
             return not self._broken
         try:
-            from multiprocessing.connection import Client
-
-            self._connection = Client(self._address, family="AF_UNIX", authkey=self._authkey)
+            self._connection = self._connect_channel()
             self._connection.send(("hello", os.getpid(), list(sys.argv)))
         except Exception as error:
             self._broken = True
             print(
-                f"trt-otel: cannot reach trt-otel run at {self._address} ({error}); "
-                "builds are not observed",
+                f"trt-otel: cannot reach {self._describe} ({error}); builds are not observed",
                 file=sys.stderr,
             )
             return False
-        for target, name in ((self._forward, "trt-otel-forwarder"), (self._listen, "trt-otel-cancel")):
+        for target, name in (
+            (self._forward, "trt-otel-forwarder"),
+            (self._listen, "trt-otel-cancel"),
+        ):
             threading.Thread(target=target, name=name, daemon=True).start()
         atexit.register(self.flush)
         return True
@@ -366,12 +418,25 @@ class RemoteSink:
             self._wake.wait(interval_s)
             self.flush()
 
+    def close(self) -> None:
+        """Send what is left and stop (``uninstrument()``); builds after this go unobserved."""
+        self.flush()
+        with self._lock:
+            self._broken = True
+            self._wake.set()
+            connection, self._connection = self._connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                connection.close()
+
     def _listen(self) -> None:
         connection = self._connection
         while True:
             try:
                 message = connection.recv()
             except Exception:
+                return
+            if message is None:
                 return
             if message[0] == "cancel":
                 build = self._builds.get(message[1])
@@ -390,7 +455,7 @@ def _network_and_config(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[An
 
 def _wrap(library: ModuleType, method: str, original: Callable[..., Any]) -> Callable[..., Any]:
     def build(builder: Any, *args: Any, **kwargs: Any) -> Any:
-        sink = _sink
+        sink = _installed.sink
         network, config = _network_and_config(args, kwargs)
         if sink is None or config is None:
             return original(builder, *args, **kwargs)
@@ -410,15 +475,19 @@ def _wrap(library: ModuleType, method: str, original: Callable[..., Any]) -> Cal
             observed = None
         if observed is None:
             return original(builder, *args, **kwargs)
+        restore = _hold_interrupts(observed)
         try:
             result = original(builder, *args, **kwargs)
         except BaseException as error:
             observed.finished(False, error)
             raise
         finally:
+            restore()
             with contextlib.suppress(Exception):
                 config.progress_monitor = own
         observed.finished(result is not None and result is not False, None)
+        if observed.interrupted:
+            raise KeyboardInterrupt
         return result
 
     build.__name__ = method
@@ -426,6 +495,29 @@ def _wrap(library: ModuleType, method: str, original: Callable[..., Any]) -> Cal
     build.__doc__ = original.__doc__
     setattr(build, _ORIGINAL, original)
     return build
+
+
+def _hold_interrupts(build: Build) -> Callable[[], None]:
+    """While the build runs, Ctrl-C cancels it, and the KeyboardInterrupt comes when the build
+    returns. Python raises KeyboardInterrupt on the main thread, which is where TensorRT-RTX
+    calls the monitor back: raised inside a callback, the binding would print and swallow it
+    (or answer a cancel with it), and the program would never see its interrupt. Only
+    Python's own handler is replaced; a program's handler of its own is left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    try:
+        previous = signal.getsignal(signal.SIGINT)
+        if previous is not signal.default_int_handler:
+            return lambda: None
+        signal.signal(signal.SIGINT, lambda signum, frame: build.interrupt())
+    except Exception:
+        return lambda: None
+
+    def restore() -> None:
+        with contextlib.suppress(Exception):
+            signal.signal(signal.SIGINT, previous)
+
+    return restore
 
 
 def patch(library: ModuleType) -> None:
@@ -494,17 +586,13 @@ class _ImportHook(importlib.abc.MetaPathFinder):
         return spec
 
 
-_hook: _ImportHook | None = None
-
-
 def install(sink: Sink) -> None:
     """Observe every build from now on through ``sink``: the libraries already imported at
     once, the others when they are imported."""
-    global _sink, _hook
-    _sink = sink
-    if _hook is None:
-        _hook = _ImportHook()
-        sys.meta_path.insert(0, _hook)
+    _installed.sink = sink
+    if _installed.hook is None:
+        _installed.hook = _ImportHook()
+        sys.meta_path.insert(0, _installed.hook)
     for name in LIBRARIES:
         module = sys.modules.get(name)
         if module is not None:
@@ -513,12 +601,11 @@ def install(sink: Sink) -> None:
 
 def uninstall() -> None:
     """Stop observing: the libraries' own methods back, the import hook gone."""
-    global _sink, _hook
-    _sink = None
-    if _hook is not None:
+    _installed.sink = None
+    if _installed.hook is not None:
         with contextlib.suppress(ValueError):
-            sys.meta_path.remove(_hook)
-        _hook = None
+            sys.meta_path.remove(_installed.hook)
+        _installed.hook = None
     for name in LIBRARIES:
         module = sys.modules.get(name)
         if module is not None:
@@ -535,5 +622,5 @@ def install_from_environment() -> bool:
         authkey = bytes.fromhex(os.environ.get(AUTHKEY_ENV, ""))
     except ValueError:
         authkey = b""
-    install(RemoteSink(address, authkey))
+    install(RemoteSink(socket_channel(address, authkey), f"trt-otel run at {address}"))
     return True

@@ -10,7 +10,7 @@ import sys
 
 def _install() -> None:
     try:
-        import _trt_otel_recorder
+        import _trt_otel_recorder  # type: ignore[import-not-found]  # on the path at run time
 
         _trt_otel_recorder.install_from_environment()
     except Exception as error:  # the program runs, unobserved, rather than not at all

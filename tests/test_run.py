@@ -1,0 +1,304 @@
+"""``trt-otel run -- COMMAND``: real programs, the real TensorRT-RTX builder, real signals.
+
+The programs in ``tests/programs`` are ordinary build scripts that never import trt_otel; the
+models are generated here. Each test runs the whole command in a process of its own and reads
+what a user would: the exit code, the program's own output, trt-otel's lines and the journal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from trt_otel import read_journal
+from trt_otel.events import BuildFinished, BuildStarted, CancelRequested, Event, PhaseStarted
+from trt_otel.model import demo_model_bytes
+
+trt = pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install -e '.[dev]')")
+
+pytestmark = pytest.mark.slow
+
+PROGRAMS = Path(__file__).parent / "programs"
+CLI = [sys.executable, "-m", "trt_otel.cli"]
+PYTHON = sys.executable
+RTX_PHASES = [
+    "Building engine",
+    "Cloning network graph",
+    "Preparing graph for optimization",
+    "Building engine from subgraph",
+    "Optimizing graph",
+    "Computing profile costs",
+]
+"""The phases every TensorRT-RTX 1.7 build starts with, in order."""
+
+
+def residual_net(blocks: int, tmp_path: Path) -> Path:
+    """A net whose build spends most of its time in one silent step (see trt_otel.model)."""
+    try:
+        from trt_otel.model import residual_net_bytes  # type: ignore[attr-defined]
+    except ImportError:  # TEMPORARY until the model generator lands
+        sys.path.insert(0, "/tmp/runt")
+        from models import residual as residual_net_bytes  # type: ignore[import-not-found]
+
+    path = tmp_path / f"residual{blocks}.onnx"
+    path.write_bytes(residual_net_bytes(blocks))
+    return path
+
+
+@pytest.fixture(scope="module")
+def mnist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("models") / "mnist.onnx"
+    path.write_bytes(demo_model_bytes())
+    return path
+
+
+def run(
+    tmp_path: Path, program: str, *args: str, options: tuple[str, ...] = (), timeout: float = 300
+) -> tuple[subprocess.CompletedProcess[str], list[Event]]:
+    journal = tmp_path / "run.jsonl"
+    command = [*CLI, "run", "--journal", str(journal), *options, "--", PYTHON]
+    result = subprocess.run(
+        [*command, str(PROGRAMS / program), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    events = read_journal(journal).events if journal.exists() else []
+    return result, events
+
+
+def builds_in(events: list[Event]) -> list[list[Event]]:
+    """The journal cut into builds, each from its build_start to its build_end."""
+    builds: list[list[Event]] = []
+    for event in events:
+        if isinstance(event, BuildStarted):
+            builds.append([])
+        if builds:
+            builds[-1].append(event)
+    return builds
+
+
+def starts(build: list[Event]) -> BuildStarted:
+    first = build[0]
+    assert isinstance(first, BuildStarted)
+    return first
+
+
+def ends(build: list[Event]) -> BuildFinished:
+    last = build[-1]
+    assert isinstance(last, BuildFinished), f"the build has no end: {last}"
+    return last
+
+
+def test_a_plain_build_is_observed_and_the_programs_output_is_untouched(
+    mnist: Path, tmp_path: Path
+) -> None:
+    alone = subprocess.run(
+        [PYTHON, str(PROGRAMS / "plain_build.py"), str(mnist)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    result, events = run(tmp_path, "plain_build.py", str(mnist))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == alone.stdout
+    assert "to stderr\n" in result.stderr.splitlines(keepends=True)
+    (build,) = builds_in(events)
+    attributes = starts(build).attributes
+    assert attributes["network.name"] == "net1"
+    assert attributes["network.layers"] == 22
+    assert attributes["network.inputs"] == ["input: FLOAT[-1,1,28,28]"]
+    assert attributes["trt.backend"] == "tensorrt-rtx"
+    assert attributes["trt.version"] == trt.__version__
+    assert ends(build).outcome == "success"
+    names = [e.name for e in build if isinstance(e, PhaseStarted)]
+    assert names[: len(RTX_PHASES)] == RTX_PHASES
+    assert "1 build: 1 success; the program ended: exit code 0" in result.stderr
+
+
+def test_the_programs_own_monitor_gets_every_callback_the_journal_has(
+    mnist: Path, tmp_path: Path
+) -> None:
+    counts_file = tmp_path / "counts.json"
+    result, events = run(tmp_path, "own_monitor.py", str(mnist), str(counts_file))
+    assert result.returncode == 0, result.stderr
+    counts = json.loads(counts_file.read_text())
+    journal = Counter(e.type for e in events)
+    assert counts["engine"] is True
+    assert counts["step"] > 0
+    assert (counts["phase_start"], counts["step"], counts["phase_finish"]) == (
+        journal["phase_start"],
+        journal["step"],
+        journal["phase_finish"],
+    )
+
+
+def test_the_programs_own_false_still_cancels_and_is_not_trt_otels_cancel(
+    mnist: Path, tmp_path: Path
+) -> None:
+    counts_file = tmp_path / "counts.json"
+    result, events = run(tmp_path, "own_monitor.py", str(mnist), str(counts_file), "5")
+    assert result.returncode == 0, result.stderr  # the program's own exit code: not ours
+    assert "result: None" in result.stdout
+    (build,) = builds_in(events)
+    cancels = [e for e in build if isinstance(e, CancelRequested)]
+    assert [c.source for c in cancels] == ["program"]
+    assert "answered False" in cancels[0].reason
+    assert ends(build).outcome == "cancellation"
+    steps = [e for e in build if e.type == "step"]
+    assert len(steps) == 5, "TensorRT stopped at the step the program's monitor refused"
+
+
+def test_three_builds_in_a_row_are_three_builds_of_one_journal(mnist: Path, tmp_path: Path) -> None:
+    small = residual_net(3, tmp_path)
+    result, events = run(tmp_path, "plain_build.py", str(mnist), str(small), str(mnist))
+    assert result.returncode == 0, result.stderr
+    assert read_journal(tmp_path / "run.jsonl").problems == []
+    builds = builds_in(events)
+    assert [starts(b).attributes["network.name"] for b in builds] == ["net1", "net2", "net3"]
+    assert [starts(b).attributes["run.build_index"] for b in builds] == [1, 2, 3]
+    assert len({starts(b).build_id for b in builds}) == 3
+    assert [starts(b).attributes["network.layers"] for b in builds] == [22, 3 * 3 + 1, 22]
+    for build in builds:
+        assert ends(build).outcome == "success"
+        names = [e.name for e in build if isinstance(e, PhaseStarted)]
+        assert names[: len(RTX_PHASES)] == RTX_PHASES
+        assert sum(isinstance(e, BuildStarted | BuildFinished) for e in build) == 2
+    assert "3 builds: 3 success" in result.stderr
+
+
+def test_a_timeout_cancels_the_build_the_program_sees_none_and_the_run_exits_3(
+    tmp_path: Path,
+) -> None:
+    # The cancel lands in the build's silent step; TensorRT honours it at the step's end.
+    model = residual_net(400, tmp_path)
+    result, events = run(
+        tmp_path, "plain_build.py", str(model), options=("--timeout", "0.3s", "--grace", "10m")
+    )
+    assert result.returncode == 3, result.stderr
+    assert "result 1: None" in result.stdout
+    (build,) = builds_in(events)
+    assert ends(build).outcome == "timeout"
+    assert "SIGTERM" not in ends(build).detail
+
+
+def test_a_cancel_in_the_silent_window_terminates_the_program_within_the_grace_period(
+    tmp_path: Path,
+) -> None:
+    model = residual_net(1000, tmp_path)
+    result, events = run(
+        tmp_path, "plain_build.py", str(model), options=("--timeout", "0.5s", "--grace", "1s")
+    )
+    assert result.returncode == 3, result.stderr
+    assert "result 1" not in result.stdout, "the program was stopped before its build returned"
+    (build,) = builds_in(events)
+    (cancel,) = [e for e in build if isinstance(e, CancelRequested)]
+    end = ends(build)
+    assert end.outcome == "timeout"
+    assert "stopped with SIGTERM" in end.detail
+    assert (end.mono_ns - cancel.mono_ns) / 1e9 < 1.0 + 3.0  # grace, and a loaded machine
+    assert "stopped with SIGTERM" in result.stderr
+
+
+def test_a_script_that_raises_after_its_build_exits_with_its_own_code(
+    mnist: Path, tmp_path: Path
+) -> None:
+    result, events = run(tmp_path, "crash.py", "raise", str(mnist))
+    assert result.returncode == 1
+    assert "RuntimeError: the script failed after its build" in result.stderr
+    (build,) = builds_in(events)
+    assert ends(build).outcome == "success"
+
+
+def test_a_program_killed_by_a_signal_mid_build_exits_4_and_the_build_says_how(
+    mnist: Path, tmp_path: Path
+) -> None:
+    result, events = run(tmp_path, "crash.py", "segfault", str(mnist))
+    assert result.returncode == 4, result.stderr
+    assert "killed by SIGSEGV" in result.stderr
+    (build,) = builds_in(events)
+    end = ends(build)
+    assert end.outcome == "failure"
+    assert end.error_type == "SIGSEGV"
+    assert "killed by SIGSEGV" in end.detail
+
+
+def test_sys_exit_7_exits_7(mnist: Path, tmp_path: Path) -> None:
+    result, events = run(tmp_path, "crash.py", "exit7", str(mnist))
+    assert result.returncode == 7, result.stderr
+    assert len(builds_in(events)) == 1
+
+
+def test_a_program_that_makes_no_build_passes_through_with_one_line_saying_so(
+    mnist: Path, tmp_path: Path
+) -> None:
+    result, events = run(tmp_path, "crash.py", "exit7-no-build", str(mnist))
+    assert result.returncode == 7
+    assert events == []
+    assert "the program made no TensorRT build" in result.stderr
+
+
+def test_ctrl_c_cancels_the_build_and_exits_130(tmp_path: Path) -> None:
+    model = residual_net(400, tmp_path)
+    journal = tmp_path / "run.jsonl"
+    process = subprocess.Popen(
+        [*CLI, "run", "--journal", str(journal), "--", PYTHON, str(PROGRAMS / "plain_build.py"),
+         str(model)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while "build_start" not in (journal.read_text() if journal.exists() else ""):
+            assert time.monotonic() < deadline, "the build never started"
+            assert process.poll() is None, process.communicate()
+            time.sleep(0.05)
+        os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, stderr
+    assert "result 1" not in stdout, "the program ended on its interrupt"
+    (build,) = builds_in(read_journal(journal).events)
+    assert ends(build).outcome == "cancellation"
+    assert [e.source for e in build if isinstance(e, CancelRequested)] == ["signal"]
+
+
+def test_a_command_that_does_not_exist_is_a_usage_error(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [*CLI, "run", "--", "no-such-program-here"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 2
+    assert "no-such-program-here" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_programs_own_sitecustomize_still_runs(mnist: Path, tmp_path: Path) -> None:
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text(
+        "import sys\nprint('own sitecustomize', file=sys.stderr)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(own)}
+    result = subprocess.run(
+        [*CLI, "run", "--", PYTHON, str(PROGRAMS / "plain_build.py"), str(mnist)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "own sitecustomize" in result.stderr
+    assert "1 build: 1 success" in result.stderr
