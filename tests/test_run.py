@@ -191,22 +191,53 @@ def test_a_timeout_cancels_the_build_the_program_sees_none_and_the_run_exits_3(
     assert "SIGTERM" not in ends(build).detail
 
 
+def wait_for_journal(journal: Path, text: str, process: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 120
+    while text not in (journal.read_text() if journal.exists() else ""):
+        assert time.monotonic() < deadline, f"never saw {text!r} in the journal"
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.05)
+
+
+def start_run(
+    tmp_path: Path, *args: str, options: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[str], Path]:
+    journal = tmp_path / "run.jsonl"
+    process = subprocess.Popen(
+        [*CLI, "run", "--journal", str(journal), *options, "--", PYTHON,
+         str(PROGRAMS / "plain_build.py"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )  # fmt: skip
+    return process, journal
+
+
 def test_a_cancel_in_the_silent_window_terminates_the_program_within_the_grace_period(
     tmp_path: Path,
 ) -> None:
     model = residual_net(1000, tmp_path)
-    result, events = run(
-        tmp_path, "plain_build.py", str(model), options=("--timeout", "0.5s", "--grace", "1s")
-    )
-    assert result.returncode == 3, result.stderr
-    assert "result 1" not in result.stdout, "the program was stopped before its build returned"
-    (build,) = builds_in(events)
+    cancel_file = tmp_path / "cancel"
+    options = ("--cancel-file", str(cancel_file), "--grace", "1s")
+    process, journal = start_run(tmp_path, str(model), options=options)
+    try:
+        wait_for_journal(journal, '"name": "Determining refit engines"', process)
+        cancel_file.write_text("stop now\n")  # TensorRT is inside its silent step
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 3, stderr
+    assert "result 1" not in stdout, "the program was stopped before its build returned"
+    (build,) = builds_in(read_journal(journal).events)
     (cancel,) = [e for e in build if isinstance(e, CancelRequested)]
     end = ends(build)
-    assert end.outcome == "timeout"
+    assert end.outcome == "cancellation"
+    assert "stop now" in end.detail
     assert "stopped with SIGTERM" in end.detail
     assert (end.mono_ns - cancel.mono_ns) / 1e9 < 1.0 + 3.0  # grace, and a loaded machine
-    assert "stopped with SIGTERM" in result.stderr
+    assert "stopped with SIGTERM" in stderr
 
 
 def test_a_script_that_raises_after_its_build_exits_with_its_own_code(
@@ -249,21 +280,9 @@ def test_a_program_that_makes_no_build_passes_through_with_one_line_saying_so(
 
 def test_ctrl_c_cancels_the_build_and_exits_130(tmp_path: Path) -> None:
     model = residual_net(400, tmp_path)
-    journal = tmp_path / "run.jsonl"
-    process = subprocess.Popen(
-        [*CLI, "run", "--journal", str(journal), "--", PYTHON, str(PROGRAMS / "plain_build.py"),
-         str(model)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group, as a terminal's foreground job
-    )  # fmt: skip
+    process, journal = start_run(tmp_path, str(model))
     try:
-        deadline = time.monotonic() + 120
-        while "build_start" not in (journal.read_text() if journal.exists() else ""):
-            assert time.monotonic() < deadline, "the build never started"
-            assert process.poll() is None, process.communicate()
-            time.sleep(0.05)
+        wait_for_journal(journal, "build_start", process)
         os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
         stdout, stderr = process.communicate(timeout=120)
     finally:
@@ -271,9 +290,10 @@ def test_ctrl_c_cancels_the_build_and_exits_130(tmp_path: Path) -> None:
             os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 130, stderr
     assert "result 1" not in stdout, "the program ended on its interrupt"
+    assert "KeyboardInterrupt" in stderr, "the program saw its interrupt"
     (build,) = builds_in(read_journal(journal).events)
     assert ends(build).outcome == "cancellation"
-    assert [e.source for e in build if isinstance(e, CancelRequested)] == ["signal"]
+    assert {e.source for e in build if isinstance(e, CancelRequested)} == {"signal"}
 
 
 def test_a_command_that_does_not_exist_is_a_usage_error(tmp_path: Path) -> None:
@@ -302,3 +322,29 @@ def test_the_programs_own_sitecustomize_still_runs(mnist: Path, tmp_path: Path) 
     assert result.returncode == 0, result.stderr
     assert "own sitecustomize" in result.stderr
     assert "1 build: 1 success" in result.stderr
+
+
+def test_polygraphy_builds_are_observed(mnist: Path, tmp_path: Path) -> None:
+    """NVIDIA's own Polygraphy, a console script that knows nothing of trt-otel."""
+    polygraphy = Path(sys.executable).parent / "polygraphy"
+    if not polygraphy.exists():
+        pytest.skip("polygraphy is not installed (pip install -e '.[dev]')")
+    engine, journal = tmp_path / "mnist.engine", tmp_path / "run.jsonl"
+    result = subprocess.run(
+        [*CLI, "run", "--journal", str(journal), "--timeout", "10m", "--",
+         str(polygraphy), "convert", str(mnist), "-o", str(engine),
+         "--trt-min-shapes", "input:[1,1,28,28]", "--trt-opt-shapes", "input:[4,1,28,28]",
+         "--trt-max-shapes", "input:[8,1,28,28]"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "POLYGRAPHY_USE_TENSORRT_RTX": "1"},
+        timeout=300,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert engine.stat().st_size > 0
+    (build,) = builds_in(read_journal(journal).events)
+    assert starts(build).attributes["trt.backend"] == "tensorrt-rtx"
+    assert starts(build).attributes["network.inputs"] == ["input: FLOAT[-1,1,28,28]"]
+    assert ends(build).outcome == "success"
+    assert "Finished engine building" in result.stdout  # Polygraphy's own log, untouched
