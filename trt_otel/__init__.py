@@ -26,6 +26,7 @@ from trt_otel.events import (
     StepCompleted,
 )
 from trt_otel.followers import Follower, FollowerHealth
+from trt_otel.instrumentation import instrument, uninstrument
 from trt_otel.journal import Journal, JournalError, JournalWriter, read_journal
 from trt_otel.log import EventLog
 from trt_otel.monitor import BuildMonitor
@@ -59,5 +60,7 @@ __all__ = [
     "StepCompleted",
     "SystemClock",
     "__version__",
+    "instrument",
     "read_journal",
+    "uninstrument",
 ]

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from trt_otel.events import CancelRequested, Outcome
 from trt_otel.log import EventLog
@@ -45,10 +45,18 @@ PROGRAM_SOURCE = "program"
 Say = Callable[[str], None]
 
 
+class Link(Protocol):
+    """The way back to a process of the program: a connection, or an in-process queue."""
+
+    def send(self, message: tuple[Any, ...]) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class ProgramProcess:
     """One process of the program that builds, and its connection."""
 
-    def __init__(self, connection: Connection, pid: int, argv: list[str]) -> None:
+    def __init__(self, connection: Link, pid: int, argv: list[str]) -> None:
         self.connection = connection
         self.pid = pid
         self.argv = argv

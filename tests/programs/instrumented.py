@@ -1,0 +1,20 @@
+"""A service-like program that observes its own builds with ``trt_otel.instrument()``: the
+models given are built while instrumented, and the first once more after ``uninstrument()``.
+Prints what each build returned, and whether the library's own method is back at the end."""
+
+import sys
+
+import trt_otel
+
+trt_otel.instrument()  # settings from the environment (TRT_OTEL_JOURNAL, TRT_OTEL_TIMEOUT)
+
+import tensorrt_rtx as trt  # imported after instrument(): patched on import
+from engines import build
+
+for number, model in enumerate(sys.argv[1:], start=1):
+    engine = build(model, name=f"net{number}")
+    print(f"result {number}: {'None' if engine is None else 'engine'}", flush=True)
+trt_otel.uninstrument()
+engine = build(sys.argv[1], name="after")
+print(f"after: {'None' if engine is None else 'engine'}")
+print("restored:", not hasattr(trt.Builder.build_serialized_network, "__trt_otel_original__"))

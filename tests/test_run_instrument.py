@@ -1,0 +1,89 @@
+"""``trt_otel.instrument()`` and ``uninstrument()``: the same recording as ``trt-otel run``,
+in the program's own process, configured from the environment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trt_otel import read_journal
+from trt_otel.events import BuildFinished, BuildStarted
+from trt_otel.instrumentation import InstrumentError, InstrumentSettings
+from trt_otel.model import demo_model_bytes
+
+pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install -e '.[dev]')")
+
+PROGRAM = Path(__file__).parent / "programs" / "instrumented.py"
+
+
+def run_instrumented(
+    tmp_path: Path, *models: Path, **env: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    journal = tmp_path / "instrumented.jsonl"
+    result = subprocess.run(
+        [sys.executable, str(PROGRAM), *map(str, models)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TRT_OTEL_JOURNAL": str(journal), **env},
+        timeout=300,
+        check=False,
+    )
+    return result, journal
+
+
+@pytest.fixture
+def mnist(tmp_path: Path) -> Path:
+    path = tmp_path / "mnist.onnx"
+    path.write_bytes(demo_model_bytes())
+    return path
+
+
+def test_each_build_while_instrumented_is_a_build_of_the_journal_and_none_after(
+    mnist: Path, tmp_path: Path
+) -> None:
+    result, journal = run_instrumented(tmp_path, mnist, mnist)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "result 1: engine",
+        "result 2: engine",
+        "after: engine",
+        "restored: True",
+    ]
+    events = read_journal(journal).events
+    starts = [e for e in events if isinstance(e, BuildStarted)]
+    ends = [e for e in events if isinstance(e, BuildFinished)]
+    assert [s.attributes["network.name"] for s in starts] == ["net1", "net2"]
+    assert [e.outcome for e in ends] == ["success", "success"]
+    assert events[-1] is ends[-1]
+
+
+def test_a_timeout_from_the_environment_cancels_a_build_in_process(tmp_path: Path) -> None:
+    from trt_otel.model import residual_net_bytes  # type: ignore[attr-defined,unused-ignore]
+
+    model = tmp_path / "residual.onnx"
+    model.write_bytes(residual_net_bytes(400))
+    result, journal = run_instrumented(tmp_path, model, TRT_OTEL_TIMEOUT="0.3s")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == "result 1: None"
+    (end,) = [e for e in read_journal(journal).events if isinstance(e, BuildFinished)]
+    assert end.outcome == "timeout"
+
+
+def test_settings_come_from_arguments_over_the_environment() -> None:
+    env = {"TRT_OTEL_TIMEOUT": "15m", "TRT_OTEL_JOURNAL": "env.jsonl", "TRT_OTEL_PROGRESS": "off"}
+    settings = InstrumentSettings.resolve(env, journal="given.jsonl")
+    assert settings.journal == Path("given.jsonl")
+    assert settings.timeout_s == 900.0
+    assert settings.progress is False
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"), [("TRT_OTEL_TIMEOUT", "soon"), ("TRT_OTEL_PROGRESS", "fancy")]
+)
+def test_a_bad_setting_is_a_clear_error(variable: str, value: str) -> None:
+    with pytest.raises(InstrumentError, match=value):
+        InstrumentSettings.resolve({variable: value})
