@@ -48,8 +48,10 @@ from trt_otel.liveness import DEFAULT_LOST_AFTER_S, Writer
 from trt_otel.model import demo_model_bytes
 from trt_otel.options import BuildOptions
 from trt_otel.preflight import PreflightError, check_build_files
+from trt_otel.program_session import run_program_session
 from trt_otel.readmodel import ReadModel
 from trt_otel.remote import supervises, watch_and_supervise
+from trt_otel.run import ProgramNotFoundError
 from trt_otel.session import (
     EXIT_CANCELLED,
     EXIT_INTERRUPTED,
@@ -126,6 +128,18 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("journal", type=Path)
     add_span_options(replay, flush_timeout_s=30.0)
 
+    run = commands.add_parser(
+        "run",
+        help="run a Python program unchanged, observing (and able to stop) its TensorRT builds",
+        description="Run COMMAND (a Python script, python -m module, or a console script such "
+        "as polygraphy) with every TensorRT and TensorRT-RTX build it makes observed: each is "
+        "a build of its own in one journal. Exits with the program's exit code, or 3 when "
+        "trt-otel cancelled a build, 4 when the program died of a signal, 130 on Ctrl-C.",
+        usage="trt-otel run [options] -- COMMAND [ARGS...]",
+    )
+    add_session_options(run, in_process=False)
+    run.add_argument("program", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
     watch = commands.add_parser(
         "watch",
         help="follow a build running elsewhere (its HTTP endpoint or its journal)",
@@ -195,7 +209,15 @@ class WatchCommand:
     control_file: Path | None = None
 
 
-Command = DemoCommand | BuildCommand | ReplayCommand | WatchCommand
+@dataclass(frozen=True, slots=True)
+class RunCommand:
+    """``trt-otel run -- COMMAND``: a program's builds."""
+
+    session: SessionConfig
+    program: tuple[str, ...]
+
+
+Command = DemoCommand | BuildCommand | ReplayCommand | WatchCommand | RunCommand
 
 
 def command_of(args: argparse.Namespace) -> Command:
@@ -217,6 +239,11 @@ def command_of(args: argparse.Namespace) -> Command:
             model=args.model,
             output=args.output,
         )
+    if args.command == "run":
+        program = args.program[1:] if args.program[:1] == ["--"] else args.program
+        if not program:
+            raise UsageError("give the program to run after --, e.g. -- python build.py")
+        return RunCommand(session_config(args), tuple(program))
     if args.command == "watch":
         if (args.watched is None) == (args.url is None):
             raise UsageError("watch takes a journal or --url URL (one of them)")
@@ -251,6 +278,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return build(command)
         if isinstance(command, WatchCommand):
             return watch(command)
+        if isinstance(command, RunCommand):
+            return run_program_session(command.program, command.session)
         return replay(command)
     except StopNow:  # a second SIGTERM outside the build: still a cancel
         return EXIT_CANCELLED
@@ -264,6 +293,7 @@ def _main(argv: Sequence[str] | None) -> int:
         OtlpConfigError,
         WatchError,
         PreflightError,
+        ProgramNotFoundError,
     ) as error:
         print(f"trt-otel: error: {error}", file=sys.stderr)
         return EXIT_USAGE

@@ -23,16 +23,20 @@ import tempfile
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any, Protocol
 
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
 from trt_otel.events import CancelRequested, Outcome
 from trt_otel.log import EventLog
 from trt_otel.monitor import BuildMonitor
 from trt_otel.policies import Policy, PolicyRunner
+from trt_otel.state import BuildState
 
 _logger = logging.getLogger(__name__)
 
@@ -88,6 +92,7 @@ class ProgramBuild:
     """``time.monotonic()`` of a cancel TensorRT must honour within the grace period."""
     stopped_with: str | None = None
     outcome: Outcome | None = None
+    on_finish: list[Callable[[], None]] = field(default_factory=list)
 
 
 class ProgramBuilds:
@@ -119,8 +124,9 @@ class ProgramBuilds:
         self.outcomes: Counter[Outcome] = Counter()
         self._cancel_everything: tuple[str, str] | None = None
         self.changed = threading.Condition(self._lock)
-        self.listeners: tuple[Callable[[BuildMonitor], None], ...] = ()
-        """Called (under the lock) with each build's monitor when its recording starts."""
+        self.listeners: tuple[Callable[[BuildMonitor], Callable[[], None] | None], ...] = ()
+        """Called with each build's monitor when its recording starts; what one returns is
+        called when the build has ended (a GPU sampler's stop)."""
 
     # -- from the program ----------------------------------------------------------------------
 
@@ -198,7 +204,9 @@ class ProgramBuilds:
 
         monitor.on_cancel(pass_cancel_on)
         for listener in self.listeners:
-            listener(monitor)
+            stop = listener(monitor)
+            if stop is not None:
+                build.on_finish.append(stop)
         if self._cancel_everything is not None:
             reason, source = self._cancel_everything
             monitor.cancel(reason, source=source)
@@ -256,6 +264,8 @@ class ProgramBuilds:
         assert monitor is not None
         if build.runner is not None:
             build.runner.stop()
+        for stop in build.on_finish:
+            stop()
         self.log.remove_fold(monitor.state.apply)
         build.outcome = monitor.state.outcome
         assert build.outcome is not None
@@ -405,3 +415,79 @@ class ProgramChannel:
             with contextlib.suppress(OSError):
                 process.connection.close()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+# -- the views made for one build ----------------------------------------------------------------
+
+
+class CurrentBuild:
+    """The build being made (else the last one made), for the views written for one build: the
+    HTTP view and the Prometheus collector read what they read of a :class:`BuildMonitor`
+    here, and ``POST /cancel`` cancels the build being made.
+
+    Its state is a fold of the whole run's log: a ``build_start`` begins a fresh state, so it is
+    always the latest build's.
+    """
+
+    def __init__(self, builds: ProgramBuilds, run_id: str) -> None:
+        self.builds = builds
+        self.log = builds.log
+        self.state = BuildState()
+        self.log.add_fold(self.state.apply)
+        self._run_id = run_id
+
+    def _monitor(self) -> BuildMonitor | None:
+        active = self.builds.active
+        return active.monitor if active is not None else None
+
+    @property
+    def build_id(self) -> str:
+        """The current build's id; the run's own before the first build."""
+        return self.state.build_id or self._run_id
+
+    @property
+    def cancelled(self) -> bool:
+        return self.state.cancel is not None
+
+    def cancel(
+        self, reason: str, *, source: str = "user", timeout: bool = False, policy: str = ""
+    ) -> bool:
+        monitor = self._monitor()
+        if monitor is None or monitor.state.outcome is not None:
+            return False
+        return monitor.cancel(reason, source=source, timeout=timeout, policy=policy)
+
+    @property
+    def callbacks_total(self) -> int:
+        return sum(b.monitor.callbacks_total for b in self.builds.all if b.monitor is not None)
+
+    @property
+    def callback_ns_total(self) -> int:
+        return sum(b.monitor.callback_ns_total for b in self.builds.all if b.monitor is not None)
+
+    @property
+    def internal_errors(self) -> int:
+        return sum(b.monitor.internal_errors for b in self.builds.all if b.monitor is not None)
+
+
+class RunCollector(Collector):
+    """``trt_run_builds_total{outcome}`` and ``trt_run_builds_started_total``: how many builds
+    the program made, and how they ended (read at scrape time)."""
+
+    def __init__(self, builds: ProgramBuilds) -> None:
+        self.builds = builds
+
+    def collect(self) -> Iterable[Metric]:
+        started = CounterMetricFamily(
+            "trt_run_builds_started", "Builds the observed program has begun"
+        )
+        started.add_metric([], len(self.builds.all))
+        yield started
+        finished = CounterMetricFamily(
+            "trt_run_builds",
+            "Builds of the observed program that ended, by outcome",
+            labels=["outcome"],
+        )
+        for outcome in Outcome:
+            finished.add_metric([outcome.value], self.builds.outcomes.get(outcome, 0))
+        yield finished

@@ -22,26 +22,19 @@ not sent by trt-otel; 2 when the program cannot be started.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
-import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
 
-from trt_otel import session
-from trt_otel.console import PlainLines
 from trt_otel.durations import format_duration
 from trt_otel.events import Outcome
-from trt_otel.log import EventLog
 from trt_otel.program import ProgramBuild, ProgramBuilds, ProgramChannel
 
 EXIT_CANCELLED = 3
@@ -310,46 +303,3 @@ def _conclude(
     else:
         code = returncode
     return ProgramExit(code, returncode, summary)
-
-
-# -- the command ---------------------------------------------------------------------------------
-
-
-def run_command(command: Sequence[str], args: argparse.Namespace) -> int:
-    """``trt-otel run``: the program, its builds on one log, and every follower attached."""
-    argv = resolve_command(command)
-    log = EventLog()
-    attributes: dict[str, Any] = {"program.command": shlex.join(argv)}
-    session.join_parent_trace(attributes)
-    journal = session.open_journal(args.journal) if args.journal is not None else None
-    spans = session.open_span_export(args)
-    if journal is not None:
-        log.follow(journal, capacity=1_000_000)
-    if spans is not None:
-        log.follow(spans, capacity=1_000_000)
-    log.follow(PlainLines(sys.stderr))
-    builds = ProgramBuilds(
-        log,
-        attributes=attributes,
-        policy=lambda: session.policy_from_options(args),
-        warn=session.warn,
-        say=_say,
-    )
-    try:
-        ended = run_program(argv, builds, grace_s=args.grace, say=_say)
-    finally:
-        workers = log.workers
-        if not log.close(timeout_s=5.0):
-            session.warn("a follower did not finish in time")
-        session.report_follower_health(workers)
-        if spans is not None:
-            session.finish_spans(spans, args)
-    if journal is not None:
-        _say(f"journal: {journal.path}")
-    _say(ended.summary)
-    return ended.exit_code
-
-
-def _say(message: str) -> None:
-    sys.stderr.write(f"trt-otel: {message}\n")  # one write: whole lines among the program's
-    sys.stderr.flush()

@@ -8,8 +8,8 @@ import trt_otel
 
 trt_otel.instrument()  # settings from the environment (TRT_OTEL_JOURNAL, TRT_OTEL_TIMEOUT)
 
-import tensorrt_rtx as trt  # imported after instrument(): patched on import
-from engines import build
+import tensorrt_rtx as trt  # noqa: E402  # imported after instrument(): patched on import
+from engines import build  # noqa: E402
 
 for number, model in enumerate(sys.argv[1:], start=1):
     engine = build(model, name=f"net{number}")

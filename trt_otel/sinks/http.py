@@ -52,8 +52,11 @@ class EventFeed:
 
     name = "http"
 
-    def __init__(self, retain: int = RETAINED_FRAMES) -> None:
+    def __init__(self, retain: int = RETAINED_FRAMES, *, ends_with_build: bool = True) -> None:
         self._retain = retain
+        self._ends_with_build = ends_with_build
+        """False for a log of several builds (``trt-otel run``): the stream ends when the log
+        does."""
         self._frames: list[bytes] = []
         self._first_seq = 0
         """``seq`` of ``_frames[0]``."""
@@ -73,7 +76,7 @@ class EventFeed:
                 drop = len(self._frames) - self._retain
                 del self._frames[:drop]
                 self._first_seq += drop
-            if any(isinstance(e, BuildFinished) for e in events):
+            if self._ends_with_build and any(isinstance(e, BuildFinished) for e in events):
                 self.ended = True
             self._changed.notify_all()
 

@@ -1,0 +1,138 @@
+"""The views of a run of several builds: spans (a trace per build), the HTTP view (the current
+build, a cancel of it, one event stream across builds) and the metrics (builds by outcome)."""
+
+from __future__ import annotations
+
+import collections
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from otlp_receiver import OtlpReceiver, otlp_receiver
+from test_run import PROGRAMS, PYTHON, builds_in, residual_net, starts, wait_for_journal
+from trt_otel import read_journal
+from trt_otel.events import CancelRequested
+from trt_otel.model import demo_model_bytes
+
+pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install -e '.[dev]')")
+
+CLI = [sys.executable, "-m", "trt_otel.cli"]
+TOKEN = "run-views-token"
+
+
+@pytest.fixture
+def mnist(tmp_path: Path) -> Path:
+    path = tmp_path / "mnist.onnx"
+    path.write_bytes(demo_model_bytes())
+    return path
+
+
+@pytest.fixture
+def receiver() -> Iterator[OtlpReceiver]:
+    with otlp_receiver() as running:
+        yield running
+
+
+def test_each_build_of_a_run_is_a_trace_of_its_own(
+    mnist: Path, tmp_path: Path, receiver: OtlpReceiver
+) -> None:
+    journal = tmp_path / "run.jsonl"
+    result = subprocess.run(
+        [*CLI, "run", "--journal", str(journal), "--otlp-endpoint",
+         f"http://127.0.0.1:{receiver.http_port}", "--", PYTHON,
+         str(PROGRAMS / "plain_build.py"), str(mnist), str(mnist), str(mnist)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    builds = builds_in(read_journal(journal).events)
+    spans = receiver.spans
+    traces = collections.defaultdict(list)
+    for span in spans:
+        traces[span.trace_id].append(span)
+    assert len(traces) == 3
+    for trace in traces.values():
+        (root,) = [s for s in trace if s.parent_span_id == ""]
+        (engine,) = [s for s in trace if s.name == "Building engine"]
+        assert engine.parent_span_id == root.span_id
+        assert len(trace) == 1 + 12  # the build's span and its twelve phases
+    roots = sorted((s for s in spans if s.parent_span_id == ""), key=lambda s: s.start_ns)
+    assert [r.attributes["network.name"] for r in roots] == ["net1", "net2", "net3"]
+    assert [f"{int(r.trace_id, 16):032x}" for r in roots] == [starts(b).build_id for b in builds]
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
+
+
+def _cancel(base: str) -> int:
+    request = urllib.request.Request(
+        f"{base}/cancel", b"from the test", {"Authorization": f"Bearer {TOKEN}"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return int(response.status)
+
+
+def test_http_and_metrics_show_the_current_build_count_builds_and_cancel_the_one_running(
+    mnist: Path, tmp_path: Path
+) -> None:
+    gate, journal = tmp_path / "gate", tmp_path / "run.jsonl"
+    second = residual_net(400, tmp_path)  # its silent step leaves time for the cancel
+    process = subprocess.Popen(
+        [*CLI, "run", "--journal", str(journal), "--http-port", "0", "--cancel-token", TOKEN,
+         "--prometheus-port", "0", "--prometheus-linger", "0", "--grace", "10m", "--",
+         PYTHON, str(PROGRAMS / "between.py"), str(mnist), str(gate), str(second)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    assert process.stderr is not None
+    stderr = process.stderr
+    reader = threading.Thread(target=lambda: lines.extend(stderr), daemon=True)
+    reader.start()
+    try:
+        wait_for_journal(journal, "build_end", process)
+        text = "".join(lines)
+        base = re.search(r"http: (http://\S+)/status", text)
+        metrics = re.search(r"metrics: (http://\S+/metrics)", text)
+        assert base is not None and metrics is not None, text
+        scraped = _get(metrics[1])
+        assert 'trt_run_builds_total{outcome="success"} 1.0' in scraped
+        assert "trt_run_builds_started_total 1.0" in scraped
+        first_id = starts(builds_in(read_journal(journal).events)[0]).build_id
+        assert f'"build_id": "{first_id}"' in _get(f"{base[1]}/status").replace('":"', '": "')
+
+        stream: list[str] = []
+
+        def follow() -> None:
+            with urllib.request.urlopen(f"{base[1]}/events", timeout=60) as response:
+                stream.extend(line.decode() for line in response)
+
+        follower = threading.Thread(target=follow, daemon=True)
+        follower.start()
+        gate.touch()
+        deadline = time.monotonic() + 60
+        while read_journal(journal).events[-1].type == "build_end":
+            assert time.monotonic() < deadline, "the second build never started"
+            time.sleep(0.05)
+        assert _cancel(base[1]) == 202  # accepted: TensorRT stops at its next step
+        stdout, _ = process.communicate(timeout=120)
+        follower.join(30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 3, "".join(lines)
+    assert "result 1: engine" in stdout.splitlines()
+    assert "result 2: None" in stdout.splitlines()
+    _, cancelled = builds_in(read_journal(journal).events)
+    assert cancelled[-1].type == "build_end"
+    assert [e.source for e in cancelled if isinstance(e, CancelRequested)] == ["http"]
+    events = [line.removeprefix("event: ").strip() for line in stream if line.startswith("event:")]
+    assert events.count("build_start") == 2, "the stream went on across the builds"
+    assert events.count("build_end") == 2

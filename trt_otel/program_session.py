@@ -1,0 +1,128 @@
+"""``trt-otel run`` as the command runs it: one event log for every build of the program, the
+same followers and sinks as a build's session (:mod:`trt_otel.components`), and the program.
+
+The parts built for one build see the run through :class:`~trt_otel.program.CurrentBuild`:
+the HTTP view shows and cancels the build being made, and its event stream runs across all of
+them; the metrics read the current build, and :class:`~trt_otel.program.RunCollector` counts
+the builds by outcome. The GPU is sampled while a build is being made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+from prometheus_client import CollectorRegistry
+
+from trt_otel.components import (
+    DEEP_QUEUE,
+    following,
+    gpu_reader,
+    join_parent_trace,
+    load_history,
+    metrics_endpoint,
+    open_journal,
+    span_export,
+    status_registry,
+    status_server,
+    warn,
+)
+from trt_otel.config import SessionConfig
+from trt_otel.console import PlainLines
+from trt_otel.eta import EtaProjection
+from trt_otel.followers import Follower
+from trt_otel.gpu import GpuReader, GpuSampler
+from trt_otel.log import EventLog
+from trt_otel.monitor import BuildMonitor
+from trt_otel.program import CurrentBuild, ProgramBuilds, RunCollector
+from trt_otel.run import resolve_command, run_program
+from trt_otel.sinks.http import EventFeed
+
+
+def say(message: str) -> None:
+    # One write per line: whole lines among the program's own on the same stream.
+    sys.stderr.write(f"trt-otel: {message}\n")
+    sys.stderr.flush()
+
+
+def run_program_session(command: Sequence[str], config: SessionConfig) -> int:
+    """Run ``command`` with its builds observed as ``config`` asks; returns the exit code."""
+    observe = config.observe
+    argv = resolve_command(command)  # a usage error before anything starts
+    attributes: dict[str, Any] = {"program.command": shlex.join(argv)}
+    with contextlib.ExitStack() as stack:
+        gpu = stack.enter_context(gpu_reader(observe.gpu))
+        if gpu is not None:
+            attributes.update(gpu.describe())
+        join_parent_trace(attributes)
+        history = load_history(observe.history, attributes)
+        log = EventLog()
+        builds = ProgramBuilds(
+            log, attributes=attributes, policy=config.policy.policy, warn=warn, say=say
+        )
+        current = CurrentBuild(builds, uuid.uuid4().hex)
+        # What the one-build views read of a monitor, CurrentBuild has (see its docstring).
+        monitor = cast(BuildMonitor, current)
+        eta = EtaProjection(history)
+
+        spans = stack.enter_context(span_export(observe.spans))
+        sources: dict[str, Any] = {"spans": spans, "runner": None, "eta": eta}
+        metrics = stack.enter_context(metrics_endpoint(monitor, observe.metrics, **sources))
+        if metrics is not None:
+            metrics.registry.register(RunCollector(builds))
+        registry = _with_run_counts(
+            status_registry(monitor, observe.metrics, metrics, **sources), builds, metrics
+        )
+        http = stack.enter_context(status_server(monitor, observe.http, eta=eta, registry=registry))
+        policy = config.policy.policy()
+        if policy is not None:
+            say(f"policy (each build): {policy.describe()}")
+
+        followers: list[tuple[Follower, int]] = []
+        if observe.journal is not None:
+            followers.append((open_journal(observe.journal), DEEP_QUEUE))
+        if spans is not None:
+            followers.append((spans, DEEP_QUEUE))
+        followers.append((eta, DEEP_QUEUE))
+        if http is not None:
+            # No client yet: the stream of a run goes on across its builds.
+            http.feed = EventFeed(ends_with_build=False)
+            followers.append((http.feed, DEEP_QUEUE))
+        # Plain lines even on a terminal: a live tree redraws lines the program writes too.
+        followers.append((PlainLines(sys.stderr, history=history), 65_536))
+        stack.enter_context(following(log, followers))
+        if gpu is not None:
+            builds.listeners = (_sample_while_building(gpu, config),)
+        ended = run_program(argv, builds, grace_s=config.policy.grace_s, say=say)
+    if observe.journal is not None:
+        say(f"journal: {observe.journal}")
+    say(ended.summary)
+    return ended.exit_code
+
+
+def _with_run_counts(
+    make: Callable[[], CollectorRegistry], builds: ProgramBuilds, metrics: object | None
+) -> Callable[[], CollectorRegistry]:
+    def registry() -> CollectorRegistry:
+        made = make()
+        if metrics is None:  # a registry of the HTTP view's own
+            made.register(RunCollector(builds))
+        return made
+
+    return registry
+
+
+def _sample_while_building(
+    gpu: GpuReader, config: SessionConfig
+) -> Callable[[BuildMonitor], Callable[[], None]]:
+    def start(monitor: BuildMonitor) -> Callable[[], None]:
+        sampler = GpuSampler(
+            monitor.log, gpu, interval_s=config.observe.gpu.interval_s, warn=warn
+        ).start()
+        return sampler.stop
+
+    return start
