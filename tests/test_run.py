@@ -61,7 +61,7 @@ def residual_net(blocks: int, tmp_path: Path) -> Path:
         ]  # fmt: skip
         current = f"o{index}"
     nodes.append(helper.make_node("Identity", [current], ["output"]))
-    shape = ["batch", 8, 32, 32]
+    shape: list[str | int | None] = ["batch", 8, 32, 32]
     graph = helper.make_graph(
         nodes,
         f"residual{blocks}",
