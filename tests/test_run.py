@@ -214,10 +214,17 @@ def test_a_timeout_cancels_the_build_the_program_sees_none_and_the_run_exits_3(
     assert "SIGTERM" not in ends(build).detail
 
 
-def wait_for_journal(journal: Path, text: str, process: subprocess.Popen[str]) -> None:
+def wait_for_journal(
+    journal: Path, process: subprocess.Popen[str], kind: str, name: str | None = None
+) -> None:
+    """Until the journal has an event of type ``kind`` (and that ``name``, for a phase)."""
     deadline = time.monotonic() + 120
-    while text not in (journal.read_text() if journal.exists() else ""):
-        assert time.monotonic() < deadline, f"never saw {text!r} in the journal"
+    while True:
+        if journal.exists():
+            events = read_journal(journal).events
+            if any(e.type == kind and getattr(e, "name", name) == name for e in events):
+                return
+        assert time.monotonic() < deadline, f"never saw {kind} {name or ''} in the journal"
         assert process.poll() is None, process.communicate()
         time.sleep(0.05)
 
@@ -245,7 +252,7 @@ def test_a_cancel_in_the_silent_window_terminates_the_program_within_the_grace_p
     options = ("--cancel-file", str(cancel_file), "--grace", "1s")
     process, journal = start_run(tmp_path, str(model), options=options)
     try:
-        wait_for_journal(journal, '"name": "Determining refit engines"', process)
+        wait_for_journal(journal, process, "phase_start", "Determining refit engines")
         cancel_file.write_text("stop now\n")  # TensorRT is inside its silent step
         stdout, stderr = process.communicate(timeout=120)
     finally:
@@ -305,7 +312,7 @@ def test_ctrl_c_cancels_the_build_and_exits_130(tmp_path: Path) -> None:
     model = residual_net(400, tmp_path)
     process, journal = start_run(tmp_path, str(model))
     try:
-        wait_for_journal(journal, "build_start", process)
+        wait_for_journal(journal, process, "build_start")
         os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
         stdout, stderr = process.communicate(timeout=120)
     finally:

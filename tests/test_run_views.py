@@ -97,7 +97,7 @@ def test_http_and_metrics_show_the_current_build_count_builds_and_cancel_the_one
     reader = threading.Thread(target=lambda: lines.extend(stderr), daemon=True)
     reader.start()
     try:
-        wait_for_journal(journal, "build_end", process)
+        wait_for_journal(journal, process, "build_end")
         text = "".join(lines)
         base = re.search(r"http: (http://\S+)/status", text)
         metrics = re.search(r"metrics: (http://\S+/metrics)", text)

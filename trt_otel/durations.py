@@ -68,24 +68,3 @@ def format_duration(seconds: float) -> str:
         return f"{minutes}m{secs:02d}s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m"
-
-
-_UNITS = (("ms", 1e-3), ("s", 1.0), ("m", 60.0), ("h", 3600.0))
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in ``90``, ``90s``, ``15m``, ``2h``, ``500ms``; ValueError if it is not one
-    (or is negative)."""
-    stripped = text.strip().lower()
-    scale = 1.0
-    for suffix, unit in _UNITS:
-        if stripped.endswith(suffix):
-            stripped, scale = stripped[: -len(suffix)], unit
-            break
-    try:
-        value = float(stripped) * scale
-    except ValueError:
-        raise ValueError(f"{text!r} is not a duration (like 90s, 15m, 2h)") from None
-    if not value >= 0:  # also NaN
-        raise ValueError(f"{text!r} must be 0 or more")
-    return value

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trt_otel.bootstrap import _trt_otel_recorder as recorder
-from trt_otel.durations import parse_duration
+from trt_otel.durations import parse_positive_duration
 from trt_otel.events import Outcome
 from trt_otel.journal import JournalWriter
 from trt_otel.log import EventLog
@@ -76,7 +76,7 @@ class InstrumentSettings:
             if raw is None:
                 return None
             try:
-                return parse_duration(raw)
+                return parse_positive_duration(raw)
             except ValueError as error:
                 raise InstrumentError(f"{key} {raw!r}: {error}") from None
 
