@@ -158,6 +158,7 @@ class Instrumentation:
         # Here rather than at the top: ``import trt_otel`` stays light (no exporters, no rich).
         from trt_otel.console import PlainLines
         from trt_otel.program import ProgramBuilds
+        from trt_otel.readmodel import ReadModel
         from trt_otel.sinks.otlp import OtlpSettings, OtlpSpanExport
 
         self.settings = settings
@@ -176,7 +177,9 @@ class Instrumentation:
             self._spans = OtlpSpanExport(otlp, warn=_warn)
             self.log.follow(self._spans, capacity=1_000_000)
         if settings.progress:
-            self.log.follow(PlainLines(sys.stderr))
+            model = ReadModel()
+            model.subscribe(PlainLines(model, sys.stderr))
+            self.log.follow(model, capacity=1_000_000)
         self.builds = ProgramBuilds(
             self.log, policy=settings.policy, warn=_warn, say=lambda m: _warn(m, "")
         )

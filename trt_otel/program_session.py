@@ -33,12 +33,12 @@ from trt_otel.components import (
 )
 from trt_otel.config import SessionConfig
 from trt_otel.console import PlainLines
-from trt_otel.eta import EtaProjection
 from trt_otel.followers import Follower
 from trt_otel.gpu import GpuReader, GpuSampler
 from trt_otel.log import EventLog
 from trt_otel.monitor import BuildMonitor
 from trt_otel.program import CurrentBuild, ProgramBuilds, RunCollector
+from trt_otel.readmodel import ReadModel
 from trt_otel.run import resolve_command, run_program
 from trt_otel.sinks.http import EventFeed
 
@@ -67,17 +67,21 @@ def run_program_session(command: Sequence[str], config: SessionConfig) -> int:
         current = CurrentBuild(builds, uuid.uuid4().hex)
         # What the one-build views read of a monitor, CurrentBuild has (see its docstring).
         monitor = cast(BuildMonitor, current)
-        eta = EtaProjection(history)
+        model = ReadModel(history)  # the builds folded once, for every view below
 
-        spans = stack.enter_context(span_export(observe.spans))
-        sources: dict[str, Any] = {"spans": spans, "runner": None, "eta": eta}
+        spans = stack.enter_context(span_export(observe.spans, model))
+        sources: dict[str, Any] = {"spans": spans, "runner": None, "model": model}
         metrics = stack.enter_context(metrics_endpoint(monitor, observe.metrics, **sources))
         if metrics is not None:
             metrics.registry.register(RunCollector(builds))
         registry = _with_run_counts(
             status_registry(monitor, observe.metrics, metrics, **sources), builds, metrics
         )
-        http = stack.enter_context(status_server(monitor, observe.http, eta=eta, registry=registry))
+        http = stack.enter_context(
+            status_server(monitor, observe.http, model=model, registry=registry)
+        )
+        # Plain lines even on a terminal: a live tree redraws lines the program writes too.
+        model.subscribe(PlainLines(model, sys.stderr))
         policy = config.policy.policy()
         if policy is not None:
             say(f"policy (each build): {policy.describe()}")
@@ -85,16 +89,12 @@ def run_program_session(command: Sequence[str], config: SessionConfig) -> int:
         followers: list[tuple[Follower, int]] = []
         if observe.journal is not None:
             followers.append((open_journal(observe.journal), DEEP_QUEUE))
-        if spans is not None:
-            followers.append((spans, DEEP_QUEUE))
-        followers.append((eta, DEEP_QUEUE))
+        followers.append((model, DEEP_QUEUE))
         if http is not None:
             # No client yet: the stream of a run goes on across its builds.
             http.feed = EventFeed(ends_with_build=False)
             followers.append((http.feed, DEEP_QUEUE))
-        # Plain lines even on a terminal: a live tree redraws lines the program writes too.
-        followers.append((PlainLines(sys.stderr, history=history), 65_536))
-        stack.enter_context(following(log, followers))
+        stack.enter_context(following(log, followers, model))
         if gpu is not None:
             builds.listeners = (_sample_while_building(gpu, config),)
         ended = run_program(argv, builds, grace_s=config.policy.grace_s, say=say)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from trt_otel.eta import BoundaryTracker, BuildEta, History, estimate
-from trt_otel.events import Event, StepCompleted
+from trt_otel.events import BuildStarted, Event, StepCompleted
 from trt_otel.state import BuildState, Phase, PhaseStatus
 
 _logger = logging.getLogger(__name__)
@@ -100,6 +100,8 @@ class ReadModel:
         closed = self._closed
         closed.clear()
         with self.lock:
+            if type(event) is BuildStarted:  # a log of several builds: this one's own groups
+                self._groups.clear()
             self.state.apply(event)
             if type(event) is not StepCompleted:  # most events are steps: no boundary there
                 self.boundaries.apply(event, self.state)

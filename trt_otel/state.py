@@ -129,7 +129,7 @@ class BuildState:
             if self.build_id is not None:
                 # A log of several builds, one after another (``trt-otel run``): each
                 # build_start begins a fresh state, so every view shows the latest build.
-                self.__init__()  # type: ignore[misc]
+                self.__init__(on_close=self._on_close)  # type: ignore[misc]
                 self.last_seq = event.seq
                 self.last_event_mono_ns = event.mono_ns
             self.build_id = event.build_id
