@@ -7,5 +7,6 @@ from engines import build
 for number, model in enumerate(sys.argv[1:], start=1):
     print(f"building {number}", flush=True)
     engine = build(model, name=f"net{number}")
-    print(f"result {number}: {'None' if engine is None else f'{engine.nbytes} bytes'}", flush=True)
+    # Not the engine's size: it can differ from one build to the next of the same model.
+    print(f"result {number}: {'None' if engine is None else 'engine'}", flush=True)
 print("to stderr", file=sys.stderr)
