@@ -16,18 +16,16 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-from prometheus_client import CollectorRegistry
-
 from trt_otel.components import (
     DEEP_QUEUE,
     following,
     gpu_reader,
     join_parent_trace,
     load_history,
+    metric_sources,
     metrics_endpoint,
     open_journal,
     span_export,
-    status_registry,
     status_server,
     warn,
 )
@@ -41,6 +39,7 @@ from trt_otel.program import CurrentBuild, ProgramBuilds, RunCollector
 from trt_otel.readmodel import ReadModel
 from trt_otel.run import resolve_command, run_program
 from trt_otel.sinks.http import EventFeed
+from trt_otel.sinks.prometheus import metrics_registry
 
 
 def say(message: str) -> None:
@@ -70,13 +69,10 @@ def run_program_session(command: Sequence[str], config: SessionConfig) -> int:
         model = ReadModel(history)  # the builds folded once, for every view below
 
         spans = stack.enter_context(span_export(observe.spans, model))
-        sources: dict[str, Any] = {"spans": spans, "runner": None, "model": model}
-        metrics = stack.enter_context(metrics_endpoint(monitor, observe.metrics, **sources))
-        if metrics is not None:
-            metrics.registry.register(RunCollector(builds))
-        registry = _with_run_counts(
-            status_registry(monitor, observe.metrics, metrics, **sources), builds, metrics
-        )
+        sources = metric_sources(monitor, observe.metrics, spans=spans, runner=None, model=model)
+        registry = metrics_registry(sources)  # one registry: scrapes, the HTTP view, the push
+        registry.register(RunCollector(builds))
+        stack.enter_context(metrics_endpoint(registry, observe.metrics))
         http = stack.enter_context(
             status_server(monitor, observe.http, model=model, registry=registry)
         )
@@ -102,18 +98,6 @@ def run_program_session(command: Sequence[str], config: SessionConfig) -> int:
         say(f"journal: {observe.journal}")
     say(ended.summary)
     return ended.exit_code
-
-
-def _with_run_counts(
-    make: Callable[[], CollectorRegistry], builds: ProgramBuilds, metrics: object | None
-) -> Callable[[], CollectorRegistry]:
-    def registry() -> CollectorRegistry:
-        made = make()
-        if metrics is None:  # a registry of the HTTP view's own
-            made.register(RunCollector(builds))
-        return made
-
-    return registry
 
 
 def _sample_while_building(
