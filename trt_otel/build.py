@@ -10,6 +10,7 @@ real build runs.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,9 @@ class BuildJob:
     options: BuildOptions = field(default_factory=BuildOptions)
     simulator: SimulatorSettings | None = None
     """None builds with the real ``tensorrt``."""
+    plan: Sequence[Any] | None = None
+    """The simulator's trace, already parsed (the demo parses it once, to check it before the
+    build, and hands it over, interned, rather than have the worker parse it again)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +84,9 @@ def run_build_job(monitor: BuildMonitor, job: BuildJob) -> BuildResult:
         from trt_otel.simulator import SimulatedTensorRT, load_trace
 
         settings = job.simulator
-        trace = load_trace(settings.trace) if settings.trace is not None else None
+        trace = job.plan
+        if trace is None and settings.trace is not None:
+            trace = load_trace(settings.trace)
         trt = SimulatedTensorRT(speed=settings.speed, silence_s=settings.silence_s, trace=trace)
     model = job.model if job.model is not None else read_model(job.model_path)
     return run_build(

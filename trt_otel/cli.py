@@ -302,8 +302,9 @@ def _main(argv: Sequence[str] | None) -> int:
 def demo(command: DemoCommand) -> int:
     trace = command.simulator.trace
     preflight(command.session, command.builder, command.model, command.output, trace)
-    if trace is not None:
-        load_trace(trace)  # a bad trace is a usage error here, not a failure in the worker
+    # Parsed here, once: a bad trace is a usage error before the build, not a failure in the
+    # worker, and the worker gets the parsed trace.
+    plan = load_trace(trace) if trace is not None else None
     if command.model is not None:
         model_path, model = command.model, read_model(command.model)
         carried: bytes | None = None  # the worker reads the file itself
@@ -324,6 +325,7 @@ def demo(command: DemoCommand) -> int:
         engine_path=command.output,
         options=command.builder,
         simulator=command.simulator,
+        plan=plan,
     )
     return run_session(job, command.session, attributes)
 

@@ -188,6 +188,16 @@ class FollowerWorker:
             self._thread.join(timeout_s)
         return self._closed
 
+    @property
+    def queued(self) -> int:
+        """Events waiting in this follower's queue (cheaper than :meth:`health`)."""
+        return len(self._queue)
+
+    @property
+    def handled(self) -> int:
+        """Events this follower has handled so far."""
+        return self._handled
+
     def health(self) -> FollowerHealth:
         return FollowerHealth(
             name=self.follower.name,

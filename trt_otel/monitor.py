@@ -20,7 +20,7 @@ import logging
 import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, ClassVar, Self
 
@@ -37,7 +37,7 @@ from trt_otel.events import (
     LogMessage,
     Outcome,
 )
-from trt_otel.log import EventLog
+from trt_otel.log import EventLog, current_thread_name
 from trt_otel.state import BuildState
 
 _logger = logging.getLogger(__name__)
@@ -118,6 +118,12 @@ class BuildMonitor:
         self._cancelled = False
         self._ended = False
         self._cancel_listeners: tuple[CancelListener, ...] = ()
+        self.hold_cancels = False
+        """Set by a transport that replays callbacks made elsewhere while it may be behind
+        them (the supervisor): a cancel decided here is then held, and appended only once the
+        replay reaches the moment it was decided (:meth:`release_cancel`), so that in the log
+        it follows every callback made before it and precedes every one made after."""
+        self._held_cancel: CancelRequested | None = None
         self.internal_errors = 0
         # The monitor's own cost, for its health metrics (written under the log's lock).
         self.callbacks_total = 0
@@ -150,6 +156,7 @@ class BuildMonitor:
         if self.state.outcome is not None:
             return self.state.outcome
         self._start_locked()
+        self._release_cancel_locked()
         cancel = self.state.cancel
         if outcome is None:
             if cancel is None:
@@ -216,9 +223,15 @@ class BuildMonitor:
         with self.log.lock:
             if self._cancelled:
                 return False
-            event = self.log.append_locked(
-                CancelRequested, reason=reason, source=source, timeout=timeout, policy=policy
-            )
+            if self.hold_cancels:
+                clock = self.log.clock
+                stamp = (clock.wall_ns(), clock.mono_ns(), current_thread_name())
+                event = CancelRequested(-1, *stamp, reason, source, timeout, policy)
+                self._held_cancel = event
+            else:
+                event = self.log.append_locked(
+                    CancelRequested, reason=reason, source=source, timeout=timeout, policy=policy
+                )
             self._cancelled = True
         for listener in self._cancel_listeners:
             try:
@@ -228,8 +241,39 @@ class BuildMonitor:
         return True
 
     def on_cancel(self, listener: CancelListener) -> None:
-        """Call ``listener`` (on the cancelling thread) when the cancel is first requested."""
+        """Call ``listener`` (on the cancelling thread) when the cancel is first requested.
+
+        While :attr:`hold_cancels` is set the event it gets is the one held: its ``seq`` is -1.
+        """
         self._cancel_listeners = (*self._cancel_listeners, listener)
+
+    @property
+    def held_cancel(self) -> CancelRequested | None:
+        """The cancel decided but not yet in the log (see :attr:`hold_cancels`), if any."""
+        return self._held_cancel
+
+    def release_cancel(self) -> None:
+        """Append the held cancel, at the time it was decided. Safe from any thread."""
+        with self.log.lock:
+            self._release_cancel_locked()
+
+    def _release_cancel_locked(self) -> None:
+        held = self._held_cancel
+        if held is None:
+            return
+        self._held_cancel = None
+        log = self.log
+        saved, log.stamp = log.stamp, (held.wall_ns, held.mono_ns, held.thread)
+        try:
+            log.append_locked(
+                CancelRequested,
+                reason=held.reason,
+                source=held.source,
+                timeout=held.timeout,
+                policy=held.policy,
+            )
+        finally:
+            log.stamp = saved
 
     # -- TensorRT's callbacks (builder threads) -------------------------------------------------
 
@@ -338,6 +382,16 @@ class BuildMonitor:
                 self.log.stamp = None
         if error is not None:
             self._internal_error(kind, error)
+
+    def replay_many(self, records: Iterable[CallbackRecord]) -> None:
+        """:meth:`replay` each record in turn; a held cancel (see :attr:`hold_cancels`) goes
+        into the log before the first callback made after it was decided. Never raises."""
+        replay = self.replay
+        for record in records:
+            held = self._held_cancel
+            if held is not None and record[2] > held.mono_ns:
+                self.release_cancel()
+            replay(record)
 
     # -- helpers (called with the log's lock held) ---------------------------------------------
 

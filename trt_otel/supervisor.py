@@ -8,15 +8,21 @@ worker is terminated (SIGTERM, then SIGKILL), which frees the GPU at once.
 How the two processes talk:
 
 - The worker's monitor (:class:`RecordingMonitor`) only records each callback, as a tuple with
-  its time and thread, and a thread sends them through a pipe in batches. This process replays
-  them into its own monitor (:meth:`BuildMonitor.replay`): the protocol checks, the events and
-  every projection happen here, as if the callbacks had been made here, at the times they were
-  made. ``CLOCK_MONOTONIC`` is system-wide, so the worker's times and this process's policies
-  agree. The builder's process does nothing per callback but an append.
+  its time and thread, and a thread appends them in compact frames to a spool file
+  (:mod:`trt_otel.transport`: why a file). This process reads the frames at its own pace and
+  replays them into its own monitor (:meth:`BuildMonitor.replay`): the protocol checks, the
+  events and every projection happen here, as if the callbacks had been made here, at the times
+  they were made. ``CLOCK_MONOTONIC`` is system-wide, so the worker's times and this process's
+  policies agree. The builder's process does nothing per callback but an append, never waits
+  for this one, and keeps one frame in memory; this one reads a frame only when its followers
+  have room for it, so a backlog waits on disk, not in either process.
 - A cancel goes the other way through shared memory: the reason, then a flag. The worker's
   ``step_complete`` reads the flag (a memory read, no message to wait for), so the very next step
-  after a decision answers False. The cancel event itself is recorded here, at decision time, so
-  it shows everywhere even while TensorRT is silent.
+  after a decision answers False. The cancel event is stamped here at decision time and held
+  (:attr:`BuildMonitor.hold_cancels`) until the replay reaches that time: after every callback
+  made before it, before every one made after, even when the replay is seconds behind. A
+  silent worker still says how far it got (an empty frame), so the cancel shows at once.
+- The pipe carries only the worker's result.
 - The worker ignores SIGINT: Ctrl-C in a terminal reaches the whole process group, and deciding
   what it means is this process's job.
 """
@@ -31,6 +37,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import tempfile
 import threading
 import time
 from collections import deque
@@ -39,14 +46,29 @@ from dataclasses import dataclass
 from typing import Any
 
 from trt_otel.events import CancelRequested, Outcome
+from trt_otel.followers import FollowerWorker
 from trt_otel.log import current_thread_name
 from trt_otel.monitor import BuildMonitor, CallbackRecord
+from trt_otel.transport import (
+    MAX_RECORDS_PER_FRAME,
+    SpoolError,
+    SpoolReader,
+    SpoolWriter,
+    encode_frame,
+)
 
 _logger = logging.getLogger(__name__)
 
 DEFAULT_GRACE_S = 30.0
 DEFAULT_KILL_AFTER_S = 5.0
 _NOTE_BYTES = 4096
+FORWARD_INTERVAL_S = 0.02
+"""How often the worker's forwarder appends what was recorded (an idle tick costs nothing)."""
+FOLLOWER_ROOM = 50_000
+"""Replay waits while a follower has more events than this queued: the backlog stays on disk."""
+HELD_CANCEL_PATIENCE_S = 0.5
+"""A held cancel goes into the log at the latest this long after its decision once the spool
+is read to its end (a worker that cannot say how far it got, stopped or dying)."""
 
 Target = Callable[..., Any]
 
@@ -214,23 +236,44 @@ class RecordingMonitor(BuildMonitor):
 
 def _forward(
     monitor: RecordingMonitor,
-    connection: multiprocessing.connection.Connection,
+    spool: SpoolWriter,
     done: threading.Event,
-    interval_s: float = 0.05,
+    interval_s: float = FORWARD_INTERVAL_S,
 ) -> None:
-    """The worker's only other thread: send the records in batches (tuples of ints and
-    strings pickle in C, so this competes little with the callbacks for the GIL)."""
+    """The worker's only other thread: append the records to the spool in frames. Each
+    frame's watermark is taken before its records, so every callback stamped before it is in
+    that frame or an earlier one. Once a cancel is asked for, an idle tick writes an empty
+    frame, so the supervisor learns that no callback it has not seen came before the cancel."""
     records = monitor.records
+    flag = monitor._flag
+    popleft = records.popleft
     while True:
         finished = done.wait(interval_s)
-        batch = []
-        with contextlib.suppress(IndexError):
-            while True:
-                batch.append(records.popleft())
-        if batch:
-            connection.send(("records", batch, monitor.callbacks_total, monitor.callback_ns_total))
-        if finished and not records:
+        wrote = False
+        while records:
+            watermark_ns = _mono_ns()
+            batch = []
+            with contextlib.suppress(IndexError):
+                for _ in range(MAX_RECORDS_PER_FRAME):
+                    batch.append(popleft())
+            spool.write(
+                encode_frame(
+                    batch, watermark_ns, monitor.callbacks_total, monitor.callback_ns_total
+                )
+            )
+            wrote = True
+        if finished:
+            watermark_ns = _mono_ns()
+            spool.write(
+                encode_frame(
+                    [], watermark_ns, monitor.callbacks_total, monitor.callback_ns_total, final=True
+                )
+            )
             return
+        if not wrote and flag.value:
+            spool.write(
+                encode_frame([], _mono_ns(), monitor.callbacks_total, monitor.callback_ns_total)
+            )
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -252,14 +295,17 @@ def _worker_main(
     target: Target,
     args: tuple[Any, ...],
     *,
+    spool_path: str,
     parent_pid: int,
 ) -> None:
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     monitor = RecordingMonitor(flag, note)
+    spool = SpoolWriter(spool_path)
+    connection.send(("spool_open",))  # the supervisor may now unlink its name
     done = threading.Event()
     forwarder = threading.Thread(
-        target=_forward, args=(monitor, connection, done), name="trt-otel-forwarder"
+        target=_forward, args=(monitor, spool, done), name="trt-otel-forwarder"
     )
     forwarder.start()
     message: tuple[Any, ...]
@@ -269,6 +315,7 @@ def _worker_main(
         message = ("error", type(error).__name__, str(error))
     done.set()
     forwarder.join()
+    spool.close()
     try:
         connection.send(message)
     except Exception as error:  # an unpicklable result: say so rather than vanish
@@ -286,11 +333,10 @@ class _Inbox:
         self.error: str | None = None
         self.error_type: str | None = None
         self.garbled: str | None = None
+        self.spool_open = threading.Event()
 
 
-def _read_worker(
-    connection: multiprocessing.connection.Connection, monitor: BuildMonitor, inbox: _Inbox
-) -> None:
+def _read_worker(connection: multiprocessing.connection.Connection, inbox: _Inbox) -> None:
     while True:
         try:
             message = connection.recv()
@@ -301,16 +347,86 @@ def _read_worker(
             # exits cleanly anyway, this is the reason its result is missing.
             inbox.garbled = f"unreadable message from the build's process ({error})"
             return
-        if message[0] == "records":
-            _, records, callbacks, callback_ns = message
-            for record in records:
-                monitor.replay(record)
-            # The cost that matters is the callbacks' own, in the worker.
-            monitor.callbacks_total, monitor.callback_ns_total = callbacks, callback_ns
+        if message[0] == "spool_open":
+            inbox.spool_open.set()
         elif message[0] == "result":
             inbox.value, inbox.returned = message[1], True
         elif message[0] == "error":
             inbox.error_type, inbox.error = message[1], message[2]
+
+
+class _Replay:
+    """This process's end of the spool: frames into the monitor, on a thread of its own, each
+    only when the log's followers have room for it."""
+
+    def __init__(self, reader: SpoolReader, monitor: BuildMonitor, inbox: _Inbox) -> None:
+        self.reader = reader
+        self.monitor = monitor
+        self.inbox = inbox
+        self.worker_ended = threading.Event()
+        """Set once the worker process has exited: what the spool holds then is all there is."""
+        self.finished = False
+        self.progress = 0
+        """Frames replayed so far (the supervisor waits while this moves)."""
+        self._stuck: set[FollowerWorker] = set()
+        self._seen: dict[FollowerWorker, tuple[int, float]] = {}
+        self.thread = threading.Thread(target=self._run, name="trt-otel-worker-events")
+
+    def _run(self) -> None:
+        monitor = self.monitor
+        try:
+            while True:
+                frames = self.reader.read(max_frames=4)
+                for frame in frames:
+                    self._wait_for_room()
+                    monitor.replay_many(frame.records)
+                    # The cost that matters is the callbacks' own, in the worker.
+                    monitor.callbacks_total = frame.callbacks_total
+                    monitor.callback_ns_total = frame.callback_ns_total
+                    held = monitor.held_cancel
+                    if held is not None and frame.watermark_ns > held.mono_ns:
+                        monitor.release_cancel()
+                    self.progress += 1
+                    if frame.final:
+                        return
+                if frames:
+                    continue
+                if self.worker_ended.is_set():
+                    if not self.reader.read(max_frames=1):  # nothing came in meanwhile
+                        if self.reader.torn:
+                            self.inbox.garbled = "the build's process stopped mid-write"
+                        return
+                    continue
+                held = monitor.held_cancel
+                if held is not None and time.monotonic_ns() - held.mono_ns > (
+                    HELD_CANCEL_PATIENCE_S * 1e9
+                ):
+                    monitor.release_cancel()
+                self.worker_ended.wait(FORWARD_INTERVAL_S / 2)
+        except SpoolError as error:
+            self.inbox.garbled = f"unreadable records from the build's process ({error})"
+        finally:
+            monitor.release_cancel()
+            self.finished = True
+
+    def _wait_for_room(self) -> None:
+        """Wait while a follower is far behind and catching up. One that has handled nothing
+        for a second (hung) is no longer waited for: its own queue's bound drops and counts."""
+        stuck = self._stuck
+        while True:
+            behind = [
+                w for w in self.monitor.log.workers if w.queued > FOLLOWER_ROOM and w not in stuck
+            ]
+            if not behind:
+                return
+            now = time.monotonic()
+            for worker in behind:
+                handled, since = self._seen.get(worker, (-1, now))
+                if worker.handled != handled:
+                    self._seen[worker] = (worker.handled, now)
+                elif now - since > 1.0:
+                    stuck.add(worker)
+            time.sleep(0.005)
 
 
 def run_isolated(
@@ -352,39 +468,57 @@ def run_isolated(
     if monitor.cancelled:  # cancelled before the worker existed: it must not start building
         flag.value = 1
         cancelled_at.append(time.monotonic())
+    # The spool: created here, opened by the worker, and unlinked as soon as it has (so
+    # nothing is left behind, whoever dies); this process reads it through its own descriptor.
+    spool_fd, spool_path = tempfile.mkstemp(prefix="trt-otel-", suffix=".spool")
     receiving, sending = context.Pipe(duplex=False)
     process = context.Process(
         target=_worker_main,
         args=(sending, flag, note, target, args),
-        kwargs={"parent_pid": os.getpid()},
+        kwargs={"spool_path": spool_path, "parent_pid": os.getpid()},
         name="trt-otel-builder",
     )
     inbox = _Inbox()
-    reader = threading.Thread(
-        target=_read_worker, args=(receiving, monitor, inbox), name="trt-otel-worker-events"
+    pipe_reader = threading.Thread(
+        target=_read_worker, args=(receiving, inbox), name="trt-otel-worker-result"
     )
+    replay = _Replay(SpoolReader(spool_fd), monitor, inbox)
     stopped_with: str | None = None
     interrupted = False
     stopped_now: str | None = None
-    process.start()
-    sending.close()
-    reader.start()
+    monitor.hold_cancels = True
     try:
-        while process.is_alive():
-            process.join(poll_s)
-            if cancelled_at and time.monotonic() - cancelled_at[0] >= grace_s:
-                if process.is_alive():
-                    stopped_with = _stop(process, kill_after_s)
-                break
-    except StopNow as stop:
-        stopped_now = stop.signal_name
-        stopped_with = _stop(process, kill_after_s)
-    except KeyboardInterrupt:
-        interrupted = True
-        stopped_with = _stop(process, kill_after_s)
-    # What the worker sent before it ended is still in the pipe: take all of it.
-    reader.join(30.0)
-    receiving.close()
+        process.start()
+        sending.close()
+        pipe_reader.start()
+        replay.thread.start()
+        try:
+            while process.is_alive():
+                process.join(poll_s)
+                if spool_path and inbox.spool_open.is_set():
+                    spool_path = _unlink(spool_path)
+                if cancelled_at and time.monotonic() - cancelled_at[0] >= grace_s:
+                    if process.is_alive():
+                        stopped_with = _stop(process, kill_after_s)
+                    break
+        except StopNow as stop:
+            stopped_now = stop.signal_name
+            stopped_with = _stop(process, kill_after_s)
+        except KeyboardInterrupt:
+            interrupted = True
+            stopped_with = _stop(process, kill_after_s)
+        replay.worker_ended.set()
+        # What the worker recorded before it ended is all in the spool: replay every frame,
+        # however far behind, as long as the replay is moving.
+        _join_while_moving(replay)
+        pipe_reader.join(30.0)
+    finally:
+        monitor.hold_cancels = False
+        monitor.release_cancel()
+        receiving.close()
+        os.close(spool_fd)
+        if spool_path:
+            _unlink(spool_path)
     if inbox.garbled is not None and not inbox.returned and process.exitcode == 0:
         inbox.error_type, inbox.error = "WorkerProtocolError", inbox.garbled
     return IsolatedResult(
@@ -398,6 +532,24 @@ def run_isolated(
         stopped_now=stopped_now,
         pid=process.pid,
     )
+
+
+def _unlink(path: str) -> str:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    return ""
+
+
+def _join_while_moving(replay: _Replay, patience_s: float = 30.0) -> None:
+    """Wait for the replay to finish; give up only if it stops moving for ``patience_s``."""
+    last, since = -1, time.monotonic()
+    while replay.thread.is_alive():
+        replay.thread.join(0.2)
+        if replay.progress != last:
+            last, since = replay.progress, time.monotonic()
+        elif time.monotonic() - since > patience_s:
+            _logger.error("the build's records stopped replaying; the rest are lost")
+            return
 
 
 def _stop(process: Any, kill_after_s: float) -> str | None:

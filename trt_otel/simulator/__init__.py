@@ -1,6 +1,6 @@
 """A faithful simulator of TensorRT's builder, as far as its progress monitor can tell."""
 
-from trt_otel.simulator.callbacks import Callback, TraceError, load_trace
+from trt_otel.simulator.callbacks import Callback, InternedPlan, TraceError, load_trace
 from trt_otel.simulator.driver import Driver, DriveResult, NoOpMonitor
 from trt_otel.simulator.plan import TimeModel, generate_plan
 from trt_otel.simulator.tensorrt_api import (
@@ -15,6 +15,7 @@ __all__ = [
     "Callback",
     "DriveResult",
     "Driver",
+    "InternedPlan",
     "NoOpMonitor",
     "SimulatedTensorRT",
     "TimeModel",

@@ -10,9 +10,11 @@ deeply is a :class:`TraceError` naming the line, never a traceback.
 from __future__ import annotations
 
 import os
+from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, overload
 
 import msgspec
 
@@ -60,8 +62,53 @@ _TRACE_LINE = msgspec.json.Decoder(_TracePhaseStart | _TraceStep | _TracePhaseFi
 """A recorded trace's line (its other keys, ``seq``, ``depth``, ``inferred``, are notes)."""
 
 
-def load_trace(path: str | os.PathLike[str]) -> list[Callback]:
-    """The callbacks of a recorded trace or a trt-otel journal (told apart by the first line)."""
+class InternedPlan(Sequence[Callback]):
+    """A long callback sequence in little memory: each distinct callback once, and the order
+    as 4-byte indexes. A recorded trace repeats a few hundred distinct callbacks (a phase-dense
+    build of a million steps holds about 6,000), so this takes 4 bytes a callback where a list
+    of callbacks takes about 100, iterating it makes no object, and it pickles as one block
+    of bytes: the demo parses a trace once and hands it to the build's process like this."""
+
+    __slots__ = ("_distinct", "_order")
+
+    def __init__(self, distinct: list[Callback], order: array[int]) -> None:
+        self._distinct = distinct
+        self._order = order
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    @overload
+    def __getitem__(self, index: int) -> Callback: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Callback]: ...
+
+    def __getitem__(self, index: int | slice) -> Callback | list[Callback]:
+        if isinstance(index, slice):
+            distinct = self._distinct
+            return [distinct[i] for i in self._order[index]]
+        return self._distinct[self._order[index]]
+
+    def __iter__(self) -> Iterator[Callback]:
+        return map(self._distinct.__getitem__, self._order)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, InternedPlan | list | tuple):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[type[InternedPlan], tuple[list[Callback], array[int]]]:
+        return (InternedPlan, (self._distinct, self._order))
+
+
+def load_trace(path: str | os.PathLike[str]) -> Sequence[Callback]:
+    """The callbacks of a recorded trace or a trt-otel journal (told apart by the first line).
+
+    A recorded trace comes back as an :class:`InternedPlan`; a journal, whose callbacks each
+    carry their own delay, as a list."""
     where = Path(path)
     try:
         with open(where, "rb") as handle:
@@ -80,8 +127,11 @@ def load_trace(path: str | os.PathLike[str]) -> list[Callback]:
     return _callbacks_of_trace(where)
 
 
-def _callbacks_of_trace(path: Path) -> list[Callback]:
-    callbacks: list[Callback] = []
+def _callbacks_of_trace(path: Path) -> InternedPlan:
+    distinct: list[Callback] = []
+    index_of: dict[object, int] = {}
+    order = array("I")
+    add = order.append
     decode = _TRACE_LINE.decode
     with open(path, "rb") as handle:
         for line_no, line in enumerate(handle, start=1):
@@ -89,25 +139,36 @@ def _callbacks_of_trace(path: Path) -> list[Callback]:
                 continue
             try:
                 record = decode(line)
-            except (msgspec.DecodeError, RecursionError) as error:  # ValidationError included
+            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as error:
                 reason = "nested too deeply" if isinstance(error, RecursionError) else str(error)
                 raise TraceError(f"{path}:{line_no}: not a trace callback ({reason})") from None
             if isinstance(record, _TraceStep):
-                callbacks.append(Callback("step_complete", record.phase_name, step=record.step))
+                key: object = (record.phase_name, record.step)
             elif isinstance(record, _TracePhaseStart):
-                callbacks.append(
-                    Callback(
-                        "phase_start",
-                        record.phase_name,
-                        parent=record.parent_phase,
-                        num_steps=record.num_steps,
-                    )
-                )
+                key = (record.phase_name, record.parent_phase, record.num_steps, 0)
             else:
-                callbacks.append(Callback("phase_finish", record.phase_name))
-    if not callbacks:
+                key = record.phase_name
+            index = index_of.get(key)
+            if index is None:
+                index = index_of[key] = len(distinct)
+                distinct.append(_callback_of(record))
+            add(index)
+    if not order:
         raise TraceError(f"{path}: no callbacks in this trace")
-    return callbacks
+    return InternedPlan(distinct, order)
+
+
+def _callback_of(record: _TracePhaseStart | _TraceStep | _TracePhaseFinish) -> Callback:
+    if isinstance(record, _TraceStep):
+        return Callback("step_complete", record.phase_name, step=record.step)
+    if isinstance(record, _TracePhaseStart):
+        return Callback(
+            "phase_start",
+            record.phase_name,
+            parent=record.parent_phase,
+            num_steps=record.num_steps,
+        )
+    return Callback("phase_finish", record.phase_name)
 
 
 def _callbacks_of_journal(path: Path) -> list[Callback]:

@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trt_otel.simulator.callbacks import Callback
+from trt_otel.simulator.callbacks import Callback, InternedPlan
 from trt_otel.simulator.driver import Driver, NoOpMonitor
 from trt_otel.simulator.plan import TimeModel, generate_plan
 
@@ -348,7 +348,8 @@ class SimulatedTensorRT:
     ) -> None:
         self.speed = speed
         self.silence_s = silence_s
-        self.trace = list(trace) if trace is not None else None
+        # A long interned trace stays interned (4 bytes a callback); anything else is copied.
+        self.trace = trace if trace is None or isinstance(trace, InternedPlan) else list(trace)
         self.time_model = time_model or TimeModel()
         self.seed = seed
         self._sleep = sleep
