@@ -20,7 +20,7 @@ from trt_otel.events import CancelRequested, Event, PhaseFinished, PhaseStarted,
 from trt_otel.model import demo_model_bytes
 from trt_otel.simulator import InternedPlan, generate_plan, load_trace
 from trt_otel.supervisor import OddArgument, run_isolated
-from trt_otel.transport import SpoolReader, SpoolWriter, encode_frame
+from trt_otel.transport import MAX_RECORDS_PER_FRAME, SpoolReader, SpoolWriter, encode_frame
 
 CALLBACKS = (PhaseStarted, StepCompleted, PhaseFinished)
 
@@ -164,7 +164,7 @@ def test_a_backlog_waits_in_the_spool_not_in_the_followers_queues(
     assert result.returned and monitor.state.outcome is Outcome.SUCCESS
     assert worker.health().dropped == 0
     assert follower.events == monitor.log.next_seq, "every event reached the follower"
-    assert deepest[0] <= 1_000 + 2 * supervisor.MAX_RECORDS_PER_FRAME
+    assert deepest[0] <= 1_000 + 2 * MAX_RECORDS_PER_FRAME
 
 
 @pytest.mark.parametrize("trace", trace_params())
