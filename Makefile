@@ -33,3 +33,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/callback_latency.py
 	$(BIN)/python benchmarks/cpp_callback_cost.py
 	$(BIN)/python benchmarks/callback_cost.py
+	$(BIN)/python benchmarks/command_cost.py
