@@ -4,6 +4,7 @@ BuildState whose phase tree is the trace's."""
 from __future__ import annotations
 
 import collections
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -68,7 +69,7 @@ def test_replayed_trace_gives_the_traces_phase_tree(trace: Path) -> None:
             assert phase.finish_mono_ns <= parent.finish_mono_ns
 
 
-def behaviours(callbacks: list[Callback]) -> dict[str, object]:
+def behaviours(callbacks: Sequence[Callback]) -> dict[str, object]:
     """What a build's callbacks show of TensorRT's ways, as the monitor folds them."""
     monitor = BuildMonitor()
     Driver(speed=0).run(monitor, callbacks)
