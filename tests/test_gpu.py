@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -146,8 +147,10 @@ def test_the_sampler_thread_samples_and_stops(tmp_path: Path) -> None:
     monitor = BuildMonitor()
     with GpuSampler(monitor.log, reader, interval_s=0.01) as sampler:
         monitor.start()
+        deadline = time.monotonic() + 30
         while sampler.samples < 5:
-            pass
+            assert time.monotonic() < deadline, f"{sampler.samples} samples in 30s"
+            time.sleep(0.005)
     count = sampler.samples
     assert reader.closed
     assert monitor.state.gpu is not None and monitor.state.gpu.index == 0

@@ -139,6 +139,50 @@ def test_prometheus_finds_the_step_gauges_the_build_reported(
         server.close()
 
 
+def gauge_values(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of an exposition text, by name and labels: what a scrape reads."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_the_step_gauges_read_by_a_scrape_are_the_builds_mid_build_and_at_the_end() -> None:
+    """The contract's gauges, read from the exposition text a scrape gets (no Prometheus
+    binary needed): per phase the latest instance's steps and steps completed, the build's
+    total, and its progress."""
+    from prometheus_client import generate_latest
+
+    monitor = BuildMonitor(attributes={"trt.backend": "simulator"})
+    registry = metrics_registry(MetricSources(monitor))
+    plan = generate_plan(13)
+    monitor.start()
+    ratios = []
+    for part in (plan[: len(plan) // 2], plan[len(plan) // 2 :]):
+        Driver(speed=0).run(monitor, part)
+        values = gauge_values(generate_latest(registry).decode())
+        state = monitor.state
+        for name, phase_id in state.latest_by_name.items():
+            phase = state.phases[phase_id]
+            labels = (("phase", name),)
+            assert values[("trt_build_phase_steps", labels)] == phase.num_steps
+            assert values[("trt_build_phase_steps_completed", labels)] == phase.steps_completed
+        assert values[("trt_build_steps_completed_total", ())] == state.steps_completed_total
+        assert values[("trt_build_progress_ratio", ())] == state.progress_ratio()
+        ratios.append(state.progress_ratio())
+    monitor.end()
+    values = gauge_values(generate_latest(registry).decode())
+    assert values[("trt_build_progress_ratio", ())] == 1.0
+    assert 0 < ratios[0] < 1, "mid-build"
+    assert values[("trt_build_state", (("state", "success"),))] == 1
+    assert values[("trt_build_state", (("state", "running"),))] == 0
+    steps = sum(c.kind == "step_complete" for c in plan)
+    assert values[("trt_build_steps_completed_total", ())] == steps
+
+
 @needs_prometheus
 def test_every_dashboard_expression_returns_data_during_a_build(
     prometheus: PrometheusServer, exporter_port: int, tmp_path: Path
