@@ -1,5 +1,6 @@
 """The HTTP view of a build, for IDEs, services and agents.
 
+- ``GET /``: a live web page of the build (:mod:`trt_otel.web`);
 - ``GET /status``: the build as JSON (phase tree, progress, elapsed, estimates, outcome);
 - ``GET /events``: Server-Sent Events of the event log. Each event's ``id:`` is its ``seq``, so a
   client that reconnects with ``Last-Event-ID`` (or asks ``?since=N``) misses nothing and gets
@@ -29,6 +30,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from trt_otel import web
 from trt_otel.clock import SYSTEM_CLOCK, Clock
 from trt_otel.eta import BuildEta, Estimate
 from trt_otel.events import BuildFinished, Event
@@ -320,6 +322,8 @@ def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
                     server.final_served.set()
             elif path == "/cancel":
                 self._json(405, {"error": "use POST"}, {"Allow": "POST"})
+            elif (page := web.asset(path)) is not None:
+                self._send(200, page.content_type, page.body, web.PAGE_HEADERS)
             else:
                 self._json(404, {"error": f"no such resource: {path}"})
 

@@ -1,0 +1,440 @@
+"""The live web page (``GET /``), driven in a real headless Chromium through Selenium.
+
+Each test runs a real ``trt-otel demo`` process serving its HTTP view, points the browser at it
+and reads what a person would see. The browser comes from the system (Debian's ``chromium`` and
+``chromium-driver``, which ``.ci/run`` installs); without it these tests are skipped, except in
+CI, where a missing browser is a failure. Screenshots go to ``TRT_OTEL_SCREENSHOTS`` when set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from trt_otel import read_journal
+
+webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.common.exceptions import WebDriverException  # noqa: E402
+from selenium.webdriver.chrome.webdriver import WebDriver  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+
+CLI = [sys.executable, "-m", "trt_otel.cli"]
+TOKEN = "page-token-for-tests"
+T = TypeVar("T")
+
+pytestmark = pytest.mark.slow
+
+
+def _browser_paths() -> tuple[str, str] | None:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    return (browser, driver) if browser and driver else None
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    paths = _browser_paths()
+    if paths is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium and chromedriver are missing: .ci/run installs them")
+        pytest.skip("needs chromium and chromedriver (apt-get install chromium chromium-driver)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = paths[0]
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",  # CI runs as root
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1100,1200",
+    ):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # An explicit driver path: Selenium would otherwise try to download one.
+    service = webdriver.ChromeService(executable_path=paths[1])
+    driver = webdriver.Chrome(options=options, service=service)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def page(browser: WebDriver) -> Iterator[WebDriver]:
+    browser.set_window_size(1100, 1200)
+    yield browser
+    browser.get("about:blank")  # drop the page's event stream before the next build
+    browser_log(browser)
+
+
+class Demo:
+    """A ``trt-otel demo`` serving its HTTP view on a free port, with a known cancel token.
+
+    ``lines`` collects what it prints; leaving the ``with`` block stops it if still running.
+    """
+
+    def __init__(self, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [*CLI, "demo", "--no-progress", "--http-port", "0", "--cancel-token", TOKEN, *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._announced = threading.Event()
+        self._reader.start()
+        if not self._announced.wait(60):
+            self.close()
+            raise AssertionError(f"the demo did not announce its HTTP endpoint: {self.lines}")
+        announced = (re.match(r"http: (http://[^/]+)/status", line) for line in self.lines)
+        self.base = next(m.group(1) for m in announced if m)
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:  # read all along, so the build never blocks on a pipe
+            self.lines.append(line)
+            if line.startswith("http: "):
+                self._announced.set()
+
+    def wait(self, timeout_s: float = 60) -> int:
+        try:
+            return self.process.wait(timeout_s)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self._reader.join(10)
+        if self.process.stderr is not None:
+            self.process.stderr.close()
+
+    def __enter__(self) -> Demo:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = 60.0) -> T:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            value = probe()
+        except WebDriverException:
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def text_of(driver: WebDriver, element_id: str) -> str:
+    return str(driver.find_element(By.ID, element_id).text)
+
+
+def visible(driver: WebDriver, element_id: str) -> bool:
+    return bool(driver.find_element(By.ID, element_id).is_displayed())
+
+
+def progress_percent(driver: WebDriver) -> int:
+    return int(text_of(driver, "progress-text").rstrip("%") or 0)
+
+
+def outcome(driver: WebDriver) -> str | None:
+    return text_of(driver, "outcome") if visible(driver, "end") else None
+
+
+def screenshot(driver: WebDriver, name: str, tmp_path: Path) -> Path:
+    folder = Path(os.environ.get("TRT_OTEL_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.png"
+    assert driver.save_screenshot(str(path))
+    return path
+
+
+def browser_log(driver: WebDriver) -> list[dict[str, Any]]:
+    """The console entries since the last call (Selenium leaves this call untyped)."""
+    entries: list[dict[str, Any]] = driver.get_log("browser")  # type: ignore[no-untyped-call]
+    return entries
+
+
+def page_errors(driver: WebDriver) -> list[str]:
+    """Errors the page logged (a script error, a blocked resource, a CSP violation), less the
+    requests that met the build's process exiting at its end."""
+    gone = ("ERR_CONNECTION_RESET", "ERR_CONNECTION_REFUSED", "ERR_EMPTY_RESPONSE")
+    return [
+        entry["message"]
+        for entry in browser_log(driver)
+        if entry["level"] == "SEVERE"
+        and "/favicon.ico" not in entry["message"]
+        and not any(word in entry["message"] for word in gone)
+    ]
+
+
+def test_page_shows_the_build_moving_to_its_outcome(page: WebDriver, tmp_path: Path) -> None:
+    with Demo("--speed", "2") as demo:
+        page.get(demo.base + "/")
+        assert page.title == "TensorRT build"
+        seen: list[int] = []
+
+        def progress_moved() -> bool:
+            value = progress_percent(page)
+            if not seen or value != seen[-1]:
+                seen.append(value)
+            return len(seen) >= 4 or outcome(page) is not None
+
+        wait_for("progress to move", progress_moved)
+        assert seen == sorted(seen) and len(set(seen)) >= 3, seen
+        tree = wait_for("the phase tree", lambda: page.find_elements(By.CSS_SELECTOR, "#tree li"))
+        assert any("Building engine" in item.text for item in tree)
+        assert re.fullmatch(r"\d+\.\ds|\d+m\d\ds", text_of(page, "elapsed"))
+        assert text_of(page, "last-callback").endswith("ago")
+        assert wait_for("the outcome", lambda: outcome(page)) == "Built successfully (success)"
+        assert progress_percent(page) == 100
+        assert text_of(page, "state") == "success"
+        # Folded like /status: a name repeated under one parent is one line with a count.
+        assert any("×" in item.text for item in page.find_elements(By.CSS_SELECTOR, "#tree li"))
+        screenshot(page, "web-success", tmp_path)
+        assert demo.wait() == 0
+        assert page_errors(page) == []
+
+
+def test_page_says_when_tensorrt_is_inside_a_silent_step(page: WebDriver, tmp_path: Path) -> None:
+    with Demo("--speed", "4", "--silence", "12s") as demo:
+        page.get(demo.base + "/")
+        notice = wait_for(
+            "the silent-step notice",
+            lambda: text_of(page, "silence-text") if visible(page, "silence") else None,
+        )
+        assert notice.startswith("Silent step: no callback from TensorRT for ")
+        assert re.search(r"inside step \d+ of \d+ of “[^”]+”", notice), notice
+        before = text_of(page, "last-callback")
+        time.sleep(1.5)  # the notice counts the silence up while nothing arrives
+        assert text_of(page, "last-callback") != before
+        screenshot(page, "web-silent-step", tmp_path)
+        wait_for("the silence to end", lambda: not visible(page, "silence"))
+        assert wait_for("the outcome", lambda: outcome(page)) == "Built successfully (success)"
+        assert demo.wait() == 0
+
+
+def test_cancel_from_the_page(page: WebDriver, tmp_path: Path) -> None:
+    # A metrics port that waits for a last scrape keeps the view up after the end: time to see
+    # the page's answer to a cancel of an ended build.
+    with Demo(
+        "--speed",
+        "1",
+        "--grace",
+        "5s",
+        "--prometheus-port",
+        "0",
+        "--prometheus-linger",
+        "30s",
+    ) as demo:
+        page.get(demo.base + "/")
+        wait_for("progress", lambda: progress_percent(page) > 0)
+        result = page.find_element(By.ID, "cancel-result")
+
+        def answer() -> str | None:
+            status = result.get_attribute("data-status")
+            return str(status) if status else None
+
+        def submit(token: str, reason: str = "") -> str:
+            page.execute_script("document.getElementById('cancel-result').dataset.status = ''")
+            field = page.find_element(By.ID, "token")
+            field.clear()
+            field.send_keys(token)
+            box = page.find_element(By.ID, "reason")
+            box.clear()
+            box.send_keys(reason, Keys.ENTER)  # submitted from the keyboard
+            return wait_for("the cancel answer", answer, timeout_s=15)
+
+        assert submit("") == "401"
+        assert "token is needed" in result.text
+        assert submit("not-the-token") == "403"
+        assert "Wrong token" in result.text
+        assert demo.process.poll() is None
+        assert submit(TOKEN, "stopped from the page") == "202"
+        assert "Cancel accepted" in result.text
+        assert wait_for("the outcome", lambda: outcome(page)) == (
+            "The build was cancelled (cancellation)"
+        )
+        assert text_of(page, "cancel-reason") == "stopped from the page"
+        assert text_of(page, "cancel-source") == "http"
+        screenshot(page, "web-cancelled", tmp_path)
+        # The button is off once the build has ended; the view still answers a late request.
+        assert not page.find_element(By.ID, "cancel-button").is_enabled()
+        page.execute_script("document.getElementById('cancel-button').disabled = false")
+        assert submit(TOKEN) == "409"
+        assert "already ended" in result.text
+        _scrape(demo.lines)
+        assert demo.wait() == 3
+
+
+def _scrape(output: list[str]) -> None:
+    """The last scrape the build waits for, so it exits now."""
+    url = next(m.group(1) for line in output if (m := re.match(r"metrics: (http://\S+)", line)))
+    with urllib.request.urlopen(url, timeout=10):
+        pass
+
+
+HOSTILE_PHASE = '<img src=x onerror="window.pwned=1"><b>Optimizing</b> & "graph"'
+HOSTILE_REASON = "<script>window.pwned=2</script><i>too slow</i>"
+
+
+def test_markup_from_the_build_is_shown_as_text(page: WebDriver, tmp_path: Path) -> None:
+    trace = tmp_path / "hostile.jsonl"
+    calls: list[dict[str, Any]] = [
+        {"cb": "phase_start", "phase_name": "Building engine", "parent_phase": None,
+         "num_steps": 2},
+        {"cb": "phase_start", "phase_name": HOSTILE_PHASE, "parent_phase": "Building engine",
+         "num_steps": 400},
+    ]  # fmt: skip
+    calls += [{"cb": "step_complete", "phase_name": HOSTILE_PHASE, "step": s} for s in range(400)]
+    calls += [{"cb": "phase_finish", "phase_name": HOSTILE_PHASE}]
+    calls += [{"cb": "step_complete", "phase_name": "Building engine", "step": 0}]
+    calls += [{"cb": "phase_finish", "phase_name": "Building engine"}]
+    trace.write_text("".join(json.dumps(c) + "\n" for c in calls))
+    with Demo("--trace", str(trace), "--speed", "1", "--silence", "60s") as demo:
+        page.get(demo.base + "/")
+        names = wait_for(
+            "the hostile phase",
+            lambda: [
+                n.text
+                for n in page.find_elements(By.CSS_SELECTOR, "#tree .name")
+                if "Optimizing" in n.text
+            ],
+        )
+        assert names == [HOSTILE_PHASE]
+        _post_cancel(demo.base, HOSTILE_REASON)
+        wait_for("the outcome", lambda: outcome(page))
+        assert text_of(page, "cancel-reason") == HOSTILE_REASON
+        assert page.find_elements(By.CSS_SELECTOR, "main img, main b, main i, main script") == []
+        assert page.execute_script("return window.pwned === undefined")
+        assert demo.wait() == 3
+        assert page_errors(page) == []
+
+
+def _post_cancel(base: str, reason: str) -> None:
+    request = urllib.request.Request(
+        base + "/cancel",
+        data=json.dumps({"reason": reason}).encode(),
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 202
+
+
+def test_page_reads_well_at_a_phones_width(page: WebDriver, tmp_path: Path) -> None:
+    with Demo("--speed", "4") as demo:
+        page.set_window_size(390, 844)
+        page.get(demo.base + "/")
+        wait_for("the outcome", lambda: outcome(page))
+        overflow = page.execute_script(
+            "return document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        assert overflow <= 0, f"the page is {overflow}px wider than a phone's screen"
+        # Every form control has a label a screen reader can say.
+        for control in page.find_elements(By.CSS_SELECTOR, "input"):
+            labels = page.find_elements(
+                By.CSS_SELECTOR, f"label[for='{control.get_attribute('id')}']"
+            )
+            assert labels, control.get_attribute("id")
+        screenshot(page, "web-phone", tmp_path)
+        assert demo.wait() == 0
+
+
+class CuttingProxy:
+    """A TCP proxy that cuts every event stream after a few kilobytes, mid-frame, as a
+    flaky network would; the page must resume where it was and count nothing twice."""
+
+    def __init__(self, upstream_port: int, cut_after: int = 50_000) -> None:
+        self.upstream_port = upstream_port
+        self.cut_after = cut_after
+        self.cuts = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        with client:
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            except OSError:
+                return  # the build has exited
+            with upstream, contextlib.suppress(OSError):
+                self._pipe(client, upstream)
+
+    def _pipe(self, client: socket.socket, upstream: socket.socket) -> None:
+        request = client.recv(65536)
+        upstream.sendall(request)
+        limit = self.cut_after if request.startswith(b"GET /events") else None
+        sent = 0
+        while data := upstream.recv(65536):
+            if limit is not None and sent + len(data) > limit:
+                client.sendall(data[: limit - sent])
+                self.cuts += 1
+                return
+            client.sendall(data)
+            sent += len(data)
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def test_page_resumes_a_dropped_event_stream(page: WebDriver, tmp_path: Path) -> None:
+    journal = tmp_path / "build.jsonl"
+    with Demo("--speed", "2", "--journal", str(journal)) as demo:
+        proxy = CuttingProxy(int(demo.base.rsplit(":", 1)[1]))
+        page.get(f"http://127.0.0.1:{proxy.port}/")
+        wait_for("the outcome", lambda: outcome(page), timeout_s=90)
+        assert demo.wait() == 0
+        assert proxy.cuts >= 3
+        events = len(read_journal(journal).events)
+        received = int(text_of(page, "events-count").replace(",", ""))
+        assert received == events
+        assert text_of(page, "outcome") == "Built successfully (success)"
+        proxy.close()
+
+
+def test_assets_are_served_by_the_view_with_a_strict_policy() -> None:
+    with Demo("--speed", "4") as demo:
+        with urllib.request.urlopen(demo.base + "/", timeout=10) as response:
+            html = response.read().decode()
+            policy = response.headers["Content-Security-Policy"]
+        assert "script-src 'self'" in policy and "unsafe-inline" not in policy
+        for asset in re.findall(r'(?:src|href)="([^"]+)"', html):
+            assert not asset.startswith(("http:", "https:", "//")), asset
+            with urllib.request.urlopen(f"{demo.base}/{asset}", timeout=10) as response:
+                assert response.status == 200 and response.read()
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(demo.base + "/assets/../cli.py", timeout=10)
+        assert missing.value.code == 404
+        assert demo.wait() == 0
