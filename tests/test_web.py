@@ -364,13 +364,14 @@ def test_page_reads_well_at_a_phones_width(page: WebDriver, tmp_path: Path) -> N
 
 
 class CuttingProxy:
-    """A TCP proxy that cuts every event stream after a few kilobytes, mid-frame, as a
-    flaky network would; the page must resume where it was and count nothing twice."""
+    """A TCP proxy that cuts every event stream after some kilobytes, mid-frame, as a flaky
+    network would; the page must resume where it was and count nothing twice."""
 
     def __init__(self, upstream_port: int, cut_after: int = 50_000) -> None:
         self.upstream_port = upstream_port
         self.cut_after = cut_after
         self.cuts = 0
+        self.streams = 0
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
@@ -394,8 +395,16 @@ class CuttingProxy:
 
     def _pipe(self, client: socket.socket, upstream: socket.socket) -> None:
         request = client.recv(65536)
+        limit = None
+        if request.startswith(b"GET /events"):
+            limit = self.cut_after
+            self.streams += 1
+            if self.streams == 2:
+                # Once, the resumed stream loses its Last-Event-ID on the way (as through a
+                # proxy that drops the header): the build sends everything again, and the page
+                # must count none of it twice.
+                request = re.sub(rb"(?im)^last-event-id:[^\n]*\n", b"", request)
         upstream.sendall(request)
-        limit = self.cut_after if request.startswith(b"GET /events") else None
         sent = 0
         while data := upstream.recv(65536):
             if limit is not None and sent + len(data) > limit:
