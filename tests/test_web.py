@@ -25,8 +25,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from trt_otel import read_journal
+from trt_otel import BuildMonitor, Outcome, read_journal
+from trt_otel.eta import EtaProjection
+from trt_otel.gpu import GpuReading, GpuSampler
+from trt_otel.sinks.http import StatusServer
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.common.exceptions import WebDriverException  # noqa: E402
@@ -236,64 +240,121 @@ def test_page_says_when_tensorrt_is_inside_a_silent_step(page: WebDriver, tmp_pa
         assert demo.wait() == 0
 
 
+def submit_cancel(page: WebDriver, token: str, reason: str = "") -> str:
+    """Fill the page's cancel form from the keyboard and return the status it shows."""
+    result = page.find_element(By.ID, "cancel-result")
+    page.execute_script("arguments[0].dataset.status = ''", result)
+    field = page.find_element(By.ID, "token")
+    field.clear()
+    field.send_keys(token)
+    box = page.find_element(By.ID, "reason")
+    box.clear()
+    box.send_keys(reason, Keys.ENTER)  # Enter in a field submits the form
+
+    def answer() -> str | None:
+        status = result.get_attribute("data-status")
+        return str(status) if status else None
+
+    return wait_for("the cancel answer", answer, timeout_s=15)
+
+
 def test_cancel_from_the_page(page: WebDriver, tmp_path: Path) -> None:
-    # A metrics port that waits for a last scrape keeps the view up after the end: time to see
-    # the page's answer to a cancel of an ended build.
-    with Demo(
-        "--speed",
-        "1",
-        "--grace",
-        "5s",
-        "--prometheus-port",
-        "0",
-        "--prometheus-linger",
-        "30s",
-    ) as demo:
+    with Demo("--speed", "1", "--grace", "5s") as demo:
         page.get(demo.base + "/")
         wait_for("progress", lambda: progress_percent(page) > 0)
-        result = page.find_element(By.ID, "cancel-result")
-
-        def answer() -> str | None:
-            status = result.get_attribute("data-status")
-            return str(status) if status else None
-
-        def submit(token: str, reason: str = "") -> str:
-            page.execute_script("document.getElementById('cancel-result').dataset.status = ''")
-            field = page.find_element(By.ID, "token")
-            field.clear()
-            field.send_keys(token)
-            box = page.find_element(By.ID, "reason")
-            box.clear()
-            box.send_keys(reason, Keys.ENTER)  # submitted from the keyboard
-            return wait_for("the cancel answer", answer, timeout_s=15)
-
-        assert submit("") == "401"
-        assert "token is needed" in result.text
-        assert submit("not-the-token") == "403"
-        assert "Wrong token" in result.text
+        assert submit_cancel(page, "") == "401"
+        assert "token is needed" in text_of(page, "cancel-result")
+        assert submit_cancel(page, "not-the-token") == "403"
+        assert "Wrong token" in text_of(page, "cancel-result")
         assert demo.process.poll() is None
-        assert submit(TOKEN, "stopped from the page") == "202"
-        assert "Cancel accepted" in result.text
+        assert submit_cancel(page, TOKEN, "stopped from the page") == "202"
+        assert "Cancel accepted" in text_of(page, "cancel-result")
         assert wait_for("the outcome", lambda: outcome(page)) == (
             "The build was cancelled (cancellation)"
         )
         assert text_of(page, "cancel-reason") == "stopped from the page"
         assert text_of(page, "cancel-source") == "http"
-        screenshot(page, "web-cancelled", tmp_path)
-        # The button is off once the build has ended; the view still answers a late request.
         assert not page.find_element(By.ID, "cancel-button").is_enabled()
-        page.execute_script("document.getElementById('cancel-button').disabled = false")
-        assert submit(TOKEN) == "409"
-        assert "already ended" in result.text
-        _scrape(demo.lines)
+        screenshot(page, "web-cancelled", tmp_path)
         assert demo.wait() == 3
 
 
-def _scrape(output: list[str]) -> None:
-    """The last scrape the build waits for, so it exits now."""
-    url = next(m.group(1) for line in output if (m := re.match(r"metrics: (http://\S+)", line)))
-    with urllib.request.urlopen(url, timeout=10):
+# -- against a view in this process, to hold a build in a chosen state ---------------------------
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[BuildMonitor, StatusServer]]:
+    monitor = BuildMonitor()
+    eta = EtaProjection()
+    monitor.log.follow(eta)
+    server = StatusServer(monitor, eta, CollectorRegistry(), port=0, cancel_token=TOKEN)
+    monitor.log.follow(server.feed, capacity=1_000_000)
+    try:
+        yield monitor, server
+    finally:
+        monitor.end()
+        monitor.close()
+        server.close(linger_s=2.0)
+
+
+def test_a_cancel_after_the_end_shows_409(
+    page: WebDriver, served: tuple[BuildMonitor, StatusServer]
+) -> None:
+    monitor, server = served
+    monitor.start()
+    monitor.phase_start("Building engine", None, 2)
+    monitor.step_complete("Building engine", 0)
+    monitor.end(Outcome.SUCCESS)
+    page.get(server.url + "/")
+    assert wait_for("the outcome", lambda: outcome(page)) == "Built successfully (success)"
+    # The button is off once the build has ended; a request sent anyway gets the view's answer.
+    assert not page.find_element(By.ID, "cancel-button").is_enabled()
+    page.execute_script("document.getElementById('cancel-button').disabled = false")
+    assert submit_cancel(page, TOKEN) == "409"
+    assert "already ended" in text_of(page, "cancel-result")
+
+
+class RisingGpu:
+    """A GPU whose load climbs by a tenth each reading (NVML needs a real one)."""
+
+    index = 0
+
+    def __init__(self) -> None:
+        self.readings = 0
+
+    def read(self) -> GpuReading:
+        self.readings += 1
+        load = min(1.0, self.readings / 10)
+        return GpuReading(
+            memory_used_bytes=int(load * 8 * 2**30),
+            memory_total_bytes=80 * 2**30,
+            utilization=load,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {"gpu.name": "rising"}
+
+    def close(self) -> None:
         pass
+
+
+def test_gpu_samples_are_drawn_over_time(
+    page: WebDriver, served: tuple[BuildMonitor, StatusServer], tmp_path: Path
+) -> None:
+    monitor, server = served
+    monitor.start()
+    monitor.phase_start("Building engine", None, 2)
+    page.get(server.url + "/")
+    wait_for("the page", lambda: text_of(page, "link") == "live")
+    assert not visible(page, "gpu")  # nothing sampled, nothing shown
+    with GpuSampler(monitor.log, RisingGpu(), interval_s=0.05):
+        wait_for("ten samples", lambda: "100% busy" in text_of(page, "gpu-now"))
+    assert text_of(page, "gpu-now") == "GPU 0 · 100% busy · 8.0 of 80 GiB used"
+    points = str(page.find_element(By.ID, "gpu-util-line").get_attribute("points")).split()
+    assert len(points) >= 10
+    heights = [float(point.split(",")[1]) for point in points]
+    assert heights[0] > heights[-1] == 0.0  # drawn from the bottom up as the load rises
+    screenshot(page, "web-gpu", tmp_path)
 
 
 HOSTILE_PHASE = '<img src=x onerror="window.pwned=1"><b>Optimizing</b> & "graph"'

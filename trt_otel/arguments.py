@@ -376,8 +376,8 @@ def add_observability_options(parser: argparse.ArgumentParser) -> Group:
         "--http-port",
         type=port,
         metavar="PORT",
-        help="serve /status, /events (SSE), /metrics, /healthz and POST /cancel on this port "
-        "(0 picks a free one)",
+        help="serve a live page of the build at /, and /status, /events (SSE), /metrics, "
+        "/healthz and POST /cancel on this port (0 picks a free one)",
     )
     group.add_argument(
         "--http-address",

@@ -224,6 +224,7 @@ def status_server(
                 f"cannot serve HTTP on {config.address}:{config.port}: {error.strerror or error}"
             ) from None
         server.token_file = token_file
+        say(f"page: {server.url}/")
         say(f"http: {server.url}/status  {server.url}/events")
         if token_file is not None:
             say(

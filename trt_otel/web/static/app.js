@@ -274,7 +274,10 @@
     const facts = document.createElement("span");
     facts.className = "facts-inline";
     if (phase.count !== undefined) {
-      facts.textContent = " ×" + phase.count + " · " + formatDuration(phase.elapsed_s) + " in all";
+      // A folded group; a group of one is just a finished phase.
+      facts.textContent = phase.count === 1
+        ? " · " + formatDuration(phase.elapsed_s)
+        : " ×" + phase.count + " · " + formatDuration(phase.elapsed_s) + " in all";
     } else {
       const steps = " " + (phase.last_step + 1) + "/" + phase.num_steps;
       facts.textContent = steps + " · " + formatDuration(phase.elapsed_s);
