@@ -506,5 +506,6 @@ def test_assets_are_served_by_the_view_with_a_strict_policy() -> None:
                 assert response.status == 200 and response.read()
         with pytest.raises(urllib.error.HTTPError) as missing:
             urllib.request.urlopen(demo.base + "/assets/../cli.py", timeout=10)
+        missing.value.close()
         assert missing.value.code == 404
         assert demo.wait() == 0
