@@ -28,8 +28,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from trt_otel import BuildMonitor, Outcome, read_journal
-from trt_otel.eta import EtaProjection
 from trt_otel.gpu import GpuReading, GpuSampler
+from trt_otel.readmodel import ReadModel
 from trt_otel.sinks.http import StatusServer
 
 webdriver = pytest.importorskip("selenium.webdriver")
@@ -285,9 +285,9 @@ def test_cancel_from_the_page(page: WebDriver, tmp_path: Path) -> None:
 @pytest.fixture
 def served() -> Iterator[tuple[BuildMonitor, StatusServer]]:
     monitor = BuildMonitor()
-    eta = EtaProjection()
-    monitor.log.follow(eta)
-    server = StatusServer(monitor, eta, CollectorRegistry(), port=0, cancel_token=TOKEN)
+    model = ReadModel()
+    monitor.log.follow(model)
+    server = StatusServer(monitor, model, CollectorRegistry(), port=0, cancel_token=TOKEN)
     monitor.log.follow(server.feed, capacity=1_000_000)
     try:
         yield monitor, server
