@@ -208,7 +208,9 @@ def test_page_shows_the_build_moving_to_its_outcome(page: WebDriver, tmp_path: P
             return len(seen) >= 4 or outcome(page) is not None
 
         wait_for("progress to move", progress_moved)
-        assert seen == sorted(seen) and len(set(seen)) >= 3, seen
+        # TensorRT's progress is not monotonic (a new root phase can pull the average down),
+        # so "moving" is: several different values, going up overall.
+        assert len(set(seen)) >= 3 and max(seen) > seen[0], seen
         tree = wait_for("the phase tree", lambda: page.find_elements(By.CSS_SELECTOR, "#tree li"))
         assert any("Building engine" in item.text for item in tree)
         assert re.fullmatch(r"\d+\.\ds|\d+m\d\ds", text_of(page, "elapsed"))
