@@ -65,19 +65,25 @@ def test_subclasses_of_buildmonitor_are_bound_too(fake_tensorrt: types.ModuleTyp
     assert monitor.step_complete("nothing open", 0) is True
 
 
-def test_without_tensorrt_a_monitor_is_a_plain_object() -> None:
-    if "tensorrt" in sys.modules:
-        pytest.skip("tensorrt is imported in this process")
+def test_without_either_library_a_monitor_is_a_plain_object(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("tensorrt", "tensorrt_rtx"):
+        monkeypatch.setitem(sys.modules, name, None)  # what an uninstalled module looks like
     monitor = BuildMonitor()
     assert type(monitor) is BuildMonitor
+    assert monitor.backend is None
 
 
-def test_importing_trt_otel_does_not_import_tensorrt() -> None:
-    code = "import sys, trt_otel, trt_otel.cli; print('tensorrt' in sys.modules)"
+def test_importing_trt_otel_imports_neither_library() -> None:
+    code = (
+        "import sys, trt_otel, trt_otel.cli, trt_otel.build, trt_otel.backends; "
+        "print('tensorrt' in sys.modules, 'tensorrt_rtx' in sys.modules)"
+    )
     output = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
-    assert output.strip() == "False"
+    assert output.strip() == "False False"
 
 
 def test_the_public_api_is_exactly_all() -> None:

@@ -114,16 +114,17 @@ def test_a_garbage_trace_is_refused(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "not a trace callback" in capsys.readouterr().err
 
 
-def test_build_without_tensorrt_names_the_extra(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_build_without_either_library_names_both_extras(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if "tensorrt" in sys.modules:
-        pytest.skip("tensorrt is installed")
+    for name in ("tensorrt", "tensorrt_rtx"):
+        monkeypatch.setitem(sys.modules, name, None)  # as if neither were installed
     model = tmp_path / "model.onnx"
     model.write_bytes(demo_model_bytes())
     assert main(["build", str(model), "-o", str(tmp_path / "m.engine")]) == 2
     err = capsys.readouterr().err
-    assert "TensorRT is not installed" in err and "trt-otel[tensorrt]" in err
+    assert "no TensorRT builder is installed" in err
+    assert "trt-otel[tensorrt-rtx]" in err and "trt-otel[tensorrt]" in err
     assert not (tmp_path / "m.engine").exists()
 
 

@@ -1,10 +1,10 @@
-"""One build function for the real TensorRT and the simulator.
+"""One build function for TensorRT, TensorRT-RTX and the simulator.
 
-``run_build(trt, ...)`` takes the ``tensorrt`` module (or a
-:class:`~trt_otel.simulator.SimulatedTensorRT`) and uses only the documented API: a builder, an
-explicit-batch network, the ONNX parser, a builder config with ``progress_monitor``, and
-``build_serialized_network``. So every line of it that the simulator exercises is the line the
-real build runs.
+``run_build(trt, ...)`` takes the builder library's module (``tensorrt``, ``tensorrt_rtx``, or a
+:class:`~trt_otel.simulator.SimulatedTensorRT`) and uses only the API the two libraries share:
+a builder, a network, the ONNX parser, a builder config with ``progress_monitor``, and
+``build_serialized_network``. So the line the tests run on TensorRT-RTX's real builder is the
+line a TensorRT build runs.
 """
 
 from __future__ import annotations
@@ -15,17 +15,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trt_otel import preflight
+from trt_otel import backends, preflight
+from trt_otel.backends import Backend
 from trt_otel.events import Outcome
 from trt_otel.monitor import BuildMonitor
-from trt_otel.options import BuildOptions, ShapeRange
+from trt_otel.options import BuildOptions, ShapeRange, unsupported_options
 from trt_otel.saving import save_build
 
 _SEVERITY_RANK = {"internal_error": 0, "error": 1, "warning": 2, "info": 3, "verbose": 4}
 
 
 class BuildSetupError(Exception):
-    """A build that cannot start (missing model, no TensorRT, bad options): exit code 2."""
+    """A build that cannot start (missing model, no builder library, an option the library
+    does not have): exit code 2."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +50,12 @@ class BuildJob:
     engine_path: Path | None = None
     options: BuildOptions = field(default_factory=BuildOptions)
     simulator: SimulatorSettings | None = None
-    """None builds with the real ``tensorrt``."""
+    """None builds with a real builder library: ``backend``."""
     plan: Sequence[Any] | None = None
     """The simulator's trace, already parsed (the demo parses it once, to check it before the
     build, and hands it over, interned, rather than have the worker parse it again)."""
+    backend: str | None = None
+    """The backend's name (``tensorrt``, ``tensorrt-rtx``); None for the default one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,24 +66,42 @@ class BuildResult:
     engine_bytes: int
 
 
-def import_tensorrt() -> Any:
-    """The real ``tensorrt`` module, or a BuildSetupError saying how to get it."""
+def select_backend(name: str | None = None) -> tuple[Backend, Any]:
+    """The backend to build with (``name``, else the default one) and its imported module, or a
+    BuildSetupError saying how to install one."""
+    if name is None:
+        backend = backends.default_backend()
+        if backend is None:
+            raise BuildSetupError(backends.install_hint())
+    else:
+        try:
+            backend = backends.backend_named(name)
+        except ValueError as error:
+            raise BuildSetupError(str(error)) from None
     try:
-        import tensorrt
+        return backend, backends.import_module(backend)
     except ImportError as error:
-        raise BuildSetupError(
-            f"TensorRT is not installed ({error}); install it with "
-            "`pip install 'trt-otel[tensorrt]'` on a machine with an NVIDIA GPU, "
-            "or try `trt-otel demo` to run the same pipeline on the simulator"
-        ) from None
-    return tensorrt
+        hint = "" if name is None else f" (or leave out --backend {name})"
+        raise BuildSetupError(f"{error}{hint}") from None
+
+
+def import_tensorrt() -> Any:
+    """The default backend's module, or a BuildSetupError saying how to get one."""
+    return select_backend()[1]
+
+
+def check_builder_options(trt: Any, options: BuildOptions) -> None:
+    """Refuse (BuildSetupError) the options that the library ``trt`` does not have."""
+    problems = unsupported_options(trt, options)
+    if problems:
+        raise BuildSetupError("; ".join(problems))
 
 
 def run_build_job(monitor: BuildMonitor, job: BuildJob) -> BuildResult:
     """Run ``job`` with ``monitor`` attached: the body of a build's worker process, and of an
     in-process build alike."""
     if job.simulator is None:
-        trt = import_tensorrt()
+        _, trt = select_backend(job.backend)
     else:
         from trt_otel.simulator import SimulatedTensorRT, load_trace
 
@@ -134,6 +156,7 @@ def run_build(
     nor touches an existing one.
     """
     options = options or BuildOptions()
+    check_builder_options(trt, options)
     logger = _event_logger(trt, monitor, options.log_level)
     builder = trt.Builder(logger)
     if options.max_threads is not None:
@@ -148,9 +171,11 @@ def run_build(
 
     config = builder.create_builder_config()
     _configure(trt, config, options)
-    _add_profile(builder, config, network, options, monitor)
+    profile, inputs = _add_profile(builder, config, network, options, monitor)
     timing_cache = _load_timing_cache(config, options.timing_cache, monitor)
-    config.progress_monitor = monitor
+    if _SEVERITY_RANK[options.log_level] >= _SEVERITY_RANK["info"]:
+        monitor.log_message("INFO", _config_summary(trt, builder, config, profile, inputs))
+    config.progress_monitor = _attachable(trt, monitor)
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         outcome = monitor.end_with_result(serialized)
@@ -174,31 +199,23 @@ def _network_flags(trt: Any, options: BuildOptions) -> int:
     if hasattr(creation, "EXPLICIT_BATCH"):  # the default, and deprecated, from TensorRT 10
         flags |= 1 << int(creation.EXPLICIT_BATCH)
     if options.strongly_typed:
-        if not hasattr(creation, "STRONGLY_TYPED"):
-            raise BuildSetupError("this TensorRT has no strongly typed networks")
         flags |= 1 << int(creation.STRONGLY_TYPED)
     return flags
 
 
 def _configure(trt: Any, config: Any, options: BuildOptions) -> None:
+    """Set the options on ``config`` (checked by :func:`check_builder_options` already)."""
     for precision in options.precisions:
-        flag = getattr(trt.BuilderFlag, precision.upper(), None)
-        if flag is None:
-            version = getattr(trt, "__version__", "?")
-            raise BuildSetupError(f"TensorRT {version} has no {precision} builder flag")
-        config.set_flag(flag)
+        config.set_flag(getattr(trt.BuilderFlag, precision.upper()))
     for pool_name, size in options.memory_pools.items():
-        pool = getattr(trt.MemoryPoolType, pool_name, None)
-        if pool is None:
-            raise BuildSetupError(f"this TensorRT has no {pool_name} memory pool")
-        config.set_memory_pool_limit(pool, size)
+        config.set_memory_pool_limit(getattr(trt.MemoryPoolType, pool_name), size)
     if options.optimization_level is not None:
         config.builder_optimization_level = options.optimization_level
 
 
 def _add_profile(
     builder: Any, config: Any, network: Any, options: BuildOptions, monitor: BuildMonitor
-) -> None:
+) -> tuple[Any, list[str]]:
     """One optimization profile: the given shapes, and for a dynamic input given none, its
     dynamic dimensions set to 1 (as trtexec does), said in a log event."""
     inputs = [network.get_input(i) for i in range(network.num_inputs)]
@@ -227,11 +244,56 @@ def _add_profile(
                 f"{'x'.join(map(str, fixed))} (give --shapes for a range)",
             )
     if not ranges:
-        return
+        return None, []
     profile = builder.create_optimization_profile()
     for name, (low, opt, high) in ranges.items():
         profile.set_shape(name, low, opt, high)
     config.add_optimization_profile(profile)
+    return profile, sorted(ranges)
+
+
+def _config_summary(trt: Any, builder: Any, config: Any, profile: Any, inputs: list[str]) -> str:
+    """What the builder's config holds, read back from the library's own objects, so that the
+    journal shows what the build got, not only what was asked for."""
+    try:
+        parts = [
+            f"optimization level {config.builder_optimization_level}",
+            f"max threads {builder.max_threads}",
+        ]
+        for name in ("WORKSPACE", "TACTIC_DRAM", "TACTIC_SHARED_MEMORY"):
+            pool = getattr(trt.MemoryPoolType, name, None)
+            if pool is not None:
+                parts.append(f"{name.lower()} pool {config.get_memory_pool_limit(pool)}")
+        for name in inputs:
+            shapes = ("x".join(str(int(d)) for d in dims) for dims in profile.get_shape(name))
+            parts.append(f"profile {name} {'/'.join(shapes)}")
+    except Exception as error:  # a library without one of these getters: say so, build on
+        return f"builder config: cannot be read back ({type(error).__name__}: {error})"
+    return "builder config: " + ", ".join(parts)
+
+
+def _attachable(trt: Any, monitor: BuildMonitor) -> Any:
+    """``monitor`` as the library's ``IProgressMonitor``: itself when it is one (the usual
+    case), else a forwarder that is (a monitor bound to the other library, where both are
+    installed: the build's worker creates its monitor before it knows the library)."""
+    base: Any = getattr(trt, "IProgressMonitor", None)
+    if not isinstance(base, type) or isinstance(monitor, base):
+        return monitor
+
+    class Forwarder(base):  # type: ignore[misc]
+        def __init__(self) -> None:
+            base.__init__(self)  # pybind11 requires it when __init__ is overridden
+
+        def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
+            monitor.phase_start(phase_name, parent_phase, num_steps)
+
+        def step_complete(self, phase_name: str, step: int) -> bool:
+            return monitor.step_complete(phase_name, step)
+
+        def phase_finish(self, phase_name: str) -> None:
+            monitor.phase_finish(phase_name)
+
+    return Forwarder()
 
 
 def _load_timing_cache(config: Any, path: Path | None, monitor: BuildMonitor) -> Any:
@@ -254,8 +316,17 @@ def _load_timing_cache(config: Any, path: Path | None, monitor: BuildMonitor) ->
 
 
 def _describe_parser_error(error: Any) -> str:
+    """``node 1 (fancy, FancyOp): ...``: the node's index, and its name and operator where the
+    parser says them (TensorRT 10 and TensorRT-RTX do)."""
     node = error.node()
-    where = f"node {node}" if node >= 0 else "model"
+    if node < 0:
+        return f"model: {error.desc()}"
+    names = []
+    for getter in ("node_name", "node_operator"):
+        text = str(getattr(error, getter)()) if hasattr(error, getter) else ""
+        if text:
+            names.append(text)
+    where = f"node {node} ({', '.join(names)})" if names else f"node {node}"
     return f"{where}: {error.desc()}"
 
 

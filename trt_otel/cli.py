@@ -8,8 +8,6 @@ Exit codes (the contract): 0 built; 2 usage or configuration error, before any b
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
-import importlib.util
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,13 +29,15 @@ from trt_otel.arguments import (
     session_config,
     span_config,
 )
+from trt_otel.backends import BACKEND_NAMES, record_attributes
 from trt_otel.build import (
     BuildJob,
     BuildSetupError,
     SimulatorSettings,
-    import_tensorrt,
+    check_builder_options,
     model_attributes,
     read_model,
+    select_backend,
 )
 from trt_otel.components import console_view, span_export
 from trt_otel.config import ConsoleConfig, SessionConfig, SpanConfig, UsageError
@@ -112,10 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
     build = commands.add_parser(
         "build",
         help="build a TensorRT engine from an ONNX model",
-        description="Build a real engine with TensorRT, observable and cancelable.",
+        description="Build a real engine with TensorRT or TensorRT-RTX, observable and cancelable.",
     )
     build.add_argument("model", type=Path, help="the ONNX model")
     build.add_argument("-o", "--output", type=Path, required=True, help="the engine file")
+    build.add_argument(
+        "--backend",
+        choices=BACKEND_NAMES,
+        help="the builder library: tensorrt or tensorrt-rtx (default: the one installed; "
+        "tensorrt where both are)",
+    )
     add_builder_options(build)
     add_session_options(build)
 
@@ -190,6 +196,8 @@ class BuildCommand:
     builder: BuildOptions
     model: Path
     output: Path
+    backend: str | None = None
+    """``tensorrt`` or ``tensorrt-rtx``; None: the one installed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +246,7 @@ def command_of(args: argparse.Namespace) -> Command:
             builder=builder_options(args),
             model=args.model,
             output=args.output,
+            backend=args.backend,
         )
     if args.command == "run":
         program = args.program[1:] if args.program[:1] == ["--"] else args.program
@@ -333,19 +342,21 @@ def demo(command: DemoCommand) -> int:
 def build(command: BuildCommand) -> int:
     preflight(command.session, command.builder, command.model, command.output)
     model = read_model(command.model)
-    if command.session.in_process or importlib.util.find_spec("tensorrt") is None:
-        import_tensorrt()  # says how to install it, exit 2, when it is missing
-    try:
-        version = importlib.metadata.version("tensorrt")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
+    # The library is imported here too (cheap; no CUDA context): its real version goes in the
+    # record, and an option it does not have is refused before the build (exit 2).
+    backend, module = select_backend(command.backend)
+    check_builder_options(module, command.builder)
     attributes = {
-        "trt.backend": "tensorrt",
-        "trt.version": version,
+        **record_attributes(backend, module),
         **model_attributes(command.model, model),
         **command.builder.attributes(),
     }
-    job = BuildJob(model_path=command.model, engine_path=command.output, options=command.builder)
+    job = BuildJob(
+        model_path=command.model,
+        engine_path=command.output,
+        options=command.builder,
+        backend=backend.name,
+    )
     return run_session(job, command.session, attributes)
 
 

@@ -5,25 +5,33 @@ treats anything but a real ``bool`` from ``step_complete`` (an exception, ``None
 So every callback here does the minimum (validate, stamp, append, fold, read a flag) under one
 short lock, never blocks on I/O, never raises, and ``step_complete`` always returns a ``bool``.
 
-Where the ``tensorrt`` package is installed, ``BuildMonitor(...)`` returns an instance of a
-subclass that also derives from ``tensorrt.IProgressMonitor`` (its ``__init__`` called), so
-``config.progress_monitor = BuildMonitor()`` just works. ``import trt_otel`` never imports
-``tensorrt``: the base class is bound when the first monitor is created.
+A monitor is an ``IProgressMonitor`` of the builder library the build uses: ``BuildMonitor(...)``
+returns an instance of a subclass that also derives from that library's ``IProgressMonitor``
+(whose ``__init__`` it calls, as pybind11 requires), so ``config.progress_monitor =
+BuildMonitor()`` just works. Which library:
+
+- ``BuildMonitor(backend=tensorrt_rtx)`` (the module) or ``backend="tensorrt-rtx"`` (its name);
+- else one the program has already imported (``tensorrt`` first), else the first installed
+  (``tensorrt``, then ``tensorrt_rtx``: see :mod:`trt_otel.backends`);
+- with neither installed, a plain monitor (the simulator's builder takes any object).
+
+A subclass of ``BuildMonitor`` is bound the same way; ``MyMonitor.bound_to(module)`` gives its
+class bound to one library, for a subclass whose ``__init__`` takes no ``backend``.
+``import trt_otel`` imports neither library: the base class is bound when the first monitor is
+created.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
-import importlib.util
 import logging
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, ClassVar, Self
 
+from trt_otel import backends
 from trt_otel.clock import SYSTEM_CLOCK, Clock
 from trt_otel.events import (
     MAKE_PHASE_FINISH,
@@ -48,18 +56,31 @@ CallbackRecord = tuple[Any, ...]
 ``end``), wall and monotonic time, thread, then its arguments."""
 
 
-def _tensorrt_base() -> type | None:
-    """``tensorrt.IProgressMonitor`` when tensorrt is installed, else None."""
-    module = sys.modules.get("tensorrt")
-    if module is None:
+BackendChoice = object
+"""A backend's name (``tensorrt``, ``tensorrt-rtx``) or its module (``tensorrt_rtx``)."""
+
+
+def _native_base_for(backend: BackendChoice | None) -> tuple[type | None, str | None]:
+    """The ``IProgressMonitor`` class of the chosen library, and the library's backend name;
+    ``(None, None)`` for a plain monitor."""
+    if backend is None:
+        chosen = backends.default_backend()
+        if chosen is None:
+            return None, None
         try:
-            if importlib.util.find_spec("tensorrt") is None:
-                return None
-            module = importlib.import_module("tensorrt")
+            module: Any = backends.import_module(chosen)
         except Exception:  # a broken install must not stop the simulator path
-            return None
+            _logger.warning("%s is installed but does not import; a plain monitor", chosen.title)
+            return None, None
+    elif isinstance(backend, str):
+        module = backends.import_module(backends.backend_named(backend))
+    else:
+        module = backend
     base = getattr(module, "IProgressMonitor", None)
-    return base if isinstance(base, type) else None
+    if not isinstance(base, type):
+        return None, None  # the simulator, or anything else that takes any object
+    known = backends.backend_of_module(module)
+    return base, (known.name if known is not None else getattr(module, "__name__", None))
 
 
 class BuildMonitor:
@@ -73,30 +94,49 @@ class BuildMonitor:
 
     _bound_subclasses: ClassVar[dict[tuple[type, type], type]] = {}
     _native_base: ClassVar[type | None] = None
+    _backend_name: ClassVar[str | None] = None
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+    def __new__(cls, *args: Any, backend: BackendChoice | None = None, **kwargs: Any) -> Self:
         target: type = cls
-        base = _tensorrt_base()
-        if base is not None and not issubclass(cls, base):
-            key = (cls, base)
-            target = BuildMonitor._bound_subclasses.get(key) or BuildMonitor._bind(cls, base)
-        # super(BuildMonitor, target) reaches tensorrt's pybind11 __new__ for a bound subclass.
+        if cls._native_base is None or backend is not None:  # a class from bound_to is bound
+            target = cls.bound_to(backend)
+        # super(BuildMonitor, target) reaches the library's pybind11 __new__ for a bound class.
         instance: Self = super(BuildMonitor, target).__new__(target)  # type: ignore[misc]
         return instance
 
-    @staticmethod
-    def _bind(monitor_class: type, base: type) -> type:
-        bound = type(
-            monitor_class.__name__,
-            (monitor_class, base),
-            {
-                "__module__": monitor_class.__module__,
-                "__qualname__": monitor_class.__qualname__,
-                "_native_base": base,
-            },
-        )
-        BuildMonitor._bound_subclasses[(monitor_class, base)] = bound
+    @classmethod
+    def bound_to(cls, backend: BackendChoice | None = None) -> type[Self]:
+        """This class, bound to the ``IProgressMonitor`` of ``backend`` (a module or a name;
+        None: the default library); the class itself when there is no such base."""
+        base, name = _native_base_for(backend)
+        if base is None or issubclass(cls, base):
+            return cls
+        if cls._native_base is not None:  # two pybind11 bases cannot share one instance
+            raise TypeError(
+                f"{cls.__qualname__} is an IProgressMonitor of {cls._backend_name}; it cannot "
+                f"be one of {name} too (bind the class you derived it from instead)"
+            )
+        key = (cls, base)
+        bound = BuildMonitor._bound_subclasses.get(key)
+        if bound is None:
+            bound = type(
+                cls.__name__,
+                (cls, base),
+                {
+                    "__module__": cls.__module__,
+                    "__qualname__": cls.__qualname__,
+                    "_native_base": base,
+                    "_backend_name": name,
+                },
+            )
+            BuildMonitor._bound_subclasses[key] = bound
         return bound
+
+    @property
+    def backend(self) -> str | None:
+        """The library this monitor is an ``IProgressMonitor`` of (``tensorrt``,
+        ``tensorrt-rtx``), or None for a plain monitor."""
+        return type(self)._backend_name
 
     def __init__(
         self,
@@ -105,7 +145,9 @@ class BuildMonitor:
         clock: Clock = SYSTEM_CLOCK,
         build_id: str | None = None,
         attributes: Mapping[str, Any] | None = None,
+        backend: BackendChoice | None = None,
     ) -> None:
+        """``backend``: the library to be an ``IProgressMonitor`` of (used by ``__new__``)."""
         native_base = type(self)._native_base
         if native_base is not None:
             native_base.__init__(self)  # type: ignore[misc]  # pybind11 requires it when __init__ is overridden

@@ -10,6 +10,9 @@ any build starts.
 - shapes of dynamic inputs: ``--shapes NAME:MIN,OPT,MAX`` or trtexec's ``--min-shapes``,
   ``--opt-shapes`` and ``--max-shapes`` (``NAME:1x3x224x224,OTHER:...``);
 - ``--log-level``: the least severe builder message recorded as a log event.
+
+:func:`unsupported_options` checks them against the builder library a build will use, so that
+an option that library does not have is refused before the build, never silently dropped.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from trt_otel import backends
 
 Shape = tuple[int, ...]
 ShapeRange = tuple[Shape, Shape, Shape]
@@ -31,6 +36,14 @@ MEMORY_POOLS = {
     "dlaglobaldram": "DLA_GLOBAL_DRAM",
     "tacticdram": "TACTIC_DRAM",
     "tacticsharedmem": "TACTIC_SHARED_MEMORY",
+}
+_POOL_FLAGS = {
+    "WORKSPACE": "workspace",
+    "DLA_MANAGED_SRAM": "dlaSRAM",
+    "DLA_LOCAL_DRAM": "dlaLocalDRAM",
+    "DLA_GLOBAL_DRAM": "dlaGlobalDRAM",
+    "TACTIC_DRAM": "tacticDRAM",
+    "TACTIC_SHARED_MEMORY": "tacticSharedMem",
 }
 LOG_LEVELS = ("internal_error", "error", "warning", "info", "verbose")
 _UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
@@ -170,3 +183,48 @@ def check_precisions(precisions: tuple[str, ...], strongly_typed: bool) -> None:
         raise OptionError(
             f"--strongly-typed takes the network's own types; it cannot be combined with {flags}"
         )
+
+
+def unsupported_options(module: Any, options: BuildOptions) -> list[str]:
+    """What in ``options`` the builder library ``module`` (``tensorrt``, ``tensorrt_rtx``, or
+    the simulator) does not have, one message per option, naming the option and why; empty when
+    it has them all. Read from the library's own API where it says (its enums and properties),
+    and from :class:`~trt_otel.backends.Backend` where it only says so at build time."""
+    backend = backends.backend_of_module(module)
+    version = backends.version_of(module, backend)
+    title = f"{backend.title if backend else 'this TensorRT'} {version}"
+    problems: list[str] = []
+    flags = getattr(module, "BuilderFlag", None)
+    for precision in options.precisions:
+        if not hasattr(flags, precision.upper()):
+            problems.append(
+                f"--{precision}: {title} has no {precision} builder flag (its networks are "
+                "strongly typed: the model's own types decide; export the model in that type)"
+            )
+    creation = getattr(module, "NetworkDefinitionCreationFlag", None)
+    if options.strongly_typed and not hasattr(creation, "STRONGLY_TYPED"):
+        problems.append(f"--strongly-typed: {title} has no strongly typed network flag")
+    pools = getattr(module, "MemoryPoolType", None)
+    for pool in sorted(options.memory_pools):
+        flag = f"--mem-pool-size {_POOL_FLAGS.get(pool, pool)}"
+        if not hasattr(pools, pool):
+            problems.append(f"{flag}: {title} has no such memory pool")
+        elif pool.startswith("DLA_") and backend is not None and not backend.dla:
+            problems.append(f"{flag}: {title} builds for no DLA core, so it has no DLA pools")
+    if backend is None:  # the simulator has every option of the API it simulates
+        return problems
+    config = getattr(module, "IBuilderConfig", None)
+    if options.optimization_level is not None and not hasattr(config, "builder_optimization_level"):
+        problems.append(f"--builder-optimization-level: {title} has no optimization levels")
+    if options.max_threads is not None and not hasattr(
+        getattr(module, "Builder", None), "max_threads"
+    ):
+        problems.append(f"--max-threads: {title} cannot limit its builder threads")
+    if options.timing_cache is not None and (
+        not backend.timing_cache or not hasattr(config, "create_timing_cache")
+    ):
+        problems.append(
+            f"--timing-cache: {title} has no timing cache (TensorRT-RTX's timing-cache calls "
+            "are no-ops since 1.2: it would neither load nor save one)"
+        )
+    return problems

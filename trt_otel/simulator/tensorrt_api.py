@@ -142,6 +142,9 @@ class IOptimizationProfile:
     ) -> None:
         self.shapes[input] = (min, opt, max)
 
+    def get_shape(self, input: str) -> list[Sequence[int]]:
+        return list(self.shapes[input])
+
 
 class IBuilderConfig:
     def __init__(self) -> None:
@@ -171,6 +174,9 @@ class IBuilderConfig:
 
     def set_memory_pool_limit(self, pool: MemoryPoolType, size: int) -> None:
         self.memory_pool_limits[pool] = size
+
+    def get_memory_pool_limit(self, pool: MemoryPoolType) -> int:
+        return self.memory_pool_limits.get(pool, 0)
 
     def add_optimization_profile(self, profile: IOptimizationProfile) -> int:
         self.profiles.append(profile)
@@ -335,6 +341,7 @@ class SimulatedTensorRT:
     BuilderFlag = BuilderFlag
     MemoryPoolType = MemoryPoolType
     OnnxParser = OnnxParser
+    IBuilderConfig = IBuilderConfig
 
     def __init__(
         self,
