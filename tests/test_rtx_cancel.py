@@ -1,0 +1,195 @@
+"""Stopping real TensorRT-RTX builds from outside: every way the command has (a cancel file, a
+timeout, a stall timeout, an HTTP request, Ctrl-C) stops a build of a deep residual net, whose
+real silent window (one step of "Determining refit engines" with no callback for seconds) is
+where a build spends most of its time. Inside that window a cancel can only wait for the next
+step, or escalate: both are checked.
+
+Skipped only where ``tensorrt_rtx`` does not import, with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prometheus_server import free_port
+from rtx_builds import RESIDUAL_SHAPES, SILENT_BLOCKS, import_rtx, write_residual
+from trt_otel import read_journal
+from trt_otel.events import BuildFinished, CancelRequested, PhaseStarted, StepCompleted
+from trt_otel.supervisor import DEFAULT_KILL_AFTER_S
+
+CLI = [sys.executable, "-m", "trt_otel.cli"]
+SILENT_PHASE = "Determining refit engines"
+# Policies are checked every 0.1 s and the worker's process takes a moment to end; under a
+# loaded CI machine, allow a few seconds on top of grace + kill delay.
+SLACK_S = 4.0
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def residual(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import_rtx()
+    return write_residual(tmp_path_factory.mktemp("models") / f"residual{SILENT_BLOCKS}.onnx")
+
+
+class Build:
+    """``trt-otel build`` of the residual net, running."""
+
+    def __init__(self, model: Path, directory: Path, *options: str) -> None:
+        self.engine, self.journal = directory / "r.engine", directory / "r.jsonl"
+        self.process = subprocess.Popen(
+            [*CLI, "build", str(model), "-o", str(self.engine), "--journal", str(self.journal),
+             "--no-progress", "--no-gpu", "--shapes", RESIDUAL_SHAPES, *options],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.stderr = ""
+
+    def wait_for_silent_window(self, timeout_s: float = 60.0) -> None:
+        """Until the journal shows TensorRT inside the silent step."""
+        deadline = time.monotonic() + timeout_s
+        marker = f'"name": "{SILENT_PHASE}"'.encode()
+        while not (self.journal.exists() and marker in self.journal.read_bytes()):
+            assert self.process.poll() is None, f"the build ended first: {self.finish()}"
+            assert time.monotonic() < deadline, "the build never reached its silent window"
+            time.sleep(0.02)
+
+    def finish(self, timeout_s: float = 120.0) -> int:
+        _, self.stderr = self.process.communicate(timeout=timeout_s)
+        return self.process.returncode
+
+    def events_after_silence(self) -> list[Any]:
+        events = read_journal(self.journal).events
+        start = next(
+            i
+            for i, e in enumerate(events)
+            if isinstance(e, PhaseStarted) and e.name == SILENT_PHASE
+        )
+        return events[start + 1 :]
+
+    def end(self) -> BuildFinished:
+        end = read_journal(self.journal).events[-1]
+        assert isinstance(end, BuildFinished)
+        return end
+
+
+class Launcher:
+    """Starts builds of the residual net in one directory; stops whatever a failed test left."""
+
+    def __init__(self, model: Path, directory: Path) -> None:
+        self.model, self.directory = model, directory
+        self.started: list[Build] = []
+
+    def start(self, *options: str) -> Build:
+        build = Build(self.model, self.directory, *options)
+        self.started.append(build)
+        return build
+
+
+@pytest.fixture
+def launch(residual: Path, tmp_path: Path) -> Iterator[Launcher]:
+    launcher = Launcher(residual, tmp_path)
+    yield launcher
+    for build in launcher.started:  # a failed test must not leave a builder behind
+        if build.process.poll() is None:
+            build.process.kill()
+            build.process.communicate()
+
+
+def test_a_cancel_in_the_silent_window_is_honoured_at_the_next_step(
+    launch: Launcher, tmp_path: Path
+) -> None:
+    sentinel = tmp_path / "STOP"
+    build = launch.start("--cancel-file", str(sentinel), "--grace", "120s")
+    build.wait_for_silent_window()
+    sentinel.write_text("stop in the window\n")
+    assert build.finish() == 3, build.stderr
+    after = build.events_after_silence()
+    kinds = [type(e).__name__ for e in after]
+    cancel = kinds.index("CancelRequested")
+    assert "StepCompleted" not in kinds[:cancel], "the cancel came inside the silent step"
+    steps = [e for e in after[cancel:] if isinstance(e, StepCompleted)]
+    # The worker's next step answered False: the one step that ended the window, no other.
+    assert [(s.name, s.step) for s in steps] == [(SILENT_PHASE, 0)]
+    end = build.end()
+    assert end.outcome == "cancellation" and end.detail == "stop in the window"
+    assert not build.engine.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["STOP", "r.jsonl"]
+
+
+def test_a_cancel_in_the_silent_window_escalates_within_the_grace_period(
+    launch: Launcher, tmp_path: Path
+) -> None:
+    sentinel, grace_s = tmp_path / "STOP", 1.0
+    build = launch.start("--cancel-file", str(sentinel), "--grace", "1s")
+    build.wait_for_silent_window()
+    sentinel.touch()
+    cancelled_at = time.monotonic()
+    assert build.finish() == 3, build.stderr
+    took_s = time.monotonic() - cancelled_at
+    assert took_s < grace_s + DEFAULT_KILL_AFTER_S + SLACK_S
+    after = build.events_after_silence()
+    assert not [e for e in after if isinstance(e, StepCompleted)], "TensorRT never spoke again"
+    end = build.end()
+    assert end.outcome == "cancellation"
+    assert "had not stopped 1.0s later, so its process was stopped with SIG" in end.detail
+    assert not build.engine.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["STOP", "r.jsonl"]
+
+
+@pytest.mark.parametrize(
+    ("policy", "outcome", "reason"),
+    [
+        ("--timeout=3s", "timeout", "timeout"),
+        ("--stall-timeout=2s", "cancellation", f"no progress for 2.0s in {SILENT_PHASE!r}"),
+    ],
+)
+def test_timeouts_stop_a_real_build(
+    launch: Launcher, policy: str, outcome: str, reason: str
+) -> None:
+    build = launch.start("--grace", "2s", policy)
+    assert build.finish() == 3, build.stderr
+    events = read_journal(build.journal).events
+    cancel = next(e for e in events if isinstance(e, CancelRequested))
+    assert reason in cancel.reason
+    assert build.end().outcome == outcome
+    assert not build.engine.exists()
+
+
+def test_an_http_cancel_stops_a_real_build(launch: Launcher, tmp_path: Path) -> None:
+    port = free_port()
+    build = launch.start("--http-port", str(port), "--cancel-token", "sesame", "--grace", "2s")
+    build.wait_for_silent_window()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/cancel",
+        data=json.dumps({"reason": "stopped over HTTP"}).encode(),
+        headers={"Authorization": "Bearer sesame", "Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status in (200, 202)
+    assert build.finish() == 3, build.stderr
+    cancel = next(e for e in read_journal(build.journal).events if isinstance(e, CancelRequested))
+    assert cancel.source == "http"
+    assert build.end().outcome == "cancellation"
+    assert not build.engine.exists()
+
+
+def test_ctrl_c_stops_a_real_build(launch: Launcher) -> None:
+    build = launch.start("--grace", "2s")
+    build.wait_for_silent_window()
+    build.process.send_signal(signal.SIGINT)
+    assert build.finish() == 130, build.stderr
+    cancel = next(e for e in read_journal(build.journal).events if isinstance(e, CancelRequested))
+    assert cancel.source == "signal"
+    assert build.end().outcome == "cancellation"
+    assert not build.engine.exists()
