@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +152,26 @@ def test_a_parser_error_names_its_node_and_fails_the_build(rtx: Any, tmp_path: P
     assert "node 1 (fancy, FancyOp)" in result.stderr
     assert not engine.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.onnx"]
+
+
+def test_a_monitor_bound_to_the_other_library_still_watches_the_build(
+    rtx: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where both libraries are installed, a monitor made before the build knows which one it
+    uses (the worker's) is bound to the default; the build attaches it through a forwarder."""
+
+    class OtherIProgressMonitor:  # stands for tensorrt's, which cannot be installed here
+        def __init__(self) -> None:
+            pass
+
+    other = types.ModuleType("tensorrt")
+    other.IProgressMonitor = OtherIProgressMonitor  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "tensorrt", other)
+    monitor = BuildMonitor()
+    assert isinstance(monitor, OtherIProgressMonitor) and not isinstance(
+        monitor, rtx.IProgressMonitor
+    )
+    model = conv_net_bytes(8)
+    result = run_build(rtx, Path("conv.onnx"), model, monitor, options=conv_options())
+    assert result.outcome is Outcome.SUCCESS
+    assert callbacks_of(monitor.log.recent()) == plain_build(rtx, model, CONV_SHAPES).callbacks

@@ -127,3 +127,23 @@ def test_a_named_backend_that_is_not_installed_says_how_to_install_it(
     backend, module = select_backend("tensorrt_rtx")
     assert backend is TENSORRT_RTX and module is rtx
     assert select_backend(None)[0] is TENSORRT_RTX  # the one installed
+
+
+def test_backend_names_the_library_and_a_missing_one_is_exit_2(
+    rtx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trt_otel.cli import main
+
+    model = write_conv(tmp_path / "conv.onnx")
+    engine, journal = tmp_path / "conv.engine", tmp_path / "conv.jsonl"
+    common = ["build", str(model), "-o", str(engine), "--no-progress", "--no-gpu",
+              "--shapes", CONV_SHAPES, "--journal", str(journal)]  # fmt: skip
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # not installed (it cannot be, here)
+    assert main([*common, "--backend", "tensorrt"]) == 2
+    err = capsys.readouterr().err
+    assert "TensorRT is not installed" in err and "pip install 'trt-otel[tensorrt]'" in err
+    assert not journal.exists() and not engine.exists()
+    assert main([*common, "--backend", "tensorrt-rtx", "--in-process"]) == 0
+    start = read_journal(journal).events[0]
+    assert start.attributes["trt.backend"] == "tensorrt-rtx"  # type: ignore[attr-defined]
+    assert engine.stat().st_size > 0
