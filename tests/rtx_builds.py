@@ -59,7 +59,7 @@ class PlainBuild:
     engine: bytes | None = None
 
 
-def plain_build(rtx: Any, model: bytes, shape_text: str) -> PlainBuild:
+def plain_build(rtx: Any, model: bytes, shape_text: str, profiles: int = 1) -> PlainBuild:
     result = PlainBuild()
 
     class Plain(rtx.IProgressMonitor):  # type: ignore[misc]
@@ -82,9 +82,10 @@ def plain_build(rtx: Any, model: bytes, shape_text: str) -> PlainBuild:
     parser = rtx.OnnxParser(network, logger)
     assert parser.parse(model, "model.onnx")
     config = builder.create_builder_config()
-    profile = builder.create_optimization_profile()
-    profile.set_shape("input", *shapes(shape_text))
-    config.add_optimization_profile(profile)
+    for _ in range(profiles):
+        profile = builder.create_optimization_profile()
+        profile.set_shape("input", *shapes(shape_text))
+        config.add_optimization_profile(profile)
     monitor = Plain()
     config.progress_monitor = monitor
     engine = builder.build_serialized_network(network, config)

@@ -36,6 +36,9 @@ class SimulatorSettings:
 
     speed: float = 1.0
     silence_s: float = 0.0
+    shape: str = "tensorrt-10"
+    """Whose phase tree to simulate: ``tensorrt-10`` (the recorded TensorRT 10.16 builds) or
+    ``tensorrt-rtx`` (TensorRT-RTX 1.7's, with its silent window)."""
     trace: Path | None = None
     """A recorded callback trace or journal to replay instead of a generated plan."""
 
@@ -109,7 +112,9 @@ def run_build_job(monitor: BuildMonitor, job: BuildJob) -> BuildResult:
         trace = job.plan
         if trace is None and settings.trace is not None:
             trace = load_trace(settings.trace)
-        trt = SimulatedTensorRT(speed=settings.speed, silence_s=settings.silence_s, trace=trace)
+        trt = SimulatedTensorRT(
+            speed=settings.speed, silence_s=settings.silence_s, trace=trace, shape=settings.shape
+        )
     model = job.model if job.model is not None else read_model(job.model_path)
     return run_build(
         trt, job.model_path, model, monitor, engine_path=job.engine_path, options=job.options

@@ -61,7 +61,7 @@ from trt_otel.session import (
     run_session,
     warn,
 )
-from trt_otel.simulator import SIMULATOR_VERSION, TraceError, load_trace
+from trt_otel.simulator import SHAPES, SIMULATOR_VERSION, TraceError, load_trace
 from trt_otel.sinks.otlp import OtlpConfigError
 from trt_otel.supervisor import StopNow
 from trt_otel.terminal import pipe_safe_stderr
@@ -104,6 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--threads", type=int, default=1, help="builder threads calling back (default: 1)"
+    )
+    demo.add_argument(
+        "--simulate",
+        choices=SHAPES,
+        default="tensorrt-10",
+        help="whose phase tree to generate: tensorrt-10 (the recorded TensorRT 10.16 builds) "
+        "or tensorrt-rtx (TensorRT-RTX 1.7's, with its silent window; default: tensorrt-10)",
     )
     demo.add_argument("-o", "--output", type=Path, help="write the simulated engine here")
     add_builder_options(demo)
@@ -236,7 +243,9 @@ def command_of(args: argparse.Namespace) -> Command:
         return DemoCommand(
             session=session_config(args),
             builder=builder_options(args, threads=args.threads),
-            simulator=SimulatorSettings(speed=args.speed, silence_s=args.silence, trace=args.trace),
+            simulator=SimulatorSettings(
+                speed=args.speed, silence_s=args.silence, trace=args.trace, shape=args.simulate
+            ),
             model=args.model,
             output=args.output,
         )
@@ -327,6 +336,8 @@ def demo(command: DemoCommand) -> int:
     }
     if trace is not None:
         attributes["simulator.trace"] = str(trace)
+    else:
+        attributes["simulator.shape"] = command.simulator.shape
     attributes.update(command.builder.attributes())
     job = BuildJob(
         model_path=model_path,

@@ -2,7 +2,7 @@
 
 from trt_otel.simulator.callbacks import Callback, InternedPlan, TraceError, load_trace
 from trt_otel.simulator.driver import Driver, DriveResult, NoOpMonitor
-from trt_otel.simulator.plan import TimeModel, generate_plan
+from trt_otel.simulator.plan import SHAPES, TimeModel, generate_plan, generate_rtx_plan
 from trt_otel.simulator.tensorrt_api import (
     SIMULATED_ENGINE_MAGIC,
     SIMULATOR_VERSION,
@@ -10,6 +10,7 @@ from trt_otel.simulator.tensorrt_api import (
 )
 
 __all__ = [
+    "SHAPES",
     "SIMULATED_ENGINE_MAGIC",
     "SIMULATOR_VERSION",
     "Callback",
@@ -21,5 +22,6 @@ __all__ = [
     "TimeModel",
     "TraceError",
     "generate_plan",
+    "generate_rtx_plan",
     "load_trace",
 ]

@@ -177,3 +177,114 @@ def _time_tactics(plan: _PlanWriter, parent: str, timed_nodes: int, rng: random.
     plan.finish(reformats)
     plan.step(tactics, 1)  # finishes early: step 1 of 0..2
     plan.finish(tactics)
+
+
+# -- TensorRT-RTX ------------------------------------------------------------------------------
+
+TENSORRT_10 = "tensorrt-10"
+TENSORRT_RTX = "tensorrt-rtx"
+SHAPES = (TENSORRT_10, TENSORRT_RTX)
+"""The builders whose phase tree the simulator can reproduce."""
+
+SILENT_PHASE_RTX = "Determining refit engines"
+# Seconds TensorRT-RTX 1.7's CPU-only builder spends in the one step of "Determining refit
+# engines", per squared layer: measured 18.4 s for 4,501 layers (a 1,500-block residual net),
+# 2.9 s for 1,501, on one idle x86-64 core. Everything else in its build takes milliseconds.
+RTX_REFIT_S_PER_LAYER2 = 9.1e-7
+RTX_STEP_S = 2e-5
+
+
+def generate_rtx_plan(num_layers: int, num_profiles: int = 1) -> list[Callback]:
+    """The callbacks TensorRT-RTX 1.7's builder makes for a network of ``num_layers`` layers
+    (as its ``INetworkDefinition`` counts them) and ``num_profiles`` optimization profiles.
+
+    Read from its real builds (``tests/test_rtx_simulator.py`` checks it against them): 12
+    phases for one profile, a root of 6 steps finished after 5, "Cloning network graph" with a
+    step per layer and two more, no tactic measuring on a CPU-only build, and per profile a
+    "Determining refit engines" of one step, whose parent reports two steps before the child
+    finishes. Its one long step carries the real silent window's length as its delay.
+    """
+    layers = max(1, num_layers)
+    profiles = max(1, num_profiles)
+    plan = _PlanWriter()
+    root, cloning = "Building engine", "Cloning network graph"
+    plan.start(root, None, 6)
+    plan.start(cloning, root, layers + 2)
+    plan.steps(cloning, range(layers + 2))
+    plan.finish(cloning)
+    plan.steps(root, range(2))
+    preparing = "Preparing graph for optimization"
+    plan.start(preparing, root, 4)
+    plan.steps(preparing, range(4))
+    plan.finish(preparing)
+    plan.steps(root, range(2, 4))
+    subgraph, optimizing = "Building engine from subgraph", "Optimizing graph"
+    plan.start(subgraph, root, 1)
+    plan.start(optimizing, subgraph, 30)
+    plan.steps(optimizing, range(30))
+    plan.finish(optimizing)
+    costs = "Computing profile costs"
+    plan.start(costs, subgraph, 5 * profiles)
+    for profile in range(profiles):
+        _rtx_timing(plan, costs)
+        base = 5 * profile
+        plan.steps(costs, range(base, base + 3))
+        plan.start(SILENT_PHASE_RTX, costs, 1)
+        plan.calls.append(
+            Callback(
+                "step_complete",
+                SILENT_PHASE_RTX,
+                step=0,
+                delay_s=RTX_REFIT_S_PER_LAYER2 * layers * layers,
+            )
+        )
+        plan.steps(costs, range(base + 3, base + 5))  # the parent steps while its child is open
+        plan.finish(SILENT_PHASE_RTX)
+    plan.finish(costs)
+    plan.step(subgraph, 0)
+    plan.finish(subgraph)
+    plan.step(root, 4)  # finishes early: step 4 of 0..5
+    plan.finish(root)
+    return [c if c.delay_s is not None else _with_delay(c, RTX_STEP_S) for c in plan.calls]
+
+
+def _rtx_timing(plan: _PlanWriter, parent: str) -> None:
+    tactics, nodes, reformats = "Timing tactics", "Timing graph nodes", "Timing tensor reformats"
+    plan.start(tactics, parent, 3)
+    plan.start(nodes, tactics, 3)
+    plan.steps(nodes, range(3))
+    plan.finish(nodes)
+    plan.step(tactics, 0)
+    plan.start(reformats, tactics, 3)
+    reformat_costs = "Computing reformatting costs"
+    for steps_after in (range(2), range(2, 3)):
+        plan.start(reformat_costs, reformats, 1)
+        plan.step(reformat_costs, 0)
+        plan.finish(reformat_costs)
+        plan.steps(reformats, steps_after)
+    plan.finish(reformats)
+    plan.step(tactics, 1)  # finishes early: step 1 of 0..2
+    plan.finish(tactics)
+
+
+def _with_delay(callback: Callback, delay_s: float) -> Callback:
+    return Callback(
+        callback.kind,
+        callback.name,
+        parent=callback.parent,
+        num_steps=callback.num_steps,
+        step=callback.step,
+        delay_s=delay_s if callback.kind == "step_complete" else 0.0,
+    )
+
+
+def silent_step_index(plan: list[Callback]) -> int | None:
+    """Where a TensorRT-RTX plan goes silent: the step of "Determining refit engines"."""
+    return next(
+        (
+            index
+            for index, callback in enumerate(plan)
+            if callback.kind == "step_complete" and callback.name == SILENT_PHASE_RTX
+        ),
+        None,
+    )

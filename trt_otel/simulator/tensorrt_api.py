@@ -17,7 +17,14 @@ from typing import Any
 
 from trt_otel.simulator.callbacks import Callback, InternedPlan
 from trt_otel.simulator.driver import Driver, NoOpMonitor
-from trt_otel.simulator.plan import TimeModel, generate_plan
+from trt_otel.simulator.plan import (
+    TENSORRT_10,
+    TENSORRT_RTX,
+    TimeModel,
+    generate_plan,
+    generate_rtx_plan,
+    silent_step_index,
+)
 
 SIMULATED_ENGINE_MAGIC = b"TRT-OTEL-SIMULATED-ENGINE\n"
 SIMULATOR_VERSION = "simulated"
@@ -296,11 +303,17 @@ class Builder:
                 "precision builder flags are not allowed for a strongly typed network",
             )
             return None
-        plan = simulation.trace or generate_plan(
-            network.num_layers, num_profiles=max(1, len(config.profiles)), seed=simulation.seed
-        )
+        profiles = max(1, len(config.profiles))
+        silence_at = None
+        if simulation.trace is not None:
+            plan = simulation.trace
+        elif simulation.shape == TENSORRT_RTX:
+            plan = generate_rtx_plan(network.num_layers, num_profiles=profiles)
+            silence_at = silent_step_index(plan)  # where TensorRT-RTX goes silent
+        else:
+            plan = generate_plan(network.num_layers, num_profiles=profiles, seed=simulation.seed)
         monitor = config.progress_monitor or NoOpMonitor()
-        result = simulation.driver(self.max_threads).run(monitor, plan)
+        result = simulation.driver(self.max_threads, silence_at).run(monitor, plan)
         if not result.completed:
             self.logger.log(_Severity.ERROR, "Build was cancelled by the progress monitor")
             return None
@@ -348,6 +361,7 @@ class SimulatedTensorRT:
         *,
         speed: float = 1.0,
         silence_s: float = 0.0,
+        shape: str = TENSORRT_10,
         trace: Sequence[Callback] | None = None,
         time_model: TimeModel | None = None,
         seed: int = 0,
@@ -355,6 +369,8 @@ class SimulatedTensorRT:
     ) -> None:
         self.speed = speed
         self.silence_s = silence_s
+        self.shape = shape
+        """Whose phase tree a generated plan has: ``tensorrt-10`` or ``tensorrt-rtx``."""
         # A long interned trace stays interned (4 bytes a callback); anything else is copied.
         self.trace = trace if trace is None or isinstance(trace, InternedPlan) else list(trace)
         self.time_model = time_model or TimeModel()
@@ -364,7 +380,7 @@ class SimulatedTensorRT:
     def Builder(self, logger: _ILogger) -> Builder:  # noqa: N802 - mirrors tensorrt.Builder
         return Builder(logger, simulation=self)
 
-    def driver(self, threads: int) -> Driver:
+    def driver(self, threads: int, silence_at: int | None = None) -> Driver:
         kwargs: dict[str, Any] = {}
         if self._sleep is not None:
             kwargs["sleep"] = self._sleep
@@ -372,6 +388,7 @@ class SimulatedTensorRT:
             speed=self.speed,
             time_model=self.time_model,
             silence_s=self.silence_s,
+            silence_at=silence_at,
             threads=threads,
             **kwargs,
         )
