@@ -1,0 +1,90 @@
+"""A real TensorRT-RTX build's metrics and spans, through a real Prometheus server (scraping the
+build while it runs, its silent window included) and a real OTLP receiver.
+
+Skipped where ``tensorrt_rtx`` does not import, and (the Prometheus half) where Debian's
+``prometheus`` is not installed; each with the reason.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otlp_receiver import OtlpReceiver, otlp_receiver
+from prometheus_server import PrometheusServer, free_port
+from rtx_builds import RESIDUAL_SHAPES, SILENT_BLOCKS, import_rtx, write_residual
+from trt_otel import read_journal
+from trt_otel.events import PhaseStarted, StepCompleted
+
+CLI = [sys.executable, "-m", "trt_otel.cli"]
+SILENT_PHASE = "Determining refit engines"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def rtx() -> Any:
+    return import_rtx()
+
+
+@pytest.fixture
+def receiver() -> Iterator[OtlpReceiver]:
+    with otlp_receiver() as running:
+        yield running
+
+
+def test_a_real_builds_metrics_and_spans_arrive(
+    rtx: Any, tmp_path: Path, receiver: OtlpReceiver
+) -> None:
+    if shutil.which("prometheus") is None:
+        pytest.skip("Debian's prometheus package is not installed (.ci/run installs it)")
+    model = write_residual(tmp_path / "residual.onnx", SILENT_BLOCKS)
+    exporter = free_port()
+    prometheus = PrometheusServer(tmp_path, f"127.0.0.1:{exporter}")
+    try:
+        journal, engine = tmp_path / "r.jsonl", tmp_path / "r.engine"
+        process = subprocess.Popen(
+            [*CLI, "build", str(model), "-o", str(engine), "--journal", str(journal),
+             "--no-progress", "--no-gpu", "--shapes", RESIDUAL_SHAPES,
+             "--prometheus-port", str(exporter), "--prometheus-linger", "10s",
+             "--otlp-endpoint", f"http://127.0.0.1:{receiver.grpc_port}",
+             "--otlp-protocol", "grpc"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        # Scraped while TensorRT is silent: the open phase, none of its steps done yet.
+        silent = f'trt_build_phase_steps_completed{{phase="{SILENT_PHASE}"}} == 0'
+        assert prometheus.wait_for(silent, timeout_s=60), "not scraped inside the silent window"
+        assert prometheus.query('trt_build_state{state="running"} == 1')
+        _, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err
+        # The exporter is gone now, and its series stale: read their last samples.
+        assert prometheus.wait_for('last_over_time(trt_build_state{state="success"}[5m]) == 1')
+        (info,) = prometheus.query("last_over_time(trt_build_info[5m])")
+        assert info["metric"]["backend"] == "tensorrt-rtx"
+        assert info["metric"]["trt_version"] == rtx.__version__
+        events = read_journal(journal).events
+        steps = sum(isinstance(e, StepCompleted) for e in events)
+        (total,) = prometheus.query("last_over_time(trt_build_steps_completed_total[5m])")
+        assert int(float(total["value"][1])) == steps
+    finally:
+        prometheus.close()
+
+    phases = Counter(e.name for e in events if isinstance(e, PhaseStarted))
+    spans = receiver.wait_for(sum(phases.values()) + 1)
+    (build,) = [s for s in spans if not s.parent_span_id]
+    assert build.attributes["trt.backend"] == "tensorrt-rtx"
+    assert build.attributes["trt.version"] == rtx.__version__
+    assert build.attributes["cicd.pipeline.result"] == "success"
+    assert Counter(s.name for s in spans if s.parent_span_id) == phases
+    # The silent window is inside its phase's span, as long as the journal says it was.
+    (refit,) = [s for s in spans if s.name == SILENT_PHASE]
+    start = next(e for e in events if isinstance(e, PhaseStarted) and e.name == SILENT_PHASE)
+    step = next(e for e in events if isinstance(e, StepCompleted) and e.name == SILENT_PHASE)
+    assert refit.end_ns - refit.start_ns >= step.wall_ns - start.wall_ns > 1_000_000_000
