@@ -60,6 +60,12 @@ class BuildJob:
     backend: str | None = None
     """The backend's name (``tensorrt``, ``tensorrt-rtx``); None for the default one."""
 
+    @property
+    def monitor_backend(self) -> str | None:
+        """What the build's monitor must be an ``IProgressMonitor`` of: the backend, or no
+        library at all for a simulated build."""
+        return "none" if self.simulator is not None else self.backend
+
 
 @dataclass(frozen=True, slots=True)
 class BuildResult:

@@ -13,7 +13,8 @@ BuildMonitor()`` just works. Which library:
 - ``BuildMonitor(backend=tensorrt_rtx)`` (the module) or ``backend="tensorrt-rtx"`` (its name);
 - else one the program has already imported (``tensorrt`` first), else the first installed
   (``tensorrt``, then ``tensorrt_rtx``: see :mod:`trt_otel.backends`);
-- with neither installed, a plain monitor (the simulator's builder takes any object).
+- with neither installed, or ``backend="none"``, a plain monitor (the simulator's builder takes
+  any object; a build's supervisor needs no library).
 
 A subclass of ``BuildMonitor`` is bound the same way; ``MyMonitor.bound_to(module)`` gives its
 class bound to one library, for a subclass whose ``__init__`` takes no ``backend``.
@@ -57,12 +58,16 @@ CallbackRecord = tuple[Any, ...]
 
 
 BackendChoice = object
-"""A backend's name (``tensorrt``, ``tensorrt-rtx``) or its module (``tensorrt_rtx``)."""
+"""A backend's name (``tensorrt``, ``tensorrt-rtx``, or ``none`` for a plain monitor) or its
+module (``tensorrt_rtx``)."""
+PLAIN = "none"
 
 
 def _native_base_for(backend: BackendChoice | None) -> tuple[type | None, str | None]:
     """The ``IProgressMonitor`` class of the chosen library, and the library's backend name;
     ``(None, None)`` for a plain monitor."""
+    if backend == PLAIN:
+        return None, None
     if backend is None:
         chosen = backends.default_backend()
         if chosen is None:
@@ -109,9 +114,12 @@ class BuildMonitor:
         """This class, bound to the ``IProgressMonitor`` of ``backend`` (a module or a name;
         None: the default library); the class itself when there is no such base."""
         base, name = _native_base_for(backend)
-        if base is None or issubclass(cls, base):
-            return cls
-        if cls._native_base is not None:  # two pybind11 bases cannot share one instance
+        if base is None:
+            return cls  # a plain monitor
+        if cls._native_base is not None:
+            if issubclass(cls, base):
+                return cls
+            # Two pybind11 bases cannot share one instance.
             raise TypeError(
                 f"{cls.__qualname__} is an IProgressMonitor of {cls._backend_name}; it cannot "
                 f"be one of {name} too (bind the class you derived it from instead)"
@@ -121,7 +129,7 @@ class BuildMonitor:
         if bound is None:
             bound = type(
                 cls.__name__,
-                (cls, base),
+                (cls,) if issubclass(cls, base) else (cls, base),
                 {
                     "__module__": cls.__module__,
                     "__qualname__": cls.__qualname__,

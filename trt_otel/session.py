@@ -77,7 +77,10 @@ def run_session(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]
             attributes.update(gpu.describe())
         join_parent_trace(attributes)
         history = load_history(observe.history, attributes)
-        monitor = BuildMonitor(attributes=attributes)
+        # Only a build in this process attaches this monitor to a builder library.
+        monitor = BuildMonitor(
+            attributes=attributes, backend=job.monitor_backend if config.in_process else "none"
+        )
         runner = PolicyRunner(monitor, policy, warn=warn) if policy is not None else None
         model = ReadModel(history)  # the build folded once, for every view below
 
@@ -142,7 +145,9 @@ def _build(
         if config.in_process:
             return run_build_job(monitor, job), False
         grace_s = config.policy.grace_s
-        isolated = run_isolated(run_build_job, job, monitor=monitor, grace_s=grace_s)
+        isolated = run_isolated(
+            run_build_job, job, monitor=monitor, grace_s=grace_s, backend=job.monitor_backend
+        )
         return _conclude(monitor, isolated, job, grace_s), isolated.interrupted
     except StopNow as stop:  # in-process: nothing to stop but this build, which ends here
         detail = f"received {stop.signal_name} again: stopped at once"

@@ -149,7 +149,8 @@ class RecordingMonitor(BuildMonitor):
     ``step_complete`` answers False once the supervisor's flag is up: a memory read.
     """
 
-    def __init__(self, flag: Any, note: Any) -> None:
+    def __init__(self, flag: Any, note: Any, *, backend: str | None = None) -> None:
+        """``backend``: the library to be an ``IProgressMonitor`` of (see BuildMonitor)."""
         super().__init__()
         self._flag = flag
         self._note = note
@@ -297,10 +298,13 @@ def _worker_main(
     *,
     spool_path: str,
     parent_pid: int,
+    backend: str | None,
 ) -> None:
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    monitor = RecordingMonitor(flag, note)
+    # Bound to the library the build uses, or to none: a simulated build must not wait for a
+    # builder library to import before its first callback.
+    monitor = RecordingMonitor(flag, note, backend=backend)
     spool = SpoolWriter(spool_path)
     connection.send(("spool_open",))  # the supervisor may now unlink its name
     done = threading.Event()
@@ -436,16 +440,19 @@ def run_isolated(
     grace_s: float = DEFAULT_GRACE_S,
     kill_after_s: float = DEFAULT_KILL_AFTER_S,
     poll_s: float = 0.1,
+    backend: str | None = None,
 ) -> IsolatedResult:
     """Run ``target(worker_monitor, *args)`` in a worker process, with ``monitor`` (here) fed
-        every event of the worker's monitor.
+    every event of the worker's monitor.
 
-        ``target`` must be importable by name (a module-level function) and its arguments and
-        result picklable. A cancel of ``monitor`` (a policy, a signal, ``monitor.cancel``) reaches
-        the worker's next ``step_complete``; if the worker is still running ``grace_s`` later, it is
-        sent SIGTERM, and SIGKILL ``kill_after_s`` after that. A KeyboardInterrupt here (a second
-        Ctrl-C) stops the worker the same way at once; so does a :class:`StopNow` (a second
-    SIGTERM), which the result tells apart (``stopped_now``).
+    ``target`` must be importable by name (a module-level function) and its arguments and
+    result picklable. A cancel of ``monitor`` (a policy, a signal, ``monitor.cancel``) reaches
+    the worker's next ``step_complete``; if the worker is still running ``grace_s`` later, it is
+    sent SIGTERM, and SIGKILL ``kill_after_s`` after that. A KeyboardInterrupt here (a second
+    Ctrl-C) stops the worker the same way at once; so does a :class:`StopNow` (a second
+    SIGTERM), which the result tells apart (``stopped_now``). ``backend`` names the library the
+    worker's monitor is an ``IProgressMonitor`` of (``tensorrt``, ``tensorrt-rtx``, ``none``;
+    None: the default one).
     """
     context = multiprocessing.get_context("spawn")  # CUDA does not survive a fork
     # Raw shared memory, no lock: one writer (this process), and a byte flag written last.
@@ -475,7 +482,7 @@ def run_isolated(
     process = context.Process(
         target=_worker_main,
         args=(sending, flag, note, target, args),
-        kwargs={"spool_path": spool_path, "parent_pid": os.getpid()},
+        kwargs={"spool_path": spool_path, "parent_pid": os.getpid(), "backend": backend},
         name="trt-otel-builder",
     )
     inbox = _Inbox()
