@@ -150,7 +150,8 @@ def test_a_cancel_in_the_silent_window_escalates_within_the_grace_period(
     ("policy", "outcome", "reason"),
     [
         ("--timeout=3s", "timeout", "timeout"),
-        ("--stall-timeout=2s", "cancellation", f"no progress for 2.0s in {SILENT_PHASE!r}"),
+        # In the silent window, or before the first callback where the worker starts slowly.
+        ("--stall-timeout=2s", "cancellation", "no progress for 2.0s"),
     ],
 )
 def test_timeouts_stop_a_real_build(
