@@ -51,6 +51,13 @@ from trt_otel.state import BuildState
 CPP = REPO_ROOT / "cpp"
 TENSORRT_INCLUDE = REPO_ROOT.parent / "shared" / "third_party" / "tensorrt-11.1" / "include"
 WARNINGS = ["-Wall", "-Wextra", "-Werror", "-Wshadow", "-Wpedantic"]
+STRICT = [
+    *WARNINGS,
+    *("-Wconversion", "-Wsign-conversion", "-Wold-style-cast", "-Wuseless-cast"),
+    *("-Wnon-virtual-dtor", "-Woverloaded-virtual", "-Wnull-dereference", "-Wdouble-promotion"),
+    *("-Wformat=2", "-Wcast-align", "-Wduplicated-cond", "-Wlogical-op"),
+]
+"""What strict C++ projects turn on: the header is included as their own code (not -isystem)."""
 
 
 def cuda_include() -> Path | None:
@@ -226,8 +233,9 @@ def spans_of(events: list[Event]) -> list[SpanRecord]:
 
 
 def test_header_compiles_cleanly_against_nvidias_headers(tmp_path: Path) -> None:
-    """Warnings are errors; two translation units including it link (header-only, no ODR
-    clash); the monitor is an nvinfer1::IProgressMonitor and the logger an ILogger."""
+    """Warnings are errors, strict ones included; two translation units including it link
+    (header-only, no ODR clash); the monitor is an nvinfer1::IProgressMonitor and the logger an
+    ILogger."""
     units = []
     for index in range(2):
         unit = tmp_path / f"unit{index}.cpp"
@@ -248,7 +256,7 @@ def test_header_compiles_cleanly_against_nvidias_headers(tmp_path: Path) -> None
         units.append(str(unit))
     binary = tmp_path / "two_units"
     done = subprocess.run(
-        ["g++", "-std=c++17", *WARNINGS, *include_flags(), *units, "-o", str(binary), "-pthread"],
+        ["g++", "-std=c++17", *STRICT, *include_flags(), *units, "-o", str(binary), "-pthread"],
         capture_output=True,
         text=True,
         timeout=300,

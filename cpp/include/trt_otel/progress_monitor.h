@@ -673,12 +673,12 @@ public:
                 detail += " is not a valid count";
                 appendAnomaly(now, detail::Anomaly::kINVALID_ARGUMENT, std::move(detail), nameIndex);
             }
-            if (mNames[nameIndex].open_id >= 0)
+            if (nameState(nameIndex).open_id >= 0)
                 appendAnomaly(now, detail::Anomaly::kNAME_REUSED_WHILE_OPEN,
                     "phase " + detail::pyRepr(name) + " started while still open", nameIndex);
-            if (parentIndex >= 0 && mNames[parentIndex].open_id < 0)
+            if (parentIndex >= 0 && nameState(parentIndex).open_id < 0)
                 appendAnomaly(now, detail::Anomaly::kUNKNOWN_PARENT,
-                    "parent " + detail::pyRepr(mNameText[parentIndex]) + " of " + detail::pyRepr(name)
+                    "parent " + detail::pyRepr(nameText(parentIndex)) + " of " + detail::pyRepr(name)
                         + " is not an open phase",
                     nameIndex);
             detail::Record& record = append(now, detail::Type::kPHASE_START);
@@ -687,11 +687,11 @@ public:
             record.parent = parentIndex;
             record.number = nbSteps;
             // The fold (as Python's BuildState): a reused name closes the old instance first.
-            if (mNames[nameIndex].open_id >= 0)
-                closeSubtree(mNames[nameIndex].open_id, nameIndex);
-            detail::NameState& state = mNames[nameIndex];
+            if (nameState(nameIndex).open_id >= 0)
+                closeSubtree(nameState(nameIndex).open_id, nameIndex);
+            detail::NameState& state = nameState(nameIndex);
             state.open_id = id;
-            state.parent_id = parentIndex >= 0 ? mNames[parentIndex].open_id : -1;
+            state.parent_id = parentIndex >= 0 ? nameState(parentIndex).open_id : -1;
             state.num_steps = nbSteps;
             state.last_step = -1;
             mOpen.emplace_back(id, nameIndex);
@@ -716,7 +716,7 @@ public:
             std::int32_t nameIndex = find(name);
             if (nameIndex < 0)
                 nameIndex = intern(name);
-            detail::NameState& state = mNames[nameIndex];
+            detail::NameState& state = nameState(nameIndex);
             if (state.open_id < 0)
                 anomalyOfStep(now, detail::Anomaly::kSTEP_FOR_UNKNOWN_PHASE, name, step, nameIndex, ", not open");
             else if (!(state.last_step < step && step < state.num_steps))
@@ -760,7 +760,7 @@ public:
             beforeCallback(now);
             std::string_view const name = text(now, phaseName, "phase_name");
             std::int32_t const nameIndex = intern(name);
-            std::int64_t const id = mNames[nameIndex].open_id;
+            std::int64_t const id = nameState(nameIndex).open_id;
             std::vector<std::int32_t> children;
             if (id < 0)
                 appendAnomaly(now, detail::Anomaly::kFINISH_OF_UNKNOWN_PHASE,
@@ -775,7 +775,7 @@ public:
                     {
                         if (!names.empty())
                             names += ", ";
-                        names += detail::pyRepr(mNameText[child]);
+                        names += detail::pyRepr(nameText(child));
                     }
                     appendAnomaly(now, detail::Anomaly::kFINISH_WITH_OPEN_CHILDREN,
                         "phase " + detail::pyRepr(name) + " finished while " + names + " still open",
@@ -1029,6 +1029,10 @@ private:
         record.extra.reset(new detail::Extra{std::string(message), std::string(severity), {}});
     }
 
+    detail::NameState& nameState(std::int32_t index) { return mNames[static_cast<std::size_t>(index)]; }
+    detail::NameState const& nameState(std::int32_t index) const { return mNames[static_cast<std::size_t>(index)]; }
+    std::string const& nameText(std::int32_t index) const { return mNameText[static_cast<std::size_t>(index)]; }
+
     std::int32_t find(std::string_view name) const
     {
         auto const found = mNameIndex.find(name);
@@ -1058,7 +1062,7 @@ private:
             return found;
         for (auto it = mOpen.rbegin(); it != mOpen.rend() && it->first > id; ++it)
         {
-            std::int64_t ancestor = mNames[it->second].parent_id;
+            std::int64_t ancestor = nameState(it->second).parent_id;
             while (ancestor > id)
                 ancestor = parentOf(ancestor);
             if (ancestor == id)
@@ -1071,13 +1075,13 @@ private:
     {
         for (auto const& open : mOpen)
             if (open.first == id)
-                return mNames[open.second].parent_id;
+                return nameState(open.second).parent_id;
         return -1; // not open: the walk ends (an open phase's ancestors are open)
     }
 
     void close(std::int32_t nameIndex)
     {
-        detail::NameState& state = mNames[nameIndex];
+        detail::NameState& state = nameState(nameIndex);
         std::int64_t const id = state.open_id;
         for (auto it = mOpen.end(); it != mOpen.begin();)
         {
