@@ -1033,3 +1033,43 @@ def test_the_logger_records_tensorrts_warnings_on_the_build_span(
     assert [(e.name, e.attributes) for e in build_span.events] == [
         ("trt.log", {"log.severity": "warning", "log.message": "weights are FP32"})
     ]
+
+
+@pytest.mark.slow
+def test_watch_stops_a_build_silent_past_its_cancel_from_outside(
+    driver: Path, tmp_path: Path
+) -> None:
+    """TensorRT silent for a minute: the cancel reaches the C++ monitor (it records it) but no
+    step comes to refuse. --terminate-after later watch stops the process and ends the
+    journal, as `trt-otel build` stops its worker."""
+    journal_path, control = tmp_path / "build.jsonl", tmp_path / "control"
+    build = subprocess.Popen(
+        [str(driver), "steps", f"journal={journal_path}", f"cancel_file={control}", "total=3",
+         "delay_us=60000000", "poll_ms=20"],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        began = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "trt_otel.cli", "watch", str(journal_path), "--no-progress",
+             "--control-file", str(control), "--timeout", "1s", "--terminate-after", "1s"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        took = time.monotonic() - began
+        assert done.returncode == 3, done.stderr
+        assert took < 30, f"took {took:.1f}s"
+        assert build.wait(30) == -signal.SIGTERM
+    finally:
+        build.kill()
+        build.wait(30)
+    events = read_clean(journal_path).events
+    cancel = cancel_event(events)
+    assert cancel["source"] == "timeout", "the C++ monitor recorded watch's decision"
+    state = fold(events)
+    assert state.outcome is Outcome.TIMEOUT and state.error_type == "timeout"
+    assert state.outcome_detail == (
+        "the build ran past its timeout of 1.0s; TensorRT had not stopped 1.0s later, "
+        "so its process was stopped with SIGTERM"
+    )
+    assert not state.open_by_name
+    assert spans_of(events)[-1].attributes["cicd.pipeline.result"] == "timeout"

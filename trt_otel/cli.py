@@ -172,6 +172,14 @@ def build_parser() -> argparse.ArgumentParser:
         "for the build's monitor to read (its cancel file)",
     )
     watch.add_argument(
+        "--terminate-after",
+        type=positive_seconds,
+        metavar="DURATION",
+        help="with --control-file: a build still running this long after watch cancelled it "
+        "(TensorRT silent) is stopped from outside: its process, named in the journal and on "
+        "this host, gets SIGTERM, then SIGKILL 5 s later, and watch ends its journal",
+    )
+    watch.add_argument(
         "--lost-after",
         type=positive_seconds,
         default=DEFAULT_LOST_AFTER_S,
@@ -222,6 +230,7 @@ class WatchCommand:
     session: SessionConfig = field(default_factory=SessionConfig)
     """With a journal: the exporters and policies of a build run elsewhere (trt_otel.remote)."""
     control_file: Path | None = None
+    terminate_after_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +284,7 @@ def command_of(args: argparse.Namespace) -> Command:
             session=session,
             control_file=args.control_file,
             lost_after_s=args.lost_after,
+            terminate_after_s=args.terminate_after,
         )
     return ReplayCommand(args.journal, span_config(args))
 
@@ -426,12 +436,14 @@ def _no_end(header: dict[str, Any], model: ReadModel) -> str:
 
 
 def watch(command: WatchCommand) -> int:
-    if command.journal is not None and supervises(command.session, command.control_file):
+    supervising = supervises(command.session, command.control_file)
+    if command.journal is not None and (supervising or command.terminate_after_s is not None):
         end = watch_and_supervise(
             command.journal,
             command.session,
             command.control_file,
             lost_after_s=command.lost_after_s,
+            terminate_after_s=command.terminate_after_s,
         )
         if end is None:
             print("trt-otel: error: lost the build before its end", file=sys.stderr)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import threading
 import time
 from collections.abc import Sequence
@@ -36,10 +37,17 @@ from trt_otel.components import (
     warn,
 )
 from trt_otel.config import SessionConfig, UsageError
-from trt_otel.events import BuildFinished, BuildStarted, Event
+from trt_otel.durations import format_duration
+from trt_otel.events import BuildFinished, BuildStarted, Event, Outcome
 from trt_otel.followers import Follower
-from trt_otel.journal import JournalError, JournalProblem, LineReader, parse_header
-from trt_otel.liveness import DEFAULT_LOST_AFTER_S
+from trt_otel.journal import (
+    JournalError,
+    JournalProblem,
+    LineReader,
+    encode_events,
+    parse_header,
+)
+from trt_otel.liveness import DEFAULT_LOST_AFTER_S, Writer
 from trt_otel.monitor import BuildMonitor
 from trt_otel.policies import PolicyRunner
 from trt_otel.readmodel import ReadModel
@@ -62,6 +70,8 @@ class RemoteBuild(BuildMonitor):
         self.control_file = control_file
         self._requested = False
         self._request_lock = threading.Lock()
+        self.requested = threading.Event()
+        """Set once a cancel was written to the control file."""
 
     def start(self, **attributes: Any) -> None:
         """The build's own ``build_start`` comes from its journal."""
@@ -88,6 +98,7 @@ class RemoteBuild(BuildMonitor):
                 warn(f"cannot write the control file {self.control_file}: {error}")
                 return False
             self._requested = True
+            self.requested.set()
         say(f"cancel requested through {self.control_file}: {reason}")
         return True
 
@@ -104,12 +115,14 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(temporary, path)
 
 
-def first_event(path: Path, timeout_s: float = FIRST_EVENT_TIMEOUT_S) -> BuildStarted:
-    """The journal's first event, its ``build_start`` (the build id and attributes every
-    projection needs), waiting for a writer that has only just started."""
+def first_event(
+    path: Path, timeout_s: float = FIRST_EVENT_TIMEOUT_S
+) -> tuple[dict[str, Any], BuildStarted]:
+    """The journal's header and first event, its ``build_start`` (the build id and attributes
+    every projection needs), waiting for a writer that has only just started."""
     deadline = time.monotonic() + timeout_s
     reader = LineReader()
-    header_read = False
+    header: dict[str, Any] | None = None
     offset = 0
     while True:
         try:
@@ -121,23 +134,120 @@ def first_event(path: Path, timeout_s: float = FIRST_EVENT_TIMEOUT_S) -> BuildSt
         except OSError as error:
             raise JournalError(f"cannot read journal {str(path)!r}: {error.strerror}") from None
         offset += len(chunk)
-        if not header_read and chunk:
+        if header is None and chunk:
             first_line, newline, rest = chunk.partition(b"\n")
             if not newline:
                 offset -= len(chunk)  # the header is still being written
                 chunk = b""
             else:
-                parse_header(first_line + newline, path)
-                header_read, chunk = True, rest
+                header, chunk = parse_header(first_line + newline, path), rest
         for item in reader.feed(chunk) if chunk else []:
             if isinstance(item, JournalProblem):
                 continue
             if isinstance(item, BuildStarted):
-                return item
+                assert header is not None
+                return header, item
             raise JournalError(f"{path}: the first event is {item.type}, not build_start")
         if time.monotonic() > deadline:
             raise JournalError(f"{path}: no build started within {timeout_s:.0f}s")
         time.sleep(0.05)
+
+
+TERMINATE_TO_KILL_S = 5.0
+
+
+class Escalation:
+    """Stops a cancelled build that TensorRT does not stop (a silent window) from outside, as
+    ``trt-otel build`` stops its worker: ``after_s`` after the cancel was written to the control
+    file, the journal's writer (named in its header, on this host) gets SIGTERM, then SIGKILL
+    5 s later. Its journal then has no end, so watch ends it: a ``build_end`` appended as the
+    writer's own would have been, saying how the build was stopped. Runs on its own thread."""
+
+    def __init__(
+        self, journal: Path, header: dict[str, Any], monitor: RemoteBuild, after_s: float
+    ) -> None:
+        self.journal = journal
+        self.writer = Writer.from_header(header)
+        self.monitor = monitor
+        self.after_s = after_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trt-otel-escalation", daemon=True)
+
+    def __enter__(self) -> Escalation:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self.monitor.requested.set()  # wakes the thread if no cancel ever came
+        self._thread.join(2 * TERMINATE_TO_KILL_S + 5)
+
+    def _ended(self) -> bool:
+        return self.monitor.state.outcome is not None
+
+    def _run(self) -> None:
+        self.monitor.requested.wait()
+        if self._stop.wait(self.after_s) or self._ended():
+            return
+        if self.writer.pid is None or self.writer.running_here() is not True:
+            warn(
+                f"the build has not stopped {format_duration(self.after_s)} after its cancel, "
+                "and its process cannot be stopped from here (not named in its journal, or not "
+                "on this host)"
+            )
+            return
+        pid, stopped_with = self.writer.pid, "SIGTERM"
+        say(f"the build has not stopped: sending SIGTERM to its process ({self.writer.describe()})")
+        os.kill(pid, signal.SIGTERM)
+        if not self._gone_within(TERMINATE_TO_KILL_S):
+            stopped_with = "SIGKILL"
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            self._gone_within(TERMINATE_TO_KILL_S)
+        if not self._ended():
+            self._end_journal(stopped_with)
+
+    def _gone_within(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self._ended() or self.writer.running_here() is False:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def _end_journal(self, stopped_with: str) -> None:
+        """Append the build's end to its journal, whose writer is gone: the one record stays
+        complete, and every follower (this watch included) reads how the build ended."""
+        cancel = self.monitor.state.cancel
+        timeout = cancel.timeout if cancel is not None else False
+        reason = cancel.reason if cancel is not None else "cancelled by trt-otel watch"
+        detail = (
+            f"{reason}; TensorRT had not stopped {format_duration(self.after_s)} later, so its "
+            f"process was stopped with {stopped_with}"
+        )
+        with open(self.journal, "rb+") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - (1 << 20)))
+            tail = handle.read()
+            last_seq = -1
+            for item in LineReader().feed(tail.partition(b"\n")[2] if size > len(tail) else tail):
+                if not isinstance(item, JournalProblem):
+                    last_seq = item.seq
+            end = BuildFinished(
+                seq=max(last_seq, self.monitor.log.next_seq - 1) + 1,
+                wall_ns=time.time_ns(),
+                mono_ns=time.monotonic_ns(),
+                thread="trt-otel-watch",
+                outcome=Outcome.TIMEOUT if timeout else Outcome.CANCELLATION,
+                detail=detail,
+                error_type="timeout" if timeout else None,
+            )
+            # A line the kill cut short is ended first, so only it reads as corrupt.
+            torn = b"" if not tail or tail.endswith(b"\n") else b"\n"
+            handle.write(torn + encode_events([end]))
+            handle.flush()
+            os.fsync(handle.fileno())
 
 
 def supervises(config: SessionConfig, control_file: Path | None) -> bool:
@@ -161,6 +271,7 @@ def watch_and_supervise(
     control_file: Path | None,
     *,
     lost_after_s: float = DEFAULT_LOST_AFTER_S,
+    terminate_after_s: float | None = None,
 ) -> BuildFinished | None:
     """Follow the build of ``journal`` to its end with everything ``config`` asks for attached;
     returns its end (None if interrupted before it)."""
@@ -175,7 +286,9 @@ def watch_and_supervise(
             "policy options need --control-file: the file the build's monitor polls "
             "(trt_otel::Options::cancel_file), through which watch cancels it"
         )
-    started = first_event(journal)
+    if terminate_after_s is not None and control_file is None:
+        raise UsageError("--terminate-after needs --control-file: watch cancels through it first")
+    header, started = first_event(journal)
     with contextlib.ExitStack() as stack:
         attributes = dict(started.attributes)
         history = load_history(observe.history, attributes)
@@ -204,7 +317,9 @@ def watch_and_supervise(
         stack.enter_context(following(monitor.log, followers, model))
         if runner is not None:
             stack.enter_context(runner)
+        if terminate_after_s is not None:
+            stack.enter_context(Escalation(journal, header, monitor, terminate_after_s))
         return follow_journal(journal, monitor.feed, warn=warn, lost_after_s=lost_after_s)
 
 
-__all__ = ["RemoteBuild", "first_event", "supervises", "watch_and_supervise"]
+__all__ = ["Escalation", "RemoteBuild", "first_event", "supervises", "watch_and_supervise"]
