@@ -181,6 +181,27 @@ def test_the_programs_own_false_still_cancels_and_is_not_trt_otels_cancel(
     assert len(steps) == 5, "TensorRT stopped at the step the program's monitor refused"
 
 
+@pytest.mark.parametrize(("answer", "cancels"), [("None", True), ("0", True), ("1", False)])
+def test_the_programs_own_non_bool_answer_means_what_it_means_without_trt_otel(
+    mnist: Path, tmp_path: Path, answer: str, cancels: bool
+) -> None:
+    counts_file = tmp_path / "counts.json"
+    result, events = run(tmp_path, "own_monitor.py", str(mnist), str(counts_file), "5", answer)
+    assert result.returncode == 0, result.stderr
+    (build,) = builds_in(events)
+    cancels_seen = [e for e in build if isinstance(e, CancelRequested)]
+    if cancels:
+        assert "result: None" in result.stdout
+        assert [c.reason for c in cancels_seen] == [
+            f"the program's own progress monitor answered {answer}"
+        ]
+        assert ends(build).outcome == "cancellation"
+    else:
+        assert "result: engine" in result.stdout
+        assert cancels_seen == []
+        assert ends(build).outcome == "success"
+
+
 def test_three_builds_in_a_row_are_three_builds_of_one_journal(mnist: Path, tmp_path: Path) -> None:
     small = residual_net(3, tmp_path)
     result, events = run(tmp_path, "plain_build.py", str(mnist), str(small), str(mnist))

@@ -67,6 +67,21 @@ def _plain(value: object) -> object:
     return value if type(value) in _PLAIN else f"<{type(value).__name__}> {value!r}"
 
 
+def _cancels(answer: object) -> bool:
+    """Whether the binding takes ``answer`` from ``step_complete`` as a cancel: it converts it
+    to a bool as pybind11 does, so None and what is false cancel, what is true does not, and
+    what has no truth of its own (a string) is an error, which cancels."""
+    if answer is None:
+        return True
+    to_bool = getattr(type(answer), "__bool__", None)
+    if to_bool is None:
+        return True
+    try:
+        return not to_bool(answer)
+    except Exception:
+        return True
+
+
 # -- describing a build ------------------------------------------------------------------------
 
 
@@ -236,13 +251,10 @@ def recorder_class(library: ModuleType) -> type:
                     # TensorRT cancels on it, as it would without us: say so, then let it.
                     build.own_cancel(f"raised {type(error).__name__}: {error}")
                     raise
-                if answer is not True:
-                    # False, or anything not a bool (None included), cancels in the binding.
-                    if answer is not False:
-                        build.own_cancel(f"answered {answer!r}, not a bool")
-                    else:
-                        build.own_cancel("answered False")
-                    return False
+                if answer is not True and _cancels(answer):
+                    build.own_cancel(f"answered {answer!r}")
+                # The program's answer as it gave it: the binding reads it as without us.
+                return False if build.cancelled else answer
             return not build.cancelled
 
         def phase_finish(self, phase_name: str) -> None:
