@@ -4,6 +4,7 @@ build, a cancel of it, one event stream across builds) and the metrics (builds b
 from __future__ import annotations
 
 import collections
+import json
 import re
 import subprocess
 import sys
@@ -121,6 +122,9 @@ def test_http_and_metrics_show_the_current_build_count_builds_and_cancel_the_one
         while read_journal(journal).events[-1].type == "build_end":
             assert time.monotonic() < deadline, "the second build never started"
             time.sleep(0.05)
+        status = json.loads(_get(f"{base[1]}/status"))
+        second_id = starts(builds_in(read_journal(journal).events)[1]).build_id
+        assert (status["build_id"], status["outcome"]) == (second_id, None)
         assert _cancel(base[1]) == 202  # accepted: TensorRT stops at its next step
         stdout, _ = process.communicate(timeout=120)
         follower.join(30)
