@@ -222,6 +222,21 @@ def test_three_builds_in_a_row_are_three_builds_of_one_journal(mnist: Path, tmp_
     assert result.stderr.count(" steps, 12 phases)") == 3
 
 
+def test_builds_made_at_once_are_recorded_one_after_the_other(tmp_path: Path) -> None:
+    first, second = residual_net(150, tmp_path), residual_net(151, tmp_path)
+    result, events = run(tmp_path, "two_threads.py", str(first), str(second))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "thread1: engine thread2: engine\n"
+    builds = builds_in(events)
+    assert sorted(starts(b).attributes["network.name"] for b in builds) == ["thread1", "thread2"]
+    for build in builds:
+        assert ends(build).outcome == "success"
+        assert [e for e in build if e.type == "anomaly"] == [], "each build's events are its own"
+        names = [e.name for e in build if isinstance(e, PhaseStarted)]
+        assert names[: len(RTX_PHASES)] == RTX_PHASES
+    assert read_journal(tmp_path / "run.jsonl").problems == []
+
+
 def test_a_timeout_cancels_the_build_the_program_sees_none_and_the_run_exits_3(
     tmp_path: Path,
 ) -> None:
