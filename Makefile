@@ -48,5 +48,6 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/memory_and_replay.py
 	$(BIN)/python benchmarks/callback_latency.py
 	$(BIN)/python benchmarks/cpp_callback_cost.py
+	$(BIN)/python benchmarks/run_recorder_cost.py
 	$(BIN)/python benchmarks/callback_cost.py
 	$(BIN)/python benchmarks/command_cost.py
