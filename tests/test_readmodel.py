@@ -17,7 +17,7 @@ from trt_otel import BuildMonitor, ManualClock
 from trt_otel.cli import main
 from trt_otel.console import render_build
 from trt_otel.eta import estimate
-from trt_otel.events import Event
+from trt_otel.events import Event, PhaseFinished, PhaseStarted
 from trt_otel.readmodel import ReadModel, SiblingGroup
 from trt_otel.simulator import Driver, generate_plan, load_trace
 from trt_otel.sinks.http import status_document
@@ -84,7 +84,7 @@ def test_the_terminal_and_status_fold_a_real_build_alike(trace: Path, cancelled:
     terminal, status = console_nodes(model), status_nodes(document)
     assert terminal == status
     assert any(count > 1 for _, _, count in status), "repeated phases are folded"
-    assert len(status) * 5 < len(model.state.phases)
+    assert len(model.state.phases) < 2 * len(status), "what no view shows is forgotten"
     statuses = re.findall(r"'status': '(\w+)'", repr(document["phases"]))
     assert ("aborted" in statuses) == cancelled, "aborted phases are shown, each on its own"
 
@@ -129,7 +129,8 @@ def test_subscribers_see_the_model_after_each_event_and_what_it_closed() -> None
     assert all(seq == last for seq, last, _ in seen[:-1]), "told after the fold"
     assert seen[-1] == (-1, -1, [])
     closed = [phase_id for _, _, ids in seen for phase_id in ids]
-    assert sorted(closed) == sorted(model.state.phases), "every phase closed exactly once"
+    started = [e.seq for e in events if isinstance(e, PhaseStarted)]
+    assert sorted(closed) == started, "every phase closed exactly once"
 
 
 def test_a_failing_subscriber_is_counted_and_the_others_go_on() -> None:
@@ -238,3 +239,26 @@ def test_the_progress_of_a_phase_is_its_steps_done_and_its_open_childs_share() -
     assert state.progress_ratio() == (1 + 0.5) / 4
     monitor.phase_finish("Timing tactics")
     assert state.phase_progress(root) == 0.25, "a finished child is counted by its parent's step"
+
+
+@pytest.mark.parametrize("trace", trace_params())
+def test_forgetting_closed_phases_changes_nothing_a_view_shows(trace: Path) -> None:
+    """The model forgets the closed phases no view shows: at every phase boundary of a real
+    build, four times over, the terminal and /status show what a model that forgets nothing
+    shows, while the phases it keeps stay as few as in one build."""
+    callbacks = list(load_trace(trace))
+    events = recorded(callbacks[:1] + callbacks[1:-2] * 4 + callbacks[-2:])
+    forgetting, remembering = ReadModel(), ReadModel(forget_closed=False)
+    kept = []
+    for event in events:
+        forgetting.handle([event])
+        remembering.handle([event])
+        if isinstance(event, PhaseStarted | PhaseFinished):
+            assert console_nodes(forgetting) == console_nodes(remembering), event
+            kept.append(len(forgetting.state.phases))
+    now = events[-1].mono_ns
+    documents = [
+        status_document(m, m.estimate_locked(now), now)["phases"] for m in (forgetting, remembering)
+    ]
+    assert documents[0] == documents[1]
+    assert max(kept) < 100 < len(remembering.state.phases) / 10

@@ -66,12 +66,14 @@ def format_eta(value: Estimate) -> str:
 class BoundaryTracker:
     """Follows a build's phase boundaries (fold it after its BuildState)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_all: bool = True) -> None:
         self.counts: dict[tuple[str, ...], int] = {}
         self.last: BoundaryKey = START
         self.last_mono_ns: int | None = None
+        self.keep_all = keep_all
         self.boundaries: dict[BoundaryKey, int] = {}
-        """Elapsed ns at each boundary passed so far."""
+        """Elapsed ns at each boundary passed so far (only the last one unless ``keep_all``:
+        a live build's estimates need no more, and a build passes one per phase)."""
 
     def apply(self, event: Event, state: BuildState) -> None:
         if isinstance(event, BuildStarted):
@@ -87,6 +89,8 @@ class BoundaryTracker:
             self.counts[path] = occurrence + 1
             self.last, self.last_mono_ns = (path, occurrence), event.mono_ns
             if state.start_mono_ns is not None:
+                if not self.keep_all:
+                    self.boundaries.clear()
                 self.boundaries[self.last] = event.mono_ns - state.start_mono_ns
 
 

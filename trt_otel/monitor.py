@@ -154,13 +154,16 @@ class BuildMonitor:
         build_id: str | None = None,
         attributes: Mapping[str, Any] | None = None,
         backend: BackendChoice | None = None,
+        forget_closed: bool = False,
     ) -> None:
         """``backend``: the library to be an ``IProgressMonitor`` of (used by ``__new__``)."""
         native_base = type(self)._native_base
         if native_base is not None:
             native_base.__init__(self)  # type: ignore[misc]  # pybind11 requires it when __init__ is overridden
         self.log = log if log is not None else EventLog(clock=clock)
-        self.state = BuildState()
+        # forget_closed: the state keeps the open phases and what the gauges read, not every
+        # phase the build ever started (the command's choice, so its memory stays flat).
+        self.state = BuildState(forget_closed=forget_closed)
         # Only this build's events: the log may already hold earlier builds (``trt-otel run``).
         self.log.add_fold(self.state.apply, replay_retained=False)
         self.build_id = build_id or uuid.uuid4().hex

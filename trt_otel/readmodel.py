@@ -78,12 +78,18 @@ class ReadModel:
 
     name = "model"
 
-    def __init__(self, history: History | None = None) -> None:
+    def __init__(self, history: History | None = None, *, forget_closed: bool = True) -> None:
         self.history = history
         self._closed: list[Phase] = []
-        self.state = BuildState(on_close=self._closed.append)
-        self.boundaries = BoundaryTracker()
-        self._groups: dict[tuple[int | None, str], SiblingGroup] = {}
+        # Closed phases no view shows are forgotten (their summaries stay, below), and only
+        # the latest boundary is kept: the model's memory follows what is open.
+        self.state = BuildState(
+            on_close=self._closed.append,
+            forget_closed=forget_closed,
+            on_forget=self._forget_groups,
+        )
+        self.boundaries = BoundaryTracker(keep_all=not forget_closed)
+        self._groups: dict[int | None, dict[str, SiblingGroup]] = {}
         self.lock = threading.Lock()
         """Held while an event is folded in; readers on other threads hold it while they look."""
         self._subscribers: tuple[Subscriber, ...] = ()
@@ -111,11 +117,17 @@ class ReadModel:
         return tuple(closed) if closed else ()
 
     def _group(self, phase: Phase) -> SiblingGroup:
-        key = (phase.parent_id, phase.name)
-        group = self._groups.get(key)
+        groups = self._groups.get(phase.parent_id)
+        if groups is None:
+            groups = self._groups[phase.parent_id] = {}
+        group = groups.get(phase.name)
         if group is None:
-            group = self._groups[key] = SiblingGroup(phase.name, phase.parent_id)
+            group = groups[phase.name] = SiblingGroup(phase.name, phase.parent_id)
         return group
+
+    def _forget_groups(self, phase_id: int) -> None:
+        """The state forgot what was under ``phase_id``: so do its summaries."""
+        self._groups.pop(phase_id, None)
 
     def handle(self, events: Sequence[Event]) -> None:
         subscribers = self._subscribers
@@ -161,11 +173,11 @@ class ReadModel:
         ids = state.roots if parent_id is None else state.phases[parent_id].children
         nodes: list[TreeNode] = []
         shown: set[str] = set()
-        groups = self._groups
+        groups = self._groups.get(parent_id, {})
         for phase_id in ids:
             phase = state.phases[phase_id]
             if phase.status is PhaseStatus.FINISHED:
-                group = groups.get((parent_id, phase.name))
+                group = groups.get(phase.name)
                 if group is not None and group.count > 1:
                     if phase.name not in shown:
                         shown.add(phase.name)

@@ -79,7 +79,9 @@ def run_session(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]
         history = load_history(observe.history, attributes)
         # Only a build in this process attaches this monitor to a builder library.
         monitor = BuildMonitor(
-            attributes=attributes, backend=job.monitor_backend if config.in_process else "none"
+            attributes=attributes,
+            backend=job.monitor_backend if config.in_process else "none",
+            forget_closed=True,
         )
         runner = PolicyRunner(monitor, policy, warn=warn) if policy is not None else None
         model = ReadModel(history)  # the build folded once, for every view below

@@ -86,8 +86,19 @@ class BuildState:
     without comparing the open phases before and after. It must not change the state.
     """
 
-    def __init__(self, *, on_close: Callable[[Phase], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        on_close: Callable[[Phase], None] | None = None,
+        forget_closed: bool = False,
+        on_forget: Callable[[int], None] | None = None,
+    ) -> None:
         self._on_close = on_close
+        self._forget = forget_closed
+        self._on_forget = on_forget
+        self._to_forget: list[Phase] = []
+        self._first_finished: dict[int | None, dict[str, int]] = {}
+        self._kept_as_latest: set[int] = set()
         self.build_id: str | None = None
         self.attributes: dict[str, Any] = {}
         self.start_wall_ns: int | None = None
@@ -117,6 +128,8 @@ class BuildState:
 
     def apply(self, event: Event) -> None:
         """Fold one event in. Events must arrive in ``seq`` order."""
+        if self._to_forget:
+            self._forget_closed()
         self.last_seq = event.seq
         self.last_event_mono_ns = event.mono_ns
         if isinstance(event, StepCompleted):
@@ -162,6 +175,11 @@ class BuildState:
     def _phase_start(self, event: PhaseStarted) -> None:
         self.phases_started_total += 1
         self._progressed(event)
+        if self._kept_as_latest:
+            older = self.latest_by_name.get(event.name)
+            if older in self._kept_as_latest:
+                self._kept_as_latest.discard(older)
+                del self.phases[older]
         superseded = self.open_by_name.get(event.name)
         if superseded is not None:
             self._close_subtree(superseded, event, "superseded by a phase of the same name")
@@ -219,6 +237,59 @@ class BuildState:
             del self.open_by_name[phase.name]
         if self._on_close is not None:
             self._on_close(phase)
+        if self._forget:
+            self._to_forget.append(phase)
+
+    # -- forgetting (``forget_closed``): memory that follows what is open, not what happened -------
+
+    def _forget_closed(self) -> None:
+        """Drop the phases the previous event closed that no view can show any more (their
+        spans are made and the journal has them; the read model keeps their summary). A
+        finished phase stays while it is the only one of its name under its parent (a view
+        shows it, and its children, on their own); once a second one finishes, views show
+        the name's summary where the first one was, so the first stays as that place, without
+        its children, and the later ones go with theirs. Aborted and open phases stay, and
+        the latest instance of each name stays for the gauges."""
+        pending, self._to_forget = self._to_forget, []
+        phases = self.phases
+        for phase in pending:
+            if phase.status is not PhaseStatus.FINISHED or phases.get(phase.id) is not phase:
+                continue
+            firsts = self._first_finished.setdefault(phase.parent_id, {})
+            first_id = firsts.get(phase.name)
+            if first_id is None:
+                firsts[phase.name] = phase.id
+                continue
+            first = phases.get(first_id)
+            if first is not None and first.children:
+                for child_id in first.children:
+                    self._drop(child_id)
+                first.children = []
+                self._first_finished.pop(first_id, None)
+                if self._on_forget is not None:
+                    self._on_forget(first_id)
+            parent = phases.get(phase.parent_id) if phase.parent_id is not None else None
+            siblings = self.roots if parent is None else parent.children
+            if siblings and siblings[-1] == phase.id:
+                siblings.pop()
+            elif phase.id in siblings:
+                siblings.remove(phase.id)
+            self._drop(phase.id)
+
+    def _drop(self, phase_id: int) -> None:
+        phase = self.phases.get(phase_id)
+        if phase is None:
+            return
+        for child_id in phase.children:
+            self._drop(child_id)
+        phase.children = []
+        self._first_finished.pop(phase_id, None)
+        if self._on_forget is not None:
+            self._on_forget(phase_id)
+        if self.latest_by_name.get(phase.name) == phase_id:
+            self._kept_as_latest.add(phase_id)  # out of the tree, still read by the gauges
+        else:
+            del self.phases[phase_id]
 
     def _progressed(self, event: Event) -> None:
         self.last_progress_wall_ns = event.wall_ns
