@@ -101,8 +101,6 @@ def test_a_cancel_decided_behind_the_replay_is_logged_among_the_callbacks_by_tim
     assert slow.replayed_ns[before[-1].seq] > cancel.mono_ns, (
         "the replay was behind when the cancel was decided (else this test shows nothing)"
     )
-    steps_after = [e for e in after if isinstance(e, StepCompleted)]
-    assert len(steps_after) <= 1, "the worker answered False at its next step"
 
 
 def test_a_cancel_in_a_silent_worker_is_logged_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
