@@ -241,9 +241,9 @@ def _forward(
     done: threading.Event,
     interval_s: float = FORWARD_INTERVAL_S,
 ) -> None:
-    """The worker's only other thread: append the records to the spool in frames. Each
-    frame's watermark is taken before its records, so every callback stamped before it is in
-    that frame or an earlier one. Once a cancel is asked for, an idle tick writes an empty
+    """The worker's only other thread: append the records to the spool in frames. Each round
+    takes a watermark before its first record and puts it on its last frame (the others
+    carry 0), so every callback stamped before it is in that frame or an earlier one. Once a cancel is asked for, an idle tick writes an empty
     frame, so the supervisor learns that no callback it has not seen came before the cancel."""
     records = monitor.records
     flag = monitor._flag
@@ -251,17 +251,25 @@ def _forward(
     while True:
         finished = done.wait(interval_s)
         wrote = False
-        while records:
+        if records:
+            # One watermark per round, on its last frame only: a round can take more frames
+            # than one (8,192 records each), and the records left for the next frame were
+            # stamped before the watermark too.
             watermark_ns = _mono_ns()
-            batch = []
-            with contextlib.suppress(IndexError):
-                for _ in range(MAX_RECORDS_PER_FRAME):
-                    batch.append(popleft())
-            spool.write(
-                encode_frame(
-                    batch, watermark_ns, monitor.callbacks_total, monitor.callback_ns_total
+            while records:
+                batch = []
+                with contextlib.suppress(IndexError):
+                    for _ in range(MAX_RECORDS_PER_FRAME):
+                        batch.append(popleft())
+                last = not records
+                spool.write(
+                    encode_frame(
+                        batch,
+                        watermark_ns if last else 0,
+                        monitor.callbacks_total,
+                        monitor.callback_ns_total,
+                    )
                 )
-            )
             wrote = True
         if finished:
             watermark_ns = _mono_ns()

@@ -16,8 +16,9 @@ A frame is a little-endian ``u32`` payload length, a ``u8`` codec (0: msgpack, 1
 the payload: ``[watermark_ns, callbacks_total, callback_ns_total, final, records]``. Records are
 :data:`~trt_otel.monitor.CallbackRecord` tuples as msgpack arrays; a batch msgpack cannot carry
 exactly (an integer beyond 64 bits, an argument of an odd type) goes as a pickle instead, so a
-record arrives as it was made. ``watermark_ns`` is the worker's monotonic clock when it took the
-batch: every callback stamped before it is in this frame or an earlier one, which is how the
+record arrives as it was made. ``watermark_ns`` is the worker's monotonic clock when it began
+taking the records that end with this frame (0: more of them follow): every callback stamped
+before it is in this frame or an earlier one, which is how the
 supervisor places a cancel it decided among the callbacks by time.
 """
 
