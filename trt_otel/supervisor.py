@@ -243,8 +243,9 @@ def _forward(
 ) -> None:
     """The worker's only other thread: append the records to the spool in frames. Each round
     takes a watermark before its first record and puts it on its last frame (the others
-    carry 0), so every callback stamped before it is in that frame or an earlier one. Once a cancel is asked for, an idle tick writes an empty
-    frame, so the supervisor learns that no callback it has not seen came before the cancel."""
+    carry 0), so every callback stamped before it is in that frame or an earlier one. Once a
+    cancel is asked for, an idle tick writes an empty frame, so the supervisor learns that no
+    callback it has not seen came before the cancel."""
     records = monitor.records
     flag = monitor._flag
     popleft = records.popleft
