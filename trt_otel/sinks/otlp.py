@@ -187,10 +187,11 @@ def unreachable_because(endpoint: str, timeout_s: float = 1.0) -> str | None:
         return f"cannot connect to {host}:{port} ({reason})"
 
 
-SPAN_QUEUE_CAPACITY = 4_096
-"""Spans waiting for the collector, at most: about 30 MiB, since an SDK span waiting for export
-takes about 7.5 KiB (measured: 16,384 queued for a collector that was down cost the supervisor
-108 MiB more than 2,048). The oldest are dropped when it is full, counted and reported."""
+SPAN_QUEUE_CAPACITY = 2_048
+"""Spans waiting for the collector, at most (four batches): about 15 MiB, since an SDK span
+waiting for export takes about 7.5 KiB (measured: 16,384 queued for a collector that was down
+cost the supervisor 108 MiB more than 2,048, and 4,096 still grew it by 60 MiB between 40 and
+160 thousand phases). The oldest are dropped when it is full, counted and reported."""
 
 
 class SpanExportQueue(SpanProcessor):
