@@ -43,6 +43,7 @@ from trt_otel.components import console_view, span_export
 from trt_otel.config import ConsoleConfig, SessionConfig, SpanConfig, UsageError
 from trt_otel.console import render_build
 from trt_otel.durations import format_duration
+from trt_otel.fleet import default_state_dir
 from trt_otel.journal import JournalError, read_journal
 from trt_otel.liveness import DEFAULT_LOST_AFTER_S, Writer
 from trt_otel.model import demo_model_bytes
@@ -153,6 +154,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_session_options(run, in_process=False)
     run.add_argument("program", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
+    mcp = commands.add_parser(
+        "mcp",
+        help="a Model Context Protocol server (stdio) to start, follow and cancel builds",
+        description="Serve MCP over stdin/stdout: tools to start builds (each a trt-otel "
+        "process of its own, with its HTTP view and journal in the state directory), list "
+        "them, read their status and events, wait for them, and cancel them.",
+    )
+    mcp.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the builds' folders are (default: $XDG_STATE_HOME/trt-otel/builds, "
+        "else ~/.local/state/trt-otel/builds)",
+    )
+
     watch = commands.add_parser(
         "watch",
         help="follow a build running elsewhere (its HTTP endpoint or its journal)",
@@ -241,7 +257,14 @@ class RunCommand:
     program: tuple[str, ...]
 
 
-Command = DemoCommand | BuildCommand | ReplayCommand | WatchCommand | RunCommand
+@dataclass(frozen=True, slots=True)
+class McpCommand:
+    """``trt-otel mcp``: the MCP server over stdio."""
+
+    state_dir: Path
+
+
+Command = DemoCommand | BuildCommand | ReplayCommand | WatchCommand | RunCommand | McpCommand
 
 
 def command_of(args: argparse.Namespace) -> Command:
@@ -286,6 +309,8 @@ def command_of(args: argparse.Namespace) -> Command:
             lost_after_s=args.lost_after,
             terminate_after_s=args.terminate_after,
         )
+    if args.command == "mcp":
+        return McpCommand(args.state_dir or default_state_dir())
     return ReplayCommand(args.journal, span_config(args))
 
 
@@ -308,6 +333,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return watch(command)
         if isinstance(command, RunCommand):
             return run_program_session(command.program, command.session)
+        if isinstance(command, McpCommand):
+            return mcp(command)
         return replay(command)
     except StopNow:  # a second SIGTERM outside the build: still a cancel
         return EXIT_CANCELLED
@@ -397,6 +424,17 @@ def preflight(
         trace=trace,
         cancel_file=session.policy.cancel_file,
     )
+
+
+def mcp(command: McpCommand) -> int:
+    try:
+        from trt_otel.mcp_server import serve
+    except ImportError as error:
+        raise UsageError(
+            f"the MCP server needs the mcp package ({error}): pip install 'trt-otel[mcp]'"
+        ) from None
+    serve(command.state_dir)
+    return EXIT_OK
 
 
 def replay(command: ReplayCommand) -> int:
