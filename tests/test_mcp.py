@@ -229,6 +229,11 @@ def test_bad_requests_are_tool_errors(tmp_path: Path, model: Path) -> None:
             # Nothing was started, and the server still answers.
             assert payload(await client.call_tool("list_builds", {}))["builds"] == []
             assert not (tmp_path / "state").exists() or not any((tmp_path / "state").iterdir())
+            blocked = tmp_path / "blocked"
+            blocked.write_text("a file where the state directory would be")
+            async with server(blocked) as other:
+                said = error_text(await other.call_tool("start_build", {"kind": "demo"}))
+                assert f"cannot start a build in {blocked}/" in said
             # A check the command makes only once it runs: the build stops before it starts,
             # the answer says why, and the attempt is on record.
             not_a_trace = tmp_path / "not-a-trace.jsonl"

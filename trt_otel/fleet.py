@@ -127,6 +127,15 @@ class Fleet:
         argv += [*options, "--no-progress", "--http-port", "0", "--journal"]
         argv.append(str(folder / "journal.jsonl"))
         check_command_line(argv)
+        try:
+            return self._launch(build_id, kind, argv, model_path, engine)
+        except OSError as error:  # an unwritable state directory, a full disk
+            raise FleetError(f"cannot start a build in {folder}: {error}") from None
+
+    def _launch(
+        self, build_id: str, kind: str, argv: list[str], model_path: Path | None, engine: str | None
+    ) -> dict[str, Any]:
+        folder = self.state_dir / build_id
         folder.mkdir(parents=True, exist_ok=False)
         token = secrets.token_urlsafe(32)
         token_file = folder / "token"
