@@ -24,6 +24,12 @@ mcp = pytest.importorskip("mcp")
 from mcp import Client, StdioServerParameters  # noqa: E402
 from mcp.types import CallToolResult, TextContent  # noqa: E402
 
+from rtx_builds import (  # noqa: E402
+    CONV_SHAPES,
+    RESIDUAL_SHAPES,
+    write_conv,
+    write_residual,
+)
 from trt_otel.cli import build_parser  # noqa: E402
 from trt_otel.model import demo_model_bytes  # noqa: E402
 
@@ -94,9 +100,17 @@ def model(tmp_path: Path) -> Path:
 
 
 def start_arguments(model: Path, *options: str, slow: bool = False) -> dict[str, Any]:
-    """A build of ``model``: real where TensorRT-RTX is, simulated (paced) otherwise."""
+    """A build: real where TensorRT-RTX is (a small conv net, or a deep residual net that
+    takes a while, silent window included), simulated and paced otherwise (``model``)."""
     if REAL:
-        return {"kind": "build", "model": str(model), "options": list(options)}
+        if slow:
+            path = write_residual(model.with_name("residual.onnx"))
+            shape_ranges = RESIDUAL_SHAPES
+        else:
+            path = write_conv(model.with_name("conv.onnx"))
+            shape_ranges = CONV_SHAPES
+        real = ["--shapes", shape_ranges, "--no-gpu", "--grace", "2s"]
+        return {"kind": "build", "model": str(path), "options": [*real, *options]}
     pace = ["--speed", "0.5"] if slow else ["--speed", "4"]
     return {"kind": "demo", "model": str(model), "options": [*pace, *options]}
 
@@ -145,9 +159,12 @@ def test_a_build_followed_to_success(tmp_path: Path, model: Path) -> None:
             assert final["progress"] == 1.0
             assert final["engine"] == str(tmp_path / "mnist.engine")
             assert (tmp_path / "mnist.engine").stat().st_size > 0
-            events = payload(await client.call_tool("build_events", {"id": build_id}))
+            events = payload(await client.call_tool("build_events", {"id": build_id, "limit": 5}))
+            assert [e["seq"] for e in events["events"]] == [0, 1, 2, 3, 4]
             assert events["events"][0]["type"] == "build_start"
-            assert events["more"] is True  # a build has more than 200 events
+            backend = events["events"][0]["attributes"]["trt.backend"]
+            assert backend == ("tensorrt-rtx" if REAL else "simulator")
+            assert events["more"] is True
             later = payload(
                 await client.call_tool(
                     "build_events",
