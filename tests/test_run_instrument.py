@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from prometheus_server import free_port
 from test_run import residual_net
 from trt_otel import read_journal
 from trt_otel.events import BuildFinished, BuildStarted
@@ -71,6 +72,19 @@ def test_a_timeout_from_the_environment_cancels_a_build_in_process(tmp_path: Pat
     assert end.outcome == "timeout"
 
 
+def test_the_metrics_count_the_builds_of_the_process(mnist: Path, tmp_path: Path) -> None:
+    port = free_port()
+    result, _ = run_instrumented(
+        tmp_path,
+        mnist,
+        mnist,
+        TRT_OTEL_PROMETHEUS_PORT=str(port),
+        SCRAPE=f"http://127.0.0.1:{port}/metrics",
+    )
+    assert result.returncode == 0, result.stderr
+    assert 'trt_run_builds_total{outcome="success"} 2.0' in result.stdout.splitlines()
+
+
 def test_settings_come_from_arguments_over_the_environment() -> None:
     env = {"TRT_OTEL_TIMEOUT": "15m", "TRT_OTEL_JOURNAL": "env.jsonl", "TRT_OTEL_PROGRESS": "off"}
     settings = InstrumentSettings.resolve(env, journal="given.jsonl")
@@ -80,7 +94,8 @@ def test_settings_come_from_arguments_over_the_environment() -> None:
 
 
 @pytest.mark.parametrize(
-    ("variable", "value"), [("TRT_OTEL_TIMEOUT", "soon"), ("TRT_OTEL_PROGRESS", "fancy")]
+    ("variable", "value"),
+    [("TRT_OTEL_TIMEOUT", "soon"), ("TRT_OTEL_PROGRESS", "fancy"), ("TRT_OTEL_HTTP_PORT", "99999")],
 )
 def test_a_bad_setting_is_a_clear_error(variable: str, value: str) -> None:
     with pytest.raises(InstrumentError, match=value):

@@ -13,7 +13,7 @@ import contextlib
 import shlex
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 from trt_otel.components import (
@@ -50,9 +50,23 @@ def say(message: str) -> None:
 
 def run_program_session(command: Sequence[str], config: SessionConfig) -> int:
     """Run ``command`` with its builds observed as ``config`` asks; returns the exit code."""
-    observe = config.observe
     argv = resolve_command(command)  # a usage error before anything starts
-    attributes: dict[str, Any] = {"program.command": shlex.join(argv)}
+    with observed_builds(config, {"program.command": shlex.join(argv)}) as builds:
+        ended = run_program(argv, builds, grace_s=config.policy.grace_s, say=say)
+    if config.observe.journal is not None:
+        say(f"journal: {config.observe.journal}")
+    say(ended.summary)
+    return ended.exit_code
+
+
+@contextlib.contextmanager
+def observed_builds(
+    config: SessionConfig, attributes: dict[str, Any], *, progress: bool = True
+) -> Iterator[ProgramBuilds]:
+    """Builds on one log with everything ``config`` asks for attached, for as long as the
+    context lasts: ``trt-otel run``'s, and ``trt_otel.instrument()``'s. ``progress``: plain
+    lines on stderr."""
+    observe = config.observe
     with contextlib.ExitStack() as stack:
         gpu = stack.enter_context(gpu_reader(observe.gpu))
         if gpu is not None:
@@ -76,8 +90,9 @@ def run_program_session(command: Sequence[str], config: SessionConfig) -> int:
         http = stack.enter_context(
             status_server(monitor, observe.http, model=model, registry=registry)
         )
-        # Plain lines even on a terminal: a live tree redraws lines the program writes too.
-        model.subscribe(PlainLines(model, sys.stderr))
+        if progress:
+            # Plain lines even on a terminal: a live tree redraws lines the program writes.
+            model.subscribe(PlainLines(model, sys.stderr))
         policy = config.policy.policy()
         if policy is not None:
             say(f"policy (each build): {policy.describe()}")
@@ -93,11 +108,7 @@ def run_program_session(command: Sequence[str], config: SessionConfig) -> int:
         stack.enter_context(following(log, followers, model))
         if gpu is not None:
             builds.listeners = (_sample_while_building(gpu, config),)
-        ended = run_program(argv, builds, grace_s=config.policy.grace_s, say=say)
-    if observe.journal is not None:
-        say(f"journal: {observe.journal}")
-    say(ended.summary)
-    return ended.exit_code
+        yield builds
 
 
 def _sample_while_building(
