@@ -15,14 +15,18 @@ Settings come from the arguments, else from the environment:
 ``TRT_OTEL_STALL_TIMEOUT`` cancel a build with no progress for this long
 ``TRT_OTEL_CANCEL_FILE``  cancel a build while this file exists
 ``TRT_OTEL_PROGRESS``     ``plain`` (the default): a line per notable event on stderr; ``off``
+``TRT_OTEL_HTTP_PORT``    serve the HTTP view (``/status``, ``/events``, ``POST /cancel``); 0 picks
+``TRT_OTEL_PROMETHEUS_PORT`` serve ``/metrics`` for Prometheus; 0 picks a free port
 ``OTEL_*``                span export, as ``trt-otel run`` and every OpenTelemetry SDK read them
 ========================  =====================================================================
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
+import shlex
 import sys
 import threading
 from collections.abc import Mapping
@@ -33,13 +37,10 @@ from typing import TYPE_CHECKING, Any
 from trt_otel.bootstrap import _trt_otel_recorder as recorder
 from trt_otel.durations import parse_positive_duration
 from trt_otel.events import Outcome
-from trt_otel.journal import JournalWriter
-from trt_otel.log import EventLog
 
 if TYPE_CHECKING:
-    from trt_otel.policies import Policy
+    from trt_otel.config import SessionConfig
     from trt_otel.program import ProgramBuild, ProgramBuilds
-    from trt_otel.sinks.otlp import OtlpSpanExport
 
 __all__ = ["InstrumentSettings", "Instrumentation", "instrument", "uninstrument"]
 
@@ -56,6 +57,8 @@ class InstrumentSettings:
     cancel_file: Path | None = None
     progress: bool = True
     otlp_endpoint: str | None = None
+    http_port: int | None = None
+    prometheus_port: int | None = None
 
     @classmethod
     def resolve(cls, environ: Mapping[str, str] | None = None, **given: Any) -> InstrumentSettings:
@@ -84,6 +87,19 @@ class InstrumentSettings:
             text("journal", "TRT_OTEL_JOURNAL"),
             text("cancel_file", "TRT_OTEL_CANCEL_FILE"),
         )
+
+        def port(key: str, variable: str) -> int | None:
+            raw = text(key, variable)
+            if raw is None:
+                return None
+            try:
+                number = int(raw)
+            except ValueError:
+                number = -1
+            if not 0 <= number <= 65535:
+                raise InstrumentError(f"{key} {raw!r}: not a port (0 to 65535; 0 picks one)")
+            return number
+
         progress = given.get("progress")
         if progress is None:
             mode = env.get("TRT_OTEL_PROGRESS", "plain").strip().lower()
@@ -91,6 +107,8 @@ class InstrumentSettings:
                 raise InstrumentError(f"TRT_OTEL_PROGRESS={mode!r}: use plain or off")
             progress = mode == "plain"
         return cls(
+            http_port=port("http_port", "TRT_OTEL_HTTP_PORT"),
+            prometheus_port=port("prometheus_port", "TRT_OTEL_PROMETHEUS_PORT"),
             journal=Path(journal) if journal else None,
             timeout_s=duration("timeout", "TRT_OTEL_TIMEOUT"),
             stall_timeout_s=duration("stall_timeout", "TRT_OTEL_STALL_TIMEOUT"),
@@ -99,17 +117,35 @@ class InstrumentSettings:
             otlp_endpoint=given.get("otlp_endpoint"),
         )
 
-    def policy(self) -> Policy | None:
-        from trt_otel.policies import CancelFile, Stall, Timeout, any_of
+    def session(self) -> SessionConfig:
+        """The same settings as ``trt-otel run``'s options (no GPU sampling, no wait for a
+        last scrape: a library call should not print or linger unasked)."""
+        from trt_otel.config import (
+            ConsoleConfig,
+            GpuConfig,
+            HttpConfig,
+            MetricsConfig,
+            ObservabilityConfig,
+            PolicyConfig,
+            SessionConfig,
+            SpanConfig,
+        )
 
-        policies: list[Policy] = []
-        if self.timeout_s is not None:
-            policies.append(Timeout(self.timeout_s))
-        if self.stall_timeout_s is not None:
-            policies.append(Stall(self.stall_timeout_s))
-        if self.cancel_file is not None:
-            policies.append(CancelFile(self.cancel_file))
-        return any_of(*policies) if policies else None
+        return SessionConfig(
+            observe=ObservabilityConfig(
+                journal=self.journal,
+                spans=SpanConfig(endpoint=self.otlp_endpoint),
+                http=HttpConfig(port=self.http_port),
+                metrics=MetricsConfig(port=self.prometheus_port, linger_s=0.0),
+                gpu=GpuConfig(enabled=False),
+                console=ConsoleConfig(live=False),
+            ),
+            policy=PolicyConfig(
+                timeout_s=self.timeout_s,
+                stall_timeout_s=self.stall_timeout_s,
+                cancel_file=self.cancel_file,
+            ),
+        )
 
 
 class _LocalChannel:
@@ -156,39 +192,25 @@ class Instrumentation:
 
     def __init__(self, settings: InstrumentSettings) -> None:
         # Here rather than at the top: ``import trt_otel`` stays light (no exporters, no rich).
-        from trt_otel.console import PlainLines
-        from trt_otel.program import ProgramBuilds
-        from trt_otel.readmodel import ReadModel
-        from trt_otel.sinks.otlp import OtlpSettings, OtlpSpanExport
+        from trt_otel.config import UsageError
+        from trt_otel.program_session import observed_builds
 
         self.settings = settings
-        self.log = EventLog()
-        self._spans: OtlpSpanExport | None = None
-        if settings.journal is not None:
-            try:
-                journal = JournalWriter(settings.journal)
-            except OSError as error:
-                raise InstrumentError(
-                    f"cannot write journal {settings.journal}: {error.strerror or error}"
-                ) from None
-            self.log.follow(journal, capacity=1_000_000)
-        otlp = OtlpSettings.resolve(settings.otlp_endpoint)
-        if otlp is not None:
-            self._spans = OtlpSpanExport(otlp, warn=_warn)
-            self.log.follow(self._spans, capacity=1_000_000)
-        if settings.progress:
-            model = ReadModel()
-            model.subscribe(PlainLines(model, sys.stderr))
-            self.log.follow(model, capacity=1_000_000)
-        self.builds = ProgramBuilds(
-            self.log, policy=settings.policy, warn=_warn, say=lambda m: _warn(m, "")
-        )
+        self._stack = contextlib.ExitStack()
+        attributes: dict[str, Any] = {"program.command": shlex.join(sys.argv)}
+        try:
+            self.builds = self._stack.enter_context(
+                observed_builds(settings.session(), attributes, progress=settings.progress)
+            )
+        except UsageError as error:  # a journal that cannot be written, a port in use
+            self._stack.close()
+            raise InstrumentError(str(error)) from None
         self._channel = _LocalChannel(self.builds)
         self._sink = recorder.RemoteSink(lambda: self._channel, "trt-otel in this process")
         self._closed = threading.Event()
         recorder.install(self._sink)
 
-    def close(self, timeout_s: float = 5.0) -> None:
+    def close(self) -> None:
         """Stop observing; end a build still in progress; flush the journal and the spans."""
         if self._closed.is_set():
             return
@@ -196,9 +218,7 @@ class Instrumentation:
         recorder.uninstall()
         self._sink.close()
         self.builds.end_unfinished(_unfinished)
-        self.log.close(timeout_s)
-        if self._spans is not None:
-            self._spans.shutdown(timeout_s)
+        self._stack.close()
 
 
 def _unfinished(build: ProgramBuild) -> tuple[Outcome, str, str]:
@@ -220,10 +240,13 @@ def instrument(
     cancel_file: str | os.PathLike[str] | None = None,
     progress: bool | None = None,
     otlp_endpoint: str | None = None,
+    http_port: int | None = None,
+    prometheus_port: int | None = None,
 ) -> Instrumentation:
     """Observe every TensorRT and TensorRT-RTX build this process makes from now on: each a
     build of its own (own id, ``build_start``..``build_end``) in one journal, with spans,
-    progress lines and cancel policies, and the program's own ``config.progress_monitor``
+    progress lines, the HTTP view, metrics and cancel policies, as ``trt-otel run`` has them,
+    and the program's own ``config.progress_monitor``
     still called. Arguments left out come from the environment (see the module's table).
     Calling it again replaces the settings."""
     uninstrument()
@@ -234,6 +257,8 @@ def instrument(
         cancel_file=cancel_file,
         progress=progress,
         otlp_endpoint=otlp_endpoint,
+        http_port=http_port,
+        prometheus_port=prometheus_port,
     )
     instrumentation = Instrumentation(settings)
     _current.append(instrumentation)
