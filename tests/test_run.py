@@ -20,7 +20,7 @@ import pytest
 
 from trt_otel import read_journal
 from trt_otel.events import BuildFinished, BuildStarted, CancelRequested, Event, PhaseStarted
-from trt_otel.model import demo_model_bytes
+from trt_otel.model import demo_model_bytes, residual_net_bytes
 
 trt = pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install -e '.[dev]')")
 
@@ -41,38 +41,10 @@ RTX_PHASES = [
 
 
 def residual_net(blocks: int, tmp_path: Path) -> Path:
-    """``blocks`` residual blocks (conv, relu, add): TensorRT-RTX spends most of the build of a
-    deep one inside a single step of "Determining refit engines", with no callback at all."""
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    nodes, weights, current = [], [], "input"
-    for index in range(blocks):
-        for name, dims in ((f"w{index}", (8, 8, 3, 3)), (f"b{index}", (8,))):
-            data = rng.standard_normal(dims).astype(np.float32) * 0.01
-            weights.append(numpy_helper.from_array(data, name))
-        nodes += [
-            helper.make_node("Conv", [current, f"w{index}", f"b{index}"], [f"c{index}"],
-                             pads=[1, 1, 1, 1]),
-            helper.make_node("Relu", [f"c{index}"], [f"r{index}"]),
-            helper.make_node("Add", [current, f"r{index}"], [f"o{index}"]),
-        ]  # fmt: skip
-        current = f"o{index}"
-    nodes.append(helper.make_node("Identity", [current], ["output"]))
-    shape: list[str | int | None] = ["batch", 8, 32, 32]
-    graph = helper.make_graph(
-        nodes,
-        f"residual{blocks}",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, shape)],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, shape)],
-        weights,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+    """``blocks`` residual blocks: TensorRT-RTX spends most of the build of a deep one inside a
+    single step of "Determining refit engines", with no callback at all."""
     path = tmp_path / f"residual{blocks}.onnx"
-    path.write_bytes(onnx.shape_inference.infer_shapes(model).SerializeToString())
+    path.write_bytes(residual_net_bytes(blocks))
     return path
 
 
