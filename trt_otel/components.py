@@ -16,16 +16,19 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.registry import Collector
 
 from trt_otel.config import (
     ConsoleConfig,
     GpuConfig,
     HttpConfig,
     MetricsConfig,
+    ObservabilityConfig,
     SpanConfig,
     UsageError,
 )
@@ -40,7 +43,12 @@ from trt_otel.policies import PolicyRunner
 from trt_otel.readmodel import ReadModel, Subscriber
 from trt_otel.sinks.http import StatusServer
 from trt_otel.sinks.otlp import OtlpSpanExport
-from trt_otel.sinks.prometheus import MetricSources, MetricsServer, push_build_metrics
+from trt_otel.sinks.prometheus import (
+    MetricSources,
+    MetricsServer,
+    metrics_registry,
+    push_build_metrics,
+)
 from trt_otel.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent
 
 DEEP_QUEUE = 1_000_000
@@ -238,6 +246,39 @@ def status_server(
     finally:
         if token_file is not None:
             token_file.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Views:
+    """What :func:`attach_views` started: the span export and the HTTP view (each ``None`` when
+    not asked for) and the one registry behind every metrics view."""
+
+    spans: OtlpSpanExport | None
+    registry: CollectorRegistry
+    http: StatusServer | None
+
+
+def attach_views(
+    stack: contextlib.ExitStack[Any],
+    monitor: BuildMonitor,
+    observe: ObservabilityConfig,
+    *,
+    runner: PolicyRunner | None,
+    model: ReadModel,
+    collectors: Sequence[Collector] = (),
+) -> Views:
+    """The sinks ``trt-otel build``, ``run`` and ``watch`` attach alike, entered on ``stack``:
+    spans, then one registry (with ``collectors`` added) for scrapes, the HTTP view and the
+    push, then the scrape endpoint and the HTTP view. Each stops after the log's followers
+    have drained into it."""
+    spans = stack.enter_context(span_export(observe.spans, model))
+    sources = metric_sources(monitor, observe.metrics, spans=spans, runner=runner, model=model)
+    registry = metrics_registry(sources)  # one registry: scrapes, the HTTP view, the push
+    for collector in collectors:
+        registry.register(collector)
+    stack.enter_context(metrics_endpoint(registry, observe.metrics))
+    http = stack.enter_context(status_server(monitor, observe.http, model=model, registry=registry))
+    return Views(spans, registry, http)
 
 
 def _cancel_token(given: str | None, build_id: str) -> tuple[str, Path | None]:

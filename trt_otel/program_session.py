@@ -18,15 +18,12 @@ from typing import Any, cast
 
 from trt_otel.components import (
     DEEP_QUEUE,
+    attach_views,
     following,
     gpu_reader,
     join_parent_trace,
     load_history,
-    metric_sources,
-    metrics_endpoint,
     open_journal,
-    span_export,
-    status_server,
     warn,
 )
 from trt_otel.config import SessionConfig
@@ -39,7 +36,6 @@ from trt_otel.program import CurrentBuild, ProgramBuilds, RunCollector
 from trt_otel.readmodel import ReadModel
 from trt_otel.run import resolve_command, run_program
 from trt_otel.sinks.http import EventFeed
-from trt_otel.sinks.prometheus import metrics_registry
 
 
 def say(message: str) -> None:
@@ -82,14 +78,9 @@ def observed_builds(
         monitor = cast(BuildMonitor, current)
         model = ReadModel(history)  # the builds folded once, for every view below
 
-        spans = stack.enter_context(span_export(observe.spans, model))
-        sources = metric_sources(monitor, observe.metrics, spans=spans, runner=None, model=model)
-        registry = metrics_registry(sources)  # one registry: scrapes, the HTTP view, the push
-        registry.register(RunCollector(builds))
-        stack.enter_context(metrics_endpoint(registry, observe.metrics))
-        http = stack.enter_context(
-            status_server(monitor, observe.http, model=model, registry=registry)
-        )
+        http = attach_views(
+            stack, monitor, observe, runner=None, model=model, collectors=[RunCollector(builds)]
+        ).http
         if progress:
             # Plain lines even on a terminal: a live tree redraws lines the program writes.
             model.subscribe(PlainLines(model, sys.stderr))

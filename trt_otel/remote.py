@@ -26,14 +26,11 @@ from typing import Any
 
 from trt_otel.components import (
     DEEP_QUEUE,
+    attach_views,
     console_view,
     following,
     load_history,
-    metric_sources,
-    metrics_endpoint,
     say,
-    span_export,
-    status_server,
     warn,
 )
 from trt_otel.config import SessionConfig, UsageError
@@ -51,7 +48,6 @@ from trt_otel.liveness import DEFAULT_LOST_AFTER_S, Writer
 from trt_otel.monitor import BuildMonitor
 from trt_otel.policies import PolicyRunner
 from trt_otel.readmodel import ReadModel
-from trt_otel.sinks.prometheus import metrics_registry
 from trt_otel.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent, trace_id_for
 from trt_otel.watch import follow_journal
 
@@ -297,13 +293,8 @@ def watch_and_supervise(
         model = ReadModel(history)  # the build folded once, for every view below
 
         # As run_session attaches them to a build run here.
-        spans = stack.enter_context(span_export(observe.spans, model))
-        sources = metric_sources(monitor, observe.metrics, spans=spans, runner=runner, model=model)
-        registry = metrics_registry(sources)  # one registry: scrapes, the HTTP view, the push
-        stack.enter_context(metrics_endpoint(registry, observe.metrics))
-        http = stack.enter_context(
-            status_server(monitor, observe.http, model=model, registry=registry)
-        )
+        views = attach_views(stack, monitor, observe, runner=runner, model=model)
+        spans, http = views.spans, views.http
         console_view(observe.console, model)
         if spans is not None:
             remote = parse_traceparent(str(attributes.get(TRACEPARENT_ATTRIBUTE, "")))

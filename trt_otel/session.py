@@ -23,17 +23,14 @@ from typing import Any
 from trt_otel.build import BuildJob, BuildResult, partial_files, run_build_job
 from trt_otel.components import (
     DEEP_QUEUE,
+    attach_views,
     console_view,
     following,
     gpu_reader,
     join_parent_trace,
     load_history,
-    metric_sources,
-    metrics_endpoint,
     open_journal,
     say,
-    span_export,
-    status_server,
     warn,
 )
 from trt_otel.config import SessionConfig, UsageError
@@ -44,7 +41,6 @@ from trt_otel.gpu import GpuSampler
 from trt_otel.monitor import BuildMonitor
 from trt_otel.policies import PolicyRunner
 from trt_otel.readmodel import ReadModel
-from trt_otel.sinks.prometheus import metrics_registry
 from trt_otel.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent, trace_id_for
 from trt_otel.supervisor import IsolatedResult, StopNow, run_isolated
 
@@ -87,13 +83,8 @@ def run_session(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]
         model = ReadModel(history)  # the build folded once, for every view below
 
         # Sinks: each stops after the log's followers have drained into it.
-        spans = stack.enter_context(span_export(observe.spans, model))
-        sources = metric_sources(monitor, observe.metrics, spans=spans, runner=runner, model=model)
-        registry = metrics_registry(sources)  # one registry: scrapes, the HTTP view, the push
-        stack.enter_context(metrics_endpoint(registry, observe.metrics))
-        http = stack.enter_context(
-            status_server(monitor, observe.http, model=model, registry=registry)
-        )
+        views = attach_views(stack, monitor, observe, runner=runner, model=model)
+        spans, http = views.spans, views.http
         console_view(observe.console, model)
         _announce(monitor.build_id, attributes, spans is not None, runner)
 
