@@ -36,6 +36,7 @@ from types import FrameType
 from trt_otel.durations import format_duration
 from trt_otel.events import Outcome
 from trt_otel.program import ProgramBuild, ProgramBuilds, ProgramChannel
+from trt_otel.signals import handling_interrupts
 
 EXIT_CANCELLED = 3
 EXIT_DIED = 4
@@ -107,12 +108,8 @@ def _handle_signals(builds: ProgramBuilds, say: Say) -> Iterator[_Signals]:
             args = ("received SIGTERM", "SIGTERM: cancelling the builds")
         threading.Thread(target=cancel, args=args, name="trt-otel-signal", daemon=True).start()
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with handling_interrupts(handler):
         yield state
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def _stop(pid: int, wait: Callable[[float], bool], kill_after_s: float) -> str:

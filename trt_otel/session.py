@@ -41,6 +41,7 @@ from trt_otel.gpu import GpuSampler
 from trt_otel.monitor import BuildMonitor
 from trt_otel.policies import PolicyRunner
 from trt_otel.readmodel import ReadModel
+from trt_otel.signals import handling_interrupts
 from trt_otel.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent, trace_id_for
 from trt_otel.supervisor import IsolatedResult, StopNow, run_isolated
 
@@ -240,9 +241,5 @@ def _cancel_on_signals(monitor: BuildMonitor) -> Iterator[_SignalState]:
             raise KeyboardInterrupt if state.interrupted else StopNow(name)
         threading.Thread(target=cancel, args=(name,), name="trt-otel-signal", daemon=True).start()
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with handling_interrupts(handler):
         yield state
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
