@@ -18,6 +18,7 @@ import pytest
 from trt_otel import Outcome, read_journal
 from trt_otel.events import BuildFinished
 from trt_otel.preflight import PreflightError, read_model
+from waiting import wait_for_text
 
 CLI = [sys.executable, "-m", "trt_otel.cli"]
 
@@ -110,13 +111,6 @@ def test_a_model_over_the_limit_or_not_a_file_is_refused(tmp_path: Path) -> None
 
 
 # -- a write that fails after the build ----------------------------------------------------
-
-
-def wait_for_text(journal: Path, text: bytes, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not (journal.exists() and text in journal.read_bytes()):
-        assert time.monotonic() < deadline, f"{text!r} never appeared in the journal"
-        time.sleep(0.05)
 
 
 def build_while(

@@ -36,6 +36,7 @@ from trt_otel.policies import (
 from trt_otel.simulator import Driver, generate_plan
 from trt_otel.state import BuildState
 from trt_otel.supervisor import run_isolated
+from waiting import wait_for_text
 
 CLI = [sys.executable, "-m", "trt_otel.cli"]
 S = 1_000_000_000
@@ -77,13 +78,6 @@ silent there): the time a test has to act mid-build. A cancel asked for in the w
 effect at the first step after it, gracefully."""
 MID_BUILD = b"Computing profile costs"
 """In the journal once the build has reached its silent window."""
-
-
-def wait_for_text(journal: Path, text: bytes, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not (journal.exists() and text in journal.read_bytes()):
-        assert time.monotonic() < deadline, f"{text!r} never appeared in the journal"
-        time.sleep(0.05)
 
 
 # -- policies in isolation ----------------------------------------------------------------------

@@ -30,15 +30,9 @@ from trt_otel.policies import (
     fetch,
 )
 from trt_otel.sinks.prometheus import MetricSources, metrics_registry
+from waiting import wait_for_text
 
 CLI = [sys.executable, "-m", "trt_otel.cli"]
-
-
-def wait_for_text(journal: Path, text: bytes, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not (journal.exists() and text in journal.read_bytes()):
-        assert time.monotonic() < deadline, f"{text!r} never appeared in the journal"
-        time.sleep(0.05)
 
 
 def cancel_of(journal: Path) -> CancelRequested:

@@ -13,15 +13,9 @@ import pytest
 
 from trt_otel import Outcome, read_journal
 from trt_otel.events import BuildFinished
+from waiting import wait_for_text
 
 CLI = [sys.executable, "-m", "trt_otel.cli"]
-
-
-def wait_for_text(path: Path, text: bytes, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not (path.exists() and text in path.read_bytes()):
-        assert time.monotonic() < deadline, f"{text!r} never appeared in {path}"
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("in_process", [False, True], ids=["worker", "in-process"])

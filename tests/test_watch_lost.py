@@ -16,15 +16,9 @@ from pathlib import Path
 
 from trt_otel.liveness import Toucher, process_running
 from trt_otel.watch import BuildLostError, follow_journal
+from waiting import wait_for_text
 
 CLI = [sys.executable, "-m", "trt_otel.cli"]
-
-
-def wait_for_text(journal: Path, text: bytes, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not (journal.exists() and text in journal.read_bytes()):
-        assert time.monotonic() < deadline, f"{text!r} never appeared in the journal"
-        time.sleep(0.05)
 
 
 def start_demo(journal: Path, *args: str) -> subprocess.Popen[str]:
