@@ -1,13 +1,17 @@
-"""Shared fixtures: where the recorded TensorRT traces are, and a reference reading of them."""
+"""Shared fixtures: where the recorded TensorRT traces are, a reference reading of them, and a
+real OTLP receiver."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from otlp_receiver import OtlpReceiver, otlp_receiver
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TRACES_DIR = Path(os.environ.get("TRT_OTEL_TRACES_DIR", REPO_ROOT.parent / "shared" / "traces"))
@@ -62,3 +66,10 @@ def reference_tree(path: Path) -> list[ReferencePhase]:
             else:
                 del open_phases[name]
     return roots
+
+
+@pytest.fixture
+def receiver() -> Iterator[OtlpReceiver]:
+    """A real OTLP receiver (gRPC and HTTP) for the test's spans."""
+    with otlp_receiver() as running:
+        yield running

@@ -10,12 +10,11 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from otlp_receiver import OtlpReceiver, otlp_receiver
+from otlp_receiver import OtlpReceiver
 from prometheus_server import PrometheusServer, free_port
 from rtx_builds import callbacks_of
 from trt_otel import read_journal
@@ -33,12 +32,6 @@ def events_of(name: str) -> list[Event]:
     journal = read_journal(DATA / name)
     assert not journal.problems
     return journal.events
-
-
-@pytest.fixture
-def receiver() -> Iterator[OtlpReceiver]:
-    with otlp_receiver() as running:
-        yield running
 
 
 @pytest.mark.parametrize("path", JOURNALS, ids=[p.name for p in JOURNALS])

@@ -11,13 +11,12 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from otlp_receiver import OtlpReceiver, otlp_receiver
+from otlp_receiver import OtlpReceiver
 from prometheus_server import PrometheusServer, free_port
 from rtx_builds import RESIDUAL_SHAPES, SILENT_BLOCKS, import_rtx, write_residual
 from trt_otel import read_journal
@@ -32,12 +31,6 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def rtx() -> Any:
     return import_rtx()
-
-
-@pytest.fixture
-def receiver() -> Iterator[OtlpReceiver]:
-    with otlp_receiver() as running:
-        yield running
 
 
 def test_a_real_builds_metrics_and_spans_arrive(

@@ -11,12 +11,11 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from otlp_receiver import OtlpReceiver, otlp_receiver
+from otlp_receiver import OtlpReceiver
 from test_run import PROGRAMS, PYTHON, builds_in, residual_net, starts, wait_for_journal
 from trt_otel import read_journal
 from trt_otel.events import CancelRequested
@@ -33,12 +32,6 @@ def mnist(tmp_path: Path) -> Path:
     path = tmp_path / "mnist.onnx"
     path.write_bytes(demo_model_bytes())
     return path
-
-
-@pytest.fixture
-def receiver() -> Iterator[OtlpReceiver]:
-    with otlp_receiver() as running:
-        yield running
 
 
 def test_each_build_of_a_run_is_a_trace_of_its_own(

@@ -24,7 +24,6 @@ from otlp_receiver import (
     ReceivedSpan,
     dead_port,
     hanging_collector,
-    otlp_receiver,
 )
 from trt_otel import BuildMonitor
 from trt_otel.cli import main
@@ -43,12 +42,6 @@ from trt_otel.state import BuildState
 
 CLI = [sys.executable, "-m", "trt_otel.cli"]
 STATUS_ERROR = 2
-
-
-@pytest.fixture
-def receiver() -> Iterator[OtlpReceiver]:
-    with otlp_receiver() as running:
-        yield running
 
 
 def endpoint(receiver: OtlpReceiver, protocol: str) -> str:
