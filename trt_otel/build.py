@@ -94,11 +94,6 @@ def select_backend(name: str | None = None) -> tuple[Backend, Any]:
         raise BuildSetupError(f"{error}{hint}") from None
 
 
-def import_tensorrt() -> Any:
-    """The default backend's module, or a BuildSetupError saying how to get one."""
-    return select_backend()[1]
-
-
 def check_builder_options(trt: Any, options: BuildOptions) -> None:
     """Refuse (BuildSetupError) the options that the library ``trt`` does not have."""
     problems = unsupported_options(trt, options)

@@ -166,6 +166,3 @@ class Liveness:
                 "was lost (--lost-after waits longer)"
             )
         return None
-
-    def quiet_for_s(self) -> float:
-        return self._clock() - self._last_sign
