@@ -28,6 +28,17 @@ def start_demo(journal: Path, *args: str) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
+def killed_in_silence(journal: Path) -> subprocess.Popen[str]:
+    """A demo build SIGKILLed in its silent window, its journal left with no end."""
+    build = start_demo(journal, "--silence", "120s")
+    try:
+        wait_for_text(journal, b"Optimizing graph")
+    finally:
+        build.send_signal(signal.SIGKILL)
+        build.communicate(timeout=30)
+    return build
+
+
 def watch(journal: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*CLI, "watch", "--no-progress", str(journal), *args],
@@ -37,12 +48,7 @@ def watch(journal: Path, *args: str, timeout: float = 60) -> subprocess.Complete
 
 def test_watch_of_a_journal_whose_writer_was_killed_is_lost_at_once(tmp_path: Path) -> None:
     journal = tmp_path / "k9.jsonl"
-    build = start_demo(journal, "--silence", "120s")
-    try:
-        wait_for_text(journal, b"Optimizing graph")
-    finally:
-        build.send_signal(signal.SIGKILL)
-        build.communicate(timeout=30)
+    build = killed_in_silence(journal)
     header = json.loads(journal.read_text().splitlines()[0])
     assert header["writer_pid"] == build.pid and header["writer_host"] == socket.gethostname()
     began = time.monotonic()
@@ -66,12 +72,7 @@ def strip_writer(journal: Path) -> None:
 
 def test_a_journal_with_no_sign_of_life_is_lost_after_the_limit(tmp_path: Path) -> None:
     journal = tmp_path / "old.jsonl"
-    build = start_demo(journal, "--silence", "120s")
-    try:
-        wait_for_text(journal, b"Optimizing graph")
-    finally:
-        build.send_signal(signal.SIGKILL)
-        build.communicate(timeout=30)
+    killed_in_silence(journal)
     strip_writer(journal)  # as an older writer, or one on another host, leaves it
     began = time.monotonic()
     result = watch(journal, "--lost-after", "1.5s", timeout=30)
