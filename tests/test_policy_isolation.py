@@ -35,6 +35,13 @@ from waiting import wait_for_text
 CLI = [sys.executable, "-m", "trt_otel.cli"]
 
 
+def until_cancelled(monitor: BuildMonitor, timeout_s: float = 10) -> None:
+    """Until ``monitor`` is cancelled or ``timeout_s`` has passed; the caller asserts which."""
+    deadline = time.monotonic() + timeout_s
+    while not monitor.cancelled and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def cancel_of(journal: Path) -> CancelRequested:
     return next(e for e in read_journal(journal).events if isinstance(e, CancelRequested))
 
@@ -67,9 +74,7 @@ def test_a_hung_probe_is_reported_stuck_and_the_other_policies_still_decide() ->
     try:
         with runner:
             monitor.start()
-            deadline = time.monotonic() + 10
-            while not monitor.cancelled and time.monotonic() < deadline:
-                time.sleep(0.02)
+            until_cancelled(monitor)
     finally:
         hung.release.set()
     assert monitor.state.cancel is not None, "the timeout never fired: the hung probe starved it"
@@ -235,9 +240,7 @@ def test_a_stall_still_fires_while_a_cancel_url_hangs() -> None:
     try:
         with PolicyRunner(monitor, AnyOf(url, Stall(0.5)), interval_s=0.02, warn=lambda m: None):
             monitor.start()
-            deadline = time.monotonic() + 10
-            while not monitor.cancelled and time.monotonic() < deadline:
-                time.sleep(0.02)
+            until_cancelled(monitor)
     finally:
         server.stopping.set()
         server.shutdown()
