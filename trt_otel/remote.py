@@ -167,6 +167,8 @@ class Escalation:
         self.monitor = monitor
         self.after_s = after_s
         self._stop = threading.Event()
+        self.stopping_writer = threading.Event()
+        """Set before the writer is signalled: its death is ours, and its end is ours to write."""
         self._thread = threading.Thread(target=self._run, name="trt-otel-escalation", daemon=True)
 
     def __enter__(self) -> Escalation:
@@ -193,6 +195,7 @@ class Escalation:
             )
             return
         pid, stopped_with = self.writer.pid, "SIGTERM"
+        self.stopping_writer.set()
         say(f"the build has not stopped: sending SIGTERM to its process ({self.writer.describe()})")
         os.kill(pid, signal.SIGTERM)
         if not self._gone_within(TERMINATE_TO_KILL_S):
@@ -308,9 +311,13 @@ def watch_and_supervise(
         stack.enter_context(following(monitor.log, followers, model))
         if runner is not None:
             stack.enter_context(runner)
+        ending = None
         if terminate_after_s is not None:
-            stack.enter_context(Escalation(journal, header, monitor, terminate_after_s))
-        return follow_journal(journal, monitor.feed, warn=warn, lost_after_s=lost_after_s)
+            escalation = Escalation(journal, header, monitor, terminate_after_s)
+            ending = stack.enter_context(escalation).stopping_writer
+        return follow_journal(
+            journal, monitor.feed, warn=warn, lost_after_s=lost_after_s, ending=ending
+        )
 
 
 __all__ = ["Escalation", "RemoteBuild", "first_event", "supervises", "watch_and_supervise"]

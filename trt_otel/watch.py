@@ -9,6 +9,7 @@ seen (``Last-Event-ID``), so nothing is missed nor shown twice.
 from __future__ import annotations
 
 import http.client
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
@@ -146,11 +147,14 @@ def follow_journal(
     warn: Warn,
     poll_s: float = 0.2,
     lost_after_s: float = DEFAULT_LOST_AFTER_S,
+    ending: threading.Event | None = None,
 ) -> BuildFinished | None:
     """Feed ``sink`` the events of the journal at ``path`` as it grows, until the build's end.
 
     A journal that stops growing is followed while its writer shows signs of life (a silent
     build is not a lost one); :class:`BuildLostError` says when it has none (:mod:`liveness`).
+    Once ``ending`` is set, the caller has stopped the writer itself and appends the build's end
+    in its place: a dead writer is then expected, and the end is awaited (for ``lost_after_s``).
     """
     try:
         handle = open(path, "rb")  # noqa: SIM115 - closed below, kept open while it grows
@@ -166,7 +170,10 @@ def follow_journal(
             chunk = handle.read(1 << 20)
             if not chunk:
                 lost = liveness.lost()
-                if lost is not None:
+                if lost is not None and ending is not None and ending.is_set():
+                    if time.monotonic() - quiet_since > lost_after_s:
+                        raise BuildLostError(f"{lost}, and no end was appended in its place")
+                elif lost is not None:
                     raise BuildLostError(lost)
                 if not noticed and time.monotonic() - quiet_since > lost_after_s:
                     noticed = True
