@@ -38,7 +38,9 @@ def test_a_real_builds_metrics_and_spans_arrive(
 ) -> None:
     if shutil.which("prometheus") is None:
         pytest.skip("Debian's prometheus package is not installed (.ci/run installs it)")
-    model = write_residual(tmp_path / "residual.onnx", SILENT_BLOCKS)
+    # Twice the silent tests' model: its window (several seconds on an idle machine) outlasts
+    # Prometheus's start and a few 1 s scrapes, so a scrape lands inside it.
+    model = write_residual(tmp_path / "residual.onnx", 2 * SILENT_BLOCKS)
     exporter = free_port()
     prometheus = PrometheusServer(tmp_path, f"127.0.0.1:{exporter}")
     try:
@@ -51,11 +53,16 @@ def test_a_real_builds_metrics_and_spans_arrive(
              "--otlp-protocol", "grpc"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        # Scraped while TensorRT is silent: the open phase, none of its steps done yet.
-        silent = f'trt_build_phase_steps_completed{{phase="{SILENT_PHASE}"}} == 0'
-        assert prometheus.wait_for(silent, timeout_s=60), "not scraped inside the silent window"
-        assert prometheus.query('trt_build_state{state="running"} == 1')
-        _, err = process.communicate(timeout=120)
+        # Scraped while TensorRT is silent: the open phase, none of its steps done yet, in a
+        # sample of the build's running state (looked for over the run, not only at this instant).
+        silent = (
+            f'min_over_time(trt_build_phase_steps_completed{{phase="{SILENT_PHASE}"}}[10m]) == 0'
+        )
+        try:
+            assert prometheus.wait_for(silent, timeout_s=60), "not scraped inside the silent window"
+            assert prometheus.query('max_over_time(trt_build_state{state="running"}[10m]) == 1')
+        finally:
+            _, err = process.communicate(timeout=120)
         assert process.returncode == 0, err
         # The exporter is gone now, and its series stale: read their last samples.
         assert prometheus.wait_for('last_over_time(trt_build_state{state="success"}[5m]) == 1')

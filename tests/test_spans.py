@@ -354,6 +354,12 @@ def test_a_refusing_collector_is_reported_once_and_every_span_counted() -> None:
         Driver(speed=0).run(monitor, generate_plan(40, num_profiles=2))
         monitor.end()
         assert monitor.close(timeout_s=5.0)
+        # The first batch (of 512 spans) is refused before the shutdown's last attempt, so two
+        # batches fail whatever the machine's speed (a first failure after the shutdown began
+        # would rightly give the rest up at once).
+        deadline = time.monotonic() + 10
+        while not posts and time.monotonic() < deadline:
+            time.sleep(0.01)
         health = export.shutdown(10.0)
     finally:
         server.shutdown()
