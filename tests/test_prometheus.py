@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import shutil
@@ -320,13 +321,19 @@ def test_the_compose_file_is_valid_and_names_the_stack() -> None:
 def test_a_short_build_pushes_its_final_values_to_a_pushgateway(tmp_path: Path) -> None:
     from trt_otel.cli import main
 
+    with pushgateway() as url:
+        assert main(["demo", "--speed", "0", "--no-progress", "--pushgateway", url]) == 0
+        text = scrape_url(f"{url}/metrics")
+        assert 'trt_build_state{instance="",job="trt_otel",state="success"} 1' in text
+        assert 'trt_build_progress_ratio{instance="",job="trt_otel"} 1' in text
+
+
+@contextlib.contextmanager
+def pushgateway() -> Iterator[str]:
+    """A real Pushgateway on a free port, ready to take pushes; yields its URL."""
     port = free_port()
     gateway = subprocess.Popen(
-        [
-            "prometheus-pushgateway",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
+        ["prometheus-pushgateway", f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -340,10 +347,7 @@ def test_a_short_build_pushes_its_final_values_to_a_pushgateway(tmp_path: Path) 
             except OSError:
                 assert time.monotonic() < deadline, "the pushgateway did not start"
                 time.sleep(0.1)
-        assert main(["demo", "--speed", "0", "--no-progress", "--pushgateway", url]) == 0
-        text = scrape_url(f"{url}/metrics")
-        assert 'trt_build_state{instance="",job="trt_otel",state="success"} 1' in text
-        assert 'trt_build_progress_ratio{instance="",job="trt_otel"} 1' in text
+        yield url
     finally:
         gateway.terminate()
         gateway.wait(10)
@@ -452,40 +456,24 @@ def test_a_real_scraper_gets_the_final_values_before_the_end(
 def test_the_push_carries_the_same_series_as_a_scrape() -> None:
     from trt_otel.sinks.prometheus import push_build_metrics
 
-    port = free_port()
-    gateway = subprocess.Popen(
-        ["prometheus-pushgateway", f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     monitor = BuildMonitor(attributes={"trt.backend": "simulator"})
     registry = metrics_registry(MetricSources(monitor, eta=lambda: 12.0))
     server = MetricsServer(registry, 0)
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/-/ready", timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the pushgateway did not start"
-                time.sleep(0.1)
-        Driver(speed=0).run(monitor, generate_plan(3))
-        monitor.end()
-        push_build_metrics(registry, url)
-        scraped = series(scrape(server.port))
-        pushed = {
-            name: labels - {("instance", ""), ("job", "trt_otel")}
-            for name, labels in series(scrape_url(f"{url}/metrics")).items()
-            if name in scraped
-        }
+        with pushgateway() as url:
+            Driver(speed=0).run(monitor, generate_plan(3))
+            monitor.end()
+            push_build_metrics(registry, url)
+            scraped = series(scrape(server.port))
+            pushed = {
+                name: labels - {("instance", ""), ("job", "trt_otel")}
+                for name, labels in series(scrape_url(f"{url}/metrics")).items()
+                if name in scraped
+            }
         assert pushed == scraped
         assert "trt_build_eta_seconds" in scraped and "trt_build_phase_steps" in scraped
     finally:
         server.close()
-        gateway.terminate()
-        gateway.wait(10)
 
 
 def series(text: str) -> dict[str, frozenset[tuple[str, str]]]:
