@@ -17,7 +17,8 @@ from trt_otel import BuildMonitor, ManualClock
 from trt_otel.cli import main
 from trt_otel.console import render_build
 from trt_otel.eta import estimate
-from trt_otel.events import Event, PhaseFinished, PhaseStarted
+from trt_otel.events import Event, PhaseFinished, PhaseStarted, StepCompleted
+from trt_otel.journal import read_journal
 from trt_otel.readmodel import ReadModel, SiblingGroup
 from trt_otel.simulator import Driver, generate_plan, load_trace
 from trt_otel.sinks.http import status_document
@@ -108,29 +109,76 @@ def test_the_rule_folds_finished_siblings_of_a_name_once_there_are_two() -> None
     assert isinstance(nodes[2], Phase) and nodes[2].is_open
 
 
+def quiet(event: Event, cancelled: bool) -> bool:
+    return isinstance(event, StepCompleted) and not cancelled
+
+
 def test_subscribers_see_the_model_after_each_event_and_what_it_closed() -> None:
+    """Every event but the quiet steps is told on its own, after the fold, with what it
+    closed; a run of quiet steps is told once, by its last, before the next event."""
     events = recorded(generate_plan(3))
+    reference = ReadModel()
+    expected: list[tuple[str, int]] = []
+    pending: int | None = None
+    for event in events:
+        if quiet(event, reference.state.cancel is not None):
+            reference.apply(event)
+            pending = event.seq
+            continue
+        if pending is not None:
+            expected.append(("steps", pending))
+            pending = None
+        reference.apply(event)
+        expected.append(("event", event.seq))
+    assert pending is None and len(expected) < len(events) * 0.7, "many steps are quiet"
+
     model = ReadModel()
-    seen: list[tuple[int, int, list[int]]] = []
+    seen: list[tuple[str, int, int, list[int]]] = []
 
     class Probe:
         name = "probe"
 
         def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
-            seen.append((event.seq, model.state.last_seq, [p.id for p in closed]))
+            seen.append(("event", event.seq, model.state.last_seq, [p.id for p in closed]))
+
+        def on_steps(self, last: StepCompleted) -> None:
+            seen.append(("steps", last.seq, model.state.last_seq, []))
 
         def close(self) -> None:
-            seen.append((-1, -1, []))
+            seen.append(("close", -1, -1, []))
 
     model.subscribe(Probe())
     model.handle(events)
     model.close()
-    assert [s for s, _, _ in seen[:-1]] == [e.seq for e in events]
-    assert all(seq == last for seq, last, _ in seen[:-1]), "told after the fold"
-    assert seen[-1] == (-1, -1, [])
-    closed = [phase_id for _, _, ids in seen for phase_id in ids]
+    assert [(kind, seq) for kind, seq, _, _ in seen[:-1]] == expected
+    assert all(seq == last for _, seq, last, _ in seen[:-1]), "told after the fold"
+    assert seen[-1] == ("close", -1, -1, [])
+    closed_ids = [phase_id for _, _, _, ids in seen for phase_id in ids]
     started = [e.seq for e in events if isinstance(e, PhaseStarted)]
-    assert sorted(closed) == started, "every phase closed exactly once"
+    assert sorted(closed_ids) == started, "every phase closed exactly once"
+
+
+def test_quiet_steps_at_the_end_of_a_batch_are_told_then() -> None:
+    events = recorded(generate_plan(3))
+    model = ReadModel()
+    told: list[int] = []
+
+    class Probe:
+        name = "probe"
+
+        def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
+            told.append(event.seq)
+
+        def on_steps(self, last: StepCompleted) -> None:
+            told.append(last.seq)
+
+        def close(self) -> None:
+            pass
+
+    model.subscribe(Probe())
+    first_step = next(i for i, e in enumerate(events) if isinstance(e, StepCompleted))
+    model.handle(events[: first_step + 1])
+    assert told[-1] == events[first_step].seq, "the batch's last quiet step, at its end"
 
 
 def test_a_failing_subscriber_is_counted_and_the_others_go_on() -> None:
@@ -144,6 +192,9 @@ def test_a_failing_subscriber_is_counted_and_the_others_go_on() -> None:
         def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
             raise RuntimeError("bug")
 
+        def on_steps(self, last: StepCompleted) -> None:
+            raise RuntimeError("bug")
+
         def close(self) -> None:
             pass
 
@@ -153,14 +204,17 @@ def test_a_failing_subscriber_is_counted_and_the_others_go_on() -> None:
         def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
             counted.append(event.seq)
 
+        def on_steps(self, last: StepCompleted) -> None:
+            counted.append(last.seq)
+
         def close(self) -> None:
             pass
 
     model.subscribe(Broken())
     model.subscribe(Counter())
     model.handle(events)
-    assert len(counted) == len(events)
-    assert model.subscriber_errors["broken"] == (len(events), "RuntimeError: bug")
+    assert counted and counted == sorted(counted) and counted[-1] == events[-1].seq
+    assert model.subscriber_errors["broken"] == (len(counted), "RuntimeError: bug")
 
 
 def test_the_span_projection_ends_an_unfinished_log_without_changing_the_model() -> None:
@@ -222,6 +276,36 @@ def test_a_session_folds_the_build_state_twice_whatever_is_attached(
     assert "build success" in capsys.readouterr().err
     assert len(folded) == 2, f"{len(folded)} folds of the build state"
     assert len(set(folded.values())) == 1, "each saw every event"
+
+
+def test_a_supervised_build_folds_the_build_state_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As the command runs a build (in a worker process), the supervisor replays the
+    callbacks through the read model's own fold: one fold of the state, every view on."""
+    from prometheus_server import free_port
+
+    folded: dict[int, int] = {}
+    original = BuildState.apply
+
+    def counting(self: BuildState, event: Event) -> None:
+        folded[id(self)] = folded.get(id(self), 0) + 1
+        original(self, event)
+
+    monkeypatch.setattr(BuildState, "apply", counting)
+    journal = tmp_path / "j.jsonl"
+    code = main(
+        [
+            "demo", "--speed", "0", "--no-gpu", "--no-progress",
+            "--journal", str(journal), "--http-port", "0",
+            "--cancel-token", "t", "--prometheus-port", "0", "--prometheus-linger", "0",
+            "--otlp-endpoint", f"http://127.0.0.1:{free_port()}", "--otlp-flush-timeout", "0.1",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    assert "build success" in capsys.readouterr().err
+    assert len(folded) == 1, f"{len(folded)} folds of the build state"
+    assert list(folded.values()) == [len(read_journal(journal).events)], "every event, once"
 
 
 def test_the_progress_of_a_phase_is_its_steps_done_and_its_open_childs_share() -> None:

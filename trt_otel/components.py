@@ -336,6 +336,8 @@ def following(
         workers = log.workers
         if not log.close(timeout_s=5.0):
             warn("a follower did not finish in time")
+        if model is not None and model.is_fold:
+            model.close()  # the log's own fold: it has seen every event already
         report_follower_health(workers)
         for name, (failed, last_error) in (model.subscriber_errors if model else {}).items():
             warn(f"{name}: failed on {failed:,} events (last error: {last_error})")

@@ -166,7 +166,7 @@ class SilenceClock:
         self._elapsed_ns = 0
 
     def saw(self, event: Event, start_mono_ns: int | None) -> None:
-        if isinstance(event, _PROGRESS):
+        if type(event) in _PROGRESS:
             self._seen_ns = self._clock.mono_ns()
             if start_mono_ns is not None:
                 self._elapsed_ns = event.mono_ns - start_mono_ns
@@ -181,7 +181,7 @@ class SilenceClock:
         return self._elapsed_ns / 1e9 + (self.silent_s() or 0.0)
 
 
-_PROGRESS = (BuildStarted, PhaseStarted, StepCompleted, PhaseFinished)
+_PROGRESS = frozenset({BuildStarted, PhaseStarted, StepCompleted, PhaseFinished})
 
 
 def _phase_label(state: BuildState, phase: Phase, now: int | None) -> Text:
@@ -254,6 +254,9 @@ class LiveConsole:
                 model, now, model.estimate_locked(now).build, silent_s=self._silence.silent_s()
             )
 
+    def on_steps(self, last: StepCompleted) -> None:
+        self._silence.saw(last, self.model.state.start_mono_ns)
+
     def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
         self._silence.saw(event, self.model.state.start_mono_ns)
         if not self._started:
@@ -303,6 +306,12 @@ class PlainLines:
         self._heartbeat_s = heartbeat_s
         self._stop = threading.Event()
         self._beats: threading.Thread | None = None
+
+    def on_steps(self, last: StepCompleted) -> None:
+        self._silence.saw(last, self.model.state.start_mono_ns)
+        line = self._progress_line(last)
+        if line is not None:
+            self._write(line)
 
     def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
         self._silence.saw(event, self.model.state.start_mono_ns)

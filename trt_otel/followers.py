@@ -14,6 +14,7 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Protocol
 
 from trt_otel.events import Event
@@ -105,6 +106,25 @@ class FollowerWorker:
         if not self._wake.is_set():
             self._wake.set()
 
+    def offer_many(self, events: list[Event]) -> None:
+        """Queue a batch of events without waiting (:meth:`offer`, one deque extend)."""
+        if self._stopping:
+            self._dropped += len(events)
+            return
+        queue = self._queue
+        queue.extend(events)
+        self._offered += len(events)
+        excess = len(queue) - self._capacity
+        while excess > 0:  # the oldest go first, as with one event at a time
+            try:
+                queue.popleft()
+                self._dropped += 1
+            except IndexError:  # the worker emptied it meanwhile
+                break
+            excess -= 1
+        if not self._wake.is_set():
+            self._wake.set()
+
     # -- worker thread -------------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -123,12 +143,9 @@ class FollowerWorker:
 
     def _drain(self) -> None:
         queue = self._queue
-        batch: list[Event] = []
-        try:
-            while True:
-                batch.append(queue.popleft())
-        except IndexError:
-            pass
+        # What is queued now, taken from the left in C (the producer appends on the right
+        # meanwhile; an event is never None, so the sentinel never ends it early).
+        batch: list[Event] = list(islice(iter(queue.popleft, None), len(queue)))
         if not batch:
             return
         try:

@@ -59,6 +59,9 @@ class EventLog:
         self._folds: tuple[Fold, ...] = ()
         self._workers: tuple[FollowerWorker, ...] = ()
         self.fold_errors = 0
+        self._after_batch: tuple[Callable[[], None], ...] = ()
+        self._batch: list[Event] | None = None
+        """While :meth:`batch` is open: the events appended so far, for the followers."""
         self.stamp: tuple[int, int, str] | None = None
         """While set (under the lock), appends take this (wall_ns, mono_ns, thread) instead of
         reading the clock: events recorded elsewhere (a build's worker process) keep the time
@@ -77,6 +80,35 @@ class EventLog:
         atomic step (the monitor checks the open phases, then records what it saw)."""
         with self.lock:
             yield
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Hold the log's lock while many events are appended (a frame of callbacks made in a
+        build's worker process): the folds see each event as it is appended, the followers get
+        them all at once, with one queue operation each instead of one per event."""
+        with self.lock:
+            if self._batch is not None:  # already in one: it hands them over
+                yield
+                return
+            batch: list[Event] = []
+            self._batch = batch
+            try:
+                yield
+            finally:
+                self._batch = None
+                self._end_batch()
+                if batch:
+                    for worker in self._workers:
+                        worker.offer_many(batch)
+
+    def _end_batch(self) -> None:
+        for after_batch in self._after_batch:
+            try:
+                after_batch()
+            except Exception:
+                self.fold_errors += 1
+                if self.fold_errors == 1:
+                    _logger.exception("a projection failed at the end of a batch")
 
     def append_locked(self, cls: type[E], /, **fields: Any) -> E:
         """Like :meth:`append`, for a caller inside :meth:`transaction`."""
@@ -100,6 +132,16 @@ class EventLog:
             )
         else:
             event = make(self._next_seq, *self.stamp, *fields)
+        self._next_seq += 1
+        self._publish(event)
+        return event
+
+    def append_at(
+        self, make: Callable[..., E], wall_ns: int, mono_ns: int, thread: str, /, *fields: Any
+    ) -> E:
+        """:meth:`append_made` of a callback made elsewhere, at its own time and thread (the
+        caller holds the lock)."""
+        event = make(self._next_seq, wall_ns, mono_ns, thread, *fields)
         self._next_seq += 1
         self._publish(event)
         return event
@@ -134,20 +176,36 @@ class EventLog:
                 self.fold_errors += 1
                 if self.fold_errors == 1:
                     _logger.exception("a projection failed on event %d", event.seq)
+        batch = self._batch
+        if batch is not None:
+            batch.append(event)
+            return
+        if self._after_batch:
+            self._end_batch()
         for worker in self._workers:
             worker.offer(event)
 
     # -- consuming -----------------------------------------------------------------------------
 
-    def add_fold(self, fold: Fold, *, replay_retained: bool = True) -> None:
+    def add_fold(
+        self,
+        fold: Fold,
+        *,
+        replay_retained: bool = True,
+        after_batch: Callable[[], None] | None = None,
+    ) -> None:
         """Register a synchronous fold. It runs under the log's lock on the appending thread, so
         it must be pure, O(1) and must not block. It first sees the retained events, unless
-        ``replay_retained`` is False (a fold of one build in a log of several)."""
+        ``replay_retained`` is False (a fold of one build in a log of several).
+        ``after_batch`` is called, still under the lock, once the events of a :meth:`batch`
+        (or one event appended alone) have all been folded."""
         with self.lock:
             if replay_retained:
                 for event in self._recent:
                     fold(event)
             self._folds = (*self._folds, fold)
+            if after_batch is not None:
+                self._after_batch = (*self._after_batch, after_batch)
 
     def remove_fold(self, fold: Fold) -> None:
         """Stop running ``fold`` (a build's own fold, once that build has ended)."""

@@ -47,6 +47,7 @@ from trt_otel.events import (
     Outcome,
 )
 from trt_otel.log import EventLog, current_thread_name
+from trt_otel.readmodel import ReadModel
 from trt_otel.state import BuildState
 
 _logger = logging.getLogger(__name__)
@@ -155,17 +156,26 @@ class BuildMonitor:
         attributes: Mapping[str, Any] | None = None,
         backend: BackendChoice | None = None,
         forget_closed: bool = False,
+        model: ReadModel | None = None,
     ) -> None:
-        """``backend``: the library to be an ``IProgressMonitor`` of (used by ``__new__``)."""
+        """``backend``: the library to be an ``IProgressMonitor`` of (used by ``__new__``).
+        ``model``: a read model to be this monitor's fold, for a monitor that replays
+        callbacks made elsewhere (see :class:`~trt_otel.readmodel.ReadModel`); its state is
+        then :attr:`state`, and ``forget_closed`` is the model's choice."""
         native_base = type(self)._native_base
         if native_base is not None:
             native_base.__init__(self)  # type: ignore[misc]  # pybind11 requires it when __init__ is overridden
         self.log = log if log is not None else EventLog(clock=clock)
-        # forget_closed: the state keeps the open phases and what the gauges read, not every
-        # phase the build ever started (the command's choice, so its memory stays flat).
-        self.state = BuildState(forget_closed=forget_closed)
         # Only this build's events: the log may already hold earlier builds (``trt-otel run``).
-        self.log.add_fold(self.state.apply, replay_retained=False)
+        if model is None:
+            # forget_closed: the state keeps the open phases and what the gauges read, not
+            # every phase the build ever started (the command's choice: flat memory).
+            self.state = BuildState(forget_closed=forget_closed)
+            self.log.add_fold(self.state.apply, replay_retained=False)
+        else:
+            self.state = model.state
+            model.is_fold = True
+            self.log.add_fold(model.fold, replay_retained=False, after_batch=model.end_batch)
         self.build_id = build_id or uuid.uuid4().hex
         self._attributes = dict(attributes or {})
         self._cancelled = False
@@ -412,39 +422,70 @@ class BuildMonitor:
     def replay(self, record: CallbackRecord) -> None:
         """Record a callback made elsewhere (in a build's worker process), at the time and on
         the thread where it was made, exactly as if it had been made here. Never raises."""
-        kind, wall_ns, mono_ns, thread, *arguments = record
-        error: BaseException | None = None
-        with self.log.lock:
-            self.log.stamp = (wall_ns, mono_ns, thread)
-            try:
-                if kind == "step":
-                    self._step_locked(*arguments)
-                elif kind == "phase_start":
-                    self._phase_start_locked(*arguments)
-                elif kind == "phase_finish":
-                    self._phase_finish_locked(*arguments)
-                elif kind == "log":
-                    severity, message = arguments
-                    self.log.append_locked(LogMessage, severity=str(severity), message=str(message))
-                elif kind == "end":
-                    outcome, detail, error_type = arguments
-                    self._end_locked(Outcome(outcome), detail, error_type)
-            except BaseException as caught:
-                error = caught
-            finally:
-                self.log.stamp = None
-        if error is not None:
-            self._internal_error(kind, error)
+        self.replay_many((record,))
 
     def replay_many(self, records: Iterable[CallbackRecord]) -> None:
-        """:meth:`replay` each record in turn; a held cancel (see :attr:`hold_cancels`) goes
-        into the log before the first callback made after it was decided. Never raises."""
-        replay = self.replay
-        for record in records:
-            held = self._held_cancel
-            if held is not None and record[2] > held.mono_ns:
-                self.release_cancel()
-            replay(record)
+        """:meth:`replay` each record in turn, in one batch of the log (the followers get them
+        together); a held cancel (see :attr:`hold_cancels`) goes into the log before the first
+        callback made after it was decided. Never raises."""
+        interrupted = False
+        log = self.log
+        append_at = log.append_at
+        with log.batch():
+            try:
+                for record in records:
+                    held = self._held_cancel
+                    if held is not None and record[2] > held.mono_ns:
+                        self._release_cancel_locked()
+                    if self._is_plain_step(record):
+                        # Most records: a step of an open phase, after its last one and within
+                        # its count, so there is nothing to check, coerce or start.
+                        append_at(MAKE_STEP, *record[1:])
+                        continue
+                    error = self._replay_locked(record)
+                    if error is not None:
+                        log.stamp = None
+                        interrupted |= self._internal_error_locked(str(record[0]), error)
+            finally:
+                log.stamp = None
+        if interrupted:
+            # Ctrl-C landed inside the replay: honour it as a graceful cancel, not a crash.
+            self.cancel("interrupted by the user", source="signal")
+
+    def _is_plain_step(self, record: CallbackRecord) -> bool:
+        """Whether ``record`` is a step the log can take as it is (see :meth:`_step_locked`)."""
+        if record[0] != "step" or len(record) != 6 or self._ended:
+            return False
+        state = self.state
+        name, step = record[4], record[5]
+        if type(name) is not str or type(step) is not int or state.build_id is None:
+            return False
+        phase_id = state.open_by_name.get(name)
+        if phase_id is None:
+            return False
+        phase = state.phases[phase_id]
+        return phase.last_step < step < phase.num_steps
+
+    def _replay_locked(self, record: CallbackRecord) -> BaseException | None:
+        """One record, under the log's lock; the error it raised, if any."""
+        try:
+            kind, wall_ns, mono_ns, thread, *arguments = record
+            self.log.stamp = (wall_ns, mono_ns, thread)
+            if kind == "step":
+                self._step_locked(*arguments)
+            elif kind == "phase_start":
+                self._phase_start_locked(*arguments)
+            elif kind == "phase_finish":
+                self._phase_finish_locked(*arguments)
+            elif kind == "log":
+                severity, message = arguments
+                self.log.append_locked(LogMessage, severity=str(severity), message=str(message))
+            elif kind == "end":
+                outcome, detail, error_type = arguments
+                self._end_locked(Outcome(outcome), detail, error_type)
+        except BaseException as caught:
+            return caught
+        return None
 
     # -- helpers (called with the log's lock held) ---------------------------------------------
 
@@ -484,16 +525,24 @@ class BuildMonitor:
         return number
 
     def _internal_error(self, callback: str, error: BaseException) -> None:
-        self.internal_errors += 1
-        if isinstance(error, KeyboardInterrupt):
+        with self.log.lock:
+            interrupted = self._internal_error_locked(callback, error)
+        if interrupted:
             # Ctrl-C landed inside a callback: honour it as a graceful cancel, not a crash.
             self.cancel("interrupted by the user", source="signal")
-            return
+
+    def _internal_error_locked(self, callback: str, error: BaseException) -> bool:
+        """Count and record the monitor's own failure; True when it was a Ctrl-C, which the
+        caller turns into a cancel once the lock is released."""
+        self.internal_errors += 1
+        if isinstance(error, KeyboardInterrupt):
+            return True
         with contextlib.suppress(BaseException):
-            self.log.append(
+            self.log.append_locked(
                 Anomaly,
                 kind=AnomalyKind.MONITOR_ERROR,
                 detail=f"{callback}: {type(error).__name__}: {error}",
             )
         if self.internal_errors == 1:
             _logger.error("trt-otel monitor error in %s: %r (build continues)", callback, error)
+        return False

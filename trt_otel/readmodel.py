@@ -54,17 +54,28 @@ TreeNode = Phase | SiblingGroup
 
 
 class Subscriber(Protocol):
-    """Told of each event after the model folded it, on the model's thread, in ``seq`` order.
+    """Told of the events after the model folded them, on the thread that folds, in ``seq``
+    order.
 
     It reads the model without taking :attr:`ReadModel.lock` (only that thread writes it), must
     not change it, and should be quick: the views that read the model wait for it.
+
+    Most events are steps that change nothing a subscriber draws but the counts: those *quiet*
+    steps (a step closes no phase; any step before a cancel) are not told one by one; a run of
+    them is told once, by its last (:meth:`on_steps`), before the next other event and at the
+    end of each batch the model folds.
     """
 
     @property
     def name(self) -> str: ...
 
     def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
-        """``closed``: the phases this event closed, innermost first."""
+        """Every event but the quiet steps. ``closed``: the phases it closed, innermost
+        first."""
+        ...
+
+    def on_steps(self, last: StepCompleted) -> None:
+        """Quiet steps were folded; ``last`` is the latest of them."""
         ...
 
     def close(self) -> None:
@@ -73,8 +84,15 @@ class Subscriber(Protocol):
 
 
 class ReadModel:
-    """A follower of the log (``log.follow(model)``), or fed directly with :meth:`handle` (a
-    replayed journal, a watched build)."""
+    """A follower of the log (``log.follow(model)``), fed directly with :meth:`handle` (a
+    replayed journal, a watched build), or the log's own fold (:meth:`fold`, through
+    ``BuildMonitor(model=...)``).
+
+    The fold is for a monitor whose callbacks are not TensorRT's own (a build's supervisor,
+    which replays the callbacks its worker process made): the build is then folded once, on
+    the thread that appends, and the monitor checks each callback against the same state the
+    views read. A monitor on TensorRT's threads keeps the minimum there, and the model follows.
+    """
 
     name = "model"
 
@@ -93,6 +111,10 @@ class ReadModel:
         self.lock = threading.Lock()
         """Held while an event is folded in; readers on other threads hold it while they look."""
         self._subscribers: tuple[Subscriber, ...] = ()
+        self._quiet_step: StepCompleted | None = None
+        """The latest quiet step the subscribers have not been told of."""
+        self.is_fold = False
+        """Set when the model is the log's fold: then :meth:`close` is its owner's to call."""
         self.subscriber_errors: dict[str, tuple[int, str]] = {}
         """Per failing subscriber: how many events it failed on, and its last error."""
 
@@ -130,16 +152,42 @@ class ReadModel:
         self._groups.pop(phase_id, None)
 
     def handle(self, events: Sequence[Event]) -> None:
-        subscribers = self._subscribers
+        """As a follower: fold a batch in, and tell the subscribers."""
+        fold = self.fold
         for event in events:
-            closed = self.apply(event)
-            for subscriber in subscribers:
-                try:
-                    subscriber.on_event(event, closed)
-                except Exception as error:  # one view's bug costs that view, not the others
-                    self._failed(subscriber.name, error)
+            fold(event)
+        self.end_batch()
+
+    def fold(self, event: Event) -> None:
+        """Fold one event in and tell the subscribers, except of a quiet step (see
+        :class:`Subscriber`), which waits for :meth:`end_batch` or the next other event."""
+        if type(event) is StepCompleted and self.state.cancel is None:
+            with self.lock:  # a step closes no phase and passes no boundary
+                self.state.apply(event)
+            self._quiet_step = event
+            return
+        if self._quiet_step is not None:
+            self.end_batch()  # before this event is folded: they see the model as it was
+        closed = self.apply(event)
+        for subscriber in self._subscribers:
+            try:
+                subscriber.on_event(event, closed)
+            except Exception as error:  # one view's bug costs that view, not the others
+                self._failed(subscriber.name, error)
+
+    def end_batch(self) -> None:
+        """Tell the subscribers of the quiet steps folded since they were last told."""
+        last, self._quiet_step = self._quiet_step, None
+        if last is None:
+            return
+        for subscriber in self._subscribers:
+            try:
+                subscriber.on_steps(last)
+            except Exception as error:
+                self._failed(subscriber.name, error)
 
     def close(self) -> None:
+        self.end_batch()
         for subscriber in self._subscribers:
             try:
                 subscriber.close()

@@ -74,14 +74,17 @@ def run_session(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]
             attributes.update(gpu.describe())
         join_parent_trace(attributes)
         history = load_history(observe.history, attributes)
-        # Only a build in this process attaches this monitor to a builder library.
+        model = ReadModel(history)  # the build folded once, for every view below
+        # Only a build in this process attaches this monitor to a builder library, and keeps
+        # the minimum on TensorRT's threads (the model follows); a supervisor's monitor, which
+        # replays its worker's callbacks, folds the model itself.
         monitor = BuildMonitor(
             attributes=attributes,
             backend=job.monitor_backend if config.in_process else "none",
             forget_closed=True,
+            model=None if config.in_process else model,
         )
         runner = PolicyRunner(monitor, policy, warn=warn) if policy is not None else None
-        model = ReadModel(history)  # the build folded once, for every view below
 
         # Sinks: each stops after the log's followers have drained into it.
         views = attach_views(stack, monitor, observe, runner=runner, model=model)
@@ -93,7 +96,8 @@ def run_session(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]
         followers: list[tuple[Follower, int]] = []
         if observe.journal is not None:
             followers.append((open_journal(observe.journal), DEEP_QUEUE))
-        followers.append((model, DEEP_QUEUE))
+        if not model.is_fold:
+            followers.append((model, DEEP_QUEUE))
         if http is not None:
             followers.append((http.feed, DEEP_QUEUE))
         stack.enter_context(following(monitor.log, followers, model))

@@ -355,7 +355,10 @@ class SpanProjection:
             and self.emitted >= self.span_budget - 1
             and duration < self.fold_under_ns
         ):
-            self._folds.setdefault(phase.parent_id, _Fold()).add(phase.name, duration)
+            fold = self._folds.get(phase.parent_id)
+            if fold is None:
+                fold = self._folds[phase.parent_id] = _Fold()
+            fold.add(phase.name, duration)
             self.folded += 1
             return None
         attributes: dict[str, Any] = {

@@ -132,17 +132,22 @@ class BuildState:
             self._forget_closed()
         self.last_seq = event.seq
         self.last_event_mono_ns = event.mono_ns
-        if isinstance(event, StepCompleted):
-            self._step(event)
-        elif isinstance(event, PhaseStarted):
-            self._phase_start(event)
-        elif isinstance(event, PhaseFinished):
-            self._phase_finish(event)
+        kind = type(event)  # events are final classes: a type is cheaper to test than a class
+        if kind is StepCompleted:
+            self._step(event)  # type: ignore[arg-type]
+        elif kind is PhaseStarted:
+            self._phase_start(event)  # type: ignore[arg-type]
+        elif kind is PhaseFinished:
+            self._phase_finish(event)  # type: ignore[arg-type]
         elif isinstance(event, BuildStarted):
             if self.build_id is not None:
                 # A log of several builds, one after another (``trt-otel run``): each
                 # build_start begins a fresh state, so every view shows the latest build.
-                self.__init__(on_close=self._on_close)  # type: ignore[misc]
+                self.__init__(  # type: ignore[misc]
+                    on_close=self._on_close,
+                    forget_closed=self._forget,
+                    on_forget=self._on_forget,
+                )
                 self.last_seq = event.seq
                 self.last_event_mono_ns = event.mono_ns
             self.build_id = event.build_id
@@ -162,7 +167,8 @@ class BuildState:
 
     def _step(self, event: StepCompleted) -> None:
         self.steps_completed_total += 1
-        self._progressed(event)
+        self.last_progress_wall_ns = event.wall_ns
+        self.last_progress_mono_ns = event.mono_ns
         phase_id = self.open_by_name.get(event.name)
         if phase_id is None:
             return

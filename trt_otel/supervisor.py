@@ -63,6 +63,8 @@ DEFAULT_GRACE_S = 30.0
 DEFAULT_KILL_AFTER_S = 5.0
 _NOTE_BYTES = 4096
 FORWARD_INTERVAL_S = 0.02
+FRAMES_PER_WRITE = 16
+"""Frames the forwarder joins into one write (8,192 records at most, about half a MiB)."""
 """How often the worker's forwarder appends what was recorded (an idle tick costs nothing)."""
 FOLLOWER_ROOM = 50_000
 """Replay waits while a follower has more events than this queued: the backlog stays on disk."""
@@ -257,13 +259,14 @@ def _forward(
             # than one (8,192 records each), and the records left for the next frame were
             # stamped before the watermark too.
             watermark_ns = _mono_ns()
+            frames = []
             while records:
                 batch = []
                 with contextlib.suppress(IndexError):
                     for _ in range(MAX_RECORDS_PER_FRAME):
                         batch.append(popleft())
                 last = not records
-                spool.write(
+                frames.append(
                     encode_frame(
                         batch,
                         watermark_ns if last else 0,
@@ -271,6 +274,11 @@ def _forward(
                         monitor.callback_ns_total,
                     )
                 )
+                if len(frames) == FRAMES_PER_WRITE:
+                    spool.write(b"".join(frames))
+                    frames.clear()
+            if frames:
+                spool.write(b"".join(frames))
             wrote = True
         if finished:
             watermark_ns = _mono_ns()
@@ -389,7 +397,7 @@ class _Replay:
         monitor = self.monitor
         try:
             while True:
-                frames = self.reader.read(max_frames=4)
+                frames = self.reader.read(max_frames=1)  # each replayed as soon as decoded
                 for frame in frames:
                     self._wait_for_room()
                     monitor.replay_many(frame.records)

@@ -45,12 +45,18 @@ _logger = logging.getLogger(__name__)
 MAX_BODY = 4096
 MAX_SSE_CLIENTS = 100
 RETAINED_FRAMES = 100_000
+MAX_FRAMES_PER_READ = 8192
+"""Frames one read hands a client: a late client catches up in pieces."""
 KEEPALIVE_S = 15.0
 CLIENT_TIMEOUT_S = 30.0
 
 
 class EventFeed:
-    """The server's follower: every event as an encoded SSE frame, readable from any thread."""
+    """The server's follower: the newest events, as SSE frames to any thread that asks.
+
+    A frame is encoded when a client reads it, not when its event arrives: a build makes
+    millions of events, and most builds are never streamed.
+    """
 
     name = "http"
 
@@ -59,26 +65,25 @@ class EventFeed:
         self._ends_with_build = ends_with_build
         """False for a log of several builds (``trt-otel run``): the stream ends when the log
         does."""
-        self._frames: list[bytes] = []
+        self._events: list[Event] = []
         self._first_seq = 0
-        """``seq`` of ``_frames[0]``."""
+        """``seq`` of ``_events[0]``."""
         self._changed = threading.Condition()
         self.ended = False
         self.closed = False
 
     def handle(self, events: Sequence[Event]) -> None:
-        frames = [_frame(event) for event in events]
         with self._changed:
-            if not self._frames and events:
+            if not self._events and events:
                 self._first_seq = events[0].seq
-            self._frames.extend(frames)
+            self._events.extend(events)
             # Trim in steps of a tenth, so the memory held stays near the bound (a bigger
             # step would make it swing) while trimming stays rare.
-            if len(self._frames) > self._retain + self._retain // 10:
-                drop = len(self._frames) - self._retain
-                del self._frames[:drop]
+            if len(self._events) > self._retain + self._retain // 10:
+                drop = len(self._events) - self._retain
+                del self._events[:drop]
                 self._first_seq += drop
-            if self._ends_with_build and any(isinstance(e, BuildFinished) for e in events):
+            if self._ends_with_build and BuildFinished in set(map(type, events)):
                 self.ended = True
             self._changed.notify_all()
 
@@ -87,18 +92,22 @@ class EventFeed:
             self.closed = True
             self._changed.notify_all()
 
-    def frames_after(self, seq: int, timeout_s: float) -> tuple[int, list[bytes], bool]:
-        """Frames of events after ``seq`` (waiting up to ``timeout_s`` for one): the first seq
-        they start at, the frames, and whether the stream is over (build ended, all sent)."""
+    def frames_after(
+        self, seq: int, timeout_s: float, limit: int = MAX_FRAMES_PER_READ
+    ) -> tuple[int, list[bytes], bool]:
+        """Frames of events after ``seq`` (waiting up to ``timeout_s`` for one, at most
+        ``limit``): the first seq they start at, the frames, and whether the stream is over
+        (build ended, all sent)."""
         with self._changed:
             self._changed.wait_for(
-                lambda: self._next_index(seq) < len(self._frames) or (self.closed or self.ended),
+                lambda: self._next_index(seq) < len(self._events) or (self.closed or self.ended),
                 timeout=timeout_s,
             )
             start = max(0, self._next_index(seq))
-            frames = self._frames[start:]
-            over = (self.ended or self.closed) and start + len(frames) >= len(self._frames)
-            return self._first_seq + start, frames, over
+            events = self._events[start : start + limit]
+            over = (self.ended or self.closed) and start + len(events) >= len(self._events)
+            first = self._first_seq + start
+        return first, [_frame(event) for event in events], over
 
     def _next_index(self, seq: int) -> int:
         return seq + 1 - self._first_seq

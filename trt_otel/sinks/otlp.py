@@ -33,7 +33,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFl
 from opentelemetry.trace.status import Status, StatusCode
 
 from trt_otel import __version__
-from trt_otel.events import BuildStarted, Event
+from trt_otel.events import BuildStarted, Event, StepCompleted
 from trt_otel.readmodel import ReadModel
 from trt_otel.spans import (
     DEFAULT_FOLD_UNDER_NS,
@@ -504,6 +504,9 @@ class OtlpSpanExport:
             self.projection = self._projection(self.projection.model)
         for record in self.projection.project(event, closed):
             self._emitter.emit(record)
+
+    def on_steps(self, last: StepCompleted) -> None:
+        """Quiet steps complete no span."""
 
     def _next_build(self) -> None:
         for record in self.projection.finish():
