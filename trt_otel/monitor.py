@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -176,9 +177,13 @@ class BuildMonitor:
             self.state = model.state
             model.is_fold = True
             self.log.add_fold(model.fold, replay_retained=False, after_batch=model.end_batch)
+        self.model = model
+        """The read model that is this monitor's fold, if any."""
         self.build_id = build_id or uuid.uuid4().hex
         self._attributes = dict(attributes or {})
         self._cancelled = False
+        self._cancel_lock = threading.Lock()
+        """Guards the cancel's own state; taken after the log's lock when both are."""
         self._ended = False
         self._cancel_listeners: tuple[CancelListener, ...] = ()
         self.hold_cancels = False
@@ -283,19 +288,26 @@ class BuildMonitor:
 
         Only the first request is recorded as the reason; returns True if this one was it.
         """
-        with self.log.lock:
-            if self._cancelled:
-                return False
-            if self.hold_cancels:
+        event: CancelRequested
+        if self.hold_cancels:
+            # Held, not appended: no need to wait for the log's lock, which a replay holds
+            # for a whole batch (the decision must reach the worker at once).
+            with self._cancel_lock:
+                if self._cancelled:
+                    return False
                 clock = self.log.clock
                 stamp = (clock.wall_ns(), clock.mono_ns(), current_thread_name())
                 event = CancelRequested(-1, *stamp, reason, source, timeout, policy)
                 self._held_cancel = event
-            else:
+                self._cancelled = True
+        else:
+            with self.log.lock, self._cancel_lock:
+                if self._cancelled:
+                    return False
                 event = self.log.append_locked(
                     CancelRequested, reason=reason, source=source, timeout=timeout, policy=policy
                 )
-            self._cancelled = True
+                self._cancelled = True
         for listener in self._cancel_listeners:
             try:
                 listener(event)
@@ -321,10 +333,10 @@ class BuildMonitor:
             self._release_cancel_locked()
 
     def _release_cancel_locked(self) -> None:
-        held = self._held_cancel
+        with self._cancel_lock:
+            held, self._held_cancel = self._held_cancel, None
         if held is None:
             return
-        self._held_cancel = None
         log = self.log
         saved, log.stamp = log.stamp, (held.wall_ns, held.mono_ns, held.thread)
         try:

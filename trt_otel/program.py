@@ -436,6 +436,10 @@ class CurrentBuild:
         self.log.add_fold(self.state.apply)
         self._run_id = run_id
 
+    model = None
+    """Not folded by a read model of its own (see :attr:`BuildMonitor.model`): the run's read
+    model follows the log."""
+
     def _monitor(self) -> BuildMonitor | None:
         active = self.builds.active
         return active.monitor if active is not None else None

@@ -27,6 +27,7 @@ from typing import Protocol
 
 from trt_otel.eta import BoundaryTracker, BuildEta, History, estimate
 from trt_otel.events import BuildStarted, Event, StepCompleted
+from trt_otel.followers import FollowerHealth
 from trt_otel.state import BuildState, Phase, PhaseStatus
 
 _logger = logging.getLogger(__name__)
@@ -193,6 +194,20 @@ class ReadModel:
                 subscriber.close()
             except Exception as error:
                 self._failed(subscriber.name, error)
+
+    def health(self) -> FollowerHealth:
+        """How the model is doing as the log's fold, in a follower's terms (it has no queue:
+        it folds each event as it is appended); its errors are its subscribers'."""
+        errors = self.subscriber_errors
+        last_error = next(iter(errors.values()))[1] if errors else None
+        return FollowerHealth(
+            name=self.name,
+            handled=self.state.last_seq + 1,
+            dropped=0,
+            errors=sum(count for count, _ in errors.values()),
+            queued=0,
+            last_error=last_error,
+        )
 
     def _failed(self, name: str, error: Exception) -> None:
         count, _ = self.subscriber_errors.get(name, (0, ""))

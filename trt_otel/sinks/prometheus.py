@@ -153,6 +153,8 @@ def sample_build(sources: MetricSources) -> BuildSample:
     if build_id_label and monitor.build_id:
         info["build_id"] = monitor.build_id
     followers = tuple(worker.health() for worker in monitor.log.workers)
+    if monitor.model is not None:  # the log's own fold: a follower with no queue
+        followers += (monitor.model.health(),)
     spans = span_health() if span_health is not None else None
     policies = tuple(policy_health()) if policy_health is not None else ()
     return BuildSample(
