@@ -499,3 +499,28 @@ def test_the_http_view_answers_metrics_as_the_prometheus_endpoint_does(
             assert answers[0][1] == ("gzip" if "Accept-Encoding" in headers else None)
     finally:
         endpoint.close()
+
+
+def test_an_ended_build_nobody_watched_is_not_lingered_for() -> None:
+    """The final status waits for a client only when one came by during the build, or when
+    the user asked for a linger anyway (a poller that comes late)."""
+    for visited, unwatched, lingers in [
+        (False, False, False),
+        (True, False, True),
+        (False, True, True),
+    ]:
+        monitor = BuildMonitor()
+        model = ReadModel()
+        monitor.log.follow(model)
+        server = StatusServer(
+            monitor, model, metrics_registry(MetricSources(monitor)), port=0, cancel_token=TOKEN
+        )
+        monitor.start()
+        if visited:
+            get_json(f"{server.url}/healthz")
+        monitor.end()
+        monitor.close()
+        began = time.monotonic()
+        server.close(linger_s=3.0, unwatched=unwatched)
+        took = time.monotonic() - began
+        assert (took >= 3.0) == lingers, (visited, unwatched, took)

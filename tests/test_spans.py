@@ -324,6 +324,29 @@ def test_an_unreachable_collector_costs_the_build_nothing(protocol: str, collect
     assert reason in warnings[0] and health.last_error is not None and reason in health.last_error
 
 
+@pytest.mark.parametrize("protocol", [GRPC, HTTP_PROTOBUF])
+def test_a_collector_that_cannot_be_connected_to_is_not_waited_for_at_the_end(
+    protocol: str,
+) -> None:
+    """At the end, spans still queued or in flight for a collector that cannot be connected
+    to are given up at once: the exporter would only wait out its retries (3 s here)."""
+    warnings: list[str] = []
+    export = export_to(f"http://127.0.0.1:{dead_port()}", protocol, warnings)
+    monitor = BuildMonitor()
+    monitor.log.follow(export, capacity=1_000_000)
+    monitor.start()
+    Driver(speed=0).run(monitor, generate_plan(13, num_profiles=2))
+    monitor.end()
+    assert monitor.close(timeout_s=10.0)
+    began = time.monotonic()
+    health = export.shutdown(30.0)
+    took = time.monotonic() - began
+    assert took < 1.5, f"shutdown waited {took:.1f}s for a collector that is down"
+    assert health.exported == 0
+    assert health.failed + health.dropped == monitor.state.phases_started_total + 1
+    assert len(warnings) == 1 and "Connection refused" in warnings[0], warnings
+
+
 def test_a_refusing_collector_is_reported_once_and_every_span_counted() -> None:
     """A collector that answers 400 to every export (a failure the exporter does not retry):
     one warning with the reason, however many batches fail; every span counted as lost."""

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trt_otel.config import (
+    DEFAULT_HTTP_LINGER_S,
     ConsoleConfig,
     GpuConfig,
     HttpConfig,
@@ -428,10 +429,10 @@ def add_observability_options(parser: argparse.ArgumentParser) -> Group:
     group.add_argument(
         "--http-linger",
         type=seconds,
-        default=3.0,
         metavar="DURATION",
         help="after the build, keep serving its final status up to this long, until a client "
-        "has read it (default: 3s)",
+        "has read it (default: 3s, and only when a client came by during the build; given, "
+        "also for a first client that comes late)",
     )
     group.add_argument(
         "--prometheus-linger",
@@ -467,7 +468,8 @@ def observability_config(args: argparse.Namespace) -> ObservabilityConfig:
             port=args.http_port,
             address=args.http_address,
             cancel_token=args.cancel_token,
-            linger_s=args.http_linger,
+            linger_s=args.http_linger if args.http_linger is not None else DEFAULT_HTTP_LINGER_S,
+            linger_unwatched=args.http_linger is not None,
         ),
         metrics=MetricsConfig(
             port=args.prometheus_port,

@@ -242,7 +242,7 @@ def status_server(
         try:
             yield server
         finally:
-            server.close(linger_s=config.linger_s)
+            server.close(linger_s=config.linger_s, unwatched=config.linger_unwatched)
     finally:
         if token_file is not None:
             token_file.unlink(missing_ok=True)

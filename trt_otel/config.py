@@ -83,6 +83,9 @@ class SpanConfig:
         )
 
 
+DEFAULT_HTTP_LINGER_S = 3.0
+
+
 @dataclass(frozen=True, slots=True)
 class HttpConfig:
     """The build's HTTP view (``/``, ``/status``, ``/events``, ``/metrics``, ``POST /cancel``)."""
@@ -92,9 +95,12 @@ class HttpConfig:
     address: str = LOOPBACK
     cancel_token: str | None = None
     """None: ``TRT_OTEL_CANCEL_TOKEN``, else one generated per build."""
-    linger_s: float = 3.0
+    linger_s: float = DEFAULT_HTTP_LINGER_S
     """After the build, how long the view keeps serving its final status, at most: until a
     client has read it (``/status``, ``/healthz`` or the end of ``/events``)."""
+    linger_unwatched: bool = False
+    """Linger even when no client came by during the build (one is expected late); else a
+    build nobody watched ends at once."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -242,6 +242,8 @@ class StatusServer:
         self._token = cancel_token.encode()
         self._sse_clients = 0
         self._clients_lock = threading.Lock()
+        self.client_seen = threading.Event()
+        """Set by the first request: with no client ever, nobody waits for the final status."""
         self.final_served = threading.Event()
         """Set once a client has been given the build's end (its final status, or the end of
         the event stream): the view need not linger after that."""
@@ -281,11 +283,14 @@ class StatusServer:
         with self.model.reading() as model:
             return status_document(model, model.estimate_locked(now), now)
 
-    def close(self, linger_s: float = 3.0) -> None:
+    def close(self, linger_s: float = 3.0, *, unwatched: bool = False) -> None:
         """Stop serving, after ``linger_s`` at most: streaming clients first get the end of the
         build, and an ended build's final status stays readable (and ``POST /cancel`` answers
-        409) until a client has read it, since pollers would rarely catch it otherwise."""
-        deadline = time.monotonic() + linger_s
+        409) until a client has read it, since pollers would rarely catch it otherwise. Only
+        when a client came by during the build, unless ``unwatched``: the Prometheus endpoint
+        likewise waits only after a real scrape, and a build nobody watched exits at once."""
+        watched = unwatched or self.client_seen.is_set()
+        deadline = time.monotonic() + (linger_s if watched else 0.0)
         ended = self.monitor.state.outcome is not None
         while time.monotonic() < deadline and (
             self._sse_clients or (ended and not self.final_served.is_set())
@@ -313,6 +318,7 @@ def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
                 self.head_only = False  # the connection's next request may be a GET
 
         def do_GET(self) -> None:
+            server.client_seen.set()
             path, _, query = self.path.partition("?")
             if path == "/status":
                 status = server.status()
@@ -337,6 +343,7 @@ def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
                 self._json(404, {"error": f"no such resource: {path}"})
 
         def do_POST(self) -> None:
+            server.client_seen.set()
             path = self.path.partition("?")[0]
             if path == "/status":
                 self._json(405, {"error": "use GET"}, {"Allow": "GET"})

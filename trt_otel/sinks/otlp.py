@@ -326,6 +326,13 @@ class SpanExportQueue(SpanProcessor):
                 "the build goes on, further failures are only counted"
             )
 
+    def _still_unreachable(self) -> bool:
+        """Whether the collector, which failed before, still cannot be connected to."""
+        reason = unreachable_because(self._endpoint) if self._endpoint else None
+        if reason is not None:
+            self._last_error = reason
+        return reason is not None
+
     def _why_failed(self, took_s: float) -> str:
         """The likely reason of a FAILURE, the exporter's only answer."""
         unreachable = unreachable_because(self._endpoint) if self._endpoint else None
@@ -354,12 +361,22 @@ class SpanExportQueue(SpanProcessor):
         if self._stopping:
             return not self._queue
         self._final = True
+        unreachable = bool(self._queue or self._in_flight) and self._still_unreachable()
+        if unreachable:
+            # Nothing queued can reach a collector that cannot be connected to, and the
+            # exporter would only wait out its retries: a dead collector must not hold the
+            # build's exit for seconds.
+            self._given_up = True
+            self._report(self._last_error or "unreachable")
         flushed = self.flush(timeout_s) and not self._given_up
         self._stopping = True
         self._wake.set()
         with self._idle:
             left = len(self._queue) + self._in_flight
-            self._dropped += left
+            if unreachable:
+                self._failed += left  # unreachable, as an export would have found
+            else:
+                self._dropped += left
             self._queue.clear()
             self._in_flight = 0
         if left and not self._given_up:  # the deadline passed with an export unanswered
