@@ -43,6 +43,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from trt_otel.events import CancelRequested, Outcome
@@ -261,10 +262,9 @@ def _forward(
             watermark_ns = _mono_ns()
             frames = []
             while records:
-                batch = []
-                with contextlib.suppress(IndexError):
-                    for _ in range(MAX_RECORDS_PER_FRAME):
-                        batch.append(popleft())
+                # Taken from the left in C; only this thread takes, so the count holds (the
+                # builder's threads append on the right meanwhile).
+                batch = list(islice(iter(popleft, None), min(len(records), MAX_RECORDS_PER_FRAME)))
                 last = not records
                 frames.append(
                     encode_frame(
