@@ -52,7 +52,7 @@ def in_worker(monitor: BuildMonitor) -> float:
 
 
 def as_the_command_runs_it(directory: Path, dead_port: int, index: int) -> float:
-    full = full_monitor(directory, dead_port, f"worker-{index}")
+    full = full_monitor(directory, dead_port, f"worker-{index}", supervising=True)
     full.monitor.start()
     result = run_isolated(in_worker, monitor=full.monitor)
     full.close()

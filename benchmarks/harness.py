@@ -84,24 +84,32 @@ class FullMonitor:
     def close(self) -> None:
         self.monitor.end()
         self.monitor.close(30)
+        if self.monitor.model is not None:  # the log's fold: closed by its owner
+            self.monitor.model.close()
         self.spans.shutdown(1.0)
         self.metrics.close()
         self.status.close(linger_s=1.0)
 
 
-def full_monitor(directory: Path, dead_port: int, name: str = "bench") -> FullMonitor:
+def full_monitor(
+    directory: Path, dead_port: int, name: str = "bench", *, supervising: bool = False
+) -> FullMonitor:
     """Wired as :func:`trt_otel.session.run_session` wires it: the journal, the read model
-    (console lines, span projection and ETA read it), the HTTP view's feed."""
-    monitor = BuildMonitor(attributes={"model.path": "bench.onnx"})
+    (console lines, span projection and ETA read it), the HTTP view's feed. ``supervising``:
+    as a supervisor's monitor, whose fold is the read model (else the model follows)."""
+    model = ReadModel()
+    monitor = BuildMonitor(
+        attributes={"model.path": "bench.onnx"}, model=model if supervising else None
+    )
     log = monitor.log
     log.follow(JournalWriter(directory / f"{name}.jsonl"), capacity=1_000_000)
-    model = ReadModel()
     settings = OtlpSettings.resolve(f"http://127.0.0.1:{dead_port}", "http/protobuf", environ={})
     assert settings is not None
     spans = OtlpSpanExport(settings, warn=lambda message: None, model=model)
     model.subscribe(spans)
     model.subscribe(PlainLines(model, io.StringIO()))
-    log.follow(model, capacity=1_000_000)
+    if not supervising:
+        log.follow(model, capacity=1_000_000)
 
     def eta() -> float | None:
         return model.estimate(monitor.log.clock.mono_ns()).build.seconds

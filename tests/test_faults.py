@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from trt_otel import Anomaly, BuildMonitor, JournalWriter, read_journal
 from trt_otel.cli import main
+from trt_otel.readmodel import ReadModel
 from trt_otel.spans import SpanProjection
 from trt_otel.state import BuildState, PhaseStatus
 from trt_otel.testing import CollectingFollower
@@ -270,8 +271,17 @@ def test_callbacks_recorded_in_a_worker_replay_into_the_same_events(
     replayed.start()
     for record in recorder.records:
         replayed.replay(record)
-    assert replayed.internal_errors == 0
-    assert without_stamps(replayed.log.recent()) == without_stamps(direct.log.recent())
+    # As the supervisor replays: a frame at once, into a monitor whose fold is the read model.
+    model = ReadModel()
+    supervising = BuildMonitor(model=model)
+    supervising.start()
+    supervising.replay_many(recorder.records)
+    expected = without_stamps(direct.log.recent())
+    for monitor in (replayed, supervising):
+        assert monitor.internal_errors == 0
+        assert without_stamps(monitor.log.recent()) == expected
+    assert model.state.anomalies == direct.state.anomalies
+    assert model.state.steps_completed_total == direct.state.steps_completed_total
     stamps = [(r[1], r[2], r[3]) for r in recorder.records]
     kept = [(e.wall_ns, e.mono_ns, e.thread) for e in replayed.log.recent()[1:]]
     assert set(kept) <= set(stamps), "events keep the time and thread of their callback"

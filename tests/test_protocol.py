@@ -147,6 +147,40 @@ def test_protocol_departures_are_tolerated_and_recorded(
     assert all(not p.is_open for p in state.phases.values())
 
 
+@pytest.mark.parametrize(
+    ("plan", "expected"),
+    [*ANOMALIES.values(), *((plan, []) for plan in REAL_RULES.values())],
+    ids=[*ANOMALIES.keys(), *REAL_RULES.keys()],
+)
+def test_a_supervisor_replaying_its_workers_callbacks_finds_the_same(
+    plan: list[Callback], expected: list[AnomalyKind]
+) -> None:
+    """The callbacks made in a build's worker, replayed by the supervisor a frame at once
+    (most of them the short way, with nothing to check): the same events, anomalies and
+    phases as the monitor finds on TensorRT's own thread."""
+    from trt_otel.readmodel import ReadModel
+    from trt_otel.supervisor import RecordingMonitor
+
+    class Flag:
+        value = 0
+
+    recorder = RecordingMonitor(Flag(), None)
+    assert Driver(speed=0).run(recorder, plan).completed
+    recorder.end()
+    supervising = BuildMonitor(model=ReadModel(forget_closed=False))
+    supervising.start()
+    supervising.replay_many(recorder.records)
+    direct = run(plan)
+    direct.end()
+    assert anomalies(supervising) == anomalies(direct) == expected
+    assert [type(e) for e in supervising.log.recent()] == [type(e) for e in direct.log.recent()]
+    assert {p.id: (p.name, p.parent_id, p.status, p.steps_completed, p.last_step)
+            for p in supervising.state.phases.values()} == {
+        p.id: (p.name, p.parent_id, p.status, p.steps_completed, p.last_step)
+        for p in direct.state.phases.values()
+    }  # fmt: skip
+
+
 def test_a_reused_open_name_closes_the_old_instance() -> None:
     state = run(ANOMALIES["name reused while open"][0]).state
     old, new = state.phases.values()

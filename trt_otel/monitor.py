@@ -44,6 +44,7 @@ from trt_otel.events import (
     BuildFinished,
     BuildStarted,
     CancelRequested,
+    Event,
     LogMessage,
     Outcome,
 )
@@ -449,10 +450,9 @@ class BuildMonitor:
                     held = self._held_cancel
                     if held is not None and record[2] > held.mono_ns:
                         self._release_cancel_locked()
-                    if self._is_plain_step(record):
-                        # Most records: a step of an open phase, after its last one and within
-                        # its count, so there is nothing to check, coerce or start.
-                        append_at(MAKE_STEP, *record[1:])
+                    make = self._plain_event(record)
+                    if make is not None:
+                        append_at(make, *record[1:])
                         continue
                     error = self._replay_locked(record)
                     if error is not None:
@@ -464,19 +464,44 @@ class BuildMonitor:
             # Ctrl-C landed inside the replay: honour it as a graceful cancel, not a crash.
             self.cancel("interrupted by the user", source="signal")
 
-    def _is_plain_step(self, record: CallbackRecord) -> bool:
-        """Whether ``record`` is a step the log can take as it is (see :meth:`_step_locked`)."""
-        if record[0] != "step" or len(record) != 6 or self._ended:
-            return False
+    def _plain_event(self, record: CallbackRecord) -> Callable[..., Event] | None:
+        """The event class of ``record`` when the log can take it as it is, with nothing to
+        check, coerce or start (most records, by far); None when it goes the long way
+        (:meth:`_replay_locked`), which finds the same event or the anomalies. Under the log's
+        lock."""
         state = self.state
-        name, step = record[4], record[5]
-        if type(name) is not str or type(step) is not int or state.build_id is None:
-            return False
-        phase_id = state.open_by_name.get(name)
-        if phase_id is None:
-            return False
-        phase = state.phases[phase_id]
-        return phase.last_step < step < phase.num_steps
+        if self._ended or state.build_id is None:
+            return None
+        kind, open_by_name = record[0], state.open_by_name
+        if kind == "step" and len(record) == 6:
+            name, step = record[4], record[5]
+            if type(name) is not str or type(step) is not int:
+                return None
+            phase_id = open_by_name.get(name)
+            if phase_id is None:
+                return None
+            phase = state.phases[phase_id]
+            # The step follows the phase's last one, within its count.
+            return MAKE_STEP if phase.last_step < step < phase.num_steps else None
+        if kind == "phase_start" and len(record) == 7:
+            name, parent, num_steps = record[4], record[5], record[6]
+            if type(name) is not str or type(num_steps) is not int or num_steps < 1:
+                return None
+            if name in open_by_name:
+                return None
+            if parent is not None and (type(parent) is not str or parent not in open_by_name):
+                return None
+            return MAKE_PHASE_START
+        if kind == "phase_finish" and len(record) == 5:
+            name = record[4]
+            if type(name) is not str:
+                return None
+            phase_id = open_by_name.get(name)
+            # The innermost open phase (the youngest): it leaves no open child behind.
+            if phase_id is None or next(reversed(open_by_name.values())) != phase_id:
+                return None
+            return MAKE_PHASE_FINISH
+        return None
 
     def _replay_locked(self, record: CallbackRecord) -> BaseException | None:
         """One record, under the log's lock; the error it raised, if any."""
