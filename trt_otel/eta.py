@@ -76,11 +76,15 @@ class BoundaryTracker:
         a live build's estimates need no more, and a build passes one per phase)."""
 
     def apply(self, event: Event, state: BuildState) -> None:
-        if isinstance(event, BuildStarted):
+        kind = type(event)
+        if kind is not PhaseFinished and kind is not BuildStarted:
+            return  # no boundary
+        if kind is BuildStarted:
             self.counts, self.boundaries = {}, {}  # a log of several builds: this one's own
             self.last, self.last_mono_ns = START, event.mono_ns
             self.boundaries[START] = 0
-        elif isinstance(event, PhaseFinished):
+        else:
+            assert isinstance(event, PhaseFinished)
             phase_id = state.latest_by_name.get(event.name)
             if phase_id is None or state.phases[phase_id].finish_mono_ns != event.mono_ns:
                 return  # not a finish TensorRT's protocol allows: no boundary

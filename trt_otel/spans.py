@@ -42,6 +42,7 @@ from trt_otel.events import (
     GpuSample,
     LogMessage,
     Outcome,
+    PhaseStarted,
     StepCompleted,
 )
 from trt_otel.readmodel import ReadModel
@@ -261,26 +262,30 @@ class SpanProjection:
         state = self.model.state
         if self._wall_base_ns is None:
             self._begin(event)
-        if type(event) is StepCompleted:  # most events: a span changes only after a cancel
+        kind = type(event)  # events are final classes: a type is cheaper to test than a class
+        if kind is StepCompleted:  # most events: a span changes only after a cancel
             if state.cancel is not None and not self._refused:
                 # The first step after a cancel is the one the monitor answered False:
                 # TensorRT unwinds the phases open now, so their ends are the cancel's doing.
                 self._refused = frozenset(state.open_by_name.values())
             if not closed:
                 return []
-        if isinstance(event, GpuSample):
+        elif kind is PhaseStarted:
+            if not closed:  # the usual start: it completes no span
+                return []
+        elif kind is GpuSample:
             # Each open phase, and the build, saw this sample: O(open phases), once a second.
             for owner in (None, *state.open_by_name.values()):
-                self._gpu.setdefault(owner, _GpuStats()).add(event)
-        elif isinstance(event, Anomaly | LogMessage):
-            self._note(event)
+                self._gpu.setdefault(owner, _GpuStats()).add(event)  # type: ignore[arg-type]
+        elif kind is Anomaly or kind is LogMessage:
+            self._note(event)  # type: ignore[arg-type]
         spans: list[SpanRecord] = []
         for phase in closed:
             assert phase.finish_mono_ns is not None
             span = self._phase_span(phase, phase.finish_mono_ns, phase.status, phase.close_reason)
             if span is not None:
                 spans.append(span)
-        if isinstance(event, BuildFinished):
+        if kind is BuildFinished:
             spans.append(self._build_span(self._span_time(event.mono_ns)))
         return spans
 

@@ -132,30 +132,61 @@ def _callbacks_of_trace(path: Path) -> InternedPlan:
     index_of: dict[object, int] = {}
     order = array("I")
     add = order.append
-    decode = _TRACE_LINE.decode
-    with open(path, "rb") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = decode(line)
-            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as error:
-                reason = "nested too deeply" if isinstance(error, RecursionError) else str(error)
-                raise TraceError(f"{path}:{line_no}: not a trace callback ({reason})") from None
-            if isinstance(record, _TraceStep):
-                key: object = (record.phase_name, record.step)
-            elif isinstance(record, _TracePhaseStart):
-                key = (record.phase_name, record.parent_phase, record.num_steps, 0)
-            else:
-                key = record.phase_name
-            index = index_of.get(key)
-            if index is None:
-                index = index_of[key] = len(distinct)
-                distinct.append(_callback_of(record))
-            add(index)
+    for record in _trace_records(path):
+        kind = type(record)
+        if kind is _TraceStep:
+            key: object = (record.phase_name, record.step)  # type: ignore[union-attr]
+        elif kind is _TracePhaseStart:
+            key = (record.phase_name, record.parent_phase, record.num_steps, 0)  # type: ignore[union-attr]
+        else:
+            key = record.phase_name
+        index = index_of.get(key)
+        if index is None:
+            index = index_of[key] = len(distinct)
+            distinct.append(_callback_of(record))
+        add(index)
     if not order:
         raise TraceError(f"{path}: no callbacks in this trace")
     return InternedPlan(distinct, order)
+
+
+_CHUNK_BYTES = 1 << 22
+
+
+def _trace_records(path: Path) -> Iterator[_TracePhaseStart | _TraceStep | _TracePhaseFinish]:
+    """The trace's records, decoded a few MiB of whole lines at a time (one call each); a
+    chunk that does not decode is read again line by line, to say which line is wrong."""
+    lines_before = 0
+    with open(path, "rb") as handle:
+        tail = b""
+        while True:
+            data = handle.read(_CHUNK_BYTES)
+            chunk = tail + data
+            if not data:
+                tail = b""
+            else:
+                cut = chunk.rfind(b"\n") + 1
+                chunk, tail = chunk[:cut], chunk[cut:]
+            if chunk:
+                try:
+                    yield from _TRACE_LINE.decode_lines(chunk)
+                except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+                    _raise_for_line(path, chunk, lines_before)
+                lines_before += chunk.count(b"\n")
+            if not data:
+                return
+
+
+def _raise_for_line(path: Path, chunk: bytes, lines_before: int) -> None:
+    for line_no, line in enumerate(chunk.splitlines(), start=lines_before + 1):
+        if not line.strip():
+            continue
+        try:
+            _TRACE_LINE.decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as error:
+            reason = "nested too deeply" if isinstance(error, RecursionError) else str(error)
+            raise TraceError(f"{path}:{line_no}: not a trace callback ({reason})") from None
+    raise TraceError(f"{path}: not a trace (its lines do not decode together)")
 
 
 def _callback_of(record: _TracePhaseStart | _TraceStep | _TracePhaseFinish) -> Callback:
