@@ -162,9 +162,12 @@ class ReadModel:
     def fold(self, event: Event) -> None:
         """Fold one event in and tell the subscribers, except of a quiet step (see
         :class:`Subscriber`), which waits for :meth:`end_batch` or the next other event."""
-        if type(event) is StepCompleted and self.state.cancel is None:
-            with self.lock:  # a step closes no phase and passes no boundary
-                self.state.apply(event)
+        state = self.state
+        if type(event) is StepCompleted and state.cancel is None:
+            # A step closes no phase and passes no boundary, and nothing is left to forget
+            # (below): it changes counts only, which a reader may see a step early or late,
+            # so it is folded without the lock (most events are steps).
+            state.apply(event)
             self._quiet_step = event
             return
         if self._quiet_step is not None:
@@ -175,6 +178,9 @@ class ReadModel:
                 subscriber.on_event(event, closed)
             except Exception as error:  # one view's bug costs that view, not the others
                 self._failed(subscriber.name, error)
+        if closed:
+            with self.lock:  # the views have seen the closed phases: forget them now
+                state.forget_closed_now()
 
     def end_batch(self) -> None:
         """Tell the subscribers of the quiet steps folded since they were last told."""

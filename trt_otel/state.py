@@ -248,6 +248,13 @@ class BuildState:
 
     # -- forgetting (``forget_closed``): memory that follows what is open, not what happened -------
 
+    def forget_closed_now(self) -> None:
+        """Forget what the last event closed now, rather than when the next event is folded
+        (a read model does, once its views have seen the closed phases): the next event, if a
+        step, then changes no structure, only counts."""
+        if self._to_forget:
+            self._forget_closed()
+
     def _forget_closed(self) -> None:
         """Drop the phases the previous event closed that no view can show any more (their
         spans are made and the journal has them; the read model keeps their summary). A
