@@ -62,9 +62,9 @@ class Subscriber(Protocol):
     not change it, and should be quick: the views that read the model wait for it.
 
     Most events are steps that change nothing a subscriber draws but the counts: those *quiet*
-    steps (a step closes no phase; any step before a cancel) are not told one by one; a run of
-    them is told once, by its last (:meth:`on_steps`), before the next other event and at the
-    end of each batch the model folds.
+    steps (a step closes no phase; any step before a cancel) are not told one by one. The next
+    other event tells of them too (the model it is told with has folded them); a run of them
+    that ends a batch the model folds is told once, by its last (:meth:`on_steps`).
     """
 
     @property
@@ -76,7 +76,7 @@ class Subscriber(Protocol):
         ...
 
     def on_steps(self, last: StepCompleted) -> None:
-        """Quiet steps were folded; ``last`` is the latest of them."""
+        """A batch ended with quiet steps; ``last`` is the latest of them."""
         ...
 
     def close(self) -> None:
@@ -161,7 +161,7 @@ class ReadModel:
 
     def fold(self, event: Event) -> None:
         """Fold one event in and tell the subscribers, except of a quiet step (see
-        :class:`Subscriber`), which waits for :meth:`end_batch` or the next other event."""
+        :class:`Subscriber`): the next other event tells of it, else :meth:`end_batch`."""
         state = self.state
         if type(event) is StepCompleted and state.cancel is None:
             # A step closes no phase and passes no boundary, and nothing is left to forget
@@ -170,8 +170,7 @@ class ReadModel:
             state.apply(event)
             self._quiet_step = event
             return
-        if self._quiet_step is not None:
-            self.end_batch()  # before this event is folded: they see the model as it was
+        self._quiet_step = None  # told with this event
         closed = self.apply(event)
         for subscriber in self._subscribers:
             try:
@@ -183,7 +182,7 @@ class ReadModel:
                 state.forget_closed_now()
 
     def end_batch(self) -> None:
-        """Tell the subscribers of the quiet steps folded since they were last told."""
+        """Tell the subscribers of the quiet steps that ended the batch, if any."""
         last, self._quiet_step = self._quiet_step, None
         if last is None:
             return
