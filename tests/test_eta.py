@@ -171,3 +171,34 @@ def test_the_command_reads_a_history_folder(
     assert "history: 1 earlier builds of this model" in capsys.readouterr().err
     assert main(["demo", "--history", str(tmp_path / "none")]) == 2
     assert "is not a directory" in capsys.readouterr().err
+
+
+def test_a_boundary_is_the_path_of_names_to_the_finished_phase_and_its_occurrence() -> None:
+    """The key a live build and a past one are matched by: root to phase, then how many
+    times that path finished before (repeated children of one parent count up)."""
+    monitor = BuildMonitor(clock=ManualClock())
+    model = ReadModel()
+    monitor.log.follow(model, min_interval_s=0.0)
+    seen = []
+    monitor.phase_start("Build", None, 1)
+    monitor.phase_start("Optimize", "Build", 1)
+    for _ in range(3):
+        monitor.phase_start("Time", "Optimize", 1)
+        monitor.phase_finish("Time")
+        monitor.log.flush()
+        seen.append(model.boundaries.last)
+    monitor.phase_finish("Optimize")
+    monitor.phase_start("Time", "Build", 1)  # the same name under another parent
+    monitor.phase_finish("Time")
+    monitor.phase_finish("Build")
+    monitor.log.flush()
+    seen.append(model.boundaries.last)
+    monitor.close()
+    nested = ("Build", "Optimize", "Time")
+    assert seen == [(nested, 0), (nested, 1), (nested, 2), (("Build",), 0)]
+    assert model.boundaries.counts == {
+        nested: 3,
+        ("Build", "Optimize"): 1,
+        ("Build", "Time"): 1,
+        ("Build",): 1,
+    }

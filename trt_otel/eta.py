@@ -74,6 +74,9 @@ class BoundaryTracker:
         self.boundaries: dict[BoundaryKey, int] = {}
         """Elapsed ns at each boundary passed so far (only the last one unless ``keep_all``:
         a live build's estimates need no more, and a build passes one per phase)."""
+        self._paths: dict[int, tuple[str, ...]] = {}
+        """The path of each phase whose children have finished, while it is open: a parent's
+        path is walked once, not once for each of its (maybe thousands of) children."""
 
     def apply(self, event: Event, state: BuildState) -> None:
         kind = type(event)
@@ -81,6 +84,7 @@ class BoundaryTracker:
             return  # no boundary
         if kind is BuildStarted:
             self.counts, self.boundaries = {}, {}  # a log of several builds: this one's own
+            self._paths = {}
             self.last, self.last_mono_ns = START, event.mono_ns
             self.boundaries[START] = 0
         else:
@@ -88,7 +92,7 @@ class BoundaryTracker:
             phase_id = state.latest_by_name.get(event.name)
             if phase_id is None or state.phases[phase_id].finish_mono_ns != event.mono_ns:
                 return  # not a finish TensorRT's protocol allows: no boundary
-            path = _path(state, phase_id)
+            path = self._path_of(state, phase_id)
             occurrence = self.counts.get(path, 0)
             self.counts[path] = occurrence + 1
             self.last, self.last_mono_ns = (path, occurrence), event.mono_ns
@@ -96,6 +100,18 @@ class BoundaryTracker:
                 if not self.keep_all:
                     self.boundaries.clear()
                 self.boundaries[self.last] = event.mono_ns - state.start_mono_ns
+
+    def _path_of(self, state: BuildState, phase_id: int) -> tuple[str, ...]:
+        """The path of a phase that just finished (it is never a parent again)."""
+        self._paths.pop(phase_id, None)
+        phase = state.phases[phase_id]
+        parent_id = phase.parent_id
+        if parent_id is None:
+            return (phase.name,)
+        parent_path = self._paths.get(parent_id)
+        if parent_path is None:
+            parent_path = self._paths[parent_id] = _path(state, parent_id)
+        return (*parent_path, phase.name)
 
 
 def _path(state: BuildState, phase_id: int | None) -> tuple[str, ...]:
