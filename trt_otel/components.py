@@ -323,13 +323,20 @@ def console_view(config: ConsoleConfig, model: ReadModel) -> Subscriber:
 
 @contextlib.contextmanager
 def following(
-    log: EventLog, followers: Sequence[tuple[Follower, int]], model: ReadModel | None = None
+    log: EventLog,
+    followers: Sequence[tuple[Follower, int]],
+    model: ReadModel | None = None,
+    *,
+    inline: Sequence[Follower] = (),
 ) -> Iterator[EventLog]:
-    """The log feeding each ``(follower, queue capacity)``; on exit every follower handles
-    what is queued and is closed, and what any of them (or of ``model``'s subscribers) lost
-    is said."""
+    """The log feeding each ``(follower, queue capacity)``, and each of ``inline`` on the
+    appending thread, a batch at a time (see :meth:`EventLog.add_batch_consumer`); on exit
+    every follower handles what is queued and is closed, and what any of them (or of
+    ``model``'s subscribers) lost is said."""
     for follower, capacity in followers:
         log.follow(follower, capacity=capacity)
+    for consumer in inline:
+        log.add_batch_consumer(consumer.handle)
     try:
         yield log
     finally:
@@ -338,6 +345,8 @@ def following(
             warn("a follower did not finish in time")
         if model is not None and model.is_fold:
             model.close()  # the log's own fold: it has seen every event already
+        for consumer in inline:
+            consumer.close()
         report_follower_health(workers)
         for name, (failed, last_error) in (model.subscriber_errors if model else {}).items():
             warn(f"{name}: failed on {failed:,} events (last error: {last_error})")

@@ -60,6 +60,7 @@ class EventLog:
         self._workers: tuple[FollowerWorker, ...] = ()
         self.fold_errors = 0
         self._after_batch: tuple[Callable[[], None], ...] = ()
+        self._consumers: tuple[Callable[[list[Event]], None], ...] = ()
         self._batch: list[Event] | None = None
         """While :meth:`batch` is open: the events appended so far, for the followers."""
         self.stamp: tuple[int, int, str] | None = None
@@ -98,8 +99,18 @@ class EventLog:
                 self._batch = None
                 self._end_batch()
                 if batch:
+                    self._consume(batch)
                     for worker in self._workers:
                         worker.offer_many(batch)
+
+    def _consume(self, batch: list[Event]) -> None:
+        for consumer in self._consumers:
+            try:
+                consumer(batch)
+            except Exception:
+                self.fold_errors += 1
+                if self.fold_errors == 1:
+                    _logger.exception("a consumer of the log's batches failed")
 
     def _end_batch(self) -> None:
         for after_batch in self._after_batch:
@@ -182,6 +193,8 @@ class EventLog:
             return
         if self._after_batch:
             self._end_batch()
+        if self._consumers:
+            self._consume([event])
         for worker in self._workers:
             worker.offer(event)
 
@@ -206,6 +219,15 @@ class EventLog:
             self._folds = (*self._folds, fold)
             if after_batch is not None:
                 self._after_batch = (*self._after_batch, after_batch)
+
+    def add_batch_consumer(self, consumer: Callable[[list[Event]], None]) -> None:
+        """Hand ``consumer`` the events of each :meth:`batch` (an event appended alone, as a
+        batch of one), under the lock, on the appending thread. For a consumer that only keeps
+        them (the HTTP view's feed, in a supervisor): where the events were just made it costs
+        a fraction of what a follower's thread pays for them later, out of the cache. It must
+        be quick and must not block; it sees no event appended before it was added."""
+        with self.lock:
+            self._consumers = (*self._consumers, consumer)
 
     def remove_fold(self, fold: Fold) -> None:
         """Stop running ``fold`` (a build's own fold, once that build has ended)."""

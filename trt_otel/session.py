@@ -98,9 +98,13 @@ def run_session(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]
             followers.append((open_journal(observe.journal), DEEP_QUEUE))
         if not model.is_fold:
             followers.append((model, DEEP_QUEUE))
+        inline: list[Follower] = []
         if http is not None:
-            followers.append((http.feed, DEEP_QUEUE))
-        stack.enter_context(following(monitor.log, followers, model))
+            if model.is_fold:  # the supervisor: the feed keeps each frame's events as made
+                inline.append(http.feed)
+            else:
+                followers.append((http.feed, DEEP_QUEUE))
+        stack.enter_context(following(monitor.log, followers, model, inline=inline))
 
         # Things that act during the build: policies, the GPU sampler, signal handlers.
         monitor.start()
