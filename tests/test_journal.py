@@ -384,3 +384,32 @@ def test_an_attribute_that_is_not_json_is_written_as_its_text(tmp_path: Path) ->
     journal = read_journal(path)
     assert journal.problems == []
     assert fold(journal.events).attributes == {"model.path": "/models/m.onnx", "n": 3}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("ahead", "arrive", "dropped"),
+    [(7, 11, 0), (7, 11, 10), (512, 100, 0), (5, 5, 3), (1, 3, 0), (7, 14, 0), (7, 14, 7)],
+)
+def test_lines_encoded_ahead_are_written_once_in_order_whatever_reaches_the_writer(
+    tmp_path: Path, ahead: int, arrive: int, dropped: int
+) -> None:
+    """A supervisor encodes each frame's lines as its events are made; the journal's thread
+    writes them when the events reach it, in whatever batches they come, after the oldest
+    were dropped from a full queue or not: each event's line once, in order."""
+    monitor = BuildMonitor()
+    Driver(speed=0).run(monitor, generate_plan(3))
+    monitor.end()
+    events = monitor.log.recent()
+    path = tmp_path / "ahead.jsonl"
+    writer = JournalWriter(path)
+    for start in range(0, len(events), ahead):
+        writer.encode_ahead(events[start : start + ahead])
+    delivered = events[dropped:]
+    for start in range(0, len(delivered), arrive):
+        writer.handle(delivered[start : start + arrive])
+    writer.close()
+    lines = path.read_bytes().split(b"\n", 1)[1]  # after the header
+    assert lines == encode_events(delivered)
+    assert writer.lines_written == len(delivered)
+    if arrive % ahead == 0 and dropped % ahead == 0:  # as a supervisor's frames arrive
+        assert writer.lines_encoded_ahead == len(delivered), "every line was encoded ahead"

@@ -26,7 +26,9 @@ repeated ``seq`` (a duplicated line, skipped so nothing counts twice), and carri
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,6 +136,22 @@ def _classify(raw: bytes | str, error: msgspec.ValidationError) -> tuple[str, st
 # -- writing -------------------------------------------------------------------------------------
 
 
+ENCODED_AHEAD_EVENTS = 1 << 17
+"""Events a journal keeps encoded ahead of its writing, at most (about 20 MiB): more than a
+supervisor lets its followers fall behind before it waits for them."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Encoded:
+    """Journal lines of a run of events, encoded ahead of their writing."""
+
+    first_seq: int
+    count: int
+    lines: bytes
+    flush: bool
+    """Whether one of them is worth a flush (a phase boundary, a cancel, the end)."""
+
+
 class JournalWriter:
     """A log follower that appends every event to a JSON Lines file.
 
@@ -160,14 +178,63 @@ class JournalWriter:
         self._file.write(_ENCODER.encode(header) + b"\n")
         self._file.flush()
         self.lines_written = 0
+        self.lines_encoded_ahead = 0
+        """Of :attr:`lines_written`, those encoded ahead (see :meth:`encode_ahead`)."""
+        self._ahead: deque[_Encoded] = deque()
+        self._ahead_events = 0
+        self._ahead_lock = threading.Lock()
         # Signs of life for `watch` while the build is silent (see trt_otel.liveness).
         self._toucher = Toucher(self.path)
 
+    def encode_ahead(self, events: list[Event]) -> None:
+        """Encode ``events`` now, on the thread that made them (a supervisor's replay, a batch
+        at a time, through :meth:`EventLog.add_batch_consumer`), for :meth:`handle` to write
+        when they reach it: encoding them there, out of the cache, cost several times as much.
+        Keeps at most :data:`ENCODED_AHEAD_EVENTS` events' worth; past that, :meth:`handle`
+        encodes what it gets, as without it."""
+        if not events or self._ahead_events + len(events) > ENCODED_AHEAD_EVENTS:
+            return
+        flush = not _FLUSH_ON.isdisjoint(map(type, events))
+        chunk = _Encoded(events[0].seq, len(events), _ENCODER.encode_lines(events), flush)
+        with self._ahead_lock:
+            self._ahead.append(chunk)
+            self._ahead_events += chunk.count
+
     def handle(self, events: Sequence[Event]) -> None:
-        self._file.write(_ENCODER.encode_lines(events))
+        start = 0
+        if self._ahead:
+            start = self._write_encoded_ahead(events)
+        if start < len(events):
+            rest = events[start:]
+            self._file.write(_ENCODER.encode_lines(rest))
+            if not _FLUSH_ON.isdisjoint(map(type, rest)):
+                self._file.flush()
         self.lines_written += len(events)
-        if not _FLUSH_ON.isdisjoint(map(type, events)):
+
+    def _write_encoded_ahead(self, events: Sequence[Event]) -> int:
+        """Write the chunks encoded ahead that are exactly the next of ``events`` (their seqs
+        run on without a gap); the number of events written. A chunk of events this writer
+        never got (its queue dropped them) or already wrote is discarded."""
+        first_seq, written, flush = events[0].seq, 0, False
+        with self._ahead_lock:
+            while self._ahead:
+                chunk = self._ahead[0]
+                at = chunk.first_seq - first_seq
+                if at < written:  # behind what arrives now: discard
+                    self._ahead.popleft()
+                    self._ahead_events -= chunk.count
+                    continue
+                end = at + chunk.count
+                if at != written or end > len(events) or events[end - 1].seq != first_seq + end - 1:
+                    break  # not the next events, or not all of them have arrived yet
+                self._ahead.popleft()
+                self._ahead_events -= chunk.count
+                self._file.write(chunk.lines)
+                written, flush = end, flush or chunk.flush
+        if flush:
             self._file.flush()
+        self.lines_encoded_ahead += written
+        return written
 
     def close(self) -> None:
         self._toucher.stop()

@@ -95,7 +95,10 @@ def run_session(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]
         # The log's followers, each on its own thread behind a bounded queue.
         followers: list[tuple[Follower, int]] = []
         if observe.journal is not None:
-            followers.append((open_journal(observe.journal), DEEP_QUEUE))
+            journal = open_journal(observe.journal)
+            followers.append((journal, DEEP_QUEUE))
+            if model.is_fold:  # the supervisor: lines encoded as each frame's events are made
+                monitor.log.add_batch_consumer(journal.encode_ahead)
         if not model.is_fold:
             followers.append((model, DEEP_QUEUE))
         inline: list[Follower] = []
