@@ -26,7 +26,6 @@ peak memory used and the mean utilization of the samples taken while it was open
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -137,13 +136,13 @@ class _Fold:
     count: int = 0
     total_ns: int = 0
     longest_ns: int = 0
-    names: Counter[str] = field(default_factory=Counter)
+    names: set[str] = field(default_factory=set)
 
     def add(self, name: str, duration_ns: int) -> None:
         self.count += 1
         self.total_ns += duration_ns
         self.longest_ns = max(self.longest_ns, duration_ns)
-        self.names[name] += 1
+        self.names.add(name)
 
     def attributes(self) -> dict[str, Any]:
         return {
@@ -222,6 +221,7 @@ class SpanProjection:
         self._remote: RemoteParent | None = None
         self._sampled = True
         self._build_span_id = 0
+        self._parent_span_ids: dict[int, int] = {}
         self._build_key = ""
         self._wall_base_ns: int | None = None
         self._mono_base_ns = 0
@@ -330,6 +330,13 @@ class SpanProjection:
         assert self._wall_base_ns is not None
         return self._wall_base_ns + (mono_ns - self._mono_base_ns)
 
+    def _parent_span_id(self, phase_id: int) -> int:
+        """A parent's span id, derived once for all its children (until its own span)."""
+        span_id = self._parent_span_ids.get(phase_id)
+        if span_id is None:
+            span_id = self._parent_span_ids[phase_id] = self._span_id(phase_id)
+        return span_id
+
     def _span_id(self, phase_id: int) -> int:
         return derived_id(64, self._trace_id, self._build_key, phase_id)
 
@@ -393,8 +400,8 @@ class SpanProjection:
         return SpanRecord(
             name=phase.name,
             trace_id=self._trace_id,
-            span_id=self._span_id(phase.id),
-            parent_span_id=self._build_span_id if parent is None else self._span_id(parent),
+            span_id=self._parent_span_ids.pop(phase.id, 0) or self._span_id(phase.id),
+            parent_span_id=self._build_span_id if parent is None else self._parent_span_id(parent),
             parent_is_remote=False,
             start_ns=self._span_time(phase.start_mono_ns),
             end_ns=self._span_time(end_mono_ns),
