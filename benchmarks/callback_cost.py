@@ -36,7 +36,7 @@ from trt_otel.simulator import Callback, Driver, NoOpMonitor, generate_plan
 from trt_otel.supervisor import run_isolated
 
 REPEATS = 5
-PLAN = generate_plan(13, num_profiles=2) * 10
+PLAN = generate_plan(13, num_profiles=2) * 40
 
 
 def time_per_callback_ns(monitor: object, plan: list[Callback]) -> float:

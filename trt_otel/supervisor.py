@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import json
 import logging
 import multiprocessing
@@ -330,6 +331,9 @@ def _worker_main(
 ) -> None:
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Everything imported so far lives as long as the process: out of the collector's sight,
+    # so the collections that the callbacks' records set off do not walk it again and again.
+    gc.freeze()
     # Bound to the library the build uses, or to none: a simulated build must not wait for a
     # builder library to import before its first callback.
     monitor = RecordingMonitor(flag, note, backend=backend)
