@@ -65,7 +65,8 @@ def test_a_real_builds_metrics_and_spans_arrive(
             _, err = process.communicate(timeout=120)
         assert process.returncode == 0, err
         # The exporter is gone now, and its series stale: read their last samples.
-        assert prometheus.wait_for('last_over_time(trt_build_state{state="success"}[5m]) == 1')
+        success = 'last_over_time(trt_build_state{state="success"}[5m]) == 1'
+        assert prometheus.wait_for(success, timeout_s=60), f"no final scrape: {err[-2000:]}"
         (info,) = prometheus.query("last_over_time(trt_build_info[5m])")
         assert info["metric"]["backend"] == "tensorrt-rtx"
         assert info["metric"]["trt_version"] == rtx.__version__
