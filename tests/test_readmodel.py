@@ -153,33 +153,38 @@ def test_subscribers_see_the_model_after_each_event_and_what_it_closed() -> None
     assert sorted(closed_ids) == started, "every phase closed exactly once"
 
 
+class Told:
+    """A subscriber that notes the seq of what it is told: each event, or the last of a run of
+    quiet steps."""
+
+    name = "told"
+
+    def __init__(self) -> None:
+        self.seqs: list[int] = []
+
+    def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
+        self.seqs.append(event.seq)
+
+    def on_steps(self, last: StepCompleted) -> None:
+        self.seqs.append(last.seq)
+
+    def close(self) -> None:
+        pass
+
+
 def test_quiet_steps_at_the_end_of_a_batch_are_told_then() -> None:
     events = recorded(generate_plan(3))
     model = ReadModel()
-    told: list[int] = []
-
-    class Probe:
-        name = "probe"
-
-        def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
-            told.append(event.seq)
-
-        def on_steps(self, last: StepCompleted) -> None:
-            told.append(last.seq)
-
-        def close(self) -> None:
-            pass
-
-    model.subscribe(Probe())
+    probe = Told()
+    model.subscribe(probe)
     first_step = next(i for i, e in enumerate(events) if isinstance(e, StepCompleted))
     model.handle(events[: first_step + 1])
-    assert told[-1] == events[first_step].seq, "the batch's last quiet step, at its end"
+    assert probe.seqs[-1] == events[first_step].seq, "the batch's last quiet step, at its end"
 
 
 def test_a_failing_subscriber_is_counted_and_the_others_go_on() -> None:
     events = recorded(generate_plan(3))
     model = ReadModel()
-    counted: list[int] = []
 
     class Broken:
         name = "broken"
@@ -193,21 +198,11 @@ def test_a_failing_subscriber_is_counted_and_the_others_go_on() -> None:
         def close(self) -> None:
             pass
 
-    class Counter:
-        name = "counter"
-
-        def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
-            counted.append(event.seq)
-
-        def on_steps(self, last: StepCompleted) -> None:
-            counted.append(last.seq)
-
-        def close(self) -> None:
-            pass
-
     model.subscribe(Broken())
-    model.subscribe(Counter())
+    told = Told()
+    model.subscribe(told)
     model.handle(events)
+    counted = told.seqs
     assert counted and counted == sorted(counted) and counted[-1] == events[-1].seq
     assert model.subscriber_errors["broken"] == (len(counted), "RuntimeError: bug")
 
@@ -244,40 +239,17 @@ def test_the_model_estimates_from_its_own_fold() -> None:
     assert model.estimate(now).build == estimate(state, model.boundaries, now, None).build
 
 
-def test_a_session_folds_the_build_state_twice_whatever_is_attached(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("in_process", [False, True], ids=["supervised", "in-process"])
+def test_the_build_state_is_folded_once_for_every_view(
+    in_process: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Console, /status, the ETA, spans and metrics all on: the build's state is folded by
-    the monitor (for the callbacks) and by the read model (for every view), nowhere else."""
-    from prometheus_server import free_port
-
-    folded: dict[int, int] = {}
-    original = BuildState.apply
-
-    def counting(self: BuildState, event: Event) -> None:
-        folded[id(self)] = folded.get(id(self), 0) + 1
-        original(self, event)
-
-    monkeypatch.setattr(BuildState, "apply", counting)
-    code = main(
-        [
-            "demo", "--speed", "0", "--in-process", "--no-gpu", "--no-progress",
-            "--journal", str(tmp_path / "j.jsonl"), "--http-port", "0",
-            "--cancel-token", "t", "--prometheus-port", "0", "--prometheus-linger", "0",
-            "--otlp-endpoint", f"http://127.0.0.1:{free_port()}", "--otlp-flush-timeout", "0.1",
-        ]
-    )  # fmt: skip
-    assert code == 0
-    assert "build success" in capsys.readouterr().err
-    assert len(folded) == 2, f"{len(folded)} folds of the build state"
-    assert len(set(folded.values())) == 1, "each saw every event"
-
-
-def test_a_supervised_build_folds_the_build_state_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """As the command runs a build (in a worker process), the supervisor replays the
-    callbacks through the read model's own fold: one fold of the state, every view on."""
+    """Console, /status, the ETA, spans and metrics all on. As the command runs a build (in a
+    worker process), the supervisor replays the callbacks through the read model's own fold:
+    one fold of the state. A monitor on TensorRT's own threads keeps its fold there, and the
+    read model folds for every view: two, and nowhere else. Each sees every event."""
     from prometheus_server import free_port
 
     folded: dict[int, int] = {}
@@ -295,12 +267,13 @@ def test_a_supervised_build_folds_the_build_state_once(
             "--journal", str(journal), "--http-port", "0",
             "--cancel-token", "t", "--prometheus-port", "0", "--prometheus-linger", "0",
             "--otlp-endpoint", f"http://127.0.0.1:{free_port()}", "--otlp-flush-timeout", "0.1",
+            *(["--in-process"] if in_process else []),
         ]
     )  # fmt: skip
     assert code == 0
     assert "build success" in capsys.readouterr().err
-    assert len(folded) == 1, f"{len(folded)} folds of the build state"
-    assert list(folded.values()) == [len(read_journal(journal).events)], "every event, once"
+    events = len(read_journal(journal).events)
+    assert list(folded.values()) == [events] * (2 if in_process else 1)
 
 
 def test_the_progress_of_a_phase_is_its_steps_done_and_its_open_childs_share() -> None:

@@ -28,7 +28,7 @@ from otlp_receiver import (
 from trt_otel import BuildMonitor
 from trt_otel.cli import main
 from trt_otel.journal import read_journal
-from trt_otel.simulator import Driver, generate_plan, load_trace
+from trt_otel.simulator import Callback, Driver, generate_plan, load_trace
 from trt_otel.sinks.otlp import (
     DEFAULT_REQUEST_TIMEOUT_S,
     GRPC,
@@ -324,6 +324,18 @@ def test_an_unreachable_collector_costs_the_build_nothing(protocol: str, collect
     assert reason in warnings[0] and health.last_error is not None and reason in health.last_error
 
 
+def build_through(export: OtlpSpanExport, plan: list[Callback]) -> BuildMonitor:
+    """A build of ``plan`` whose spans go to ``export`` (a follower of its log), ended, its
+    log closed."""
+    monitor = BuildMonitor()
+    monitor.log.follow(export, capacity=1_000_000)
+    monitor.start()
+    Driver(speed=0).run(monitor, plan)
+    monitor.end()
+    assert monitor.close(timeout_s=10.0)
+    return monitor
+
+
 @pytest.mark.parametrize("protocol", [GRPC, HTTP_PROTOBUF])
 def test_a_collector_that_cannot_be_connected_to_is_not_waited_for_at_the_end(
     protocol: str,
@@ -332,12 +344,7 @@ def test_a_collector_that_cannot_be_connected_to_is_not_waited_for_at_the_end(
     to are given up at once: the exporter would only wait out its retries (3 s here)."""
     warnings: list[str] = []
     export = export_to(f"http://127.0.0.1:{dead_port()}", protocol, warnings)
-    monitor = BuildMonitor()
-    monitor.log.follow(export, capacity=1_000_000)
-    monitor.start()
-    Driver(speed=0).run(monitor, generate_plan(13, num_profiles=2))
-    monitor.end()
-    assert monitor.close(timeout_s=10.0)
+    monitor = build_through(export, generate_plan(13, num_profiles=2))
     began = time.monotonic()
     health = export.shutdown(30.0)
     took = time.monotonic() - began
@@ -371,12 +378,7 @@ def test_a_refusing_collector_is_reported_once_and_every_span_counted() -> None:
     try:
         warnings: list[str] = []
         export = export_to(f"http://127.0.0.1:{server.server_port}", HTTP_PROTOBUF, warnings)
-        monitor = BuildMonitor()
-        monitor.log.follow(export, capacity=1_000_000)
-        monitor.start()
-        Driver(speed=0).run(monitor, generate_plan(40, num_profiles=2))
-        monitor.end()
-        assert monitor.close(timeout_s=5.0)
+        monitor = build_through(export, generate_plan(40, num_profiles=2))
         # The first batch (of 512 spans) is refused before the shutdown's last attempt, so two
         # batches fail whatever the machine's speed (a first failure after the shutdown began
         # would rightly give the rest up at once).

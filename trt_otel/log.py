@@ -108,18 +108,21 @@ class EventLog:
             try:
                 consumer(batch)
             except Exception:
-                self.fold_errors += 1
-                if self.fold_errors == 1:
-                    _logger.exception("a consumer of the log's batches failed")
+                self._failed("a consumer of the log's batches failed")
 
     def _end_batch(self) -> None:
         for after_batch in self._after_batch:
             try:
                 after_batch()
             except Exception:
-                self.fold_errors += 1
-                if self.fold_errors == 1:
-                    _logger.exception("a projection failed at the end of a batch")
+                self._failed("a projection failed at the end of a batch")
+
+    def _failed(self, message: str, *arguments: object) -> None:
+        """A fold, or what runs beside one, raised: our own code, whose bug must not reach
+        TensorRT. Counted; the first is logged with its traceback."""
+        self.fold_errors += 1
+        if self.fold_errors == 1:
+            _logger.exception(message, *arguments)
 
     def append_locked(self, cls: type[E], /, **fields: Any) -> E:
         """Like :meth:`append`, for a caller inside :meth:`transaction`."""
@@ -183,10 +186,7 @@ class EventLog:
             try:
                 fold(event)
             except Exception:
-                # A fold is our own pure code; a bug there must not reach TensorRT.
-                self.fold_errors += 1
-                if self.fold_errors == 1:
-                    _logger.exception("a projection failed on event %d", event.seq)
+                self._failed("a projection failed on event %d", event.seq)
         batch = self._batch
         if batch is not None:
             batch.append(event)
