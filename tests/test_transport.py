@@ -16,7 +16,14 @@ import pytest
 from conftest import trace_params
 from trt_otel import BuildMonitor, Outcome, supervisor
 from trt_otel.build import BuildJob, SimulatorSettings, run_build_job
-from trt_otel.events import CancelRequested, Event, PhaseFinished, PhaseStarted, StepCompleted
+from trt_otel.events import (
+    CancelRequested,
+    Event,
+    LogMessage,
+    PhaseFinished,
+    PhaseStarted,
+    StepCompleted,
+)
 from trt_otel.model import demo_model_bytes
 from trt_otel.simulator import InternedPlan, generate_plan, load_trace
 from trt_otel.supervisor import OddArgument, run_isolated
@@ -174,3 +181,17 @@ def test_a_trace_is_parsed_into_a_compact_plan_that_pickles_small(trace: Path) -
     data = pickle.dumps(plan)
     assert pickle.loads(data) == callbacks
     assert len(data) < 5 * len(plan) + 200 * 1_000, "about 4 bytes a callback"
+
+
+def test_the_workers_callbacks_are_counted_and_timed_but_not_its_log_lines() -> None:
+    """The monitor's own figures, as the worker reports them: every callback TensorRT made
+    (counted from the records, not by each callback), and time spent in them."""
+    monitor = BuildMonitor()
+    monitor.start()
+    result = run_isolated(run_build_job, big_job(repeats=2), monitor=monitor)
+    monitor.close()
+    assert result.returned and monitor.state.outcome is Outcome.SUCCESS
+    events = monitor.log.recent()
+    assert any(isinstance(e, LogMessage) for e in events), "the build logged: not callbacks"
+    assert monitor.callbacks_total == sum(isinstance(e, CALLBACKS) for e in events)
+    assert 0 < monitor.callback_ns_total < monitor.callbacks_total * 1_000_000

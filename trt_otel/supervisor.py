@@ -159,9 +159,13 @@ class RecordingMonitor(BuildMonitor):
         self._flag = flag
         self._note = note
         self.records: deque[CallbackRecord] = deque()
+        self._append = self.records.append
+        self.not_callbacks = 0
+        """Records that are not callbacks (log messages, the end): the forwarder counts the
+        callbacks from the records, so that a callback need not."""
 
     def _record(self, kind: str, *arguments: Any) -> None:
-        self.records.append((kind, _wall_ns(), _mono_ns(), current_thread_name(), *arguments))
+        self._append((kind, _wall_ns(), _mono_ns(), current_thread_name(), *arguments))
 
     # The three callbacks are written out in full, without helper calls on the usual path:
     # each call costs a Python function call's time, which is what this monitor is about.
@@ -178,7 +182,7 @@ class RecordingMonitor(BuildMonitor):
                 and type(num_steps) is int
                 and (parent_phase is None or type(parent_phase) is str)
             ):
-                self.records.append(
+                self._append(
                     (
                         "phase_start",
                         _wall_ns(),
@@ -193,7 +197,6 @@ class RecordingMonitor(BuildMonitor):
                 self._record(
                     "phase_start", _plain(phase_name), _plain(parent_phase), _plain(num_steps)
                 )
-            self.callbacks_total += 1
             self.callback_ns_total += _mono_ns() - mono_ns
         except BaseException:  # never into TensorRT; the supervisor sees the gap in the build
             self.internal_errors += 1
@@ -202,12 +205,9 @@ class RecordingMonitor(BuildMonitor):
         mono_ns = _mono_ns()
         try:
             if type(phase_name) is str and type(step) is int:
-                self.records.append(
-                    ("step", _wall_ns(), mono_ns, current_thread_name(), phase_name, step)
-                )
+                self._append(("step", _wall_ns(), mono_ns, current_thread_name(), phase_name, step))
             else:
                 self._record("step", _plain(phase_name), _plain(step))
-            self.callbacks_total += 1
             self.callback_ns_total += _mono_ns() - mono_ns
         except BaseException:
             self.internal_errors += 1
@@ -217,8 +217,7 @@ class RecordingMonitor(BuildMonitor):
         mono_ns = _mono_ns()
         try:
             name = phase_name if type(phase_name) is str else _plain(phase_name)
-            self.records.append(("phase_finish", _wall_ns(), mono_ns, current_thread_name(), name))
-            self.callbacks_total += 1
+            self._append(("phase_finish", _wall_ns(), mono_ns, current_thread_name(), name))
             self.callback_ns_total += _mono_ns() - mono_ns
         except BaseException:
             self.internal_errors += 1
@@ -226,6 +225,7 @@ class RecordingMonitor(BuildMonitor):
     def log_message(self, severity: str, message: str) -> None:
         with contextlib.suppress(Exception):
             self._record("log", str(severity), str(message))
+            self.not_callbacks += 1
 
     @property
     def cancelled(self) -> bool:
@@ -239,6 +239,7 @@ class RecordingMonitor(BuildMonitor):
         if outcome is None:
             outcome = self._cancel_outcome() if self._flag.value else Outcome.SUCCESS
         self._record("end", outcome.value, detail, error_type)
+        self.not_callbacks += 1
         self._ended = True
         return outcome
 
@@ -264,12 +265,13 @@ def _forward(
     records = monitor.records
     flag = monitor._flag
     popleft = records.popleft
+    taken = 0
     while True:
         finished = done.wait(interval_s)
         wrote = False
         if records:
             # One watermark per round, on its last frame only: a round can take more frames
-            # than one (8,192 records each), and the records left for the next frame were
+            # than one (512 records each), and the records left for the next frame were
             # stamped before the watermark too.
             watermark_ns = _mono_ns()
             frames = []
@@ -278,6 +280,9 @@ def _forward(
                 # builder's threads append on the right meanwhile).
                 batch = list(islice(iter(popleft, None), min(len(records), MAX_RECORDS_PER_FRAME)))
                 last = not records
+                # The callbacks are counted here, from the records, not by each callback.
+                taken += len(batch)
+                monitor.callbacks_total = max(0, taken - monitor.not_callbacks)
                 frames.append(
                     encode_frame(
                         batch,
