@@ -43,23 +43,25 @@ class Callback:
     delay_s: float | None = None
 
 
-class _TracePhaseStart(msgspec.Struct, tag_field="cb", tag="phase_start"):
+class _TracePhaseStart(msgspec.Struct, frozen=True, gc=False, tag_field="cb", tag="phase_start"):
     phase_name: str
     parent_phase: str | None
     num_steps: int
 
 
-class _TraceStep(msgspec.Struct, tag_field="cb", tag="step_complete"):
+class _TraceStep(msgspec.Struct, frozen=True, gc=False, tag_field="cb", tag="step_complete"):
     phase_name: str
     step: int
 
 
-class _TracePhaseFinish(msgspec.Struct, tag_field="cb", tag="phase_finish"):
+class _TracePhaseFinish(msgspec.Struct, frozen=True, gc=False, tag_field="cb", tag="phase_finish"):
     phase_name: str
 
 
 _TRACE_LINE = msgspec.json.Decoder(_TracePhaseStart | _TraceStep | _TracePhaseFinish)
-"""A recorded trace's line (its other keys, ``seq``, ``depth``, ``inferred``, are notes)."""
+"""A recorded trace's line (its other keys, ``seq``, ``depth``, ``inferred``, are notes).
+Its records are frozen (hashable by type and fields): a trace's callbacks are interned by the
+records themselves."""
 
 
 class InternedPlan(Sequence[Callback]):
@@ -133,16 +135,9 @@ def _callbacks_of_trace(path: Path) -> InternedPlan:
     order = array("I")
     add = order.append
     for record in _trace_records(path):
-        kind = type(record)
-        if kind is _TraceStep:
-            key: object = (record.phase_name, record.step)  # type: ignore[union-attr]
-        elif kind is _TracePhaseStart:
-            key = (record.phase_name, record.parent_phase, record.num_steps, 0)  # type: ignore[union-attr]
-        else:
-            key = record.phase_name
-        index = index_of.get(key)
+        index = index_of.get(record)
         if index is None:
-            index = index_of[key] = len(distinct)
+            index = index_of[record] = len(distinct)
             distinct.append(_callback_of(record))
         add(index)
     if not order:
