@@ -157,7 +157,8 @@ def test_a_supervisor_replaying_its_workers_callbacks_finds_the_same(
 ) -> None:
     """The callbacks made in a build's worker, replayed by the supervisor a frame at once
     (most of them the short way, with nothing to check): the same events, anomalies and
-    phases as the monitor finds on TensorRT's own thread."""
+    phases as the monitor finds on TensorRT's own thread. Neither monitor is started first:
+    the first callback starts the build, replayed or not."""
     from trt_otel.readmodel import ReadModel
     from trt_otel.supervisor import RecordingMonitor
 
@@ -168,7 +169,6 @@ def test_a_supervisor_replaying_its_workers_callbacks_finds_the_same(
     assert Driver(speed=0).run(recorder, plan).completed
     recorder.end()
     supervising = BuildMonitor(model=ReadModel(forget_closed=False))
-    supervising.start()
     supervising.replay_many(recorder.records)
     direct = run(plan)
     direct.end()

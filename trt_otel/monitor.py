@@ -465,42 +465,32 @@ class BuildMonitor:
             self.cancel("interrupted by the user", source="signal")
 
     def _plain_event(self, record: CallbackRecord) -> Callable[..., Event] | None:
-        """The event class of ``record`` when the log can take it as it is, with nothing to
-        check, coerce or start (most records, by far); None when it goes the long way
-        (:meth:`_replay_locked`), which finds the same event or the anomalies. Under the log's
-        lock."""
+        """The event class of ``record`` when the log can take it as it is: its arguments of
+        the right types, the build started and not ended, and none of the anomalies the
+        state's checks look for (most records, by far); None when it goes the long way
+        (:meth:`_replay_locked`), which records what is wrong. Under the log's lock."""
         state = self.state
         if self._ended or state.build_id is None:
             return None
-        kind, open_by_name = record[0], state.open_by_name
+        kind = record[0]
         if kind == "step" and len(record) == 6:
             name, step = record[4], record[5]
-            if type(name) is not str or type(step) is not int:
-                return None
-            phase_id = open_by_name.get(name)
-            if phase_id is None:
-                return None
-            phase = state.phases[phase_id]
-            # The step follows the phase's last one, within its count.
-            return MAKE_STEP if phase.last_step < step < phase.num_steps else None
-        if kind == "phase_start" and len(record) == 7:
+            if type(name) is str and type(step) is int and not state.check_step(name, step):
+                return MAKE_STEP
+        elif kind == "phase_start" and len(record) == 7:
             name, parent, num_steps = record[4], record[5], record[6]
-            if type(name) is not str or type(num_steps) is not int or num_steps < 1:
-                return None
-            if name in open_by_name:
-                return None
-            if parent is not None and (type(parent) is not str or parent not in open_by_name):
-                return None
-            return MAKE_PHASE_START
-        if kind == "phase_finish" and len(record) == 5:
+            if (
+                type(name) is str
+                and type(num_steps) is int
+                and num_steps >= 1
+                and (parent is None or type(parent) is str)
+                and not state.check_phase_start(name, parent)
+            ):
+                return MAKE_PHASE_START
+        elif kind == "phase_finish" and len(record) == 5:
             name = record[4]
-            if type(name) is not str:
-                return None
-            phase_id = open_by_name.get(name)
-            # The innermost open phase (the youngest): it leaves no open child behind.
-            if phase_id is None or next(reversed(open_by_name.values())) != phase_id:
-                return None
-            return MAKE_PHASE_FINISH
+            if type(name) is str and not state.check_phase_finish(name):
+                return MAKE_PHASE_FINISH
         return None
 
     def _replay_locked(self, record: CallbackRecord) -> BaseException | None:

@@ -172,8 +172,7 @@ class BuildState:
 
     def _step(self, event: StepCompleted) -> None:
         self.steps_completed_total += 1
-        self.last_progress_wall_ns = event.wall_ns
-        self.last_progress_mono_ns = event.mono_ns
+        self._progressed(event)
         phase_id = self.open_by_name.get(event.name)
         if phase_id is None:
             return

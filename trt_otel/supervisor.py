@@ -65,9 +65,9 @@ DEFAULT_GRACE_S = 30.0
 DEFAULT_KILL_AFTER_S = 5.0
 _NOTE_BYTES = 4096
 FORWARD_INTERVAL_S = 0.02
+"""How often the worker's forwarder appends what was recorded (an idle tick costs nothing)."""
 FRAMES_PER_WRITE = 16
 """Frames the forwarder joins into one write (8,192 records at most, about half a MiB)."""
-"""How often the worker's forwarder appends what was recorded (an idle tick costs nothing)."""
 FOLLOWER_ROOM = 50_000
 """Replay waits while a follower has more events than this queued: the backlog stays on disk."""
 HELD_CANCEL_PATIENCE_S = 0.5
