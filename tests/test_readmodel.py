@@ -182,6 +182,28 @@ def test_quiet_steps_at_the_end_of_a_batch_are_told_then() -> None:
     assert probe.seqs[-1] == events[first_step].seq, "the batch's last quiet step, at its end"
 
 
+def test_as_the_logs_fold_quiet_steps_ending_a_replayed_frame_are_told_at_its_end() -> None:
+    """In a supervisor the model is the log's own fold: a frame of callbacks replayed at
+    once ends with its last quiet step told, before the next frame comes."""
+    from trt_otel.supervisor import RecordingMonitor
+
+    class Flag:
+        value = 0
+
+    recorder = RecordingMonitor(Flag(), None)
+    Driver(speed=0).run(recorder, generate_plan(3))
+    records = list(recorder.records)
+    last_step = max(i for i, r in enumerate(records[: len(records) // 2]) if r[0] == "step")
+    model = ReadModel()
+    told = Told()
+    model.subscribe(told)
+    monitor = BuildMonitor(model=model)
+    monitor.start()
+    monitor.replay_many(records[: last_step + 1])
+    (last,) = [e for e in monitor.log.recent() if isinstance(e, StepCompleted)][-1:]
+    assert told.seqs[-1] == last.seq, "the frame's last quiet step, at its end"
+
+
 def test_a_failing_subscriber_is_counted_and_the_others_go_on() -> None:
     events = recorded(generate_plan(3))
     model = ReadModel()

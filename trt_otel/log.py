@@ -59,7 +59,6 @@ class EventLog:
         self._folds: tuple[Fold, ...] = ()
         self._workers: tuple[FollowerWorker, ...] = ()
         self.fold_errors = 0
-        self._after_batch: tuple[Callable[[], None], ...] = ()
         self._consumers: tuple[Callable[[list[Event]], None], ...] = ()
         self._batch: list[Event] | None = None
         """While :meth:`batch` is open: the events appended so far, for the followers."""
@@ -97,7 +96,6 @@ class EventLog:
                 yield
             finally:
                 self._batch = None
-                self._end_batch()
                 if batch:
                     self._consume(batch)
                     for worker in self._workers:
@@ -109,13 +107,6 @@ class EventLog:
                 consumer(batch)
             except Exception:
                 self._failed("a consumer of the log's batches failed")
-
-    def _end_batch(self) -> None:
-        for after_batch in self._after_batch:
-            try:
-                after_batch()
-            except Exception:
-                self._failed("a projection failed at the end of a batch")
 
     def _failed(self, message: str, *arguments: object) -> None:
         """A fold, or what runs beside one, raised: our own code, whose bug must not reach
@@ -191,8 +182,6 @@ class EventLog:
         if batch is not None:
             batch.append(event)
             return
-        if self._after_batch:
-            self._end_batch()
         if self._consumers:
             self._consume([event])
         for worker in self._workers:
@@ -200,32 +189,24 @@ class EventLog:
 
     # -- consuming -----------------------------------------------------------------------------
 
-    def add_fold(
-        self,
-        fold: Fold,
-        *,
-        replay_retained: bool = True,
-        after_batch: Callable[[], None] | None = None,
-    ) -> None:
+    def add_fold(self, fold: Fold, *, replay_retained: bool = True) -> None:
         """Register a synchronous fold. It runs under the log's lock on the appending thread, so
         it must be pure, O(1) and must not block. It first sees the retained events, unless
-        ``replay_retained`` is False (a fold of one build in a log of several).
-        ``after_batch`` is called, still under the lock, once the events of a :meth:`batch`
-        (or one event appended alone) have all been folded."""
+        ``replay_retained`` is False (a fold of one build in a log of several)."""
         with self.lock:
             if replay_retained:
                 for event in self._recent:
                     fold(event)
             self._folds = (*self._folds, fold)
-            if after_batch is not None:
-                self._after_batch = (*self._after_batch, after_batch)
 
     def add_batch_consumer(self, consumer: Callable[[list[Event]], None]) -> None:
         """Hand ``consumer`` the events of each :meth:`batch` (an event appended alone, as a
-        batch of one), under the lock, on the appending thread. For a consumer that only keeps
-        them (the HTTP view's feed, in a supervisor): where the events were just made it costs
-        a fraction of what a follower's thread pays for them later, out of the cache. It must
-        be quick and must not block; it sees no event appended before it was added."""
+        batch of one) once every fold has folded them, under the lock, on the appending
+        thread, in the order the consumers were added. For work on a batch as a whole (a fold
+        that tells its views at a batch's end) and for a consumer that only keeps the events
+        (the HTTP view's feed, in a supervisor): where the events were just made it costs a
+        fraction of what a follower's thread pays for them later, out of the cache. It must be
+        quick and must not block; it sees no event appended before it was added."""
         with self.lock:
             self._consumers = (*self._consumers, consumer)
 

@@ -177,7 +177,8 @@ class BuildMonitor:
         else:
             self.state = model.state
             model.is_fold = True
-            self.log.add_fold(model.fold, replay_retained=False, after_batch=model.end_batch)
+            self.log.add_fold(model.fold, replay_retained=False)
+            self.log.add_batch_consumer(lambda _events: model.end_batch())
         self.model = model
         """The read model that is this monitor's fold, if any."""
         self.build_id = build_id or uuid.uuid4().hex
