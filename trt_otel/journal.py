@@ -152,6 +152,12 @@ class _Encoded:
     """Whether one of them is worth a flush (a phase boundary, a cancel, the end)."""
 
 
+def _lines(events: Sequence[Event]) -> tuple[bytes, bool]:
+    """The journal lines of ``events``, and whether one of them is worth a flush (a phase
+    boundary, a cancel, the end: the file is then a prefix of the log a reader can follow)."""
+    return _ENCODER.encode_lines(events), not _FLUSH_ON.isdisjoint(map(type, events))
+
+
 class JournalWriter:
     """A log follower that appends every event to a JSON Lines file.
 
@@ -194,8 +200,7 @@ class JournalWriter:
         encodes what it gets, as without it."""
         if not events or self._ahead_events + len(events) > ENCODED_AHEAD_EVENTS:
             return
-        flush = not _FLUSH_ON.isdisjoint(map(type, events))
-        chunk = _Encoded(events[0].seq, len(events), _ENCODER.encode_lines(events), flush)
+        chunk = _Encoded(events[0].seq, len(events), *_lines(events))
         with self._ahead_lock:
             self._ahead.append(chunk)
             self._ahead_events += chunk.count
@@ -205,9 +210,9 @@ class JournalWriter:
         if self._ahead:
             start = self._write_encoded_ahead(events)
         if start < len(events):
-            rest = events[start:]
-            self._file.write(_ENCODER.encode_lines(rest))
-            if not _FLUSH_ON.isdisjoint(map(type, rest)):
+            lines, flush = _lines(events[start:])
+            self._file.write(lines)
+            if flush:
                 self._file.flush()
         self.lines_written += len(events)
 

@@ -14,7 +14,7 @@ from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, overload
+from typing import Literal, NoReturn, overload
 
 import msgspec
 
@@ -151,28 +151,27 @@ _CHUNK_BYTES = 1 << 22
 def _trace_records(path: Path) -> Iterator[_TracePhaseStart | _TraceStep | _TracePhaseFinish]:
     """The trace's records, decoded a few MiB of whole lines at a time (one call each); a
     chunk that does not decode is read again line by line, to say which line is wrong."""
-    lines_before = 0
+    lines_before, tail = 0, b""
     with open(path, "rb") as handle:
-        tail = b""
-        while True:
-            data = handle.read(_CHUNK_BYTES)
-            chunk = tail + data
-            if not data:
-                tail = b""
-            else:
-                cut = chunk.rfind(b"\n") + 1
-                chunk, tail = chunk[:cut], chunk[cut:]
-            if chunk:
-                try:
-                    yield from _TRACE_LINE.decode_lines(chunk)
-                except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-                    _raise_for_line(path, chunk, lines_before)
-                lines_before += chunk.count(b"\n")
-            if not data:
-                return
+        while data := handle.read(_CHUNK_BYTES):
+            buffer = tail + data
+            cut = buffer.rfind(b"\n") + 1
+            chunk, tail = buffer[:cut], buffer[cut:]
+            yield from _decoded(path, chunk, lines_before)
+            lines_before += chunk.count(b"\n")
+    yield from _decoded(path, tail, lines_before)  # a last line without its newline
 
 
-def _raise_for_line(path: Path, chunk: bytes, lines_before: int) -> None:
+def _decoded(
+    path: Path, chunk: bytes, lines_before: int
+) -> list[_TracePhaseStart | _TraceStep | _TracePhaseFinish]:
+    try:
+        return _TRACE_LINE.decode_lines(chunk)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        _raise_for_line(path, chunk, lines_before)
+
+
+def _raise_for_line(path: Path, chunk: bytes, lines_before: int) -> NoReturn:
     for line_no, line in enumerate(chunk.splitlines(), start=lines_before + 1):
         if not line.strip():
             continue
