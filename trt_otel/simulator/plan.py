@@ -97,6 +97,37 @@ class _PlanWriter:
         self.finish(name)
 
 
+def _begin_build(plan: _PlanWriter, cloning_steps: int) -> str:
+    """The start TensorRT's and TensorRT-RTX's builds share: the root phase of 6 steps, the
+    network cloned (``cloning_steps``), then prepared, the root stepping twice after each.
+    Returns the root's name."""
+    root, cloning, preparing = (
+        "Building engine",
+        "Cloning network graph",
+        "Preparing graph for optimization",
+    )
+    plan.start(root, None, 6)
+    plan.start(cloning, root, cloning_steps)
+    plan.steps(cloning, range(cloning_steps))
+    plan.finish(cloning)
+    plan.steps(root, range(2))
+    plan.start(preparing, root, 4)
+    plan.steps(preparing, range(4))
+    plan.finish(preparing)
+    plan.steps(root, range(2, 4))
+    return root
+
+
+def _end_build(plan: _PlanWriter, root: str, subgraph: str, costs: str) -> None:
+    """The end both builds share: the profile costs, then the subgraph after its one step,
+    then the root, which finishes early (step 4 of 0..5)."""
+    plan.finish(costs)
+    plan.step(subgraph, 0)
+    plan.finish(subgraph)
+    plan.step(root, 4)
+    plan.finish(root)
+
+
 def generate_plan(num_layers: int, num_profiles: int = 1, seed: int = 0) -> list[Callback]:
     """The callbacks of a build of a network with ``num_layers`` layers and ``num_profiles``
     optimization profiles, deterministic for a given seed."""
@@ -104,16 +135,7 @@ def generate_plan(num_layers: int, num_profiles: int = 1, seed: int = 0) -> list
     layers = max(1, num_layers)
     profiles = max(1, num_profiles)
     plan = _PlanWriter()
-    root = "Building engine"
-    plan.start(root, None, 6)
-    plan.start("Cloning network graph", root, 6 + 2 * layers)
-    plan.steps("Cloning network graph", range(6 + 2 * layers))
-    plan.finish("Cloning network graph")
-    plan.steps(root, range(2))
-    plan.start("Preparing graph for optimization", root, 4)
-    plan.steps("Preparing graph for optimization", range(4))
-    plan.finish("Preparing graph for optimization")
-    plan.steps(root, range(2, 4))
+    root = _begin_build(plan, cloning_steps=6 + 2 * layers)
 
     subgraph = "Building engine from subgraph"
     plan.start(subgraph, root, 1)
@@ -133,11 +155,7 @@ def generate_plan(num_layers: int, num_profiles: int = 1, seed: int = 0) -> list
         plan.steps(refit, range(5))
         plan.steps(costs, range(base + 3, base + 5))  # the parent steps while its child is open
         plan.finish(refit)
-    plan.finish(costs)
-    plan.step(subgraph, 0)
-    plan.finish(subgraph)
-    plan.step(root, 4)  # finishes early: step 4 of 0..5
-    plan.finish(root)
+    _end_build(plan, root, subgraph, costs)
     return plan.calls
 
 
@@ -207,17 +225,7 @@ def generate_rtx_plan(num_layers: int, num_profiles: int = 1) -> list[Callback]:
     layers = max(1, num_layers)
     profiles = max(1, num_profiles)
     plan = _PlanWriter()
-    root, cloning = "Building engine", "Cloning network graph"
-    plan.start(root, None, 6)
-    plan.start(cloning, root, layers + 2)
-    plan.steps(cloning, range(layers + 2))
-    plan.finish(cloning)
-    plan.steps(root, range(2))
-    preparing = "Preparing graph for optimization"
-    plan.start(preparing, root, 4)
-    plan.steps(preparing, range(4))
-    plan.finish(preparing)
-    plan.steps(root, range(2, 4))
+    root = _begin_build(plan, cloning_steps=layers + 2)
     subgraph, optimizing = "Building engine from subgraph", "Optimizing graph"
     plan.start(subgraph, root, 1)
     plan.start(optimizing, subgraph, 30)
@@ -240,11 +248,7 @@ def generate_rtx_plan(num_layers: int, num_profiles: int = 1) -> list[Callback]:
         )
         plan.steps(costs, range(base + 3, base + 5))  # the parent steps while its child is open
         plan.finish(SILENT_PHASE_RTX)
-    plan.finish(costs)
-    plan.step(subgraph, 0)
-    plan.finish(subgraph)
-    plan.step(root, 4)  # finishes early: step 4 of 0..5
-    plan.finish(root)
+    _end_build(plan, root, subgraph, costs)
     return [c if c.delay_s is not None else _with_delay(c, RTX_STEP_S) for c in plan.calls]
 
 
