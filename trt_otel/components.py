@@ -93,6 +93,19 @@ def join_parent_trace(attributes: dict[str, Any]) -> None:
     attributes[TRACEPARENT_ATTRIBUTE] = traceparent
 
 
+def build_context(
+    stack: contextlib.ExitStack[Any], observe: ObservabilityConfig, attributes: dict[str, Any]
+) -> tuple[GpuReader | None, History | None]:
+    """What a session knows of its builds before the first one, entered on ``stack``: the GPU
+    (its description added to ``attributes``), the traced job's trace to join, and the
+    history of earlier builds."""
+    gpu = stack.enter_context(gpu_reader(observe.gpu))
+    if gpu is not None:
+        attributes.update(gpu.describe())
+    join_parent_trace(attributes)
+    return gpu, load_history(observe.history, attributes)
+
+
 def load_history(directory: Path | None, attributes: dict[str, Any]) -> History | None:
     if directory is None:
         return None

@@ -19,10 +19,8 @@ from typing import Any, cast
 from trt_otel.components import (
     DEEP_QUEUE,
     attach_views,
+    build_context,
     following,
-    gpu_reader,
-    join_parent_trace,
-    load_history,
     open_journal,
     warn,
 )
@@ -64,11 +62,7 @@ def observed_builds(
     lines on stderr."""
     observe = config.observe
     with contextlib.ExitStack() as stack:
-        gpu = stack.enter_context(gpu_reader(observe.gpu))
-        if gpu is not None:
-            attributes.update(gpu.describe())
-        join_parent_trace(attributes)
-        history = load_history(observe.history, attributes)
+        gpu, history = build_context(stack, observe, attributes)
         log = EventLog()
         builds = ProgramBuilds(
             log, attributes=attributes, policy=config.policy.policy, warn=warn, say=say

@@ -24,11 +24,9 @@ from trt_otel.build import BuildJob, BuildResult, partial_files, run_build_job
 from trt_otel.components import (
     DEEP_QUEUE,
     attach_views,
+    build_context,
     console_view,
     following,
-    gpu_reader,
-    join_parent_trace,
-    load_history,
     open_journal,
     say,
     warn,
@@ -69,11 +67,7 @@ def run_session(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]
     observe = config.observe
     policy = config.policy.policy()
     with contextlib.ExitStack() as stack:
-        gpu = stack.enter_context(gpu_reader(observe.gpu))
-        if gpu is not None:
-            attributes.update(gpu.describe())
-        join_parent_trace(attributes)
-        history = load_history(observe.history, attributes)
+        gpu, history = build_context(stack, observe, attributes)
         model = ReadModel(history)  # the build folded once, for every view below
         # Only a build in this process attaches this monitor to a builder library, and keeps
         # the minimum on TensorRT's threads (the model follows); a supervisor's monitor, which
