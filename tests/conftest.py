@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from otlp_receiver import OtlpReceiver, otlp_receiver
+from trt_otel.model import demo_model_bytes
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TRACES_DIR = Path(os.environ.get("TRT_OTEL_TRACES_DIR", REPO_ROOT.parent / "shared" / "traces"))
@@ -66,6 +67,14 @@ def reference_tree(path: Path) -> list[ReferencePhase]:
             else:
                 del open_phases[name]
     return roots
+
+
+@pytest.fixture
+def mnist(tmp_path: Path) -> Path:
+    """The demo's small MNIST-like model, as an ONNX file."""
+    path = tmp_path / "mnist.onnx"
+    path.write_bytes(demo_model_bytes())
+    return path
 
 
 @pytest.fixture

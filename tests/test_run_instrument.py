@@ -15,7 +15,6 @@ from test_run import residual_net
 from trt_otel import read_journal
 from trt_otel.events import BuildFinished, BuildStarted
 from trt_otel.instrumentation import InstrumentError, InstrumentSettings
-from trt_otel.model import demo_model_bytes
 
 pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install -e '.[dev]')")
 
@@ -35,13 +34,6 @@ def run_instrumented(
         check=False,
     )
     return result, journal
-
-
-@pytest.fixture
-def mnist(tmp_path: Path) -> Path:
-    path = tmp_path / "mnist.onnx"
-    path.write_bytes(demo_model_bytes())
-    return path
 
 
 def test_each_build_while_instrumented_is_a_build_of_the_journal_and_none_after(

@@ -19,19 +19,11 @@ from otlp_receiver import OtlpReceiver
 from test_run import PROGRAMS, PYTHON, builds_in, residual_net, starts, wait_for_journal
 from trt_otel import read_journal
 from trt_otel.events import CancelRequested
-from trt_otel.model import demo_model_bytes
 
 pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install -e '.[dev]')")
 
 CLI = [sys.executable, "-m", "trt_otel.cli"]
 TOKEN = "run-views-token"
-
-
-@pytest.fixture
-def mnist(tmp_path: Path) -> Path:
-    path = tmp_path / "mnist.onnx"
-    path.write_bytes(demo_model_bytes())
-    return path
 
 
 def test_each_build_of_a_run_is_a_trace_of_its_own(

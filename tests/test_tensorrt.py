@@ -37,19 +37,12 @@ def trt() -> Any:
     return module
 
 
-@pytest.fixture
-def model(tmp_path: Path) -> Path:
-    path = tmp_path / "tiny.onnx"
-    path.write_bytes(demo_model_bytes())
-    return path
-
-
 def test_a_real_build_writes_an_engine_that_deserializes(
-    trt: Any, model: Path, tmp_path: Path
+    trt: Any, mnist: Path, tmp_path: Path
 ) -> None:
     engine, journal = tmp_path / "tiny.engine", tmp_path / "tiny.jsonl"
     result = subprocess.run(
-        [*CLI, "build", str(model), "-o", str(engine), "--journal", str(journal), "--no-progress",
+        [*CLI, "build", str(mnist), "-o", str(engine), "--journal", str(journal), "--no-progress",
          *SHAPES],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
@@ -63,11 +56,11 @@ def test_a_real_build_writes_an_engine_that_deserializes(
 
 
 def test_a_cancelled_real_build_stops_and_writes_nothing(
-    trt: Any, model: Path, tmp_path: Path
+    trt: Any, mnist: Path, tmp_path: Path
 ) -> None:
     engine, journal, sentinel = tmp_path / "c.engine", tmp_path / "c.jsonl", tmp_path / "STOP"
     process = subprocess.Popen(
-        [*CLI, "build", str(model), "-o", str(engine), "--journal", str(journal), "--no-progress",
+        [*CLI, "build", str(mnist), "-o", str(engine), "--journal", str(journal), "--no-progress",
          "--cancel-file", str(sentinel), "--grace", "60s", *SHAPES],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
