@@ -24,18 +24,9 @@ from pathlib import Path
 from trt_otel.simulator import generate_plan
 
 ROOT = Path(__file__).resolve().parents[1]
-TENSORRT_INCLUDE = ROOT.parent / "shared" / "third_party" / "tensorrt-11.1" / "include"
 REPEATS = 11
 TARGET = 3.0
 MONITORS = ("no-op", "mutex-and-map", "trt-otel")
-
-
-def cuda_include() -> Path | None:
-    for entry in sys.path:
-        candidate = Path(entry) / "nvidia" / "cu13" / "include"
-        if (candidate / "cuda_runtime_api.h").is_file():
-            return candidate
-    return None
 
 
 def write_plan(path: Path) -> int:
@@ -81,6 +72,8 @@ def report(results: dict[str, list[float]], threads: int) -> float:
 
 
 def main() -> int:
+    from cpp_toolchain import TENSORRT_INCLUDE, cuda_include
+
     include = cuda_include()
     if shutil.which("g++") is None or include is None or not TENSORRT_INCLUDE.is_dir():
         print("C++ callback cost: skipped (needs g++, ../shared/third_party and the dev extra)")
@@ -125,4 +118,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT / "tests"))
     sys.exit(main())

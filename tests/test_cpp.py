@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from conftest import REPO_ROOT, reference_tree, trace_params
+from cpp_toolchain import TENSORRT_INCLUDE, cuda_include
 from otlp_receiver import ReceivedSpan, otlp_receiver
 from prometheus_server import free_port
 from trt_otel import BuildMonitor, JournalWriter, Outcome, read_journal
@@ -49,7 +50,6 @@ from trt_otel.spans import SpanProjection, SpanRecord
 from trt_otel.state import BuildState
 
 CPP = REPO_ROOT / "cpp"
-TENSORRT_INCLUDE = REPO_ROOT.parent / "shared" / "third_party" / "tensorrt-11.1" / "include"
 WARNINGS = ["-Wall", "-Wextra", "-Werror", "-Wshadow", "-Wpedantic"]
 STRICT = [
     *WARNINGS,
@@ -58,15 +58,6 @@ STRICT = [
     *("-Wformat=2", "-Wcast-align", "-Wduplicated-cond", "-Wlogical-op"),
 ]
 """What strict C++ projects turn on: the header is included as their own code (not -isystem)."""
-
-
-def cuda_include() -> Path | None:
-    """``nvidia/cu13/include`` of the nvidia-cuda-runtime wheel (cuda_runtime_api.h)."""
-    for entry in sys.path:
-        candidate = Path(entry) / "nvidia" / "cu13" / "include"
-        if (candidate / "cuda_runtime_api.h").is_file():
-            return candidate
-    return None
 
 
 def missing_toolchain() -> str | None:
