@@ -59,6 +59,22 @@ class PlainBuild:
     engine: bytes | None = None
 
 
+def configured_build(
+    trt: Any, logger: Any, model: bytes, shape_text: str, profiles: int
+) -> tuple[Any, Any, Any]:
+    """A builder, the parsed network and a config with ``profiles`` optimization profiles of
+    ``shape_text``, through the builder library's own API (the real one or the simulator)."""
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)
+    assert trt.OnnxParser(network, logger).parse(model, "model.onnx")
+    config = builder.create_builder_config()
+    for _ in range(profiles):
+        profile = builder.create_optimization_profile()
+        profile.set_shape("input", *shapes(shape_text))
+        config.add_optimization_profile(profile)
+    return builder, network, config
+
+
 def plain_build(rtx: Any, model: bytes, shape_text: str, profiles: int = 1) -> PlainBuild:
     result = PlainBuild()
 
@@ -76,16 +92,9 @@ def plain_build(rtx: Any, model: bytes, shape_text: str, profiles: int = 1) -> P
         def phase_finish(self, phase_name: str) -> None:
             result.callbacks.append(("phase_finish", phase_name))
 
-    logger = rtx.Logger(rtx.Logger.ERROR)
-    builder = rtx.Builder(logger)
-    network = builder.create_network(0)
-    parser = rtx.OnnxParser(network, logger)
-    assert parser.parse(model, "model.onnx")
-    config = builder.create_builder_config()
-    for _ in range(profiles):
-        profile = builder.create_optimization_profile()
-        profile.set_shape("input", *shapes(shape_text))
-        config.add_optimization_profile(profile)
+    builder, network, config = configured_build(
+        rtx, rtx.Logger(rtx.Logger.ERROR), model, shape_text, profiles
+    )
     monitor = Plain()
     config.progress_monitor = monitor
     engine = builder.build_serialized_network(network, config)

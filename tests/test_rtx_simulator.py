@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from rtx_builds import CONV_SHAPES, RESIDUAL_SHAPES, callbacks_of, import_rtx, plain_build, shapes
+from rtx_builds import (
+    CONV_SHAPES,
+    RESIDUAL_SHAPES,
+    callbacks_of,
+    configured_build,
+    import_rtx,
+    plain_build,
+)
 from trt_otel import BuildMonitor
 from trt_otel.model import conv_net_bytes, demo_model_bytes, residual_net_bytes
 from trt_otel.simulator import SimulatedTensorRT, generate_rtx_plan
@@ -27,14 +34,7 @@ def simulated_callbacks(model: bytes, shape_text: str, profiles: int) -> list[tu
     """A simulated build of ``model``, made the way ``plain_build`` makes the real one."""
     trt = SimulatedTensorRT(speed=0, shape="tensorrt-rtx")
     logger = trt.Logger(trt.Logger.Severity.ERROR)
-    builder = trt.Builder(logger)
-    network = builder.create_network(0)
-    assert trt.OnnxParser(network, logger).parse(model, "m.onnx")
-    config = builder.create_builder_config()
-    for _ in range(profiles):
-        profile = builder.create_optimization_profile()
-        profile.set_shape("input", *shapes(shape_text))
-        config.add_optimization_profile(profile)
+    builder, network, config = configured_build(trt, logger, model, shape_text, profiles)
     monitor = BuildMonitor()
     config.progress_monitor = monitor
     assert builder.build_serialized_network(network, config) is not None
