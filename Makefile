@@ -22,7 +22,7 @@ DEMO_SHAPES := input:1x8x32x32,4x8x32x32,8x8x32x32
 
 demo: $(STAMP)
 	@mkdir -p $(DEMO_DIR)
-	@$(BIN)/python -c 'import sys; from trt_otel.model import write_quickstart_model; write_quickstart_model(sys.argv[1])' $(DEMO_MODEL)
+	@$(BIN)/python -c 'import sys; from trt_otel.builder.onnx_models import write_quickstart_model; write_quickstart_model(sys.argv[1])' $(DEMO_MODEL)
 	@if $(BIN)/python -c 'import tensorrt_rtx' 2>/dev/null; then \
 		$(BIN)/trt-otel build $(DEMO_MODEL) -o $(DEMO_DIR)/residual.engine --backend tensorrt-rtx \
 			--shapes $(DEMO_SHAPES) --journal $(DEMO_DIR)/residual.jsonl $(DEMO_ARGS); \

@@ -32,8 +32,8 @@ from pathlib import Path
 from harness import LockAndDictMonitor, RenderingSampleMonitor, full_monitor
 
 from trt_otel import BuildMonitor
-from trt_otel.simulator import Callback, Driver, NoOpMonitor, generate_plan
-from trt_otel.supervisor import run_isolated
+from trt_otel.builder.simulator import Callback, Driver, NoOpMonitor, generate_plan
+from trt_otel.capture.supervisor import run_isolated
 
 REPEATS = 5
 PLAN = generate_plan(13, num_profiles=2) * 40

@@ -28,9 +28,9 @@ from pathlib import Path
 from harness import FullMonitor, full_monitor
 
 from trt_otel import BuildMonitor
-from trt_otel.policies import CancelUrl, PolicyRunner
-from trt_otel.simulator import Callback, generate_plan
-from trt_otel.supervisor import run_isolated
+from trt_otel.builder.simulator import Callback, generate_plan
+from trt_otel.capture.supervisor import run_isolated
+from trt_otel.control.policies import CancelUrl, PolicyRunner
 
 THREADS = 4
 WORK_S = 50e-6

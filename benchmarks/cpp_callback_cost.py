@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from trt_otel.simulator import generate_plan
+from trt_otel.builder.simulator import generate_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 REPEATS = 11

@@ -15,11 +15,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from trt_otel.eta import BoundaryTracker, History, estimate
-from trt_otel.events import BuildStarted, Event, PhaseFinished
-from trt_otel.journal import JournalWriter
-from trt_otel.simulator import generate_plan
-from trt_otel.state import BuildState
+from trt_otel.builder.simulator import generate_plan
+from trt_otel.core.eta import BoundaryTracker, History, estimate
+from trt_otel.core.events import BuildStarted, Event, PhaseFinished
+from trt_otel.core.journal import JournalWriter
+from trt_otel.core.state import BuildState
 from trt_otel.testing import virtual_build
 
 MODEL = {"model.path": "mnist.onnx", "model.sha256": "0" * 64}

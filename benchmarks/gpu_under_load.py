@@ -15,9 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from trt_otel.events import GpuSample
-from trt_otel.journal import read_journal
-from trt_otel.spans import SpanProjection
+from trt_otel.core.events import GpuSample
+from trt_otel.core.journal import read_journal
+from trt_otel.views.spans import SpanProjection
 
 WORKLOAD = """
 import time, torch
@@ -39,8 +39,8 @@ def main() -> int:
     folder = Path(tempfile.mkdtemp())
     journal = folder / "build.jsonl"
     build = subprocess.Popen(
-        [sys.executable, "-m", "trt_otel.cli", "demo", "--no-progress", "--journal", str(journal),
-         "--gpu-interval", "0.5s"],
+        [sys.executable, "-m", "trt_otel.app.cli", "demo", "--no-progress",
+         "--journal", str(journal), "--gpu-interval", "0.5s"],
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     time.sleep(4.0)

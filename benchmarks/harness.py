@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from trt_otel import BuildMonitor, JournalWriter
-from trt_otel.console import PlainLines
-from trt_otel.readmodel import ReadModel
-from trt_otel.sinks.http import StatusServer
-from trt_otel.sinks.otlp import OtlpSettings, OtlpSpanExport
-from trt_otel.sinks.prometheus import MetricSources, MetricsServer, metrics_registry
+from trt_otel.core.readmodel import ReadModel
+from trt_otel.views.console import PlainLines
+from trt_otel.views.http import StatusServer
+from trt_otel.views.otlp import OtlpSettings, OtlpSpanExport
+from trt_otel.views.prometheus import MetricSources, MetricsServer, metrics_registry
 
 
 class LockAndDictMonitor:
@@ -94,7 +94,7 @@ class FullMonitor:
 def full_monitor(
     directory: Path, dead_port: int, name: str = "bench", *, supervising: bool = False
 ) -> FullMonitor:
-    """Wired as :func:`trt_otel.session.run_session` wires it: the journal, the read model
+    """Wired as :func:`trt_otel.app.session.run_session` wires it: the journal, the read model
     (console lines, span projection and ETA read it), the HTTP view's feed. ``supervising``:
     as a supervisor's monitor, whose fold is the read model (else the model follows)."""
     model = ReadModel()

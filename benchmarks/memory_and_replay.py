@@ -25,9 +25,9 @@ from pathlib import Path
 
 from harness import full_monitor
 
-from trt_otel.journal import JournalWriter, read_journal
-from trt_otel.spans import SpanProjection
-from trt_otel.state import BuildState
+from trt_otel.core.journal import JournalWriter, read_journal
+from trt_otel.core.state import BuildState
+from trt_otel.views.spans import SpanProjection
 
 STEPS_PER_PHASE = 1_000
 CHECKPOINTS = (10_000, 100_000, 1_000_000)

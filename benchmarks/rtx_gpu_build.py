@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from trt_otel import BuildMonitor, JournalWriter
-from trt_otel.build import run_build
-from trt_otel.events import GpuSample, LogMessage, PhaseFinished, PhaseStarted, StepCompleted
-from trt_otel.gpu import GpuSampler, open_reader
-from trt_otel.model import conv_net_bytes, demo_model_bytes, residual_net_bytes
-from trt_otel.options import BuildOptions
+from trt_otel.builder.build import run_build
+from trt_otel.builder.onnx_models import conv_net_bytes, demo_model_bytes, residual_net_bytes
+from trt_otel.builder.options import BuildOptions
+from trt_otel.capture.gpu import GpuSampler, open_reader
+from trt_otel.core.events import GpuSample, LogMessage, PhaseFinished, PhaseStarted, StepCompleted
 
 Shape = tuple[int, ...]
 

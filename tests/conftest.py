@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from otlp_receiver import OtlpReceiver, otlp_receiver
-from trt_otel.model import demo_model_bytes
+from trt_otel.builder.onnx_models import demo_model_bytes
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TRACES_DIR = Path(os.environ.get("TRT_OTEL_TRACES_DIR", REPO_ROOT.parent / "shared" / "traces"))

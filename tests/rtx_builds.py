@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from trt_otel.events import Event, PhaseFinished, PhaseStarted, StepCompleted
-from trt_otel.model import conv_net_bytes, residual_net_bytes
+from trt_otel.builder.onnx_models import conv_net_bytes, residual_net_bytes
+from trt_otel.core.events import Event, PhaseFinished, PhaseStarted, StepCompleted
 
 CONV_SHAPES = "input:1x8x16x16,2x8x16x16,4x8x16x16"
 RESIDUAL_SHAPES = "input:1x8x32x32,4x8x32x32,8x8x32x32"

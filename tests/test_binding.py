@@ -77,7 +77,8 @@ def test_without_either_library_a_monitor_is_a_plain_object(
 
 def test_importing_trt_otel_imports_neither_library() -> None:
     code = (
-        "import sys, trt_otel, trt_otel.cli, trt_otel.build, trt_otel.backends; "
+        "import sys, trt_otel, trt_otel.app.cli, trt_otel.builder.build; "
+        "import trt_otel.capture.backends; "
         "print('tensorrt' in sys.modules, 'tensorrt_rtx' in sys.modules)"
     )
     output = subprocess.run(

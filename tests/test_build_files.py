@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from trt_otel import Outcome, read_journal
-from trt_otel.events import BuildFinished
-from trt_otel.preflight import PreflightError, read_model
+from trt_otel.builder.preflight import PreflightError, read_model
+from trt_otel.core.events import BuildFinished
 from waiting import wait_for_text
 
-CLI = [sys.executable, "-m", "trt_otel.cli"]
+CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 
 def run_cli(

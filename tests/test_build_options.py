@@ -13,11 +13,11 @@ import pytest
 from onnx import TensorProto, helper
 
 from trt_otel import read_journal
-from trt_otel.cli import main
-from trt_otel.events import BuildStarted, LogMessage
-from trt_otel.model import demo_model_bytes
-from trt_otel.options import OptionError, parse_size, shape_ranges
-from trt_otel.simulator import SIMULATED_ENGINE_MAGIC
+from trt_otel.app.cli import main
+from trt_otel.builder.onnx_models import demo_model_bytes
+from trt_otel.builder.options import OptionError, parse_size, shape_ranges
+from trt_otel.builder.simulator import SIMULATED_ENGINE_MAGIC
+from trt_otel.core.events import BuildStarted, LogMessage
 
 DEMO = ["demo", "--speed", "0", "--no-progress", "--no-gpu"]
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from trt_otel import BuildMonitor, Outcome, PhaseStatus
-from trt_otel.events import CancelRequested, PhaseFinished, PhaseStarted, StepCompleted
-from trt_otel.simulator import Callback, Driver, SimulatedTensorRT, generate_plan
+from trt_otel.builder.simulator import Callback, Driver, SimulatedTensorRT, generate_plan
+from trt_otel.core.events import CancelRequested, PhaseFinished, PhaseStarted, StepCompleted
 
 PLAN = generate_plan(num_layers=13, num_profiles=2, seed=7)
 STEP_INDEXES = [i for i, c in enumerate(PLAN) if c.kind == "step_complete"]

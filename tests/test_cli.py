@@ -13,13 +13,13 @@ import pytest
 
 from conftest import reference_tree, trace_params
 from trt_otel import Outcome, read_journal
-from trt_otel.cli import main
-from trt_otel.events import BuildFinished, CancelRequested
-from trt_otel.model import demo_model_bytes
-from trt_otel.simulator import SIMULATED_ENGINE_MAGIC
-from trt_otel.state import BuildState
+from trt_otel.app.cli import main
+from trt_otel.builder.onnx_models import demo_model_bytes
+from trt_otel.builder.simulator import SIMULATED_ENGINE_MAGIC
+from trt_otel.core.events import BuildFinished, CancelRequested
+from trt_otel.core.state import BuildState
 
-CLI = [sys.executable, "-m", "trt_otel.cli"]
+CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 
 def final_state(journal_path: Path) -> BuildState:

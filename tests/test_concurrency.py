@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 
 from trt_otel import BuildMonitor, PhaseStatus
-from trt_otel.events import PhaseFinished, PhaseStarted, StepCompleted
-from trt_otel.simulator import Driver, generate_plan
+from trt_otel.builder.simulator import Driver, generate_plan
+from trt_otel.core.events import PhaseFinished, PhaseStarted, StepCompleted
 from trt_otel.testing import CollectingFollower
 
 THREADS = 8

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from prometheus_server import free_port
-from trt_otel.arguments import (
+from trt_otel.app.arguments import (
     add_builder_options,
     add_observability_options,
     add_policy_options,
@@ -24,8 +24,9 @@ from trt_otel.arguments import (
     policy_config,
     session_config,
 )
-from trt_otel.cli import DemoCommand, build_parser, command_of, main
-from trt_otel.config import (
+from trt_otel.app.cli import main
+from trt_otel.app.commands import DemoCommand, build_parser, command_of
+from trt_otel.app.config import (
     ConsoleConfig,
     GpuConfig,
     HttpConfig,
@@ -36,7 +37,7 @@ from trt_otel.config import (
     SpanConfig,
     UsageError,
 )
-from trt_otel.policies import AnyOf, CancelFile, Stall, Timeout
+from trt_otel.control.policies import AnyOf, CancelFile, Stall, Timeout
 
 
 def test_every_option_lands_in_its_group() -> None:

@@ -7,10 +7,10 @@ import io
 from rich.console import Console
 
 from trt_otel import BuildMonitor, ManualClock
-from trt_otel.console import LiveConsole, PlainLines, render_build
-from trt_otel.durations import format_duration
-from trt_otel.readmodel import ReadModel
-from trt_otel.simulator import Driver, generate_plan
+from trt_otel.builder.simulator import Driver, generate_plan
+from trt_otel.core.durations import format_duration
+from trt_otel.core.readmodel import ReadModel
+from trt_otel.views.console import LiveConsole, PlainLines, render_build
 
 
 def finished_build() -> BuildMonitor:

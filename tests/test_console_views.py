@@ -16,12 +16,12 @@ from pathlib import Path
 from rich.console import Console
 
 from trt_otel import BuildMonitor, ManualClock
-from trt_otel.components import warn
-from trt_otel.console import LiveConsole, render_build
-from trt_otel.eta import Estimate
-from trt_otel.readmodel import ReadModel
+from trt_otel.app.components import warn
+from trt_otel.core.eta import Estimate
+from trt_otel.core.readmodel import ReadModel
+from trt_otel.views.console import LiveConsole, render_build
 
-CLI = [sys.executable, "-m", "trt_otel.cli"]
+CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 
 def text_of(renderable: object, width: int = 120) -> str:

@@ -33,7 +33,8 @@ from cpp_toolchain import TENSORRT_INCLUDE, cuda_include
 from otlp_receiver import ReceivedSpan, otlp_receiver
 from prometheus_server import free_port
 from trt_otel import BuildMonitor, JournalWriter, Outcome, read_journal
-from trt_otel.events import (
+from trt_otel.builder.simulator import Driver, load_trace
+from trt_otel.core.events import (
     Anomaly,
     BuildFinished,
     BuildStarted,
@@ -44,10 +45,9 @@ from trt_otel.events import (
     PhaseStarted,
     StepCompleted,
 )
-from trt_otel.journal import Journal, encode_events, event_to_dict
-from trt_otel.simulator import Driver, load_trace
-from trt_otel.spans import SpanProjection, SpanRecord
-from trt_otel.state import BuildState
+from trt_otel.core.journal import Journal, encode_events, event_to_dict
+from trt_otel.core.state import BuildState
+from trt_otel.views.spans import SpanProjection, SpanRecord
 
 CPP = REPO_ROOT / "cpp"
 WARNINGS = ["-Wall", "-Wextra", "-Werror", "-Wshadow", "-Wpedantic"]
@@ -330,7 +330,7 @@ def test_replayed_trace_journal_gives_the_traces_phase_tree(
 
     # `trt-otel replay` reads it without a complaint and draws that tree.
     done = subprocess.run(
-        [sys.executable, "-m", "trt_otel.cli", "replay", str(journal_path)],
+        [sys.executable, "-m", "trt_otel.app.cli", "replay", str(journal_path)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -573,7 +573,7 @@ def test_a_journal_torn_by_a_kill_replays_as_unfinished(driver: Path, tmp_path: 
         for s in spans
     )
     done = subprocess.run(
-        [sys.executable, "-m", "trt_otel.cli", "replay", str(journal_path)],
+        [sys.executable, "-m", "trt_otel.app.cli", "replay", str(journal_path)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -631,7 +631,7 @@ def test_a_full_disk_loses_events_counted_and_said_without_blocking(
 
     # watch, as the build's exporter, follows the journal past its gap to the build's end.
     done = subprocess.run(
-        [sys.executable, "-m", "trt_otel.cli", "watch", str(journal_path), "--no-progress",
+        [sys.executable, "-m", "trt_otel.app.cli", "watch", str(journal_path), "--no-progress",
          "--http-port", "0", "--no-gpu"],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
@@ -831,7 +831,7 @@ def test_watch_exports_serves_and_cancels_a_cpp_build(
     with otlp_receiver() as receiver, open(log, "w") as watch_stderr:
         options = ["--timeout", "1.5s"] if decider == "--timeout" else []
         watch = subprocess.Popen(
-            [sys.executable, "-m", "trt_otel.cli", "watch", str(journal_path),
+            [sys.executable, "-m", "trt_otel.app.cli", "watch", str(journal_path),
              "--control-file", str(control), "--http-port", str(http_port),
              "--cancel-token", "secret", "--no-progress", "--no-gpu",
              "--otlp-endpoint", f"http://127.0.0.1:{receiver.grpc_port}", "--otlp-protocol", "grpc",
@@ -897,7 +897,7 @@ def test_watch_exports_serves_and_cancels_a_cpp_build(
         python_journal = tmp_path / "python.jsonl"
         python_journal_of(events, python_journal)
         replay = subprocess.run(
-            [sys.executable, "-m", "trt_otel.cli", "replay", str(python_journal),
+            [sys.executable, "-m", "trt_otel.app.cli", "replay", str(python_journal),
              "--otlp-endpoint", f"http://127.0.0.1:{receiver.grpc_port}",
              "--otlp-protocol", "grpc"],
             capture_output=True, text=True, timeout=120, check=False,
@@ -915,12 +915,12 @@ def test_watch_refuses_options_it_cannot_honour(tmp_path: Path) -> None:
         (["--http-port", "0", "--gpu", "0"], "does not sample the GPU"),
     ):
         done = subprocess.run(
-            [sys.executable, "-m", "trt_otel.cli", "watch", str(journal_path), *arguments],
+            [sys.executable, "-m", "trt_otel.app.cli", "watch", str(journal_path), *arguments],
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         assert done.returncode == 2 and message in done.stderr, done.stderr
     done = subprocess.run(
-        [sys.executable, "-m", "trt_otel.cli", "watch", "--url", "http://127.0.0.1:1",
+        [sys.executable, "-m", "trt_otel.app.cli", "watch", "--url", "http://127.0.0.1:1",
          "--http-port", "0"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
@@ -930,7 +930,7 @@ def test_watch_refuses_options_it_cannot_honour(tmp_path: Path) -> None:
 def test_the_journal_names_its_writer_and_is_touched_through_a_silence(
     driver: Path, tmp_path: Path
 ) -> None:
-    """What `watch` needs to tell a silent C++ build from a lost one (trt_otel.liveness)."""
+    """What `watch` needs to tell a silent C++ build from a lost one (trt_otel.capture.liveness)."""
     journal_path = tmp_path / "build.jsonl"
     build = subprocess.Popen(
         [str(driver), "steps", f"journal={journal_path}", "total=1", "delay_us=30000000",
@@ -956,7 +956,7 @@ def test_the_journal_names_its_writer_and_is_touched_through_a_silence(
 
         # Killed in its silence: `watch` sees at once that the writer is gone.
         watch = subprocess.Popen(
-            [sys.executable, "-m", "trt_otel.cli", "watch", str(journal_path), "--no-progress",
+            [sys.executable, "-m", "trt_otel.app.cli", "watch", str(journal_path), "--no-progress",
              "--lost-after", "300s"],
             stderr=subprocess.PIPE,
             text=True,
@@ -1042,7 +1042,7 @@ def test_watch_stops_a_build_silent_past_its_cancel_from_outside(
     try:
         began = time.monotonic()
         done = subprocess.run(
-            [sys.executable, "-m", "trt_otel.cli", "watch", str(journal_path), "--no-progress",
+            [sys.executable, "-m", "trt_otel.app.cli", "watch", str(journal_path), "--no-progress",
              "--control-file", str(control), "--timeout", "1s", "--terminate-after", "1s"],
             capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trt_otel.cli import main
-from trt_otel.durations import (
+from trt_otel.app.cli import main
+from trt_otel.core.durations import (
     MAX_DURATION_S,
     DurationError,
     parse_duration,

@@ -10,9 +10,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from trt_otel import BuildMonitor, ManualClock
-from trt_otel.components import metric_sources
-from trt_otel.config import MetricsConfig
-from trt_otel.eta import (
+from trt_otel.app.components import metric_sources
+from trt_otel.app.config import MetricsConfig
+from trt_otel.builder.onnx_models import demo_model_bytes
+from trt_otel.builder.simulator import Driver, generate_plan
+from trt_otel.core.eta import (
     MIN_ELAPSED_S,
     MIN_PROGRESS,
     BoundaryTracker,
@@ -20,14 +22,12 @@ from trt_otel.eta import (
     estimate,
     format_eta,
 )
-from trt_otel.events import Event, PhaseFinished, StepCompleted
-from trt_otel.journal import JournalWriter
-from trt_otel.model import demo_model_bytes
-from trt_otel.readmodel import ReadModel
-from trt_otel.simulator import Driver, generate_plan
-from trt_otel.sinks.prometheus import metrics_registry
-from trt_otel.state import BuildState
+from trt_otel.core.events import Event, PhaseFinished, StepCompleted
+from trt_otel.core.journal import JournalWriter
+from trt_otel.core.readmodel import ReadModel
+from trt_otel.core.state import BuildState
 from trt_otel.testing import virtual_build
+from trt_otel.views.prometheus import metrics_registry
 
 MODEL = {"model.path": "mnist.onnx", "model.sha256": "a" * 64}
 PLAN = generate_plan(13, num_profiles=1, seed=0)
@@ -162,7 +162,7 @@ def test_the_command_reads_a_history_folder(
 ) -> None:
     import hashlib
 
-    from trt_otel.cli import main
+    from trt_otel.app.cli import main
 
     demo = {"model.path": "trt-otel-demo-mnist.onnx",
             "model.sha256": hashlib.sha256(demo_model_bytes()).hexdigest()}  # fmt: skip

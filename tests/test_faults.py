@@ -19,11 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trt_otel import Anomaly, BuildMonitor, JournalWriter, read_journal
-from trt_otel.cli import main
-from trt_otel.readmodel import ReadModel
-from trt_otel.spans import SpanProjection
-from trt_otel.state import BuildState, PhaseStatus
+from trt_otel.app.cli import main
+from trt_otel.core.readmodel import ReadModel
+from trt_otel.core.state import BuildState, PhaseStatus
 from trt_otel.testing import CollectingFollower
+from trt_otel.views.spans import SpanProjection
 
 NAMES = st.sampled_from(["Building engine", "Timing", "Measuring tactic time", "", 'é\n"x"'])
 ODD = st.one_of(st.none(), st.integers(-5, 5), st.binary(max_size=3), st.floats(allow_nan=True))
@@ -162,7 +162,7 @@ def limit_file_size() -> None:
 def test_a_full_disk_stops_the_journal_not_the_build(tmp_path: Path) -> None:
     journal = tmp_path / "full.jsonl"
     result = subprocess.run(
-        [sys.executable, "-m", "trt_otel.cli", "demo", "--speed", "0", "--no-progress",
+        [sys.executable, "-m", "trt_otel.app.cli", "demo", "--speed", "0", "--no-progress",
          "--no-gpu", "--journal", str(journal), "--in-process"],
         capture_output=True, text=True, timeout=120, check=False, preexec_fn=limit_file_size,
     )  # fmt: skip
@@ -174,7 +174,7 @@ def test_a_full_disk_stops_the_journal_not_the_build(tmp_path: Path) -> None:
 
 
 def test_a_scrape_during_shutdown_is_harmless() -> None:
-    from trt_otel.sinks.prometheus import MetricSources, MetricsServer, metrics_registry
+    from trt_otel.views.prometheus import MetricSources, MetricsServer, metrics_registry
 
     monitor = BuildMonitor()
     server = MetricsServer(metrics_registry(MetricSources(monitor)), 0)
@@ -257,7 +257,7 @@ def without_stamps(events: list[Any]) -> list[tuple[object, ...]]:
 def test_callbacks_recorded_in_a_worker_replay_into_the_same_events(
     calls: list[tuple[Any, ...]], end: bool
 ) -> None:
-    from trt_otel.supervisor import RecordingMonitor
+    from trt_otel.capture.supervisor import RecordingMonitor
 
     direct = BuildMonitor()
     direct.start()

@@ -103,7 +103,7 @@ def test_the_metrics_tell_failed_events_from_dropped_ones() -> None:
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from trt_otel.sinks.prometheus import MetricSources, metrics_registry
+    from trt_otel.views.prometheus import MetricSources, metrics_registry
 
     class Failing:
         name = "failing"

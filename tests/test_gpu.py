@@ -13,13 +13,13 @@ import pytest
 
 from prometheus_server import promtool_lint
 from trt_otel import BuildMonitor, GpuSample, read_journal
-from trt_otel.clock import ManualClock
-from trt_otel.events import Event, PhaseFinished, PhaseStarted
-from trt_otel.gpu import GpuReading, GpuSampler, open_reader, selected_gpu
-from trt_otel.journal import JournalWriter
-from trt_otel.simulator import Driver, generate_plan
-from trt_otel.spans import SpanProjection, SpanRecord
+from trt_otel.builder.simulator import Driver, generate_plan
+from trt_otel.capture.gpu import GpuReading, GpuSampler, open_reader, selected_gpu
+from trt_otel.core.clock import ManualClock
+from trt_otel.core.events import Event, PhaseFinished, PhaseStarted
+from trt_otel.core.journal import JournalWriter
 from trt_otel.testing import CollectingFollower
+from trt_otel.views.spans import SpanProjection, SpanRecord
 
 GIB = 2**30
 
@@ -163,7 +163,7 @@ def test_gauges_show_the_latest_sample_and_pass_promtool() -> None:
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from trt_otel.sinks.prometheus import MetricSources, MetricsServer, metrics_registry
+    from trt_otel.views.prometheus import MetricSources, MetricsServer, metrics_registry
 
     reader = RecordedReader([GpuReading(memory_used_bytes=5 * GIB, utilization=0.5)])
     monitor = BuildMonitor()
@@ -206,7 +206,7 @@ def test_without_nvml_sampling_is_off_with_one_line_saying_why() -> None:
         pytest.skip("this machine has a GPU and a driver")
     assert line.startswith("gpu: no telemetry: ")
     result = subprocess.run(
-        [sys.executable, "-m", "trt_otel.cli", "demo", "--speed", "0", "--no-progress"],
+        [sys.executable, "-m", "trt_otel.app.cli", "demo", "--speed", "0", "--no-progress"],
         capture_output=True,
         text=True,
         check=False,
@@ -214,7 +214,16 @@ def test_without_nvml_sampling_is_off_with_one_line_saying_why() -> None:
     assert result.returncode == 0
     assert result.stderr.count("gpu: no telemetry") == 1
     quiet = subprocess.run(
-        [sys.executable, "-m", "trt_otel.cli", "demo", "--speed", "0", "--no-progress", "--no-gpu"],
+        [
+            sys.executable,
+            "-m",
+            "trt_otel.app.cli",
+            "demo",
+            "--speed",
+            "0",
+            "--no-progress",
+            "--no-gpu",
+        ],
         capture_output=True,
         text=True,
         check=False,

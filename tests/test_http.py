@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 
 from trt_otel import BuildMonitor, Outcome, read_journal
-from trt_otel.readmodel import ReadModel
-from trt_otel.simulator import Driver, generate_plan
-from trt_otel.sinks.http import EventFeed, StatusServer
-from trt_otel.sinks.prometheus import MetricSources, MetricsServer, metrics_registry
+from trt_otel.builder.simulator import Driver, generate_plan
+from trt_otel.core.readmodel import ReadModel
+from trt_otel.views.http import EventFeed, StatusServer
+from trt_otel.views.prometheus import MetricSources, MetricsServer, metrics_registry
 
-CLI = [sys.executable, "-m", "trt_otel.cli"]
+CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 TOKEN = "s3cret-token-for-tests"
 HOLD = ("--speed", "0", "--silence", "2s")
 """A build at full speed that holds still for 2 s where tactic timing begins, as real builds go
@@ -368,7 +368,7 @@ def test_fifty_listeners_and_stalled_clients_do_not_hold_up_the_build(
 
 
 def test_a_port_in_use_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    from trt_otel.cli import main
+    from trt_otel.app.cli import main
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -424,7 +424,7 @@ def test_watch_by_url_and_by_journal_show_what_the_build_showed(tmp_path: Path) 
 def test_watch_renders_a_finished_journal_and_mirrors_its_exit_code(
     tmp_path: Path, args: list[str], code: int
 ) -> None:
-    from trt_otel.cli import main
+    from trt_otel.app.cli import main
 
     journal = tmp_path / "done.jsonl"
     demo = ["demo", "--speed", "0", "--no-progress", "--in-process", "--journal", str(journal)]
@@ -434,7 +434,7 @@ def test_watch_renders_a_finished_journal_and_mirrors_its_exit_code(
 
 def test_watch_of_a_failed_build_is_exit_4(tmp_path: Path) -> None:
     from trt_otel import JournalWriter
-    from trt_otel.cli import main
+    from trt_otel.app.cli import main
 
     monitor = BuildMonitor()
     journal = JournalWriter(tmp_path / "failed.jsonl")
@@ -457,7 +457,7 @@ def test_watch_of_a_failed_build_is_exit_4(tmp_path: Path) -> None:
 def test_watch_refuses_what_it_cannot_follow(
     args: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from trt_otel.cli import main
+    from trt_otel.app.cli import main
 
     assert main(args) == 2
     assert message in capsys.readouterr().err
@@ -465,7 +465,7 @@ def test_watch_refuses_what_it_cannot_follow(
 
 def test_watch_of_an_unreachable_url_is_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     from prometheus_server import free_port
-    from trt_otel.cli import main
+    from trt_otel.app.cli import main
 
     assert main(["watch", "--url", f"http://127.0.0.1:{free_port()}", "--no-progress"]) == 2
     assert "cannot follow" in capsys.readouterr().err

@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 
 from trt_otel import BuildMonitor, JournalError, JournalWriter, Outcome, read_journal
-from trt_otel.cli import main
-from trt_otel.events import (
+from trt_otel.app.cli import main
+from trt_otel.builder.simulator import Driver, generate_plan, load_trace
+from trt_otel.capture.watch import follow_journal
+from trt_otel.core.events import (
     EVENT_TYPES,
     Anomaly,
     AnomalyKind,
@@ -31,10 +33,8 @@ from trt_otel.events import (
     PhaseStarted,
     StepCompleted,
 )
-from trt_otel.journal import CorruptLineError, decode_event, encode_events
-from trt_otel.simulator import Driver, generate_plan, load_trace
-from trt_otel.state import BuildState
-from trt_otel.watch import follow_journal
+from trt_otel.core.journal import CorruptLineError, decode_event, encode_events
+from trt_otel.core.state import BuildState
 
 
 def record(path: Path, *, cancel_at: int | None = None) -> BuildMonitor:
@@ -177,7 +177,7 @@ def test_the_journal_is_flushed_at_phase_boundaries_while_the_writer_is_alive(
 
 def test_a_build_killed_mid_write_leaves_a_usable_prefix(tmp_path: Path) -> None:
     path = tmp_path / "killed.jsonl"
-    command = [sys.executable, "-m", "trt_otel.cli", "demo", "--speed", "0", "--no-progress"]
+    command = [sys.executable, "-m", "trt_otel.app.cli", "demo", "--speed", "0", "--no-progress"]
     process = subprocess.Popen(
         [*command, "--silence", "10m", "--journal", str(path)],
         stdout=subprocess.DEVNULL,

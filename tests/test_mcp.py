@@ -1,6 +1,6 @@
 """``trt-otel mcp``, driven by the official MCP SDK's own client over stdio.
 
-Every test starts the server as a real subprocess (``python -m trt_otel.cli mcp``) with a state
+Every test starts the server as a real subprocess (``python -m trt_otel.app.cli mcp``) with a state
 directory of its own, and the builds it starts are real ``trt-otel`` processes: a real
 TensorRT-RTX build where the command offers that builder, the simulator otherwise.
 """
@@ -30,8 +30,8 @@ from rtx_builds import (  # noqa: E402
     write_conv,
     write_residual,
 )
-from trt_otel.cli import build_parser  # noqa: E402
-from trt_otel.model import demo_model_bytes  # noqa: E402
+from trt_otel.app.commands import build_parser  # noqa: E402
+from trt_otel.builder.onnx_models import demo_model_bytes  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,7 @@ def server(state_dir: Path) -> Client:
     return Client(
         StdioServerParameters(
             command=sys.executable,
-            args=["-m", "trt_otel.cli", "mcp", "--state-dir", str(state_dir)],
+            args=["-m", "trt_otel.app.cli", "mcp", "--state-dir", str(state_dir)],
             env={**os.environ},
         ),
         read_timeout_seconds=120,

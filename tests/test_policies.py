@@ -20,8 +20,9 @@ import pytest
 from otlp_receiver import OtlpReceiver, otlp_receiver
 from prometheus_server import free_port
 from trt_otel import BuildMonitor, ManualClock, Outcome, read_journal
-from trt_otel.events import CancelRequested
-from trt_otel.policies import (
+from trt_otel.builder.simulator import Driver, generate_plan
+from trt_otel.capture.supervisor import run_isolated
+from trt_otel.control.policies import (
     AllOf,
     AnyOf,
     BuildView,
@@ -33,12 +34,11 @@ from trt_otel.policies import (
     Timeout,
     parse_flag,
 )
-from trt_otel.simulator import Driver, generate_plan
-from trt_otel.state import BuildState
-from trt_otel.supervisor import run_isolated
+from trt_otel.core.events import CancelRequested
+from trt_otel.core.state import BuildState
 from waiting import wait_for_text
 
-CLI = [sys.executable, "-m", "trt_otel.cli"]
+CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 S = 1_000_000_000
 
 
@@ -415,8 +415,8 @@ def test_policies_attach_to_a_monitor_in_process(tmp_path: Path) -> None:
 
 
 def test_run_isolated_runs_a_build_function_in_a_worker(tmp_path: Path) -> None:
-    from trt_otel.build import BuildJob, SimulatorSettings, run_build_job
-    from trt_otel.model import demo_model_bytes
+    from trt_otel.builder.build import BuildJob, SimulatorSettings, run_build_job
+    from trt_otel.builder.onnx_models import demo_model_bytes
 
     monitor = BuildMonitor()
     monitor.start()
@@ -439,7 +439,7 @@ def test_run_isolated_runs_a_build_function_in_a_worker(tmp_path: Path) -> None:
 def test_the_metrics_count_policy_errors(flag_server: FlagServer) -> None:
     from prometheus_client import generate_latest
 
-    from trt_otel.sinks.prometheus import MetricSources, MetricsServer, metrics_registry
+    from trt_otel.views.prometheus import MetricSources, MetricsServer, metrics_registry
 
     flag_server.status = 500
     policy = CancelUrl(flag_server.url, interval_s=0.05)

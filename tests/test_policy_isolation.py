@@ -17,8 +17,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from trt_otel import BuildMonitor, read_journal
-from trt_otel.events import CancelRequested
-from trt_otel.policies import (
+from trt_otel.control.policies import (
     AnyOf,
     CancelFile,
     CancelUrl,
@@ -29,10 +28,11 @@ from trt_otel.policies import (
     Timeout,
     fetch,
 )
-from trt_otel.sinks.prometheus import MetricSources, metrics_registry
+from trt_otel.core.events import CancelRequested
+from trt_otel.views.prometheus import MetricSources, metrics_registry
 from waiting import wait_for_text
 
-CLI = [sys.executable, "-m", "trt_otel.cli"]
+CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 
 def until_cancelled(monitor: BuildMonitor, timeout_s: float = 10) -> None:

@@ -18,10 +18,10 @@ import yaml
 
 from prometheus_server import PrometheusServer, free_port, promtool_lint
 from trt_otel import BuildMonitor, JournalWriter
-from trt_otel.events import AnomalyKind, Outcome
-from trt_otel.gpu import GpuReading, GpuSampler
-from trt_otel.simulator import Driver, generate_plan
-from trt_otel.sinks.prometheus import (
+from trt_otel.builder.simulator import Driver, generate_plan
+from trt_otel.capture.gpu import GpuReading, GpuSampler
+from trt_otel.core.events import AnomalyKind, Outcome
+from trt_otel.views.prometheus import (
     CANCEL_REASONS,
     MetricSources,
     MetricsServer,
@@ -227,8 +227,8 @@ def test_every_dashboard_expression_returns_data_during_a_build(
 
 @needs_prometheus
 def test_promtool_finds_nothing_to_lint_mid_build() -> None:
-    from trt_otel.policies import PolicyHealth
-    from trt_otel.sinks.otlp import SpanExportHealth
+    from trt_otel.control.policies import PolicyHealth
+    from trt_otel.views.otlp import SpanExportHealth
 
     monitor = BuildMonitor(attributes={"trt.backend": "simulator", "model.path": "m.onnx"})
     sources = MetricSources(
@@ -254,7 +254,7 @@ def test_promtool_finds_nothing_to_lint_mid_build() -> None:
 
 
 def test_a_port_in_use_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    from trt_otel.cli import main
+    from trt_otel.app.cli import main
 
     monitor = BuildMonitor()
     taken = MetricsServer(metrics_registry(MetricSources(monitor)), 0)
@@ -268,7 +268,7 @@ def test_a_port_in_use_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> N
 def test_a_dead_pushgateway_is_reported_and_the_build_still_succeeds(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from trt_otel.cli import main
+    from trt_otel.app.cli import main
 
     dead = f"http://127.0.0.1:{free_port()}"
     assert main(["demo", "--speed", "0", "--no-progress", "--pushgateway", dead]) == 0
@@ -319,7 +319,7 @@ def test_the_compose_file_is_valid_and_names_the_stack() -> None:
     reason="Debian's prometheus-pushgateway is not installed (.ci/run installs it)",
 )
 def test_a_short_build_pushes_its_final_values_to_a_pushgateway(tmp_path: Path) -> None:
-    from trt_otel.cli import main
+    from trt_otel.app.cli import main
 
     with pushgateway() as url:
         assert main(["demo", "--speed", "0", "--no-progress", "--pushgateway", url]) == 0
@@ -401,7 +401,7 @@ def test_bounded_label_sets_are_there_at_0_before_anything_happens() -> None:
 
 
 def test_nothing_scraping_means_no_wait_at_exit(capsys: pytest.CaptureFixture[str]) -> None:
-    from trt_otel.cli import main
+    from trt_otel.app.cli import main
 
     began = time.monotonic()
     args = ["demo", "--speed", "0", "--no-progress", "--prometheus-port", "0"]
@@ -454,7 +454,7 @@ def test_a_real_scraper_gets_the_final_values_before_the_end(
     reason="Debian's prometheus-pushgateway is not installed (.ci/run installs it)",
 )
 def test_the_push_carries_the_same_series_as_a_scrape() -> None:
-    from trt_otel.sinks.prometheus import push_build_metrics
+    from trt_otel.views.prometheus import push_build_metrics
 
     monitor = BuildMonitor(attributes={"trt.backend": "simulator"})
     registry = metrics_registry(MetricSources(monitor, eta=lambda: 12.0))

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from trt_otel import AnomalyKind, BuildMonitor, ManualClock, Outcome, PhaseStatus
-from trt_otel.events import Anomaly
-from trt_otel.simulator import Callback, Driver
+from trt_otel.builder.simulator import Callback, Driver
+from trt_otel.core.events import Anomaly
 
 
 def start(name: str, parent: str | None, steps: int) -> Callback:
@@ -159,8 +159,8 @@ def test_a_supervisor_replaying_its_workers_callbacks_finds_the_same(
     (most of them the short way, with nothing to check): the same events, anomalies and
     phases as the monitor finds on TensorRT's own thread. Neither monitor is started first:
     the first callback starts the build, replayed or not."""
-    from trt_otel.readmodel import ReadModel
-    from trt_otel.supervisor import RecordingMonitor
+    from trt_otel.capture.supervisor import RecordingMonitor
+    from trt_otel.core.readmodel import ReadModel
 
     class Flag:
         value = 0

@@ -14,16 +14,16 @@ from rich.console import Console
 
 from conftest import trace_params
 from trt_otel import BuildMonitor, ManualClock
-from trt_otel.cli import main
-from trt_otel.console import render_build
-from trt_otel.eta import estimate
-from trt_otel.events import Event, PhaseFinished, PhaseStarted, StepCompleted
-from trt_otel.journal import read_journal
-from trt_otel.readmodel import ReadModel, SiblingGroup
-from trt_otel.simulator import Driver, generate_plan, load_trace
-from trt_otel.sinks.http import status_document
-from trt_otel.spans import SpanProjection
-from trt_otel.state import BuildState, Phase
+from trt_otel.app.cli import main
+from trt_otel.builder.simulator import Driver, generate_plan, load_trace
+from trt_otel.core.eta import estimate
+from trt_otel.core.events import Event, PhaseFinished, PhaseStarted, StepCompleted
+from trt_otel.core.journal import read_journal
+from trt_otel.core.readmodel import ReadModel, SiblingGroup
+from trt_otel.core.state import BuildState, Phase
+from trt_otel.views.console import render_build
+from trt_otel.views.http import status_document
+from trt_otel.views.spans import SpanProjection
 
 
 def recorded(plan_or_trace: Any, *, cancel_at: int | None = None) -> list[Event]:
@@ -185,7 +185,7 @@ def test_quiet_steps_at_the_end_of_a_batch_are_told_then() -> None:
 def test_as_the_logs_fold_quiet_steps_ending_a_replayed_frame_are_told_at_its_end() -> None:
     """In a supervisor the model is the log's own fold: a frame of callbacks replayed at
     once ends with its last quiet step told, before the next frame comes."""
-    from trt_otel.supervisor import RecordingMonitor
+    from trt_otel.capture.supervisor import RecordingMonitor
 
     class Flag:
         value = 0

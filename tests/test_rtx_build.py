@@ -24,12 +24,12 @@ from rtx_builds import (
     write_conv,
 )
 from trt_otel import BuildMonitor, Outcome, read_journal
-from trt_otel.build import run_build
-from trt_otel.events import CancelRequested, LogMessage, PhaseFinished, StepCompleted
-from trt_otel.model import conv_net_bytes
-from trt_otel.options import BuildOptions
+from trt_otel.builder.build import run_build
+from trt_otel.builder.onnx_models import conv_net_bytes
+from trt_otel.builder.options import BuildOptions
+from trt_otel.core.events import CancelRequested, LogMessage, PhaseFinished, StepCompleted
 
-CLI = [sys.executable, "-m", "trt_otel.cli"]
+CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 
 @pytest.fixture(scope="module")

@@ -24,10 +24,10 @@ import pytest
 from prometheus_server import free_port
 from rtx_builds import RESIDUAL_SHAPES, SILENT_BLOCKS, import_rtx, write_residual
 from trt_otel import read_journal
-from trt_otel.events import BuildFinished, CancelRequested, PhaseStarted, StepCompleted
-from trt_otel.supervisor import DEFAULT_KILL_AFTER_S
+from trt_otel.capture.supervisor import DEFAULT_KILL_AFTER_S
+from trt_otel.core.events import BuildFinished, CancelRequested, PhaseStarted, StepCompleted
 
-CLI = [sys.executable, "-m", "trt_otel.cli"]
+CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 SILENT_PHASE = "Determining refit engines"
 # Policies are checked every 0.1 s and the worker's process takes a moment to end; under a
 # loaded CI machine, allow a few seconds on top of grace + kill delay.

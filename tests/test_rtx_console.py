@@ -14,9 +14,9 @@ from pathlib import Path
 from rich.console import Console
 
 from trt_otel import read_journal
-from trt_otel.console import PlainLines, render_build
-from trt_otel.events import Event, PhaseFinished, PhaseStarted, StepCompleted
-from trt_otel.readmodel import ReadModel
+from trt_otel.core.events import Event, PhaseFinished, PhaseStarted, StepCompleted
+from trt_otel.core.readmodel import ReadModel
+from trt_otel.views.console import PlainLines, render_build
 
 DATA = Path(__file__).parent / "data"
 SUCCESS = DATA / "rtx-residual400-success.jsonl"

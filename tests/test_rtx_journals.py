@@ -18,13 +18,13 @@ from otlp_receiver import OtlpReceiver
 from prometheus_server import PrometheusServer, free_port
 from rtx_builds import callbacks_of
 from trt_otel import read_journal
-from trt_otel.events import BuildFinished, BuildStarted, Event, PhaseStarted
-from trt_otel.simulator import generate_rtx_plan
+from trt_otel.builder.simulator import generate_rtx_plan
+from trt_otel.core.events import BuildFinished, BuildStarted, Event, PhaseStarted
 
 DATA = Path(__file__).parent / "data"
 JOURNALS = sorted(DATA.glob("rtx-*.jsonl"))
 DASHBOARD = Path(__file__).resolve().parents[1] / "dashboards" / "trt-otel.json"
-CLI = [sys.executable, "-m", "trt_otel.cli"]
+CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 SILENT_PHASE = "Determining refit engines"
 
 

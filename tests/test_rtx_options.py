@@ -16,12 +16,12 @@ import pytest
 
 from rtx_builds import CONV_SHAPES, import_rtx, write_conv
 from trt_otel import read_journal
-from trt_otel.backends import TENSORRT_RTX
-from trt_otel.build import BuildSetupError, select_backend
-from trt_otel.events import LogMessage
-from trt_otel.options import BuildOptions, unsupported_options
+from trt_otel.builder.build import BuildSetupError, select_backend
+from trt_otel.builder.options import BuildOptions, unsupported_options
+from trt_otel.capture.backends import TENSORRT_RTX
+from trt_otel.core.events import LogMessage
 
-CLI = [sys.executable, "-m", "trt_otel.cli"]
+CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +132,7 @@ def test_a_named_backend_that_is_not_installed_says_how_to_install_it(
 def test_backend_names_the_library_and_a_missing_one_is_exit_2(
     rtx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from trt_otel.cli import main
+    from trt_otel.app.cli import main
 
     model = write_conv(tmp_path / "conv.onnx")
     engine, journal = tmp_path / "conv.engine", tmp_path / "conv.jsonl"

@@ -20,9 +20,9 @@ from rtx_builds import (
     plain_build,
 )
 from trt_otel import BuildMonitor
-from trt_otel.model import conv_net_bytes, demo_model_bytes, residual_net_bytes
-from trt_otel.simulator import SimulatedTensorRT, generate_rtx_plan
-from trt_otel.simulator.plan import SILENT_PHASE_RTX
+from trt_otel.builder.onnx_models import conv_net_bytes, demo_model_bytes, residual_net_bytes
+from trt_otel.builder.simulator import SimulatedTensorRT, generate_rtx_plan
+from trt_otel.builder.simulator.plan import SILENT_PHASE_RTX
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,9 @@ from otlp_receiver import OtlpReceiver
 from prometheus_server import PrometheusServer, free_port
 from rtx_builds import RESIDUAL_SHAPES, SILENT_BLOCKS, import_rtx, write_residual
 from trt_otel import read_journal
-from trt_otel.events import PhaseStarted, StepCompleted
+from trt_otel.core.events import PhaseStarted, StepCompleted
 
-CLI = [sys.executable, "-m", "trt_otel.cli"]
+CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 SILENT_PHASE = "Determining refit engines"
 
 pytestmark = pytest.mark.slow

@@ -19,15 +19,15 @@ from pathlib import Path
 import pytest
 
 from trt_otel import read_journal
-from trt_otel.events import BuildFinished, BuildStarted, CancelRequested, Event, PhaseStarted
-from trt_otel.model import demo_model_bytes, residual_net_bytes
+from trt_otel.builder.onnx_models import demo_model_bytes, residual_net_bytes
+from trt_otel.core.events import BuildFinished, BuildStarted, CancelRequested, Event, PhaseStarted
 
 trt = pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install -e '.[dev]')")
 
 pytestmark = pytest.mark.slow
 
 PROGRAMS = Path(__file__).parent / "programs"
-CLI = [sys.executable, "-m", "trt_otel.cli"]
+CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 PYTHON = sys.executable
 RTX_PHASES = [
     "Building engine",

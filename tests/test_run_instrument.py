@@ -13,8 +13,8 @@ import pytest
 from prometheus_server import free_port
 from test_run import residual_net
 from trt_otel import read_journal
-from trt_otel.events import BuildFinished, BuildStarted
-from trt_otel.instrumentation import InstrumentError, InstrumentSettings
+from trt_otel.app.instrumentation import InstrumentError, InstrumentSettings
+from trt_otel.core.events import BuildFinished, BuildStarted
 
 pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install -e '.[dev]')")
 

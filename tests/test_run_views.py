@@ -18,11 +18,11 @@ import pytest
 from otlp_receiver import OtlpReceiver
 from test_run import PROGRAMS, PYTHON, builds_in, residual_net, starts, wait_for_journal
 from trt_otel import read_journal
-from trt_otel.events import CancelRequested
+from trt_otel.core.events import CancelRequested
 
 pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install -e '.[dev]')")
 
-CLI = [sys.executable, "-m", "trt_otel.cli"]
+CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 TOKEN = "run-views-token"
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from trt_otel import Outcome, read_journal
-from trt_otel.events import BuildFinished
+from trt_otel.core.events import BuildFinished
 from waiting import wait_for_text
 
-CLI = [sys.executable, "-m", "trt_otel.cli"]
+CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 
 @pytest.mark.parametrize("in_process", [False, True], ids=["worker", "in-process"])

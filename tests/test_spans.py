@@ -26,10 +26,11 @@ from otlp_receiver import (
     hanging_collector,
 )
 from trt_otel import BuildMonitor
-from trt_otel.cli import main
-from trt_otel.journal import read_journal
-from trt_otel.simulator import Callback, Driver, generate_plan, load_trace
-from trt_otel.sinks.otlp import (
+from trt_otel.app.cli import main
+from trt_otel.builder.simulator import Callback, Driver, generate_plan, load_trace
+from trt_otel.core.journal import read_journal
+from trt_otel.core.state import BuildState
+from trt_otel.views.otlp import (
     DEFAULT_REQUEST_TIMEOUT_S,
     GRPC,
     HTTP_PROTOBUF,
@@ -37,10 +38,9 @@ from trt_otel.sinks.otlp import (
     OtlpSettings,
     OtlpSpanExport,
 )
-from trt_otel.spans import UNFINISHED, SpanProjection, parse_traceparent
-from trt_otel.state import BuildState
+from trt_otel.views.spans import UNFINISHED, SpanProjection, parse_traceparent
 
-CLI = [sys.executable, "-m", "trt_otel.cli"]
+CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 STATUS_ERROR = 2
 
 
@@ -468,7 +468,7 @@ def test_a_build_over_the_budget_folds_short_leaves_and_the_totals_add_up(
 
 
 def test_the_default_budget_keeps_the_recorded_traces_whole() -> None:
-    from trt_otel.spans import DEFAULT_SPAN_BUDGET
+    from trt_otel.views.spans import DEFAULT_SPAN_BUDGET
 
     most = max(path.read_text().count('"phase_start"') for path in trace_files_or_plan())
     assert most + 1 <= DEFAULT_SPAN_BUDGET
@@ -565,7 +565,7 @@ def test_traceparent_parsing() -> None:
 def test_export_health_is_in_the_monitors_own_metrics() -> None:
     from prometheus_client import generate_latest
 
-    from trt_otel.sinks.prometheus import MetricSources, MetricsServer, metrics_registry
+    from trt_otel.views.prometheus import MetricSources, MetricsServer, metrics_registry
 
     warnings: list[str] = []
     export = export_to(f"http://127.0.0.1:{dead_port()}", HTTP_PROTOBUF, warnings)

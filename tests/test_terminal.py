@@ -10,9 +10,9 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from trt_otel.terminal import printable
+from trt_otel.views.terminal import printable
 
-CLI = [sys.executable, "-m", "trt_otel.cli"]
+CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 
 def test_a_closed_output_pipe_changes_neither_the_outcome_nor_the_cleanup(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ import pytest
 
 from conftest import ReferencePhase, reference_tree, trace_params
 from trt_otel import BuildMonitor, Outcome, PhaseStatus
-from trt_otel.simulator import Callback, Driver, generate_plan, load_trace
-from trt_otel.state import BuildState, Phase
+from trt_otel.builder.simulator import Callback, Driver, generate_plan, load_trace
+from trt_otel.core.state import BuildState, Phase
 
 
 def state_shape(state: BuildState, phase: Phase, steps: dict[int, list[int]]) -> tuple[object, ...]:

@@ -14,9 +14,14 @@ from pathlib import Path
 import pytest
 
 from conftest import trace_params
-from trt_otel import BuildMonitor, Outcome, supervisor
-from trt_otel.build import BuildJob, SimulatorSettings, run_build_job
-from trt_otel.events import (
+from trt_otel import BuildMonitor, Outcome
+from trt_otel.builder.build import BuildJob, SimulatorSettings, run_build_job
+from trt_otel.builder.onnx_models import demo_model_bytes
+from trt_otel.builder.simulator import InternedPlan, generate_plan, load_trace
+from trt_otel.capture import supervisor
+from trt_otel.capture.supervisor import OddArgument, run_isolated
+from trt_otel.capture.transport import MAX_RECORDS_PER_FRAME, SpoolReader, SpoolWriter, encode_frame
+from trt_otel.core.events import (
     CancelRequested,
     Event,
     LogMessage,
@@ -24,10 +29,6 @@ from trt_otel.events import (
     PhaseStarted,
     StepCompleted,
 )
-from trt_otel.model import demo_model_bytes
-from trt_otel.simulator import InternedPlan, generate_plan, load_trace
-from trt_otel.supervisor import OddArgument, run_isolated
-from trt_otel.transport import MAX_RECORDS_PER_FRAME, SpoolReader, SpoolWriter, encode_frame
 
 CALLBACKS = (PhaseStarted, StepCompleted, PhaseFinished)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trt_otel.cli import main
+from trt_otel.app.cli import main
 
 
 @pytest.mark.parametrize(

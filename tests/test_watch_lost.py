@@ -14,11 +14,12 @@ import threading
 import time
 from pathlib import Path
 
-from trt_otel.liveness import Toucher, process_running
-from trt_otel.watch import BuildLostError, follow_journal
+from trt_otel.capture.liveness import process_running
+from trt_otel.capture.watch import BuildLostError, follow_journal
+from trt_otel.core.writer import Toucher
 from waiting import wait_for_text
 
-CLI = [sys.executable, "-m", "trt_otel.cli"]
+CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 
 def start_demo(journal: Path, *args: str) -> subprocess.Popen[str]:

@@ -28,10 +28,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from trt_otel import BuildMonitor, Outcome
-from trt_otel.gpu import GpuReading, GpuSampler
-from trt_otel.readmodel import ReadModel
-from trt_otel.simulator import Driver, generate_plan
-from trt_otel.sinks.http import StatusServer
+from trt_otel.builder.simulator import Driver, generate_plan
+from trt_otel.capture.gpu import GpuReading, GpuSampler
+from trt_otel.core.readmodel import ReadModel
+from trt_otel.views.http import StatusServer
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.common.exceptions import WebDriverException  # noqa: E402
@@ -39,7 +39,7 @@ from selenium.webdriver.chrome.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 
-CLI = [sys.executable, "-m", "trt_otel.cli"]
+CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 TOKEN = "page-token-for-tests"
 T = TypeVar("T")
 

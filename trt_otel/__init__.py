@@ -4,14 +4,15 @@ An event-sourced ``IProgressMonitor``: every TensorRT callback becomes an event 
 log, and everything else (state, journal, terminal, exporters, cancel policies) follows that log.
 ``import trt_otel`` never imports ``tensorrt``.
 
-Exceptions: :class:`~trt_otel.journal.JournalError` (a journal that cannot be read) and
-:class:`~trt_otel.build.BuildSetupError` (a build that cannot start: missing model, no TensorRT).
+Exceptions: :class:`~trt_otel.core.journal.JournalError` (a journal that cannot be read) and
+:class:`~trt_otel.builder.build.BuildSetupError` (a build that cannot start: missing model, no
+TensorRT).
 """
 
-__version__ = "0.1.0"
-
-from trt_otel.clock import Clock, ManualClock, SystemClock
-from trt_otel.events import (
+from trt_otel.app.instrumentation import instrument, uninstrument
+from trt_otel.capture.monitor import BuildMonitor
+from trt_otel.core.clock import Clock, ManualClock, SystemClock
+from trt_otel.core.events import (
     Anomaly,
     AnomalyKind,
     BuildFinished,
@@ -25,12 +26,11 @@ from trt_otel.events import (
     PhaseStarted,
     StepCompleted,
 )
-from trt_otel.followers import Follower, FollowerHealth
-from trt_otel.instrumentation import instrument, uninstrument
-from trt_otel.journal import Journal, JournalError, JournalWriter, read_journal
-from trt_otel.log import EventLog
-from trt_otel.monitor import BuildMonitor
-from trt_otel.state import BuildState, BuildStatus, Phase, PhaseStatus
+from trt_otel.core.followers import Follower, FollowerHealth
+from trt_otel.core.journal import Journal, JournalError, JournalWriter, read_journal
+from trt_otel.core.log import EventLog
+from trt_otel.core.state import BuildState, BuildStatus, Phase, PhaseStatus
+from trt_otel.core.version import __version__
 
 __all__ = [
     "Anomaly",

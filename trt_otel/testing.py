@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from random import Random
 from typing import Any
 
-from trt_otel.clock import ManualClock
-from trt_otel.events import Event
-from trt_otel.monitor import BuildMonitor
-from trt_otel.simulator import Callback, Driver
+from trt_otel.builder.simulator import Callback, Driver
+from trt_otel.capture.monitor import BuildMonitor
+from trt_otel.core.clock import ManualClock
+from trt_otel.core.events import Event
 
 
 class CollectingFollower:

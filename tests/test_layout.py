@@ -1,0 +1,114 @@
+"""The package's rooms, as the tests hold them: who may import whom, and no circles.
+
+The rooms stand on floors: ``core`` (the log and its folds) at the bottom, then ``control`` (when a
+build stops), ``capture`` (where records come from), ``views`` and ``builder``, and ``app`` on top.
+A room imports only from its own floor's room or from lower floors; every import counts, those made
+inside a function too, since they are dependencies all the same.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "trt_otel"
+FLOORS = {"core": 0, "control": 1, "capture": 2, "views": 3, "builder": 3, "app": 4}
+# The package's face: what ``import trt_otel`` and the test doubles show.
+FACE = {"trt_otel", "trt_otel.testing", "trt_otel.__main__"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports(path: Path) -> Iterator[str]:
+    """The package's modules that ``path`` imports (``from trt_otel.x import y``: trt_otel.x)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "trt_otel" or node.module.startswith("trt_otel."):
+                yield node.module
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("trt_otel"):
+                    yield alias.name
+
+
+def room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in FLOORS else None
+
+
+def test_every_module_lives_in_a_room_or_is_the_face() -> None:
+    homeless = [name for name in modules() if room(name) is None and name not in FACE]
+    assert homeless == []
+
+
+@pytest.mark.parametrize("lower", ["core", "control", "capture", "views", "builder", "app"])
+def test_a_room_imports_only_from_its_floor_or_below(lower: str) -> None:
+    wrong = sorted(
+        f"{name} imports {target}"
+        for name, path in modules().items()
+        if room(name) == lower
+        for target in imports(path)
+        if (target_room := room(target)) is None
+        or (target_room != lower and FLOORS[target_room] >= FLOORS[lower])
+    )
+    assert wrong == []
+
+
+def test_core_imports_only_core_and_the_standard_library_or_its_own_dependencies() -> None:
+    wrong = sorted(
+        f"{name} imports {target}"
+        for name, path in modules().items()
+        if room(name) == "core"
+        for target in imports(path)
+        if room(target) != "core"
+    )
+    assert wrong == []
+
+
+def test_no_module_imports_itself_in_a_circle() -> None:
+    # Imports inside functions count: one made late to dodge a circle is still a circle.
+    graph = {
+        name: {target for target in imports(path) if target in modules()}
+        for name, path in modules().items()
+    }
+    circles: list[list[str]] = []
+    done: set[str] = set()
+
+    def visit(name: str, trail: list[str]) -> None:
+        if name in trail:
+            circles.append([*trail[trail.index(name) :], name])
+            return
+        if name in done:
+            return
+        for target in sorted(graph[name]):
+            # A package's __init__ is run by importing any of its modules: only a real circle
+            # between modules counts, not a room importing its own children.
+            if not name.startswith(target + "."):
+                visit(target, [*trail, name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])
+    assert circles == []
+
+
+def test_the_views_and_policies_read_the_build_through_a_protocol_not_the_monitor() -> None:
+    wrong = sorted(
+        f"{name} imports {target}"
+        for name, path in modules().items()
+        if room(name) in {"views", "control"}
+        for target in imports(path)
+        if target == "trt_otel.capture.monitor"
+    )
+    assert wrong == []

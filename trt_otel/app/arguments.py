@@ -1,0 +1,506 @@
+"""The command line's option groups, and their conversion into :mod:`trt_otel.app.config` values.
+
+Each group comes as a pair: ``add_*_options(parser)`` declares the options, and a function of
+the same name without ``add_`` turns the parsed namespace into the group's frozen dataclass.
+A command takes the pairs it needs (``build`` and ``demo`` all of them, ``replay`` the span
+options, a new command any of them), and nothing past :mod:`trt_otel.app.cli` sees a namespace.
+Values that argparse can check alone are checked here as options are parsed (exit 2 with
+argparse's own message); those that need several options together raise :class:`UsageError`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from trt_otel.app.config import (
+    DEFAULT_HTTP_LINGER_S,
+    ConsoleConfig,
+    GpuConfig,
+    HttpConfig,
+    MetricsConfig,
+    ObservabilityConfig,
+    PolicyConfig,
+    SessionConfig,
+    SpanConfig,
+    UsageError,
+)
+from trt_otel.builder.options import (
+    LOG_LEVELS,
+    PRECISIONS,
+    BuildOptions,
+    OptionError,
+    check_precisions,
+    parse_memory_pool,
+    parse_size,
+    shape_ranges,
+)
+from trt_otel.capture.supervisor import DEFAULT_GRACE_S
+from trt_otel.core.durations import DurationError, parse_duration, parse_positive_duration
+from trt_otel.views.otlp import PROTOCOLS
+from trt_otel.views.spans import DEFAULT_FOLD_UNDER_NS, DEFAULT_SPAN_BUDGET
+
+Group = argparse._ArgumentGroup  # what add_argument_group returns; argparse names it privately
+
+# -- value types ---------------------------------------------------------------------------------
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:  # also rejects NaN
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A duration: a plain number of seconds, or with units: ``90s``, ``15m``, ``1h30m``."""
+    try:
+        return parse_duration(text)
+    except DurationError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        return parse_positive_duration(text)
+    except DurationError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+class Parser(argparse.ArgumentParser):
+    """Takes ``-1s`` for a value (a bad one, with its own message) rather than for an unknown
+    option, which argparse reports as "expected one argument". Subcommands' parsers are of
+    this class too (argparse makes them of their parent's)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # No abbreviations: ``--out`` must not stand for ``--output``, nor ``--http-addr`` for
+        # ``--http-address``, where a caller (the MCP server) checks options by their names.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
+
+def port(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"port {number} is outside 0..65535")
+    return number
+
+
+def http_url(text: str) -> str:
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// URL")
+    return text
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
+    return value
+
+
+# -- spans ---------------------------------------------------------------------------------------
+
+
+def add_span_options(parser: argparse.ArgumentParser, *, flush_timeout_s: float = 3.0) -> Group:
+    group = parser.add_argument_group(
+        "spans (OTEL_EXPORTER_OTLP_*, OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES honoured)"
+    )
+    group.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="export each phase as an OpenTelemetry span to this OTLP collector "
+        "(default: OTEL_EXPORTER_OTLP_ENDPOINT; no export without one)",
+    )
+    group.add_argument(
+        "--otlp-protocol",
+        choices=PROTOCOLS,
+        help="OTLP transport (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc on port 4317 "
+        "and http/protobuf elsewhere)",
+    )
+    group.add_argument(
+        "--span-budget",
+        type=positive_int,
+        default=DEFAULT_SPAN_BUDGET,
+        metavar="N",
+        help=f"after N spans, fold short leaf phases into their parent's span "
+        f"(default: {DEFAULT_SPAN_BUDGET:,})",
+    )
+    group.add_argument(
+        "--span-fold-under",
+        type=seconds,
+        default=DEFAULT_FOLD_UNDER_NS / 1e9,
+        metavar="DURATION",
+        help="beyond the budget, fold leaf phases shorter than this (default: 1s)",
+    )
+    group.add_argument(
+        "--otlp-flush-timeout",
+        type=seconds,
+        default=flush_timeout_s,
+        metavar="DURATION",
+        help="at the end, wait at most this long for the last spans to be exported "
+        f"(default: {flush_timeout_s:g}s)",
+    )
+    return group
+
+
+def span_config(args: argparse.Namespace) -> SpanConfig:
+    return SpanConfig(
+        endpoint=args.otlp_endpoint,
+        protocol=args.otlp_protocol,
+        span_budget=args.span_budget,
+        fold_under_s=args.span_fold_under,
+        flush_timeout_s=args.otlp_flush_timeout,
+    )
+
+
+# -- builder -------------------------------------------------------------------------------------
+
+
+def add_builder_options(parser: argparse.ArgumentParser) -> Group:
+    group = parser.add_argument_group(
+        "builder (named after trtexec; trtexec's spellings are accepted too)"
+    )
+    for precision in PRECISIONS:
+        group.add_argument(
+            f"--{precision}",
+            dest="precisions",
+            action="append_const",
+            const=precision,
+            help=f"allow {precision} kernels",
+        )
+    group.add_argument(
+        "--strongly-typed",
+        "--stronglyTyped",
+        action="store_true",
+        help="a strongly typed network: its own types decide precision (no precision flags)",
+    )
+    group.add_argument(
+        "--workspace", metavar="SIZE", help="workspace memory pool limit (e.g. 4G, 512M)"
+    )
+    group.add_argument(
+        "--mem-pool-size",
+        "--memPoolSize",
+        action="append",
+        default=[],
+        metavar="POOL:SIZE",
+        help="a memory pool limit: workspace, dlaSRAM, dlaLocalDRAM, dlaGlobalDRAM, tacticDRAM, "
+        "tacticSharedMem (repeatable, or comma-separated)",
+    )
+    group.add_argument(
+        "--builder-optimization-level",
+        "--builderOptimizationLevel",
+        type=int,
+        choices=range(6),
+        metavar="0-5",
+        help="builder optimization level (TensorRT's default: 3)",
+    )
+    group.add_argument(
+        "--max-threads", type=int, metavar="N", help="builder threads (TensorRT's max_threads)"
+    )
+    group.add_argument(
+        "--timing-cache",
+        "--timingCacheFile",
+        type=Path,
+        metavar="FILE",
+        help="load the timing cache from FILE if it exists, and save it there after the build",
+    )
+    group.add_argument(
+        "--shapes",
+        action="append",
+        default=[],
+        metavar="INPUT:MIN,OPT,MAX",
+        help="shape range of a dynamic input, e.g. input:1x3x224x224,8x3x224x224,32x3x224x224",
+    )
+    for bound, word in (("min", "smallest"), ("opt", "tuned-for"), ("max", "largest")):
+        group.add_argument(
+            f"--{bound}-shapes",
+            f"--{bound}Shapes",
+            dest=f"{bound}_shapes",
+            action="append",
+            default=[],
+            metavar="INPUT:DIMS,...",
+            help=f"{word} shapes of dynamic inputs, as trtexec writes them",
+        )
+    group.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="info",
+        help="least severe builder message kept as a log event (default: info)",
+    )
+    group.add_argument("--verbose", action="store_true", help="the same as --log-level verbose")
+    return group
+
+
+def builder_options(args: argparse.Namespace, *, threads: int | None = None) -> BuildOptions:
+    """The builder options, checked: a bad one is exit 2 before anything starts. ``threads``
+    stands in for ``--max-threads`` when that is not given (the demo's ``--threads``)."""
+    if args.max_threads is not None:
+        threads = args.max_threads
+    if threads is not None and threads < 1:
+        raise UsageError("--max-threads must be at least 1")
+    precisions = tuple(dict.fromkeys(args.precisions or ()))
+    try:
+        check_precisions(precisions, args.strongly_typed)
+        pools: dict[str, int] = {}
+        if args.workspace is not None:
+            pools["WORKSPACE"] = parse_size(args.workspace)
+        for text in args.mem_pool_size:
+            for item in text.split(","):
+                pool, size = parse_memory_pool(item)
+                pools[pool] = size
+        shapes = shape_ranges(args.shapes, args.min_shapes, args.opt_shapes, args.max_shapes)
+    except OptionError as error:
+        raise UsageError(str(error)) from None
+    if args.timing_cache is not None and args.timing_cache.is_dir():
+        raise UsageError(f"--timing-cache {args.timing_cache} is a directory")
+    return BuildOptions(
+        precisions=precisions,
+        strongly_typed=args.strongly_typed,
+        memory_pools=pools,
+        optimization_level=args.builder_optimization_level,
+        max_threads=threads,
+        timing_cache=args.timing_cache,
+        shapes=shapes,
+        log_level="verbose" if args.verbose else args.log_level,
+    )
+
+
+# -- cancel policies -----------------------------------------------------------------------------
+
+
+def add_policy_options(parser: argparse.ArgumentParser) -> Group:
+    """The cancel policies and ``--grace``; the group is returned for a command's own
+    additions (``build`` and ``demo`` add ``--in-process``)."""
+    group = parser.add_argument_group(
+        "cancel policies (any of them stops the build; the reason shows everywhere)"
+    )
+    group.add_argument(
+        "--timeout", type=positive_seconds, metavar="DURATION", help="stop after this long"
+    )
+    group.add_argument(
+        "--stall-timeout",
+        type=positive_seconds,
+        metavar="DURATION",
+        help="stop when nothing progressed (no step, no phase started or finished) this long; "
+        "real builds go silent for minutes, so allow for that",
+    )
+    group.add_argument(
+        "--cancel-file",
+        type=Path,
+        metavar="PATH",
+        help="stop when this file appears (its first line, if any, is the reason); it must "
+        "not exist when the build starts",
+    )
+    group.add_argument(
+        "--cancel-url",
+        type=http_url,
+        metavar="URL",
+        help="stop when this URL answers true (polled; see the README for the answer format)",
+    )
+    group.add_argument(
+        "--cancel-url-interval",
+        type=positive_seconds,
+        default=5.0,
+        metavar="DURATION",
+        help="how often to poll --cancel-url (default: 5s)",
+    )
+    group.add_argument(
+        "--cancel-url-fail-closed",
+        action="store_true",
+        help="stop the build after 3 failed polls in a row (default: keep building)",
+    )
+    group.add_argument(
+        "--grace",
+        type=seconds,
+        default=DEFAULT_GRACE_S,
+        metavar="DURATION",
+        help="time a cancelled build gets to stop at TensorRT's next step before its process "
+        f"is terminated (default: {DEFAULT_GRACE_S:g}s)",
+    )
+    return group
+
+
+def policy_config(args: argparse.Namespace) -> PolicyConfig:
+    return PolicyConfig(
+        timeout_s=args.timeout,
+        stall_timeout_s=args.stall_timeout,
+        cancel_file=args.cancel_file,
+        cancel_url=args.cancel_url,
+        cancel_url_interval_s=args.cancel_url_interval,
+        cancel_url_fail_closed=args.cancel_url_fail_closed,
+        grace_s=args.grace,
+    )
+
+
+def add_in_process_option(group: Group) -> None:
+    group.add_argument(
+        "--in-process",
+        action="store_true",
+        help="build in this process instead of a worker process: no escalation, so a silent "
+        "build stops only at its next step",
+    )
+
+
+# -- observability -------------------------------------------------------------------------------
+
+
+def add_console_options(parser: argparse.ArgumentParser | Group) -> None:
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="plain lines instead of the live tree (the default when not on a terminal)",
+    )
+
+
+def console_config(args: argparse.Namespace) -> ConsoleConfig:
+    return ConsoleConfig(live=not args.no_progress)
+
+
+def add_observability_options(parser: argparse.ArgumentParser) -> Group:
+    """Journal, HTTP view, GPU, history, Prometheus and the console (spans are their own
+    group: :func:`add_span_options`)."""
+    group = parser.add_argument_group("observability")
+    group.add_argument("--journal", type=Path, help="write the build's events to this JSONL file")
+    group.add_argument(
+        "--http-port",
+        type=port,
+        metavar="PORT",
+        help="serve a live page of the build at /, and /status, /events (SSE), /metrics, "
+        "/healthz and POST /cancel on this port (0 picks a free one)",
+    )
+    group.add_argument(
+        "--http-address",
+        default="127.0.0.1",
+        metavar="ADDRESS",
+        help="address to serve HTTP on (default: 127.0.0.1)",
+    )
+    group.add_argument(
+        "--cancel-token",
+        metavar="TOKEN",
+        help="bearer token POST /cancel requires (default: TRT_OTEL_CANCEL_TOKEN, else one is "
+        "generated and written to a file only you can read)",
+    )
+    group.add_argument(
+        "--gpu",
+        metavar="GPU",
+        help="the GPU to sample through NVML, by index or UUID (default: the first of "
+        "CUDA_VISIBLE_DEVICES, else 0)",
+    )
+    group.add_argument(
+        "--gpu-interval",
+        type=positive_seconds,
+        default=1.0,
+        metavar="DURATION",
+        help="how often to sample the GPU (default: 1s)",
+    )
+    group.add_argument(
+        "--no-gpu", action="store_true", help="do not sample the GPU (on where NVML is present)"
+    )
+    group.add_argument(
+        "--history",
+        type=Path,
+        metavar="DIR",
+        help="journals of earlier builds of this model, for an ETA from how long they took",
+    )
+    group.add_argument(
+        "--prometheus-port",
+        type=port,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port (0 picks a free one)",
+    )
+    group.add_argument(
+        "--prometheus-address",
+        default="127.0.0.1",
+        metavar="ADDRESS",
+        help="address to serve metrics on (default: 127.0.0.1; 0.0.0.0 for every interface)",
+    )
+    group.add_argument(
+        "--http-linger",
+        type=seconds,
+        metavar="DURATION",
+        help="after the build, keep serving its final status up to this long, until a client "
+        "has read it (default: 3s, and only when a client came by during the build; given, "
+        "also for a first client that comes late)",
+    )
+    group.add_argument(
+        "--prometheus-linger",
+        type=seconds,
+        default=15.0,
+        metavar="DURATION",
+        help="after the build, wait up to this long for a last scrape (default: 15s)",
+    )
+    group.add_argument(
+        "--pushgateway",
+        type=http_url,
+        metavar="URL",
+        help="push the final metrics to this Prometheus Pushgateway when the build ends",
+    )
+    group.add_argument(
+        "--metrics-build-id",
+        action="store_true",
+        help="add the build id as a label of trt_build_info (one series per build)",
+    )
+    add_console_options(group)
+    return group
+
+
+def observability_config(args: argparse.Namespace) -> ObservabilityConfig:
+    """Needs the groups of :func:`add_observability_options` and :func:`add_span_options`."""
+    if args.history is not None and not args.history.is_dir():
+        raise UsageError(f"--history {args.history} is not a directory of journals")
+    return ObservabilityConfig(
+        journal=args.journal,
+        history=args.history,
+        spans=span_config(args),
+        http=HttpConfig(
+            port=args.http_port,
+            address=args.http_address,
+            cancel_token=args.cancel_token,
+            linger_s=args.http_linger if args.http_linger is not None else DEFAULT_HTTP_LINGER_S,
+            linger_unwatched=args.http_linger is not None,
+        ),
+        metrics=MetricsConfig(
+            port=args.prometheus_port,
+            address=args.prometheus_address,
+            linger_s=args.prometheus_linger,
+            pushgateway=args.pushgateway,
+            build_id_label=args.metrics_build_id,
+        ),
+        gpu=GpuConfig(enabled=not args.no_gpu, device=args.gpu, interval_s=args.gpu_interval),
+        console=console_config(args),
+    )
+
+
+# -- a whole session -----------------------------------------------------------------------------
+
+
+def add_session_options(parser: argparse.ArgumentParser, *, in_process: bool = True) -> None:
+    """Every group an observed, cancellable build takes: policies, spans, observability."""
+    policies = add_policy_options(parser)
+    if in_process:
+        add_in_process_option(policies)
+    add_span_options(parser)
+    add_observability_options(parser)
+
+
+def session_config(args: argparse.Namespace) -> SessionConfig:
+    return SessionConfig(
+        observe=observability_config(args),
+        policy=policy_config(args),
+        in_process=bool(getattr(args, "in_process", False)),
+    )

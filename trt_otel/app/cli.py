@@ -1,0 +1,257 @@
+"""The ``trt-otel`` command: ``demo``, ``build``, ``replay`` and ``watch``. It parses options
+into typed configuration (:mod:`trt_otel.app.arguments`), and :mod:`trt_otel.app.session` runs.
+
+Exit codes (the contract): 0 built; 2 usage or configuration error, before any build starts;
+3 cancelled; 4 the build failed; 130 interrupted by the user (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from trt_otel.app.commands import (
+    BuildCommand,
+    DemoCommand,
+    McpCommand,
+    ReplayCommand,
+    RunCommand,
+    WatchCommand,
+    build_parser,
+    command_of,
+)
+from trt_otel.app.components import console_view, span_export
+from trt_otel.app.config import SessionConfig, UsageError
+from trt_otel.app.program_session import run_program_session
+from trt_otel.app.remote import supervises, watch_and_supervise
+from trt_otel.app.run import ProgramNotFoundError
+from trt_otel.app.session import (
+    EXIT_CANCELLED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    exit_code_of,
+    run_session,
+    warn,
+)
+from trt_otel.builder.build import (
+    BuildJob,
+    BuildSetupError,
+    check_builder_options,
+    model_attributes,
+    read_model,
+    select_backend,
+)
+from trt_otel.builder.onnx_models import demo_model_bytes
+from trt_otel.builder.options import BuildOptions
+from trt_otel.builder.preflight import PreflightError, check_build_files
+from trt_otel.builder.simulator import SIMULATOR_VERSION, TraceError, load_trace
+from trt_otel.capture.backends import record_attributes
+from trt_otel.capture.liveness import Writer
+from trt_otel.capture.supervisor import StopNow
+from trt_otel.capture.watch import WatchError, follow_journal, follow_url
+from trt_otel.core.durations import format_duration
+from trt_otel.core.journal import JournalError, read_journal
+from trt_otel.core.readmodel import ReadModel
+from trt_otel.views.console import render_build
+from trt_otel.views.otlp import OtlpConfigError
+from trt_otel.views.terminal import pipe_safe_stderr
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # A reader that goes away (`trt-otel demo 2>&1 | head`) changes neither the outcome nor
+    # the cleanup: what is left to say is dropped.
+    with pipe_safe_stderr():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        command = command_of(args)
+        if isinstance(command, DemoCommand):
+            return demo(command)
+        if isinstance(command, BuildCommand):
+            return build(command)
+        if isinstance(command, WatchCommand):
+            return watch(command)
+        if isinstance(command, RunCommand):
+            return run_program_session(command.program, command.session)
+        if isinstance(command, McpCommand):
+            return mcp(command)
+        return replay(command)
+    except StopNow:  # a second SIGTERM outside the build: still a cancel
+        return EXIT_CANCELLED
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except (
+        UsageError,
+        BuildSetupError,
+        JournalError,
+        TraceError,
+        OtlpConfigError,
+        WatchError,
+        PreflightError,
+        ProgramNotFoundError,
+    ) as error:
+        print(f"trt-otel: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def demo(command: DemoCommand) -> int:
+    trace = command.simulator.trace
+    preflight(command.session, command.builder, command.model, command.output, trace)
+    # Parsed here, once: a bad trace is a usage error before the build, not a failure in the
+    # worker, and the worker gets the parsed trace.
+    plan = load_trace(trace) if trace is not None else None
+    if command.model is not None:
+        model_path, model = command.model, read_model(command.model)
+        carried: bytes | None = None  # the worker reads the file itself
+    else:
+        model_path, model = Path("trt-otel-demo-mnist.onnx"), demo_model_bytes()
+        carried = model
+    attributes: dict[str, Any] = {
+        "trt.backend": "simulator",
+        "trt.version": SIMULATOR_VERSION,
+        **model_attributes(model_path, model),
+    }
+    if trace is not None:
+        attributes["simulator.trace"] = str(trace)
+    else:
+        attributes["simulator.shape"] = command.simulator.shape
+    attributes.update(command.builder.attributes())
+    job = BuildJob(
+        model_path=model_path,
+        model=carried,
+        engine_path=command.output,
+        options=command.builder,
+        simulator=command.simulator,
+        plan=plan,
+    )
+    return run_session(job, command.session, attributes)
+
+
+def build(command: BuildCommand) -> int:
+    preflight(command.session, command.builder, command.model, command.output)
+    model = read_model(command.model)
+    # The library is imported here too (cheap; no CUDA context): its real version goes in the
+    # record, and an option it does not have is refused before the build (exit 2).
+    backend, module = select_backend(command.backend)
+    check_builder_options(module, command.builder)
+    attributes = {
+        **record_attributes(backend, module),
+        **model_attributes(command.model, model),
+        **command.builder.attributes(),
+    }
+    job = BuildJob(
+        model_path=command.model,
+        engine_path=command.output,
+        options=command.builder,
+        backend=backend.name,
+    )
+    return run_session(job, command.session, attributes)
+
+
+def preflight(
+    session: SessionConfig,
+    builder: BuildOptions,
+    model: Path | None,
+    engine: Path | None,
+    trace: Path | None = None,
+) -> None:
+    """The build's files, checked before anything is opened or truncated (exit 2)."""
+    check_build_files(
+        model=model,
+        engine=engine,
+        journal=session.observe.journal,
+        timing_cache=builder.timing_cache,
+        trace=trace,
+        cancel_file=session.policy.cancel_file,
+    )
+
+
+def mcp(command: McpCommand) -> int:
+    try:
+        from trt_otel.app.mcp_server import serve
+    except ImportError as error:
+        raise UsageError(
+            f"the MCP server needs the mcp package ({error}): pip install 'trt-otel[mcp]'"
+        ) from None
+    serve(command.state_dir)
+    return EXIT_OK
+
+
+def replay(command: ReplayCommand) -> int:
+    journal = read_journal(command.journal)
+    for problem in journal.problems:
+        print(f"trt-otel: {command.journal}: {problem}", file=sys.stderr)
+    model = ReadModel()
+    with span_export(command.spans, model):
+        # The same model and projections as the live run, fed the same events: the same tree
+        # and the same spans.
+        model.handle(journal.events)
+        model.close()
+        unended = model.state.outcome is None and model.state.start_mono_ns is not None
+        if unended:
+            print(f"trt-otel: {command.journal}: {_no_end(journal.header, model)}", file=sys.stderr)
+        Console(stderr=True).print(render_build(model, never_ended=unended))
+    return EXIT_OK
+
+
+def _no_end(header: dict[str, Any], model: ReadModel) -> str:
+    """What a journal without the build's end means, said plainly."""
+    state = model.state
+    start, last = state.start_mono_ns or 0, state.last_event_mono_ns or 0
+    open_ids = state.open_phase_ids()
+    where = f", in {state.phases[open_ids[-1]].name!r}" if open_ids else ""
+    writer = Writer.from_header(header)
+    if writer.running_here():
+        return (
+            f"the build has not ended yet: its writer ({writer.describe()}) is still running "
+            "(`trt-otel watch` follows it)"
+        )
+    return (
+        f"the build never ended: its record stops after {format_duration((last - start) / 1e9)}"
+        f"{where}, and its writer died or was stopped before the end (the tree below is where "
+        "it was then)"
+    )
+
+
+def watch(command: WatchCommand) -> int:
+    supervising = supervises(command.session, command.control_file)
+    if command.journal is not None and (supervising or command.terminate_after_s is not None):
+        end = watch_and_supervise(
+            command.journal,
+            command.session,
+            command.control_file,
+            lost_after_s=command.lost_after_s,
+            terminate_after_s=command.terminate_after_s,
+        )
+        if end is None:
+            print("trt-otel: error: lost the build before its end", file=sys.stderr)
+            return EXIT_USAGE
+        return exit_code_of(end.outcome)
+    model = ReadModel()
+    console_view(command.console, model)
+    try:
+        if command.url is not None:
+            end = follow_url(command.url, model.handle, warn=warn, retry_for_s=command.lost_after_s)
+        else:
+            assert command.journal is not None
+            end = follow_journal(
+                command.journal, model.handle, warn=warn, lost_after_s=command.lost_after_s
+            )
+    finally:
+        model.close()
+    if end is None:
+        print("trt-otel: error: lost the build before its end", file=sys.stderr)
+        return EXIT_USAGE
+    return exit_code_of(end.outcome)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""The ``trt-otel`` command line: its parser, and the typed command each subcommand becomes.
+
+Below both the command (:mod:`trt_otel.app.cli`) and the fleet (:mod:`trt_otel.app.fleet`), which
+checks a build's command line with this same parser before it starts one.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trt_otel.app.arguments import (
+    Parser,
+    add_builder_options,
+    add_session_options,
+    add_span_options,
+    builder_options,
+    non_negative_float,
+    positive_seconds,
+    seconds,
+    session_config,
+    span_config,
+)
+from trt_otel.app.config import (
+    ConsoleConfig,
+    SessionConfig,
+    SpanConfig,
+    UsageError,
+    default_state_dir,
+)
+from trt_otel.app.remote import supervises
+from trt_otel.builder.build import SimulatorSettings
+from trt_otel.builder.options import BuildOptions
+from trt_otel.builder.simulator import SHAPES
+from trt_otel.capture.backends import BACKEND_NAMES
+from trt_otel.capture.liveness import DEFAULT_LOST_AFTER_S
+from trt_otel.core.version import __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="trt-otel",
+        description="Watch and stop TensorRT engine builds.",
+    )
+    parser.add_argument("--version", action="version", version=f"trt-otel {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_demo, _add_build, _add_replay, _add_run, _add_mcp, _add_watch):
+        add(commands)
+    return parser
+
+
+def _add_demo(commands: argparse._SubParsersAction[Parser]) -> None:
+    demo = commands.add_parser(
+        "demo",
+        help="run the pipeline on a simulated TensorRT build (no GPU needed)",
+        description="A simulated TensorRT build of a small generated ONNX model, or a replay "
+        "of a recorded callback trace, through the same monitor and projections as a real one.",
+    )
+    demo.add_argument(
+        "--trace", type=Path, help="replay a recorded callback trace or a trt-otel journal"
+    )
+    demo.add_argument(
+        "--model", type=Path, help="simulate a build of this ONNX model instead of the demo's"
+    )
+    demo.add_argument(
+        "--speed",
+        type=non_negative_float,
+        default=1.0,
+        help="time scale: 1 paces the build over tens of seconds, 2 twice as fast, "
+        "0 as fast as possible (default: 1)",
+    )
+    demo.add_argument(
+        "--silence",
+        type=seconds,
+        default=0.0,
+        metavar="DURATION",
+        help="insert one silent window of this length (e.g. 90s), as real builds have",
+    )
+    demo.add_argument(
+        "--threads", type=int, default=1, help="builder threads calling back (default: 1)"
+    )
+    demo.add_argument(
+        "--simulate",
+        choices=SHAPES,
+        default="tensorrt-10",
+        help="whose phase tree to generate: tensorrt-10 (the recorded TensorRT 10.16 builds) "
+        "or tensorrt-rtx (TensorRT-RTX 1.7's, with its silent window; default: tensorrt-10)",
+    )
+    demo.add_argument("-o", "--output", type=Path, help="write the simulated engine here")
+    add_builder_options(demo)
+    add_session_options(demo)
+
+
+def _add_build(commands: argparse._SubParsersAction[Parser]) -> None:
+    build = commands.add_parser(
+        "build",
+        help="build a TensorRT engine from an ONNX model",
+        description="Build a real engine with TensorRT or TensorRT-RTX, observable and cancelable.",
+    )
+    build.add_argument("model", type=Path, help="the ONNX model")
+    build.add_argument("-o", "--output", type=Path, required=True, help="the engine file")
+    build.add_argument(
+        "--backend",
+        choices=BACKEND_NAMES,
+        help="the builder library: tensorrt or tensorrt-rtx (default: the one installed; "
+        "tensorrt where both are)",
+    )
+    add_builder_options(build)
+    add_session_options(build)
+
+
+def _add_replay(commands: argparse._SubParsersAction[Parser]) -> None:
+    replay = commands.add_parser(
+        "replay",
+        help="show a recorded build again from its journal, and export its spans",
+        description="Render a journal's final tree and, with an OTLP endpoint, export the same "
+        "spans the live build did (same ids, times and attributes).",
+    )
+    replay.add_argument("journal", type=Path)
+    add_span_options(replay, flush_timeout_s=30.0)
+
+
+def _add_run(commands: argparse._SubParsersAction[Parser]) -> None:
+    run = commands.add_parser(
+        "run",
+        help="run a Python program unchanged, observing (and able to stop) its TensorRT builds",
+        description="Run COMMAND (a Python script, python -m module, or a console script such "
+        "as polygraphy) with every TensorRT and TensorRT-RTX build it makes observed: each is "
+        "a build of its own in one journal. Exits with the program's exit code, or 3 when "
+        "trt-otel cancelled a build, 4 when the program died of a signal, 130 on Ctrl-C.",
+        usage="trt-otel run [options] -- COMMAND [ARGS...]",
+    )
+    add_session_options(run, in_process=False)
+    run.add_argument("program", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+
+def _add_mcp(commands: argparse._SubParsersAction[Parser]) -> None:
+    mcp = commands.add_parser(
+        "mcp",
+        help="a Model Context Protocol server (stdio) to start, follow and cancel builds",
+        description="Serve MCP over stdin/stdout: tools to start builds (each a trt-otel "
+        "process of its own, with its HTTP view and journal in the state directory), list "
+        "them, read their status and events, wait for them, and cancel them.",
+    )
+    mcp.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the builds' folders are (default: $XDG_STATE_HOME/trt-otel/builds, "
+        "else ~/.local/state/trt-otel/builds)",
+    )
+
+
+def _add_watch(commands: argparse._SubParsersAction[Parser]) -> None:
+    watch = commands.add_parser(
+        "watch",
+        help="follow a build running elsewhere (its HTTP endpoint or its journal)",
+        description="Follow a build through its event stream (--url, a build started with "
+        "--http-port) or its journal as it grows, with the build's own terminal view. Exits "
+        "with the build's exit code (0, 3, 4), or 2 when it cannot be followed.",
+    )
+    watch.add_argument(
+        "watched", nargs="?", type=Path, metavar="JOURNAL", help="a journal being written"
+    )
+    watch.add_argument("--url", metavar="URL", help="the build's HTTP endpoint")
+    watch.add_argument(
+        "--control-file",
+        type=Path,
+        metavar="PATH",
+        help="with a journal: where to write a cancel decided here (a policy, POST /cancel) "
+        "for the build's monitor to read (its cancel file)",
+    )
+    watch.add_argument(
+        "--terminate-after",
+        type=positive_seconds,
+        metavar="DURATION",
+        help="with --control-file: a build still running this long after watch cancelled it "
+        "(TensorRT silent) is stopped from outside: its process, named in the journal and on "
+        "this host, gets SIGTERM, then SIGKILL 5 s later, and watch ends its journal",
+    )
+    watch.add_argument(
+        "--lost-after",
+        type=positive_seconds,
+        default=DEFAULT_LOST_AFTER_S,
+        metavar="DURATION",
+        help="give the build up as lost (exit 2) after this long with no sign of life: no "
+        "event and no touch of its journal, or no connection to its URL (default: 30s); a "
+        "journal whose writer is gone from this host is lost at once",
+    )
+    add_session_options(watch, in_process=False)
+
+
+@dataclass(frozen=True, slots=True)
+class DemoCommand:
+    """``trt-otel demo``: a simulated build (a generated plan or a recorded trace)."""
+
+    session: SessionConfig
+    builder: BuildOptions
+    simulator: SimulatorSettings
+    model: Path | None = None
+    output: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BuildCommand:
+    """``trt-otel build``: a real engine."""
+
+    session: SessionConfig
+    builder: BuildOptions
+    model: Path
+    output: Path
+    backend: str | None = None
+    """``tensorrt`` or ``tensorrt-rtx``; None: the one installed."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayCommand:
+    journal: Path
+    spans: SpanConfig
+
+
+@dataclass(frozen=True, slots=True)
+class WatchCommand:
+    console: ConsoleConfig
+    journal: Path | None = None
+    url: str | None = None
+    lost_after_s: float = DEFAULT_LOST_AFTER_S
+    session: SessionConfig = field(default_factory=SessionConfig)
+    """With a journal: the exporters and policies of a build run elsewhere (trt_otel.app.remote)."""
+    control_file: Path | None = None
+    terminate_after_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunCommand:
+    """``trt-otel run -- COMMAND``: a program's builds."""
+
+    session: SessionConfig
+    program: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class McpCommand:
+    """``trt-otel mcp``: the MCP server over stdio."""
+
+    state_dir: Path
+
+
+Command = DemoCommand | BuildCommand | ReplayCommand | WatchCommand | RunCommand | McpCommand
+
+
+def command_of(args: argparse.Namespace) -> Command:
+    """The parsed command line as typed values, checked: a bad one raises :class:`UsageError`."""
+    if args.command == "demo":
+        if args.threads < 1:
+            raise UsageError("--threads must be at least 1")
+        return DemoCommand(
+            session=session_config(args),
+            builder=builder_options(args, threads=args.threads),
+            simulator=SimulatorSettings(
+                speed=args.speed, silence_s=args.silence, trace=args.trace, shape=args.simulate
+            ),
+            model=args.model,
+            output=args.output,
+        )
+    if args.command == "build":
+        return BuildCommand(
+            session=session_config(args),
+            builder=builder_options(args),
+            model=args.model,
+            output=args.output,
+            backend=args.backend,
+        )
+    if args.command == "run":
+        program = args.program[1:] if args.program[:1] == ["--"] else args.program
+        if not program:
+            raise UsageError("give the program to run after --, e.g. -- python build.py")
+        return RunCommand(session_config(args), tuple(program))
+    if args.command == "watch":
+        if (args.watched is None) == (args.url is None):
+            raise UsageError("watch takes a journal or --url URL (one of them)")
+        session = session_config(args)
+        if args.url is not None and supervises(session, args.control_file):
+            raise UsageError("watch --url only shows the build: its own process exports it")
+        return WatchCommand(
+            ConsoleConfig(live=not args.no_progress),
+            args.watched,
+            args.url,
+            session=session,
+            control_file=args.control_file,
+            lost_after_s=args.lost_after,
+            terminate_after_s=args.terminate_after,
+        )
+    if args.command == "mcp":
+        return McpCommand(args.state_dir or default_state_dir())
+    return ReplayCommand(args.journal, span_config(args))

@@ -1,0 +1,377 @@
+"""The parts a session attaches to a build, each a context manager that owns its shutdown.
+
+Entering one starts it (binds its port, opens its file) and fails fast with a
+:class:`~trt_otel.app.config.UsageError` when it cannot work; leaving it stops it and says, once,
+what it could not do. A session enters them in one :class:`contextlib.ExitStack`, so they stop
+in the reverse order of their start, and whatever had started is stopped when a later part
+fails to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.registry import Collector
+
+from trt_otel.app.config import (
+    ConsoleConfig,
+    GpuConfig,
+    HttpConfig,
+    MetricsConfig,
+    ObservabilityConfig,
+    SpanConfig,
+    UsageError,
+)
+from trt_otel.capture.gpu import GpuReader, open_reader
+from trt_otel.capture.monitor import BuildMonitor
+from trt_otel.control.policies import PolicyRunner
+from trt_otel.core.eta import History
+from trt_otel.core.followers import Follower, FollowerWorker
+from trt_otel.core.journal import JournalWriter
+from trt_otel.core.log import EventLog
+from trt_otel.core.readmodel import ReadModel, Subscriber
+from trt_otel.views.console import LiveConsole, PlainLines
+from trt_otel.views.http import StatusServer
+from trt_otel.views.otlp import OtlpSpanExport
+from trt_otel.views.prometheus import (
+    MetricSources,
+    MetricsServer,
+    metrics_registry,
+    push_build_metrics,
+)
+from trt_otel.views.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent
+
+DEEP_QUEUE = 1_000_000
+"""Followers that must not lose an event (a lost event misshapes a tree) and do no I/O on the
+way get a queue this deep."""
+
+
+def warn(message: str) -> None:
+    print(f"trt-otel: warning: {message}", file=sys.stderr)
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+# -- before the monitor: what goes into the build's attributes -------------------------------
+
+
+@contextlib.contextmanager
+def gpu_reader(config: GpuConfig) -> Iterator[GpuReader | None]:
+    """The build's GPU, unless turned off; one line says which, or why not."""
+    if not config.enabled:
+        yield None
+        return
+    reader, line = open_reader(config.device)
+    say(line)
+    try:
+        yield reader
+    finally:
+        if reader is not None:
+            reader.close()
+
+
+def join_parent_trace(attributes: dict[str, Any]) -> None:
+    """Inside a traced CI job (``TRACEPARENT`` set), the build's span joins the job's trace."""
+    traceparent = os.environ.get("TRACEPARENT", "").strip()
+    if not traceparent:
+        return
+    if parse_traceparent(traceparent) is None:
+        warn(f"ignoring TRACEPARENT {traceparent!r}: not a W3C traceparent")
+        return
+    attributes[TRACEPARENT_ATTRIBUTE] = traceparent
+
+
+def build_context(
+    stack: contextlib.ExitStack[Any], observe: ObservabilityConfig, attributes: dict[str, Any]
+) -> tuple[GpuReader | None, History | None]:
+    """What a session knows of its builds before the first one, entered on ``stack``: the GPU
+    (its description added to ``attributes``), the traced job's trace to join, and the
+    history of earlier builds."""
+    gpu = stack.enter_context(gpu_reader(observe.gpu))
+    if gpu is not None:
+        attributes.update(gpu.describe())
+    join_parent_trace(attributes)
+    return gpu, load_history(observe.history, attributes)
+
+
+def load_history(directory: Path | None, attributes: dict[str, Any]) -> History | None:
+    if directory is None:
+        return None
+    if not directory.is_dir():
+        raise UsageError(f"--history {directory} is not a directory of journals")
+    model = attributes.get("model.sha256")
+    history = History.load(directory, str(model) if model is not None else None)
+    say(
+        f"history: {len(history.builds)} earlier builds of this model in {directory}"
+        + (f" ({len(history.skipped)} journals not used)" if history.skipped else "")
+    )
+    return history
+
+
+# -- sinks with a shutdown of their own ----------------------------------------------------------
+
+
+@contextlib.contextmanager
+def span_export(config: SpanConfig, model: ReadModel) -> Iterator[OtlpSpanExport | None]:
+    """Spans to an OTLP collector, if one is configured, projected from ``model`` (they
+    subscribe to it); flushed within the deadline on exit."""
+    settings = config.settings()
+    if settings is None:
+        yield None
+        return
+    export = OtlpSpanExport(settings, warn=warn, model=model)
+    model.subscribe(export)
+    say(f"spans: {settings.endpoint} ({settings.protocol})")
+    completed = False
+    try:
+        yield export
+        completed = True
+    finally:
+        # A session that failed to start has nothing worth waiting for or reporting.
+        health = export.shutdown(config.flush_timeout_s if completed else 0.0)
+    if completed:
+        lost = health.failed + health.dropped
+        if lost:
+            warn(
+                f"{lost:,} spans not exported ({health.failed:,} refused or unreachable, "
+                f"{health.dropped:,} dropped; last error: {health.last_error or 'none'})"
+            )
+        else:
+            say(f"spans: {health.exported:,} exported")
+
+
+def metric_sources(
+    monitor: BuildMonitor,
+    config: MetricsConfig,
+    *,
+    spans: OtlpSpanExport | None,
+    runner: PolicyRunner | None,
+    model: ReadModel,
+) -> MetricSources:
+    return MetricSources(
+        monitor,
+        build_id_label=config.build_id_label,
+        span_health=spans.health if spans is not None else None,
+        policy_health=runner.health if runner is not None else None,
+        eta=_eta_seconds(model, monitor),
+    )
+
+
+def _eta_seconds(model: ReadModel, monitor: BuildMonitor) -> Callable[[], float | None]:
+    return lambda: model.estimate(monitor.log.clock.mono_ns()).build.seconds
+
+
+@contextlib.contextmanager
+def metrics_endpoint(
+    registry: CollectorRegistry, config: MetricsConfig
+) -> Iterator[MetricsServer | None]:
+    """Prometheus' scrape endpoint for ``registry``, if asked for. On exit the final values
+    reach Prometheus: pushed to the Pushgateway, and a last scrape awaited (only when
+    something has been scraping)."""
+    server: MetricsServer | None = None
+    if config.port is not None:
+        try:
+            server = MetricsServer(registry, config.port, config.address)
+        except OSError as error:
+            raise UsageError(
+                f"cannot serve metrics on {config.address}:{config.port}: {error.strerror or error}"
+            ) from None
+        say(f"metrics: http://{server.address}:{server.port}/metrics")
+    completed = False
+    try:
+        yield server
+        completed = True
+    finally:
+        if completed:
+            _publish_final_values(registry, config, server)
+        elif server is not None:
+            server.close()
+
+
+def _publish_final_values(
+    registry: CollectorRegistry, config: MetricsConfig, server: MetricsServer | None
+) -> None:
+    """Let the final values reach Prometheus: push them, and wait for a last scrape."""
+    if config.pushgateway is not None:
+        try:
+            push_build_metrics(registry, config.pushgateway)
+        except OSError as error:
+            warn(f"cannot push metrics to {config.pushgateway}: {error}")
+    if server is not None:
+        began = time.monotonic()
+        if server.linger(config.linger_s):
+            say(f"metrics: final values scraped after {time.monotonic() - began:.1f}s")
+        server.close()
+
+
+@contextlib.contextmanager
+def status_server(
+    monitor: BuildMonitor,
+    config: HttpConfig,
+    *,
+    model: ReadModel,
+    registry: CollectorRegistry,
+) -> Iterator[StatusServer | None]:
+    """The HTTP view, if asked for; its /metrics serves ``registry``. Its events come from the
+    log: follow ``server.feed``."""
+    if config.port is None:
+        yield None
+        return
+    token, token_file = _cancel_token(config.cancel_token, monitor.build_id)
+    try:
+        try:
+            server = StatusServer(
+                monitor,
+                model,
+                registry,
+                port=config.port,
+                address=config.address,
+                cancel_token=token,
+            )
+        except OSError as error:
+            raise UsageError(
+                f"cannot serve HTTP on {config.address}:{config.port}: {error.strerror or error}"
+            ) from None
+        server.token_file = token_file
+        say(f"page: {server.url}/")
+        say(f"http: {server.url}/status  {server.url}/events")
+        if token_file is not None:
+            say(
+                f'cancel: curl -X POST -H "Authorization: Bearer $(cat {token_file})" '
+                f"{server.url}/cancel"
+            )
+        try:
+            yield server
+        finally:
+            server.close(linger_s=config.linger_s, unwatched=config.linger_unwatched)
+    finally:
+        if token_file is not None:
+            token_file.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Views:
+    """What :func:`attach_views` started: the span export and the HTTP view (each ``None`` when
+    not asked for) and the one registry behind every metrics view."""
+
+    spans: OtlpSpanExport | None
+    registry: CollectorRegistry
+    http: StatusServer | None
+
+
+def attach_views(
+    stack: contextlib.ExitStack[Any],
+    monitor: BuildMonitor,
+    observe: ObservabilityConfig,
+    *,
+    runner: PolicyRunner | None,
+    model: ReadModel,
+    collectors: Sequence[Collector] = (),
+) -> Views:
+    """The sinks ``trt-otel build``, ``run`` and ``watch`` attach alike, entered on ``stack``:
+    spans, then one registry (with ``collectors`` added) for scrapes, the HTTP view and the
+    push, then the scrape endpoint and the HTTP view. Each stops after the log's followers
+    have drained into it."""
+    spans = stack.enter_context(span_export(observe.spans, model))
+    sources = metric_sources(monitor, observe.metrics, spans=spans, runner=runner, model=model)
+    registry = metrics_registry(sources)  # one registry: scrapes, the HTTP view, the push
+    for collector in collectors:
+        registry.register(collector)
+    stack.enter_context(metrics_endpoint(registry, observe.metrics))
+    http = stack.enter_context(status_server(monitor, observe.http, model=model, registry=registry))
+    return Views(spans, registry, http)
+
+
+def _cancel_token(given: str | None, build_id: str) -> tuple[str, Path | None]:
+    """The bearer token for ``POST /cancel``: given (option or ``TRT_OTEL_CANCEL_TOKEN``), or
+    generated for this build and written to a file only its owner can read."""
+    token = given or os.environ.get("TRT_OTEL_CANCEL_TOKEN", "").strip()
+    if token:
+        return token, None
+    token = secrets.token_urlsafe(32)
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    directory = Path(base) / f"trt-otel-{os.getuid()}"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    if directory.stat().st_uid != os.getuid() or directory.stat().st_mode & 0o077:
+        raise UsageError(f"{directory} is not private to this user; give --cancel-token")
+    path = directory / f"{build_id}.token"
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(token + "\n")
+    return token, path
+
+
+# -- the log's followers -------------------------------------------------------------------------
+
+
+def open_journal(path: Path) -> JournalWriter:
+    try:
+        return JournalWriter(path)
+    except OSError as error:
+        raise UsageError(f"cannot write journal {path}: {error.strerror or error}") from None
+
+
+def console_view(config: ConsoleConfig, model: ReadModel) -> Subscriber:
+    """The live tree on a terminal, plain lines elsewhere; subscribed to ``model``."""
+    view: Subscriber
+    if config.live and sys.stderr.isatty():
+        view = LiveConsole(model)
+    else:
+        view = PlainLines(model, sys.stderr)
+    model.subscribe(view)
+    return view
+
+
+@contextlib.contextmanager
+def following(
+    log: EventLog,
+    followers: Sequence[tuple[Follower, int]],
+    model: ReadModel | None = None,
+    *,
+    inline: Sequence[Follower] = (),
+) -> Iterator[EventLog]:
+    """The log feeding each ``(follower, queue capacity)``, and each of ``inline`` on the
+    appending thread, a batch at a time (see :meth:`EventLog.add_batch_consumer`); on exit
+    every follower handles what is queued and is closed, and what any of them (or of
+    ``model``'s subscribers) lost is said."""
+    for follower, capacity in followers:
+        log.follow(follower, capacity=capacity)
+    for consumer in inline:
+        log.add_batch_consumer(consumer.handle)
+    try:
+        yield log
+    finally:
+        workers = log.workers
+        if not log.close(timeout_s=5.0):
+            warn("a follower did not finish in time")
+        if model is not None and model.is_fold:
+            model.close()  # the log's own fold: it has seen every event already
+        for consumer in inline:
+            consumer.close()
+        report_follower_health(workers)
+        for name, (failed, last_error) in (model.subscriber_errors if model else {}).items():
+            warn(f"{name}: failed on {failed:,} events (last error: {last_error})")
+
+
+def report_follower_health(workers: Sequence[FollowerWorker]) -> None:
+    """Say what a follower lost or failed at; the build itself was not affected."""
+    for worker in workers:
+        health = worker.health()
+        if health.dropped or health.errors:
+            warn(
+                f"{health.name}: {health.lost:,} events may be missing from it "
+                f"({health.dropped:,} dropped from a full queue, {health.failed_events:,} in "
+                f"{health.errors:,} failed batches; last error: {health.last_error or 'none'})"
+            )

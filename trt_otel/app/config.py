@@ -1,0 +1,165 @@
+"""What a command was asked to do, as typed values: the only shape configuration has past the
+command line.
+
+:mod:`trt_otel.app.arguments` turns parsed options into these; :mod:`trt_otel.app.session` and the
+commands read nothing else. Each group is a frozen dataclass with the defaults a library user
+gets, so ``SessionConfig()`` is a build with nothing attached, and a command takes only the
+groups it needs (``replay`` takes :class:`SpanConfig`, ``watch`` :class:`ConsoleConfig`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trt_otel.capture.supervisor import DEFAULT_GRACE_S
+from trt_otel.control.policies import CancelFile, CancelUrl, Policy, Stall, Timeout, any_of
+from trt_otel.views.otlp import OtlpSettings
+from trt_otel.views.spans import DEFAULT_FOLD_UNDER_NS, DEFAULT_SPAN_BUDGET
+
+LOOPBACK = "127.0.0.1"
+
+
+class UsageError(Exception):
+    """Bad input found before a build starts (exit code 2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """When to cancel the build, and how long a cancelled build gets before it is stopped."""
+
+    timeout_s: float | None = None
+    stall_timeout_s: float | None = None
+    cancel_file: Path | None = None
+    cancel_url: str | None = None
+    cancel_url_interval_s: float = 5.0
+    cancel_url_fail_closed: bool = False
+    grace_s: float = DEFAULT_GRACE_S
+    """Time a cancelled build gets to stop at TensorRT's next step before its process is
+    stopped from outside."""
+
+    def policy(self) -> Policy | None:
+        """The cancel policy these settings describe (any of them decides), or None."""
+        policies: list[Policy] = []
+        if self.timeout_s is not None:
+            policies.append(Timeout(self.timeout_s))
+        if self.stall_timeout_s is not None:
+            policies.append(Stall(self.stall_timeout_s))
+        if self.cancel_file is not None:
+            policies.append(CancelFile(self.cancel_file))
+        if self.cancel_url is not None:
+            policies.append(
+                CancelUrl(
+                    self.cancel_url,
+                    interval_s=self.cancel_url_interval_s,
+                    fail_closed=self.cancel_url_fail_closed,
+                )
+            )
+        return any_of(*policies) if policies else None
+
+
+@dataclass(frozen=True, slots=True)
+class SpanConfig:
+    """OpenTelemetry span export; ``OTEL_*`` variables fill in what is not given here."""
+
+    endpoint: str | None = None
+    protocol: str | None = None
+    span_budget: int = DEFAULT_SPAN_BUDGET
+    fold_under_s: float = DEFAULT_FOLD_UNDER_NS / 1e9
+    flush_timeout_s: float = 3.0
+    """At the end, how long to wait for the last spans to be exported."""
+
+    def settings(self, environ: Mapping[str, str] | None = None) -> OtlpSettings | None:
+        """Where and how spans go, or None when no endpoint is configured anywhere.
+
+        Raises :class:`~trt_otel.views.otlp.OtlpConfigError` for settings that cannot work."""
+        return OtlpSettings.resolve(
+            self.endpoint,
+            self.protocol,
+            environ=environ,
+            span_budget=self.span_budget,
+            fold_under_ns=round(self.fold_under_s * 1e9),
+        )
+
+
+DEFAULT_HTTP_LINGER_S = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class HttpConfig:
+    """The build's HTTP view (``/``, ``/status``, ``/events``, ``/metrics``, ``POST /cancel``)."""
+
+    port: int | None = None
+    """None serves nothing; 0 picks a free port."""
+    address: str = LOOPBACK
+    cancel_token: str | None = None
+    """None: ``TRT_OTEL_CANCEL_TOKEN``, else one generated per build."""
+    linger_s: float = DEFAULT_HTTP_LINGER_S
+    """After the build, how long the view keeps serving its final status, at most: until a
+    client has read it (``/status``, ``/healthz`` or the end of ``/events``)."""
+    linger_unwatched: bool = False
+    """Linger even when no client came by during the build (one is expected late); else a
+    build nobody watched ends at once."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    """Prometheus: a scrape endpoint of its own and/or a push when the build ends."""
+
+    port: int | None = None
+    """None serves no endpoint of its own; 0 picks a free port."""
+    address: str = LOOPBACK
+    linger_s: float = 15.0
+    """After the build, how long to wait for a last scrape (only when something scraped)."""
+    pushgateway: str | None = None
+    build_id_label: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GpuConfig:
+    """GPU telemetry through NVML, where it is present."""
+
+    enabled: bool = True
+    device: str | None = None
+    """Index or UUID; None: the first of ``CUDA_VISIBLE_DEVICES``, else 0."""
+    interval_s: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleConfig:
+    """The terminal view."""
+
+    live: bool = True
+    """The live tree when the stream is a terminal; False always writes plain lines."""
+
+
+@dataclass(frozen=True, slots=True)
+class ObservabilityConfig:
+    """Everything that watches a build without deciding anything about it."""
+
+    journal: Path | None = None
+    history: Path | None = None
+    """Journals of earlier builds of the model, for an ETA from how long they took."""
+    spans: SpanConfig = field(default_factory=SpanConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
+    console: ConsoleConfig = field(default_factory=ConsoleConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    """One observed, cancellable build."""
+
+    observe: ObservabilityConfig = field(default_factory=ObservabilityConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    in_process: bool = False
+    """Build in the calling process: no worker to stop from outside, so a cancel takes effect
+    at TensorRT's next step only."""
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "trt-otel" / "builds"

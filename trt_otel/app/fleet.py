@@ -1,0 +1,461 @@
+"""Builds run as their own ``trt-otel`` processes, found again through a state directory.
+
+Each build started here is a ``trt-otel build`` or ``trt-otel demo`` process of its own, in a
+session of its own (so it outlives whoever started it), with its HTTP view on loopback, its
+journal, and its output in a folder of the state directory::
+
+    STATE/ID/build.json    what was started: the command line, the process id, when
+    STATE/ID/token         the build's cancel token (0600)
+    STATE/ID/journal.jsonl the build's journal
+    STATE/ID/output.log    what the process printed (its HTTP address, its errors)
+
+Nothing else is kept: whoever reads the folder later (another process, after a restart) knows
+what this one knew. A build is *running* while its process lives, and its outcome is the one its
+journal records; a process gone without one is *lost*, and one that stopped before its build
+began *failed to start* (its output says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from trt_otel.app.config import UsageError
+from trt_otel.app.session import exit_code_of
+from trt_otel.core.events import Event
+from trt_otel.core.journal import JournalError, event_to_dict, read_journal
+from trt_otel.core.state import BuildState
+
+KINDS = ("build", "demo")
+RESERVED_OPTIONS = (
+    "--http-port",
+    "--http-address",
+    "--journal",
+    "--cancel-token",
+    "-o",
+    "--output",
+    "-h",
+    "--help",
+    "--version",
+)
+"""Options the fleet sets itself (or that would not start a build)."""
+STARTUP_S = 30.0
+_URL_LINE = re.compile(r"^http: (http://\S+)/status", re.MULTILINE)
+_ID = re.compile(r"^[0-9a-f]{12}$")
+
+
+class FleetError(Exception):
+    """A request the fleet cannot carry out; the message says why, for the caller."""
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """What ``build.json`` holds: a build as it was started."""
+
+    id: str
+    kind: str
+    argv: list[str]
+    pid: int
+    started_wall_s: float
+    model: str | None
+    engine: str | None
+
+
+class Fleet:
+    """The builds of one state directory."""
+
+    def __init__(self, state_dir: Path, *, python: str = sys.executable) -> None:
+        self.state_dir = state_dir
+        self.python = python
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        """Processes started by this one, to reap them (the folders are what counts)."""
+
+    # -- starting --------------------------------------------------------------------------
+
+    def start(
+        self,
+        kind: str,
+        *,
+        model: str | None = None,
+        output: str | None = None,
+        options: Sequence[str] = (),
+    ) -> dict[str, Any]:
+        """Check the request as the command line would, start the build, and return its
+        status once its process has announced its HTTP view (or has stopped)."""
+        if kind not in KINDS:
+            raise FleetError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
+        model_path = _model_path(model) if model is not None else None
+        if kind == "build" and model_path is None:
+            raise FleetError("a build needs a model: the path of an ONNX file")
+        for option in options:
+            name = option.split("=", 1)[0]
+            if name in RESERVED_OPTIONS:
+                raise FleetError(f"{name} is set by the server; leave it out")
+        build_id = secrets.token_hex(6)
+        folder = self.state_dir / build_id
+        engine = None
+        argv = [kind]
+        if kind == "build":
+            assert model_path is not None
+            engine = str(Path(output).expanduser().absolute()) if output else None
+            engine = engine or str(folder / "model.engine")
+            argv += [str(model_path), "--output", engine]
+        else:
+            if model_path is not None:
+                argv += ["--model", str(model_path)]
+            if output:
+                engine = str(Path(output).expanduser().absolute())
+                argv += ["--output", engine]
+        argv += [*options, "--no-progress", "--http-port", "0", "--journal"]
+        argv.append(str(folder / "journal.jsonl"))
+        check_command_line(argv)
+        try:
+            return self._launch(build_id, kind, argv, model_path, engine)
+        except OSError as error:  # an unwritable state directory, a full disk
+            raise FleetError(f"cannot start a build in {folder}: {error}") from None
+
+    def _launch(
+        self, build_id: str, kind: str, argv: list[str], model_path: Path | None, engine: str | None
+    ) -> dict[str, Any]:
+        folder = self.state_dir / build_id
+        folder.mkdir(parents=True, exist_ok=False)
+        token = secrets.token_urlsafe(32)
+        token_file = folder / "token"
+        with open(os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(token + "\n")
+        with open(folder / "output.log", "wb") as log:
+            process = subprocess.Popen(
+                [self.python, "-m", "trt_otel.app.cli", *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "TRT_OTEL_CANCEL_TOKEN": token},
+                start_new_session=True,  # it outlives this process and its terminal's signals
+            )
+        self._children[process.pid] = process
+        record = Record(
+            id=build_id,
+            kind=kind,
+            argv=argv,
+            pid=process.pid,
+            started_wall_s=time.time(),
+            model=str(model_path) if model_path is not None else None,
+            engine=engine,
+        )
+        temporary = folder / "build.json.tmp"
+        temporary.write_text(json.dumps(dataclasses.asdict(record)))
+        temporary.replace(folder / "build.json")
+        deadline = time.monotonic() + STARTUP_S
+        while time.monotonic() < deadline:
+            if self._url(folder) is not None or not self._alive(record):
+                break
+            time.sleep(0.05)
+        status = self.status(build_id)
+        if status["state"] == "failed_to_start":
+            raise FleetError(f"the build did not start: {status['error']}")
+        return status
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def ids(self) -> list[str]:
+        if not self.state_dir.is_dir():
+            return []
+        found = [
+            (folder.stat().st_mtime, folder.name)
+            for folder in self.state_dir.iterdir()
+            if _ID.match(folder.name) and (folder / "build.json").is_file()
+        ]
+        return [name for _, name in sorted(found)]
+
+    def list(self) -> list[dict[str, Any]]:
+        keys = ("id", "kind", "model", "state", "outcome", "progress", "started_wall_s")
+        return [{key: self.status(i, live=False).get(key) for key in keys} for i in self.ids()]
+
+    def status(self, build_id: str, *, live: bool = True) -> dict[str, Any]:
+        """The build as one document: from its journal, and from its HTTP view while it runs
+        (the view has the estimates and the phase tree)."""
+        record = self._record(build_id)
+        folder = self.state_dir / build_id
+        alive = self._alive(record)
+        state, _ = _fold_journal(folder / "journal.jsonl")
+        url = self._url(folder)
+        document: dict[str, Any] = {
+            "id": build_id,
+            "kind": record.kind,
+            "model": record.model,
+            "engine": record.engine,
+            "started_wall_s": record.started_wall_s,
+            "journal": str(folder / "journal.jsonl"),
+            "url": url,
+            "page": f"{url}/" if url else None,
+            "build_id": state.build_id,
+            "last_seq": state.last_seq,
+            "progress": state.progress_ratio(),
+            "steps_completed": state.steps_completed_total,
+            "outcome": state.outcome.value if state.outcome is not None else None,
+            "exit_code": exit_code_of(state.outcome) if state.outcome is not None else None,
+            "detail": state.outcome_detail or None,
+            "cancel": None
+            if state.cancel is None
+            else {"reason": state.cancel.reason, "source": state.cancel.source},
+        }
+        if state.start_mono_ns is not None and state.end_mono_ns is not None:
+            document["elapsed_s"] = (state.end_mono_ns - state.start_mono_ns) / 1e9
+        if state.outcome is not None:
+            document["state"] = "finished"
+        elif alive:
+            document["state"] = "cancelling" if state.cancel is not None else "running"
+            if state.build_id is None and url is None:
+                document["state"] = "starting"
+        elif state.build_id is None:
+            document["state"] = "failed_to_start"
+            document["error"] = _last_error(folder / "output.log")
+        else:
+            document["state"] = "lost"
+            document["error"] = "the build's process ended before its journal recorded an end"
+        if live and alive and url is not None and state.outcome is None:
+            view = _get_json(f"{url}/status")
+            if view is not None:
+                document.update(
+                    state="cancelling" if view.get("status") == "cancelling" else "running",
+                    progress=view.get("progress"),
+                    steps_completed=view.get("steps_completed"),
+                    elapsed_s=view.get("elapsed_s"),
+                    eta=view.get("eta"),
+                    open_phases=_open_path(view.get("phases") or []),
+                    gpu=view.get("gpu"),
+                )
+        return document
+
+    def events(self, build_id: str, since_seq: int = -1, limit: int = 200) -> dict[str, Any]:
+        """Events after ``since_seq``, from the journal (at most ``limit``)."""
+        self._record(build_id)
+        if limit < 1:
+            raise FleetError("limit must be 1 or more")
+        _, events = _fold_journal(self.state_dir / build_id / "journal.jsonl")
+        after = [e for e in events if e.seq > since_seq]
+        chosen = after[:limit]
+        return {
+            "events": [event_to_dict(e) for e in chosen],
+            "next_seq": chosen[-1].seq if chosen else since_seq,
+            "more": len(after) > len(chosen),
+        }
+
+    def wait(
+        self, build_id: str, until: str = "progress", timeout_s: float = 30.0
+    ) -> dict[str, Any]:
+        """Wait until the build progresses (a step, a phase, a cancel, its end) or ends, or
+        ``timeout_s`` passes; the build's status and what happened."""
+        if until not in ("progress", "end"):
+            raise FleetError("until is 'progress' or 'end'")
+        if not 0 <= timeout_s <= 600:
+            raise FleetError("timeout_s must be between 0 and 600 seconds")
+        first = self.status(build_id)
+        deadline = time.monotonic() + timeout_s
+        baseline = _progress_key(first)
+        current = first
+        while True:
+            if current["state"] in ("finished", "failed_to_start", "lost"):
+                return {"reason": "ended", "status": current}
+            if until == "progress" and _progress_key(current) != baseline:
+                return {"reason": "progressed", "status": current}
+            if time.monotonic() >= deadline:
+                return {"reason": "timeout", "status": current}
+            time.sleep(0.25)
+            current = self.status(build_id)
+
+    # -- cancelling ------------------------------------------------------------------------
+
+    def cancel(self, build_id: str, reason: str = "") -> dict[str, Any]:
+        record = self._record(build_id)
+        folder = self.state_dir / build_id
+        status = self.status(build_id, live=False)
+        if status["state"] not in ("running", "cancelling", "starting"):
+            raise FleetError(f"build {build_id} is not running ({status['state']})")
+        deadline = time.monotonic() + STARTUP_S
+        url = self._url(folder)
+        while url is None and self._alive(record) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            url = self._url(folder)
+        if url is None:
+            raise FleetError(f"build {build_id} has no HTTP view to cancel it through")
+        token = (folder / "token").read_text().strip()
+        request = urllib.request.Request(
+            f"{url}/cancel",
+            data=json.dumps({"reason": reason or "cancelled through MCP"}).encode(),
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                answer = json.loads(response.read())
+                code = response.status
+        except urllib.error.HTTPError as error:
+            if error.code == 409:
+                raise FleetError(f"build {build_id} has already ended") from None
+            raise FleetError(f"the build refused the cancel: HTTP {error.code}") from None
+        except (OSError, ValueError) as error:
+            raise FleetError(f"cannot reach build {build_id}: {error}") from None
+        return {
+            "id": build_id,
+            "accepted": True,
+            "first": code == 202,
+            "reason": answer.get("reason"),
+            "note": "TensorRT stops at its next step; a build silent longer than its grace "
+            "period is stopped from outside. wait_build(until='end') follows it.",
+        }
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _record(self, build_id: str) -> Record:
+        if not _ID.match(build_id):
+            raise FleetError(f"no build {build_id!r} (ids are 12 hex digits)")
+        path = self.state_dir / build_id / "build.json"
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise FleetError(f"no build {build_id!r} in {self.state_dir}") from None
+        except (OSError, ValueError) as error:
+            raise FleetError(f"cannot read {path}: {error}") from None
+        return Record(**data)
+
+    def _alive(self, record: Record) -> bool:
+        child = self._children.get(record.pid)
+        if child is not None:
+            if child.poll() is None:  # also reaps it once it has ended
+                return True
+            del self._children[record.pid]
+            return False
+        # Not ours (started before a restart): its process, if the pid still names it.
+        try:
+            cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes()
+            stat = Path(f"/proc/{record.pid}/stat").read_text()
+        except OSError:
+            return _pid_alive(record.pid) and not Path("/proc").is_dir()
+        zombie = stat.rsplit(")", 1)[-1].split()[0] == "Z"
+        return not zombie and record.id.encode() in cmdline
+
+    def _url(self, folder: Path) -> str | None:
+        try:
+            with open(folder / "output.log", "rb") as output:
+                head = output.read(16384).decode("utf-8", "replace")
+        except OSError:
+            return None
+        match = _URL_LINE.search(head)
+        return match.group(1) if match else None
+
+
+def check_command_line(argv: Sequence[str]) -> None:
+    """Check a ``trt-otel`` command line with the command's own parser and checks: a bad one
+    raises :class:`FleetError` with the command's message, and nothing is started."""
+    from trt_otel.app.commands import build_parser, command_of
+
+    parser = build_parser()
+
+    def refuse(message: str) -> NoReturn:
+        raise FleetError(message)
+
+    # argparse reports errors by printing and exiting; here they are the caller's answer.
+    for sub in _subparsers(parser):
+        sub.error = refuse  # type: ignore[method-assign]
+    parser.error = refuse  # type: ignore[method-assign]
+    args = parser.parse_args(list(argv))
+    try:
+        command_of(args)
+    except UsageError as error:
+        raise FleetError(str(error)) from None
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    found: list[argparse.ArgumentParser] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found.extend(action.choices.values())
+    return found
+
+
+def _model_path(model: str) -> Path:
+    path = Path(model).expanduser().absolute()
+    if not path.exists():
+        raise FleetError(f"model not found: {path}")
+    if not path.is_file():
+        raise FleetError(f"model is not a regular file: {path}")
+    if not os.access(path, os.R_OK):
+        raise FleetError(f"model is not readable: {path}")
+    return path
+
+
+def _fold_journal(path: Path) -> tuple[BuildState, list[Event]]:
+    state = BuildState()
+    try:
+        journal = read_journal(path)
+    except (OSError, JournalError):
+        return state, []  # not written yet (or not at all)
+    for event in journal.events:
+        state.apply(event)
+    return state, journal.events
+
+
+def _get_json(url: str) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            document = json.loads(response.read())
+    except (OSError, ValueError):
+        return None  # the build has just ended, or is busy; the journal answers
+    return document if isinstance(document, dict) else None
+
+
+def _open_path(phases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The open phases from the root to the innermost, each with its steps."""
+    path: list[dict[str, Any]] = []
+    level = phases
+    while True:
+        open_ones = [p for p in level if p.get("status") == "open"]
+        if not open_ones:
+            return path
+        phase = open_ones[-1]
+        path.append(
+            {
+                "name": phase.get("name"),
+                "steps": f"{int(phase.get('last_step', -1)) + 1}/{phase.get('num_steps')}",
+                "elapsed_s": phase.get("elapsed_s"),
+            }
+        )
+        level = phase.get("children") or []
+
+
+def _progress_key(status: dict[str, Any]) -> tuple[Any, ...]:
+    return (status["state"], status.get("steps_completed"), status.get("last_seq"),
+            status.get("cancel") is not None)  # fmt: skip
+
+
+def _last_error(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "no output"
+    errors = [line for line in lines if "error" in line.lower()]
+    return (errors or lines or ["no output"])[-1]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

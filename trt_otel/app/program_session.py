@@ -1,0 +1,108 @@
+"""``trt-otel run`` as the command runs it: one event log for every build of the program, the
+same followers and sinks as a build's session (:mod:`trt_otel.app.components`), and the program.
+
+The parts built for one build see the run through :class:`~trt_otel.capture.program.CurrentBuild`:
+the HTTP view shows and cancels the build being made, and its event stream runs across all of
+them; the metrics read the current build, and :class:`~trt_otel.capture.program.RunCollector` counts
+the builds by outcome. The GPU is sampled while a build is being made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import sys
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, cast
+
+from trt_otel.app.components import (
+    DEEP_QUEUE,
+    attach_views,
+    build_context,
+    following,
+    open_journal,
+    warn,
+)
+from trt_otel.app.config import SessionConfig
+from trt_otel.app.run import resolve_command, run_program
+from trt_otel.capture.gpu import GpuReader, GpuSampler
+from trt_otel.capture.monitor import BuildMonitor
+from trt_otel.capture.program import CurrentBuild, ProgramBuilds, RunCollector
+from trt_otel.core.followers import Follower
+from trt_otel.core.log import EventLog
+from trt_otel.core.readmodel import ReadModel
+from trt_otel.views.console import PlainLines
+from trt_otel.views.http import EventFeed
+
+
+def say(message: str) -> None:
+    # One write per line: whole lines among the program's own on the same stream.
+    sys.stderr.write(f"trt-otel: {message}\n")
+    sys.stderr.flush()
+
+
+def run_program_session(command: Sequence[str], config: SessionConfig) -> int:
+    """Run ``command`` with its builds observed as ``config`` asks; returns the exit code."""
+    argv = resolve_command(command)  # a usage error before anything starts
+    with observed_builds(config, {"program.command": shlex.join(argv)}) as builds:
+        ended = run_program(argv, builds, grace_s=config.policy.grace_s, say=say)
+    if config.observe.journal is not None:
+        say(f"journal: {config.observe.journal}")
+    say(ended.summary)
+    return ended.exit_code
+
+
+@contextlib.contextmanager
+def observed_builds(
+    config: SessionConfig, attributes: dict[str, Any], *, progress: bool = True
+) -> Iterator[ProgramBuilds]:
+    """Builds on one log with everything ``config`` asks for attached, for as long as the
+    context lasts: ``trt-otel run``'s, and ``trt_otel.instrument()``'s. ``progress``: plain
+    lines on stderr."""
+    observe = config.observe
+    with contextlib.ExitStack() as stack:
+        gpu, history = build_context(stack, observe, attributes)
+        log = EventLog()
+        builds = ProgramBuilds(
+            log, attributes=attributes, policy=config.policy.policy, warn=warn, say=say
+        )
+        current = CurrentBuild(builds, uuid.uuid4().hex)
+        # What the one-build views read of a monitor, CurrentBuild has (see its docstring).
+        monitor = cast(BuildMonitor, current)
+        model = ReadModel(history)  # the builds folded once, for every view below
+
+        http = attach_views(
+            stack, monitor, observe, runner=None, model=model, collectors=[RunCollector(builds)]
+        ).http
+        if progress:
+            # Plain lines even on a terminal: a live tree redraws lines the program writes.
+            model.subscribe(PlainLines(model, sys.stderr))
+        policy = config.policy.policy()
+        if policy is not None:
+            say(f"policy (each build): {policy.describe()}")
+
+        followers: list[tuple[Follower, int]] = []
+        if observe.journal is not None:
+            followers.append((open_journal(observe.journal), DEEP_QUEUE))
+        followers.append((model, DEEP_QUEUE))
+        if http is not None:
+            # No client yet: the stream of a run goes on across its builds.
+            http.feed = EventFeed(ends_with_build=False)
+            followers.append((http.feed, DEEP_QUEUE))
+        stack.enter_context(following(log, followers, model))
+        if gpu is not None:
+            builds.listeners = (_sample_while_building(gpu, config),)
+        yield builds
+
+
+def _sample_while_building(
+    gpu: GpuReader, config: SessionConfig
+) -> Callable[[BuildMonitor], Callable[[], None]]:
+    def start(monitor: BuildMonitor) -> Callable[[], None]:
+        sampler = GpuSampler(
+            monitor.log, gpu, interval_s=config.observe.gpu.interval_s, warn=warn
+        ).start()
+        return sampler.stop
+
+    return start

@@ -1,0 +1,323 @@
+"""``trt-otel watch JOURNAL`` with session options: the exporter and supervisor of a build that
+runs in another process, such as a C++ program using ``trt_otel::ProgressMonitor``.
+
+The build's journal is the log. Its events are appended, with their own ``seq``, times and
+threads, to a local :class:`~trt_otel.core.log.EventLog` whose followers are those of a build run
+here (spans, metrics, the HTTP view, the console, the ETA), so a build watched this way is
+exported exactly as the same callbacks made in Python would be.
+
+A decision made here (a policy, ``POST /cancel``) cannot reach TensorRT directly: it is written
+to the control file that the build's monitor polls (its cancel file), as one JSON line with the
+reason, source, timeout flag and policy. The build records the cancel itself, and that event
+comes back through the journal like every other: the journal stays the one record of the build.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from trt_otel.app.components import (
+    DEEP_QUEUE,
+    attach_views,
+    console_view,
+    following,
+    load_history,
+    say,
+    warn,
+)
+from trt_otel.app.config import SessionConfig, UsageError
+from trt_otel.capture.liveness import DEFAULT_LOST_AFTER_S, Writer
+from trt_otel.capture.monitor import BuildMonitor
+from trt_otel.capture.watch import follow_journal
+from trt_otel.control.policies import PolicyRunner
+from trt_otel.core.durations import format_duration
+from trt_otel.core.events import BuildFinished, BuildStarted, Event, Outcome
+from trt_otel.core.followers import Follower
+from trt_otel.core.journal import (
+    JournalError,
+    JournalProblem,
+    LineReader,
+    encode_events,
+    parse_header,
+)
+from trt_otel.core.readmodel import ReadModel
+from trt_otel.views.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent, trace_id_for
+
+FIRST_EVENT_TIMEOUT_S = 30.0
+
+
+class RemoteBuild(BuildMonitor):
+    """The monitor of a build in another process, as seen through its journal.
+
+    Its log receives the build's own events (see :meth:`feed`); it records nothing itself.
+    :meth:`cancel` hands the decision to the build through ``control_file``.
+    """
+
+    def __init__(self, control_file: Path | None, *, started: BuildStarted) -> None:
+        super().__init__(build_id=started.build_id, attributes=started.attributes)
+        self.control_file = control_file
+        self._requested = False
+        self._request_lock = threading.Lock()
+        self.requested = threading.Event()
+        """Set once a cancel was written to the control file."""
+
+    def start(self, **attributes: Any) -> None:
+        """The build's own ``build_start`` comes from its journal."""
+
+    @property
+    def cancelled(self) -> bool:
+        return self._requested or self.state.cancel is not None
+
+    def cancel(
+        self, reason: str, *, source: str = "user", timeout: bool = False, policy: str = ""
+    ) -> bool:
+        """Write the decision to the control file, for the build's monitor to act on at its
+        next poll (it records the ``cancel`` event). Only the first request is written."""
+        with self._request_lock:
+            if self._requested or self.state.cancel is not None:
+                return False
+            if self.control_file is None:
+                warn(f"cannot cancel ({reason}): watch was not given --control-file")
+                return False
+            decision = {"reason": reason, "source": source, "timeout": timeout, "policy": policy}
+            try:
+                _write_atomically(self.control_file, json.dumps(decision) + "\n")
+            except OSError as error:
+                warn(f"cannot write the control file {self.control_file}: {error}")
+                return False
+            self._requested = True
+            self.requested.set()
+        say(f"cancel requested through {self.control_file}: {reason}")
+        return True
+
+    def feed(self, events: Sequence[Event]) -> None:
+        """Append the build's events as they were recorded. A gap in ``seq`` (events its writer
+        lost, which the reader has reported) continues from the next event's ``seq``."""
+        self.log.extend(list(events), resync=True)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    # The build's monitor polls for the file: it must never see it half written.
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def first_event(
+    path: Path, timeout_s: float = FIRST_EVENT_TIMEOUT_S
+) -> tuple[dict[str, Any], BuildStarted]:
+    """The journal's header and first event, its ``build_start`` (the build id and attributes
+    every projection needs), waiting for a writer that has only just started."""
+    deadline = time.monotonic() + timeout_s
+    reader = LineReader()
+    header: dict[str, Any] | None = None
+    offset = 0
+    while True:
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(offset)
+                chunk = handle.read(1 << 16)
+        except FileNotFoundError:
+            chunk = b""
+        except OSError as error:
+            raise JournalError(f"cannot read journal {str(path)!r}: {error.strerror}") from None
+        offset += len(chunk)
+        if header is None and chunk:
+            first_line, newline, rest = chunk.partition(b"\n")
+            if not newline:
+                offset -= len(chunk)  # the header is still being written
+                chunk = b""
+            else:
+                header, chunk = parse_header(first_line + newline, path), rest
+        for item in reader.feed(chunk) if chunk else []:
+            if isinstance(item, JournalProblem):
+                continue
+            if isinstance(item, BuildStarted):
+                assert header is not None
+                return header, item
+            raise JournalError(f"{path}: the first event is {item.type}, not build_start")
+        if time.monotonic() > deadline:
+            raise JournalError(f"{path}: no build started within {timeout_s:.0f}s")
+        time.sleep(0.05)
+
+
+TERMINATE_TO_KILL_S = 5.0
+
+
+class Escalation:
+    """Stops a cancelled build that TensorRT does not stop (a silent window) from outside, as
+    ``trt-otel build`` stops its worker: ``after_s`` after the cancel was written to the control
+    file, the journal's writer (named in its header, on this host) gets SIGTERM, then SIGKILL
+    5 s later. Its journal then has no end, so watch ends it: a ``build_end`` appended as the
+    writer's own would have been, saying how the build was stopped. Runs on its own thread."""
+
+    def __init__(
+        self, journal: Path, header: dict[str, Any], monitor: RemoteBuild, after_s: float
+    ) -> None:
+        self.journal = journal
+        self.writer = Writer.from_header(header)
+        self.monitor = monitor
+        self.after_s = after_s
+        self._stop = threading.Event()
+        self.stopping_writer = threading.Event()
+        """Set before the writer is signalled: its death is ours, and its end is ours to write."""
+        self._thread = threading.Thread(target=self._run, name="trt-otel-escalation", daemon=True)
+
+    def __enter__(self) -> Escalation:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self.monitor.requested.set()  # wakes the thread if no cancel ever came
+        self._thread.join(2 * TERMINATE_TO_KILL_S + 5)
+
+    def _ended(self) -> bool:
+        return self.monitor.state.outcome is not None
+
+    def _run(self) -> None:
+        self.monitor.requested.wait()
+        if self._stop.wait(self.after_s) or self._ended():
+            return
+        if self.writer.pid is None or self.writer.running_here() is not True:
+            warn(
+                f"the build has not stopped {format_duration(self.after_s)} after its cancel, "
+                "and its process cannot be stopped from here (not named in its journal, or not "
+                "on this host)"
+            )
+            return
+        pid, stopped_with = self.writer.pid, "SIGTERM"
+        self.stopping_writer.set()
+        say(f"the build has not stopped: sending SIGTERM to its process ({self.writer.describe()})")
+        os.kill(pid, signal.SIGTERM)
+        if not self._gone_within(TERMINATE_TO_KILL_S):
+            stopped_with = "SIGKILL"
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            self._gone_within(TERMINATE_TO_KILL_S)
+        if not self._ended():
+            self._end_journal(stopped_with)
+
+    def _gone_within(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self._ended() or self.writer.running_here() is False:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def _end_journal(self, stopped_with: str) -> None:
+        """Append the build's end to its journal, whose writer is gone: the one record stays
+        complete, and every follower (this watch included) reads how the build ended."""
+        cancel = self.monitor.state.cancel
+        timeout = cancel.timeout if cancel is not None else False
+        reason = cancel.reason if cancel is not None else "cancelled by trt-otel watch"
+        detail = (
+            f"{reason}; TensorRT had not stopped {format_duration(self.after_s)} later, so its "
+            f"process was stopped with {stopped_with}"
+        )
+        with open(self.journal, "rb+") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - (1 << 20)))
+            tail = handle.read()
+            last_seq = -1
+            for item in LineReader().feed(tail.partition(b"\n")[2] if size > len(tail) else tail):
+                if not isinstance(item, JournalProblem):
+                    last_seq = item.seq
+            end = BuildFinished(
+                seq=max(last_seq, self.monitor.log.next_seq - 1) + 1,
+                wall_ns=time.time_ns(),
+                mono_ns=time.monotonic_ns(),
+                thread="trt-otel-watch",
+                outcome=Outcome.TIMEOUT if timeout else Outcome.CANCELLATION,
+                detail=detail,
+                error_type="timeout" if timeout else None,
+            )
+            # A line the kill cut short is ended first, so only it reads as corrupt.
+            torn = b"" if not tail or tail.endswith(b"\n") else b"\n"
+            handle.write(torn + encode_events([end]))
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def supervises(config: SessionConfig, control_file: Path | None) -> bool:
+    """Whether watching a journal asks for more than the console: then watch runs a session."""
+    observe = config.observe
+    return (
+        control_file is not None
+        or config.policy.policy() is not None
+        or observe.http.port is not None
+        or observe.metrics.port is not None
+        or observe.metrics.pushgateway is not None
+        or observe.history is not None
+        or observe.journal is not None
+        or observe.spans.settings() is not None
+    )
+
+
+def watch_and_supervise(
+    journal: Path,
+    config: SessionConfig,
+    control_file: Path | None,
+    *,
+    lost_after_s: float = DEFAULT_LOST_AFTER_S,
+    terminate_after_s: float | None = None,
+) -> BuildFinished | None:
+    """Follow the build of ``journal`` to its end with everything ``config`` asks for attached;
+    returns its end (None if interrupted before it)."""
+    observe = config.observe
+    if observe.journal is not None:
+        raise UsageError("watch reads the build's journal; --journal does not apply to it")
+    if observe.gpu.device is not None:
+        raise UsageError("watch does not sample the GPU: the build's own process would have to")
+    policy = config.policy.policy()
+    if policy is not None and control_file is None:
+        raise UsageError(
+            "policy options need --control-file: the file the build's monitor polls "
+            "(trt_otel::Options::cancel_file), through which watch cancels it"
+        )
+    if terminate_after_s is not None and control_file is None:
+        raise UsageError("--terminate-after needs --control-file: watch cancels through it first")
+    header, started = first_event(journal)
+    with contextlib.ExitStack() as stack:
+        attributes = dict(started.attributes)
+        history = load_history(observe.history, attributes)
+        monitor = RemoteBuild(control_file, started=started)
+        runner = PolicyRunner(monitor, policy, warn=warn) if policy is not None else None
+        model = ReadModel(history)  # the build folded once, for every view below
+
+        # As run_session attaches them to a build run here.
+        views = attach_views(stack, monitor, observe, runner=runner, model=model)
+        spans, http = views.spans, views.http
+        console_view(observe.console, model)
+        if spans is not None:
+            remote = parse_traceparent(str(attributes.get(TRACEPARENT_ATTRIBUTE, "")))
+            say(f"trace: {trace_id_for(started.build_id, remote):032x}")
+        if runner is not None:
+            say(f"policy: {runner.policy.describe()} (through {control_file})")
+
+        followers: list[tuple[Follower, int]] = [(model, DEEP_QUEUE)]
+        if http is not None:
+            followers.append((http.feed, DEEP_QUEUE))
+        stack.enter_context(following(monitor.log, followers, model))
+        if runner is not None:
+            stack.enter_context(runner)
+        ending = None
+        if terminate_after_s is not None:
+            escalation = Escalation(journal, header, monitor, terminate_after_s)
+            ending = stack.enter_context(escalation).stopping_writer
+        return follow_journal(
+            journal, monitor.feed, warn=warn, lost_after_s=lost_after_s, ending=ending
+        )
+
+
+__all__ = ["Escalation", "RemoteBuild", "first_event", "supervises", "watch_and_supervise"]

@@ -1,0 +1,250 @@
+"""One build as the command runs it: the log and its followers, the policies, the worker, and
+the outcome turned into an exit code.
+
+:func:`run_session` reads as the architecture: every part is a context manager (see
+:mod:`trt_otel.app.components`) entered into one :class:`~contextlib.ExitStack` in the order of
+the design's diagram, so they stop in reverse: the build first, then the policies and the GPU
+sampler, then the log's followers (which drain into the sinks), then the sinks themselves.
+
+Exit codes (the contract): 0 built; 2 usage or configuration error, before any build starts;
+3 cancelled; 4 the build failed; 130 interrupted by the user (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+from trt_otel.app.components import (
+    DEEP_QUEUE,
+    attach_views,
+    build_context,
+    console_view,
+    following,
+    open_journal,
+    say,
+    warn,
+)
+from trt_otel.app.config import SessionConfig, UsageError
+from trt_otel.builder.build import BuildJob, BuildResult, partial_files, run_build_job
+from trt_otel.capture.gpu import GpuSampler
+from trt_otel.capture.monitor import BuildMonitor
+from trt_otel.capture.supervisor import IsolatedResult, StopNow, run_isolated
+from trt_otel.control.policies import PolicyRunner
+from trt_otel.control.signals import handling_interrupts
+from trt_otel.core.durations import format_duration
+from trt_otel.core.events import Outcome
+from trt_otel.core.followers import Follower
+from trt_otel.core.readmodel import ReadModel
+from trt_otel.views.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent, trace_id_for
+
+__all__ = [
+    "EXIT_CANCELLED",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "UsageError",
+    "exit_code_of",
+    "run_session",
+    "warn",
+]
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_CANCELLED = 3
+EXIT_FAILED = 4
+EXIT_INTERRUPTED = 130
+
+
+def run_session(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]) -> int:
+    """Run one build with everything ``config`` asks for attached; returns the exit code."""
+    observe = config.observe
+    policy = config.policy.policy()
+    with contextlib.ExitStack() as stack:
+        gpu, history = build_context(stack, observe, attributes)
+        model = ReadModel(history)  # the build folded once, for every view below
+        # Only a build in this process attaches this monitor to a builder library, and keeps
+        # the minimum on TensorRT's threads (the model follows); a supervisor's monitor, which
+        # replays its worker's callbacks, folds the model itself.
+        monitor = BuildMonitor(
+            attributes=attributes,
+            backend=job.monitor_backend if config.in_process else "none",
+            forget_closed=True,
+            model=None if config.in_process else model,
+        )
+        runner = PolicyRunner(monitor, policy, warn=warn) if policy is not None else None
+
+        # Sinks: each stops after the log's followers have drained into it.
+        views = attach_views(stack, monitor, observe, runner=runner, model=model)
+        spans, http = views.spans, views.http
+        console_view(observe.console, model)
+        _announce(monitor.build_id, attributes, spans is not None, runner)
+
+        # The log's followers, each on its own thread behind a bounded queue.
+        followers: list[tuple[Follower, int]] = []
+        if observe.journal is not None:
+            journal = open_journal(observe.journal)
+            followers.append((journal, DEEP_QUEUE))
+            if model.is_fold:  # the supervisor: lines encoded as each frame's events are made
+                monitor.log.add_batch_consumer(journal.encode_ahead)
+        if not model.is_fold:
+            followers.append((model, DEEP_QUEUE))
+        inline: list[Follower] = []
+        if http is not None:
+            if model.is_fold:  # the supervisor: the feed keeps each frame's events as made
+                inline.append(http.feed)
+            else:
+                followers.append((http.feed, DEEP_QUEUE))
+        stack.enter_context(following(monitor.log, followers, model, inline=inline))
+
+        # Things that act during the build: policies, the GPU sampler, signal handlers.
+        monitor.start()
+        if runner is not None:
+            stack.enter_context(runner)
+        if gpu is not None:
+            sampler = GpuSampler(monitor.log, gpu, interval_s=observe.gpu.interval_s, warn=warn)
+            stack.enter_context(sampler)
+        signals = stack.enter_context(_cancel_on_signals(monitor))
+        result, interrupted = _build(monitor, job, config)
+        interrupted = interrupted or signals.interrupted
+    if observe.journal is not None:
+        say(f"journal: {observe.journal}")
+    if interrupted:
+        return EXIT_INTERRUPTED
+    assert result is not None
+    if result.outcome is Outcome.SUCCESS and result.engine_path is not None:
+        say(f"engine: {result.engine_path} ({result.engine_bytes:,} bytes)")
+    if monitor.state.error_type == "BuildSetupError":  # found only where the build runs
+        return EXIT_USAGE
+    return exit_code_of(result.outcome)
+
+
+def _announce(
+    build_id: str, attributes: dict[str, Any], spans: bool, runner: PolicyRunner | None
+) -> None:
+    if spans:
+        remote = parse_traceparent(str(attributes.get(TRACEPARENT_ATTRIBUTE, "")))
+        say(f"trace: {trace_id_for(build_id, remote):032x}")
+    if runner is not None:
+        say(f"policy: {runner.policy.describe()}")
+
+
+def _build(
+    monitor: BuildMonitor, job: BuildJob, config: SessionConfig
+) -> tuple[BuildResult | None, bool]:
+    """Run the build (in a worker process unless asked not to); its result, and whether the
+    user interrupted it."""
+    try:
+        if config.in_process:
+            return run_build_job(monitor, job), False
+        grace_s = config.policy.grace_s
+        isolated = run_isolated(
+            run_build_job, job, monitor=monitor, grace_s=grace_s, backend=job.monitor_backend
+        )
+        return _conclude(monitor, isolated, job, grace_s), isolated.interrupted
+    except StopNow as stop:  # in-process: nothing to stop but this build, which ends here
+        detail = f"received {stop.signal_name} again: stopped at once"
+        monitor.cancel(f"received {stop.signal_name}", source="signal")
+        monitor.end(Outcome.CANCELLATION, detail)
+        return BuildResult(Outcome.CANCELLATION, detail, None, 0), False
+    except KeyboardInterrupt:
+        monitor.cancel("interrupted by the user", source="signal")
+        monitor.end(Outcome.CANCELLATION, "interrupted by the user")
+        return None, True
+
+
+def exit_code_of(outcome: Outcome) -> int:
+    if outcome is Outcome.SUCCESS:
+        return EXIT_OK
+    if outcome in (Outcome.CANCELLATION, Outcome.TIMEOUT):
+        return EXIT_CANCELLED
+    return EXIT_FAILED
+
+
+def _conclude(
+    monitor: BuildMonitor, isolated: IsolatedResult, job: BuildJob, grace_s: float
+) -> BuildResult:
+    """Record how the worker ended, as the build's outcome."""
+    if isolated.returned and isinstance(isolated.value, BuildResult):
+        if monitor.state.outcome is None:  # its end event was lost with the worker
+            monitor.end(isolated.value.outcome, isolated.value.detail)
+        return isolated.value
+    if job.engine_path is not None and isolated.pid is not None:
+        for leftover in partial_files(job.engine_path, isolated.pid):
+            leftover.unlink(missing_ok=True)
+    cancel = monitor.state.cancel
+    if isolated.stopped_with is not None:
+        if isolated.stopped_now is not None:
+            detail = (
+                f"received {isolated.stopped_now} again; the build's process was stopped with "
+                f"{isolated.stopped_with}"
+            )
+            monitor.end(Outcome.CANCELLATION, detail)
+            return BuildResult(Outcome.CANCELLATION, detail, None, 0)
+        if isolated.interrupted or cancel is None:
+            detail = (
+                f"interrupted by the user; the build's process was stopped with "
+                f"{isolated.stopped_with}"
+            )
+            monitor.end(Outcome.CANCELLATION, detail)
+            return BuildResult(Outcome.CANCELLATION, detail, None, 0)
+        outcome = Outcome.TIMEOUT if cancel.timeout else Outcome.CANCELLATION
+        detail = (
+            f"{cancel.reason}; TensorRT had not stopped {format_duration(grace_s)} later, "
+            f"so its process was stopped with {isolated.stopped_with}"
+        )
+        monitor.end(outcome, detail)
+        return BuildResult(outcome, detail, None, 0)
+    if isolated.error is not None:
+        detail = f"{isolated.error_type}: {isolated.error}"
+        monitor.end(Outcome.FAILURE, detail, error_type=isolated.error_type)
+        return BuildResult(Outcome.FAILURE, detail, None, 0)
+    died = isolated.died or "ended without a result"
+    signal_name = died.removeprefix("killed by ") if died.startswith("killed by ") else None
+    detail = f"the build's process died ({died})"
+    monitor.end(Outcome.FAILURE, detail, error_type=signal_name or "WorkerDied")
+    return BuildResult(Outcome.FAILURE, detail, None, 0)
+
+
+# -- signals -------------------------------------------------------------------------------------
+
+
+class _SignalState:
+    interrupted = False
+    received = 0
+
+
+@contextlib.contextmanager
+def _cancel_on_signals(monitor: BuildMonitor) -> Iterator[_SignalState]:
+    """First SIGINT or SIGTERM: cancel gracefully at the next step. Second: stop now."""
+    state = _SignalState()
+
+    def cancel(name: str) -> None:
+        if monitor.cancel(f"received {name}", source="signal"):
+            print(
+                f"\ntrt-otel: {name}: cancelling at TensorRT's next step (again to stop now)",
+                file=sys.stderr,
+            )
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        # A handler runs on the main thread between two bytecodes, possibly while that thread
+        # holds the event log's lock inside a callback (or is writing to stderr): it must take
+        # no lock and do no I/O itself, so the cancel is handed to a thread of its own.
+        name = signal.Signals(signum).name
+        if signum == signal.SIGINT:
+            state.interrupted = True
+        state.received += 1
+        if state.received > 1 or monitor.cancelled:
+            # SIGTERM is a request to stop, every time (exit 3); only Ctrl-C is the user's
+            # interrupt (130).
+            raise KeyboardInterrupt if state.interrupted else StopNow(name)
+        threading.Thread(target=cancel, args=(name,), name="trt-otel-signal", daemon=True).start()
+
+    with handling_interrupts(handler):
+        yield state

@@ -1,0 +1,163 @@
+"""Checks before a build starts: everything about its files that can be known without building.
+
+A real build can run for hours, so what would only fail at its end (an engine that cannot be
+written, an output that would overwrite the model or the journal) is refused before it begins,
+with exit code 2 and a message saying what is wrong. What cannot be known before (a disk that
+fills up during the build) is handled where the files are written (:mod:`trt_otel.builder.saving`).
+
+The model is read only from a regular file, and at most :data:`MAX_MODEL_BYTES`: ``/dev/zero``
+would be read without end, and a FIFO would block the command before anything is shown.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+MAX_MODEL_BYTES = 2 * 1024**3
+"""The largest ONNX file read (2 GiB): protobuf's own limit for one serialized message, so no
+valid ONNX file is larger (bigger models keep their weights in external data files)."""
+
+
+class PreflightError(Exception):
+    """A build that must not start: a usage error (exit code 2)."""
+
+
+def read_model(path: Path, *, max_bytes: int = MAX_MODEL_BYTES) -> bytes:
+    """The model's bytes: only from a regular, non-empty file of at most ``max_bytes``."""
+    try:
+        # O_NONBLOCK: a FIFO swapped in after a check must not block the open.
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise PreflightError(f"model not found: {path}") from None
+    except IsADirectoryError:
+        raise PreflightError(f"model path is a directory: {path}") from None
+    except OSError as error:
+        raise PreflightError(f"cannot read model {path}: {error.strerror}") from None
+    with os.fdopen(descriptor, "rb") as handle:
+        info = os.fstat(descriptor)
+        if stat.S_ISDIR(info.st_mode):
+            raise PreflightError(f"model path is a directory: {path}")
+        if not stat.S_ISREG(info.st_mode):
+            raise PreflightError(
+                f"model {path} is not a regular file ({_kind(info.st_mode)}); give the model's file"
+            )
+        if info.st_size > max_bytes:
+            raise PreflightError(
+                f"model {path} is {info.st_size:,} bytes, over the limit of {max_bytes:,} "
+                "(an ONNX file cannot be larger; big models keep weights in external data)"
+            )
+        try:
+            data = handle.read(max_bytes + 1)
+        except OSError as error:
+            raise PreflightError(f"cannot read model {path}: {error.strerror}") from None
+    if len(data) > max_bytes:  # it grew while being read
+        raise PreflightError(f"model {path} is over the limit of {max_bytes:,} bytes")
+    if not data:
+        raise PreflightError(f"model file is empty: {path}")
+    return data
+
+
+def check_writable_file(path: Path, option: str) -> None:
+    """``path`` can be written atomically: its directory exists and takes a new file, and it
+    is not a directory nor anything but a regular file (a device, a FIFO)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        raise PreflightError(f"{option} {path}: {error.strerror}") from None
+    else:
+        if stat.S_ISDIR(info.st_mode):
+            raise PreflightError(f"{option} {path} is a directory; give a file name")
+        if not stat.S_ISREG(info.st_mode):
+            raise PreflightError(
+                f"{option} {path} is not a regular file ({_kind(info.st_mode)}); "
+                "it would be replaced"
+            )
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.exists():
+        raise PreflightError(f"{option} {path}: directory {directory} does not exist")
+    if not directory.is_dir():
+        raise PreflightError(f"{option} {path}: {directory} is not a directory")
+    try:
+        # The write is a new file in that directory, renamed over the target: try exactly that
+        # (permissions, ACLs, a read-only filesystem; root passes any access() test).
+        descriptor, probe = tempfile.mkstemp(prefix=".trt-otel-check.", dir=directory)
+    except OSError as error:
+        raise PreflightError(
+            f"{option} {path}: cannot write in {directory}: {error.strerror}"
+        ) from None
+    os.close(descriptor)
+    os.unlink(probe)
+
+
+def check_distinct(
+    inputs: Sequence[tuple[str, Path | None]], outputs: Sequence[tuple[str, Path | None]]
+) -> None:
+    """No output is one of the inputs, nor another output (each would destroy the other)."""
+    given_outputs = [(name, path) for name, path in outputs if path is not None]
+    given_inputs = [(name, path) for name, path in inputs if path is not None]
+    for index, (name, path) in enumerate(given_outputs):
+        for other_name, other in given_inputs + given_outputs[index + 1 :]:
+            if _same_file(path, other):
+                raise PreflightError(
+                    f"{name} {path} is also the {other_name}: writing one would destroy the other"
+                )
+
+
+def check_cancel_file(path: Path) -> None:
+    """A cancel file must not exist when the build starts: left from an earlier run, it would
+    cancel this build at once, and no one meant that."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        raise PreflightError(f"--cancel-file {path}: {error.strerror}") from None
+    raise PreflightError(
+        f"--cancel-file {path} already exists (left from an earlier build?); it would cancel "
+        "this build at once: remove it, or give another path"
+    )
+
+
+def check_build_files(
+    *,
+    model: Path | None,
+    engine: Path | None,
+    journal: Path | None,
+    timing_cache: Path | None,
+    trace: Path | None = None,
+    cancel_file: Path | None = None,
+) -> None:
+    """Every check of a build's files, before anything is opened or truncated."""
+    check_distinct(
+        inputs=[("model", model), ("--trace", trace)],
+        outputs=[("-o", engine), ("--journal", journal), ("--timing-cache", timing_cache)],
+    )
+    if engine is not None:
+        check_writable_file(engine, "-o")
+    if timing_cache is not None:
+        check_writable_file(timing_cache, "--timing-cache")
+    if cancel_file is not None:
+        check_cancel_file(cancel_file)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)  # hard links and symlinks alike, when both exist
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a named pipe"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a file"

@@ -1,0 +1,576 @@
+"""BuildMonitor: TensorRT's ``IProgressMonitor``, turning each callback into events.
+
+TensorRT calls the three callbacks from its builder threads, each time re-acquiring the GIL, and
+treats anything but a real ``bool`` from ``step_complete`` (an exception, ``None``) as a cancel.
+So every callback here does the minimum (validate, stamp, append, fold, read a flag) under one
+short lock, never blocks on I/O, never raises, and ``step_complete`` always returns a ``bool``.
+
+A monitor is an ``IProgressMonitor`` of the builder library the build uses: ``BuildMonitor(...)``
+returns an instance of a subclass that also derives from that library's ``IProgressMonitor``
+(whose ``__init__`` it calls, as pybind11 requires), so ``config.progress_monitor =
+BuildMonitor()`` just works. Which library:
+
+- ``BuildMonitor(backend=tensorrt_rtx)`` (the module) or ``backend="tensorrt-rtx"`` (its name);
+- else one the program has already imported (``tensorrt`` first), else the first installed
+  (``tensorrt``, then ``tensorrt_rtx``: see :mod:`trt_otel.capture.backends`);
+- with neither installed, or ``backend="none"``, a plain monitor (the simulator's builder takes
+  any object; a build's supervisor needs no library).
+
+A subclass of ``BuildMonitor`` is bound the same way; ``MyMonitor.bound_to(module)`` gives its
+class bound to one library, for a subclass whose ``__init__`` takes no ``backend``.
+``import trt_otel`` imports neither library: the base class is bound when the first monitor is
+created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from types import TracebackType
+from typing import Any, ClassVar, Self
+
+from trt_otel.capture import backends
+from trt_otel.core.clock import SYSTEM_CLOCK, Clock
+from trt_otel.core.events import (
+    MAKE_PHASE_FINISH,
+    MAKE_PHASE_START,
+    MAKE_STEP,
+    Anomaly,
+    AnomalyKind,
+    BuildFinished,
+    BuildStarted,
+    CancelRequested,
+    Event,
+    LogMessage,
+    Outcome,
+)
+from trt_otel.core.log import EventLog, current_thread_name
+from trt_otel.core.readmodel import ReadModel
+from trt_otel.core.state import BuildState
+
+_logger = logging.getLogger(__name__)
+
+CancelListener = Callable[[CancelRequested], None]
+CallbackRecord = tuple[Any, ...]
+"""A callback made elsewhere: its kind (``phase_start``, ``step``, ``phase_finish``, ``log``,
+``end``), wall and monotonic time, thread, then its arguments."""
+
+
+BackendChoice = object
+"""A backend's name (``tensorrt``, ``tensorrt-rtx``, or ``none`` for a plain monitor) or its
+module (``tensorrt_rtx``)."""
+PLAIN = "none"
+
+
+def _native_base_for(backend: BackendChoice | None) -> tuple[type | None, str | None]:
+    """The ``IProgressMonitor`` class of the chosen library, and the library's backend name;
+    ``(None, None)`` for a plain monitor."""
+    if backend == PLAIN:
+        return None, None
+    if backend is None:
+        chosen = backends.default_backend()
+        if chosen is None:
+            return None, None
+        try:
+            module: Any = backends.import_module(chosen)
+        except Exception:  # a broken install must not stop the simulator path
+            _logger.warning("%s is installed but does not import; a plain monitor", chosen.title)
+            return None, None
+    elif isinstance(backend, str):
+        module = backends.import_module(backends.backend_named(backend))
+    else:
+        module = backend
+    base = getattr(module, "IProgressMonitor", None)
+    if not isinstance(base, type):
+        return None, None  # the simulator, or anything else that takes any object
+    known = backends.backend_of_module(module)
+    return base, (known.name if known is not None else getattr(module, "__name__", None))
+
+
+class BuildMonitor:
+    """A progress monitor whose every callback is an event in its :class:`EventLog`.
+
+    ``BuildMonitor()`` with no arguments is a working monitor: read :attr:`state` during or after
+    the build, :meth:`cancel` it from any thread, attach followers to :attr:`log`.
+
+    The callbacks are called by TensorRT's builder threads; they never block and never raise.
+    """
+
+    _bound_subclasses: ClassVar[dict[tuple[type, type], type]] = {}
+    _native_base: ClassVar[type | None] = None
+    _backend_name: ClassVar[str | None] = None
+
+    def __new__(cls, *args: Any, backend: BackendChoice | None = None, **kwargs: Any) -> Self:
+        target: type = cls
+        if cls._native_base is None or backend is not None:  # a class from bound_to is bound
+            target = cls.bound_to(backend)
+        # super(BuildMonitor, target) reaches the library's pybind11 __new__ for a bound class.
+        instance: Self = super(BuildMonitor, target).__new__(target)  # type: ignore[misc]
+        return instance
+
+    @classmethod
+    def bound_to(cls, backend: BackendChoice | None = None) -> type[Self]:
+        """This class, bound to the ``IProgressMonitor`` of ``backend`` (a module or a name;
+        None: the default library); the class itself when there is no such base."""
+        base, name = _native_base_for(backend)
+        if base is None:
+            return cls  # a plain monitor
+        if cls._native_base is not None:
+            if issubclass(cls, base):
+                return cls
+            # Two pybind11 bases cannot share one instance.
+            raise TypeError(
+                f"{cls.__qualname__} is an IProgressMonitor of {cls._backend_name}; it cannot "
+                f"be one of {name} too (bind the class you derived it from instead)"
+            )
+        key = (cls, base)
+        bound = BuildMonitor._bound_subclasses.get(key)
+        if bound is None:
+            bound = type(
+                cls.__name__,
+                (cls,) if issubclass(cls, base) else (cls, base),
+                {
+                    "__module__": cls.__module__,
+                    "__qualname__": cls.__qualname__,
+                    "_native_base": base,
+                    "_backend_name": name,
+                },
+            )
+            BuildMonitor._bound_subclasses[key] = bound
+        return bound
+
+    @property
+    def backend(self) -> str | None:
+        """The library this monitor is an ``IProgressMonitor`` of (``tensorrt``,
+        ``tensorrt-rtx``), or None for a plain monitor."""
+        return type(self)._backend_name
+
+    def __init__(
+        self,
+        *,
+        log: EventLog | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        build_id: str | None = None,
+        attributes: Mapping[str, Any] | None = None,
+        backend: BackendChoice | None = None,
+        forget_closed: bool = False,
+        model: ReadModel | None = None,
+    ) -> None:
+        """``backend``: the library to be an ``IProgressMonitor`` of (used by ``__new__``).
+        ``model``: a read model to be this monitor's fold, for a monitor that replays
+        callbacks made elsewhere (see :class:`~trt_otel.core.readmodel.ReadModel`); its state is
+        then :attr:`state`, and ``forget_closed`` is the model's choice."""
+        native_base = type(self)._native_base
+        if native_base is not None:
+            native_base.__init__(self)  # type: ignore[misc]  # pybind11 requires it when __init__ is overridden
+        self.log = log if log is not None else EventLog(clock=clock)
+        # Only this build's events: the log may already hold earlier builds (``trt-otel run``).
+        if model is None:
+            # forget_closed: the state keeps the open phases and what the gauges read, not
+            # every phase the build ever started (the command's choice: flat memory).
+            self.state = BuildState(forget_closed=forget_closed)
+            self.log.add_fold(self.state.apply, replay_retained=False)
+        else:
+            self.state = model.state
+            model.is_fold = True
+            self.log.add_fold(model.fold, replay_retained=False)
+            self.log.add_batch_consumer(lambda _events: model.end_batch())
+        self.model = model
+        """The read model that is this monitor's fold, if any."""
+        self.build_id = build_id or uuid.uuid4().hex
+        self._attributes = dict(attributes or {})
+        self._cancelled = False
+        self._cancel_lock = threading.Lock()
+        """Guards the cancel's own state; taken after the log's lock when both are."""
+        self._ended = False
+        self._cancel_listeners: tuple[CancelListener, ...] = ()
+        self.hold_cancels = False
+        """Set by a transport that replays callbacks made elsewhere while it may be behind
+        them (the supervisor): a cancel decided here is then held, and appended only once the
+        replay reaches the moment it was decided (:meth:`release_cancel`), so that in the log
+        it follows every callback made before it and precedes every one made after."""
+        self._held_cancel: CancelRequested | None = None
+        self.internal_errors = 0
+        # The monitor's own cost, for its health metrics (written under the log's lock).
+        self.callbacks_total = 0
+        self.callback_ns_total = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self, **attributes: Any) -> None:
+        """Record the build's start (done implicitly by the first callback if not called)."""
+        with self.log.lock:
+            self._start_locked(attributes)
+
+    def _start_locked(self, extra: Mapping[str, Any] | None = None) -> None:
+        if self.state.build_id is None:
+            attributes = {**self._attributes, **(extra or {})}
+            self.log.append_locked(BuildStarted, build_id=self.build_id, attributes=attributes)
+
+    def end(
+        self, outcome: Outcome | None = None, detail: str = "", error_type: str | None = None
+    ) -> Outcome:
+        """Record the build's end; closes the phases still open. Returns the outcome recorded.
+
+        With no ``outcome``, a cancelled build ends as a cancellation (or a timeout, when the
+        cancel was one) and any other as a success. Calling it again changes nothing.
+        """
+        with self.log.lock:
+            return self._end_locked(outcome, detail, error_type)
+
+    def _end_locked(self, outcome: Outcome | None, detail: str, error_type: str | None) -> Outcome:
+        if self.state.outcome is not None:
+            return self.state.outcome
+        self._start_locked()
+        self._release_cancel_locked()
+        cancel = self.state.cancel
+        if outcome is None:
+            if cancel is None:
+                outcome = Outcome.SUCCESS
+            else:
+                outcome = Outcome.TIMEOUT if cancel.timeout else Outcome.CANCELLATION
+        if not detail and cancel is not None and outcome is not Outcome.SUCCESS:
+            detail = cancel.reason
+        if error_type is None and outcome is Outcome.TIMEOUT:
+            error_type = "timeout"
+        self.log.append_locked(BuildFinished, outcome=outcome, detail=detail, error_type=error_type)
+        self._ended = True
+        return outcome
+
+    def end_with_result(self, engine: object | None, failure_detail: str = "") -> Outcome:
+        """Record the end from what ``build_serialized_network`` returned: ``None`` is a cancel
+        when one was requested and a failure otherwise."""
+        if engine is not None:
+            return self.end(Outcome.SUCCESS)
+        if self.cancelled:
+            return self.end()
+        return self.end(
+            Outcome.FAILURE,
+            failure_detail or "TensorRT returned no engine",
+            error_type="BuildFailed",
+        )
+
+    def close(self, timeout_s: float = 5.0) -> bool:
+        """Flush and stop every follower of the log; True if they all finished in time."""
+        return self.log.close(timeout_s)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.end()
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.cancel("interrupted by the user", source="signal")
+            self.end(Outcome.CANCELLATION)
+        else:
+            self.end(Outcome.FAILURE, f"{exc_type.__name__}: {exc}", error_type=exc_type.__name__)
+        self.close()
+
+    # -- cancellation --------------------------------------------------------------------------
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def cancel(
+        self, reason: str, *, source: str = "user", timeout: bool = False, policy: str = ""
+    ) -> bool:
+        """Ask TensorRT to stop: the next ``step_complete`` answers False. Safe from any thread.
+
+        Only the first request is recorded as the reason; returns True if this one was it.
+        """
+        event: CancelRequested
+        if self.hold_cancels:
+            # Held, not appended: no need to wait for the log's lock, which a replay holds
+            # for a whole batch (the decision must reach the worker at once).
+            with self._cancel_lock:
+                if self._cancelled:
+                    return False
+                clock = self.log.clock
+                stamp = (clock.wall_ns(), clock.mono_ns(), current_thread_name())
+                event = CancelRequested(-1, *stamp, reason, source, timeout, policy)
+                self._held_cancel = event
+                self._cancelled = True
+        else:
+            with self.log.lock, self._cancel_lock:
+                if self._cancelled:
+                    return False
+                event = self.log.append_locked(
+                    CancelRequested, reason=reason, source=source, timeout=timeout, policy=policy
+                )
+                self._cancelled = True
+        for listener in self._cancel_listeners:
+            try:
+                listener(event)
+            except Exception:
+                _logger.exception("a cancel listener failed")
+        return True
+
+    def on_cancel(self, listener: CancelListener) -> None:
+        """Call ``listener`` (on the cancelling thread) when the cancel is first requested.
+
+        While :attr:`hold_cancels` is set the event it gets is the one held: its ``seq`` is -1.
+        """
+        self._cancel_listeners = (*self._cancel_listeners, listener)
+
+    @property
+    def held_cancel(self) -> CancelRequested | None:
+        """The cancel decided but not yet in the log (see :attr:`hold_cancels`), if any."""
+        return self._held_cancel
+
+    def release_cancel(self) -> None:
+        """Append the held cancel, at the time it was decided. Safe from any thread."""
+        with self.log.lock:
+            self._release_cancel_locked()
+
+    def _release_cancel_locked(self) -> None:
+        with self._cancel_lock:
+            held, self._held_cancel = self._held_cancel, None
+        if held is None:
+            return
+        log = self.log
+        saved, log.stamp = log.stamp, (held.wall_ns, held.mono_ns, held.thread)
+        try:
+            log.append_locked(
+                CancelRequested,
+                reason=held.reason,
+                source=held.source,
+                timeout=held.timeout,
+                policy=held.policy,
+            )
+        finally:
+            log.stamp = saved
+
+    # -- TensorRT's callbacks (builder threads) -------------------------------------------------
+
+    def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
+        """TensorRT callback, on a builder thread: a phase began. Never raises."""
+        began_ns = time.perf_counter_ns()
+        try:
+            with self.log.lock:
+                self._phase_start_locked(phase_name, parent_phase, num_steps)
+                self.callbacks_total += 1
+                self.callback_ns_total += time.perf_counter_ns() - began_ns
+        except BaseException as error:
+            self._internal_error("phase_start", error)
+
+    def step_complete(self, phase_name: str, step: int) -> bool:
+        """TensorRT callback, on a builder thread: a step of a phase completed.
+
+        Returns False when the build must stop. O(1), never blocks, never raises, and always
+        returns a real ``bool`` (anything else would cancel the build).
+        """
+        began_ns = time.perf_counter_ns()
+        try:
+            with self.log.lock:
+                self._step_locked(phase_name, step)
+                self.callbacks_total += 1
+                self.callback_ns_total += time.perf_counter_ns() - began_ns
+        except BaseException as error:
+            self._internal_error("step_complete", error)
+        return not self._cancelled
+
+    def phase_finish(self, phase_name: str) -> None:
+        """TensorRT callback, on a builder thread: a phase ended. Never raises."""
+        began_ns = time.perf_counter_ns()
+        try:
+            with self.log.lock:
+                self._phase_finish_locked(phase_name)
+                self.callbacks_total += 1
+                self.callback_ns_total += time.perf_counter_ns() - began_ns
+        except BaseException as error:
+            self._internal_error("phase_finish", error)
+
+    def log_message(self, severity: str, message: str) -> None:
+        """Record a message of the builder's logger (any thread)."""
+        try:
+            self.log.append(LogMessage, severity=str(severity), message=str(message))
+        except Exception as error:
+            self._internal_error("log_message", error)
+
+    # -- the callbacks' bodies: under the log's lock, also for callbacks made elsewhere ----------
+
+    def _phase_start_locked(
+        self, phase_name: object, parent_phase: object, num_steps: object
+    ) -> None:
+        self._before_callback()
+        name = self._text(phase_name, "phase_name")
+        parent = None if parent_phase is None else self._text(parent_phase, "parent_phase")
+        steps = self._count(num_steps, "num_steps", name)
+        for kind, detail in self.state.check_phase_start(name, parent):
+            self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
+        self.log.append_made(MAKE_PHASE_START, name, parent, steps)
+
+    def _step_locked(self, phase_name: object, step: object) -> None:
+        state = self.state
+        if type(phase_name) is str and type(step) is int and not self._ended:
+            name, number = phase_name, step  # the usual case: nothing to check or coerce
+            if state.build_id is None:
+                self._start_locked()
+        else:
+            self._before_callback()
+            name = self._text(phase_name, "phase_name")
+            number = self._count(step, "step", name, minimum=None)
+        for kind, detail in state.check_step(name, number):
+            self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
+        self.log.append_made(MAKE_STEP, name, number)
+
+    def _phase_finish_locked(self, phase_name: object) -> None:
+        self._before_callback()
+        name = self._text(phase_name, "phase_name")
+        for kind, detail in self.state.check_phase_finish(name):
+            self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
+        self.log.append_made(MAKE_PHASE_FINISH, name)
+
+    def replay(self, record: CallbackRecord) -> None:
+        """Record a callback made elsewhere (in a build's worker process), at the time and on
+        the thread where it was made, exactly as if it had been made here. Never raises."""
+        self.replay_many((record,))
+
+    def replay_many(self, records: Iterable[CallbackRecord]) -> None:
+        """:meth:`replay` each record in turn, in one batch of the log (the followers get them
+        together); a held cancel (see :attr:`hold_cancels`) goes into the log before the first
+        callback made after it was decided. Never raises."""
+        interrupted = False
+        log = self.log
+        append_at = log.append_at
+        with log.batch():
+            try:
+                for record in records:
+                    held = self._held_cancel
+                    if held is not None and record[2] > held.mono_ns:
+                        self._release_cancel_locked()
+                    make = self._plain_event(record)
+                    if make is not None:
+                        append_at(make, *record[1:])
+                        continue
+                    error = self._replay_locked(record)
+                    if error is not None:
+                        log.stamp = None
+                        interrupted |= self._internal_error_locked(str(record[0]), error)
+            finally:
+                log.stamp = None
+        if interrupted:
+            # Ctrl-C landed inside the replay: honour it as a graceful cancel, not a crash.
+            self.cancel("interrupted by the user", source="signal")
+
+    def _plain_event(self, record: CallbackRecord) -> Callable[..., Event] | None:
+        """The event class of ``record`` when the log can take it as it is: its arguments of
+        the right types, the build started and not ended, and none of the anomalies the
+        state's checks look for (most records, by far); None when it goes the long way
+        (:meth:`_replay_locked`), which records what is wrong. Under the log's lock."""
+        state = self.state
+        if self._ended or state.build_id is None:
+            return None
+        kind = record[0]
+        if kind == "step" and len(record) == 6:
+            name, step = record[4], record[5]
+            if type(name) is str and type(step) is int and not state.check_step(name, step):
+                return MAKE_STEP
+        elif kind == "phase_start" and len(record) == 7:
+            name, parent, num_steps = record[4], record[5], record[6]
+            if (
+                type(name) is str
+                and type(num_steps) is int
+                and num_steps >= 1
+                and (parent is None or type(parent) is str)
+                and not state.check_phase_start(name, parent)
+            ):
+                return MAKE_PHASE_START
+        elif kind == "phase_finish" and len(record) == 5:
+            name = record[4]
+            if type(name) is str and not state.check_phase_finish(name):
+                return MAKE_PHASE_FINISH
+        return None
+
+    def _replay_locked(self, record: CallbackRecord) -> BaseException | None:
+        """One record, under the log's lock; the error it raised, if any."""
+        try:
+            kind, wall_ns, mono_ns, thread, *arguments = record
+            self.log.stamp = (wall_ns, mono_ns, thread)
+            if kind == "step":
+                self._step_locked(*arguments)
+            elif kind == "phase_start":
+                self._phase_start_locked(*arguments)
+            elif kind == "phase_finish":
+                self._phase_finish_locked(*arguments)
+            elif kind == "log":
+                severity, message = arguments
+                self.log.append_locked(LogMessage, severity=str(severity), message=str(message))
+            elif kind == "end":
+                outcome, detail, error_type = arguments
+                self._end_locked(Outcome(outcome), detail, error_type)
+        except BaseException as caught:
+            return caught
+        return None
+
+    # -- helpers (called with the log's lock held) ---------------------------------------------
+
+    def _before_callback(self) -> None:
+        if self._ended:
+            self.log.append_locked(
+                Anomaly,
+                kind=AnomalyKind.CALLBACK_OUTSIDE_BUILD,
+                detail="a callback arrived after the build ended; one monitor serves one build",
+            )
+        else:
+            self._start_locked()
+
+    def _text(self, value: object, argument: str) -> str:
+        if type(value) is str:
+            return value
+        self.log.append_locked(
+            Anomaly,
+            kind=AnomalyKind.INVALID_ARGUMENT,
+            detail=f"{argument} is a {type(value).__name__}, not a str",
+        )
+        return str(value)
+
+    def _count(self, value: object, argument: str, phase: str, minimum: int | None = 1) -> int:
+        try:
+            number = int(value)  # type: ignore[call-overload]
+            assert isinstance(number, int)
+        except (TypeError, ValueError, OverflowError):
+            number = 0
+        if type(value) is not int or (minimum is not None and number < minimum):
+            self.log.append_locked(
+                Anomaly,
+                kind=AnomalyKind.INVALID_ARGUMENT,
+                detail=f"{argument} {value!r} is not a valid count",
+                phase=phase,
+            )
+        return number
+
+    def _internal_error(self, callback: str, error: BaseException) -> None:
+        with self.log.lock:
+            interrupted = self._internal_error_locked(callback, error)
+        if interrupted:
+            # Ctrl-C landed inside a callback: honour it as a graceful cancel, not a crash.
+            self.cancel("interrupted by the user", source="signal")
+
+    def _internal_error_locked(self, callback: str, error: BaseException) -> bool:
+        """Count and record the monitor's own failure; True when it was a Ctrl-C, which the
+        caller turns into a cancel once the lock is released."""
+        self.internal_errors += 1
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        with contextlib.suppress(BaseException):
+            self.log.append_locked(
+                Anomaly,
+                kind=AnomalyKind.MONITOR_ERROR,
+                detail=f"{callback}: {type(error).__name__}: {error}",
+            )
+        if self.internal_errors == 1:
+            _logger.error("trt-otel monitor error in %s: %r (build continues)", callback, error)
+        return False

@@ -1,0 +1,613 @@
+"""The supervisor: a build in a worker process that can be stopped from outside.
+
+TensorRT honours a cancel only at its next ``step_complete``, and real builds go silent for
+minutes. So the build runs in a worker process, and everything else (the event log, projections,
+policies) stays in this one. When a cancelled build has not stopped within the grace period, the
+worker is terminated (SIGTERM, then SIGKILL), which frees the GPU at once.
+
+How the two processes talk:
+
+- The worker's monitor (:class:`RecordingMonitor`) only records each callback, as a tuple with
+  its time and thread, and a thread appends them in compact frames to a spool file
+  (:mod:`trt_otel.capture.transport`: why a file). This process reads the frames at its own pace and
+  replays them into its own monitor (:meth:`BuildMonitor.replay`): the protocol checks, the
+  events and every projection happen here, as if the callbacks had been made here, at the times
+  they were made. ``CLOCK_MONOTONIC`` is system-wide, so the worker's times and this process's
+  policies agree. The builder's process does nothing per callback but an append, never waits
+  for this one, and keeps one frame in memory; this one reads a frame only when its followers
+  have room for it, so a backlog waits on disk, not in either process.
+- A cancel goes the other way through shared memory: the reason, then a flag. The worker's
+  ``step_complete`` reads the flag (a memory read, no message to wait for), so the very next step
+  after a decision answers False. The cancel event is stamped here at decision time and held
+  (:attr:`BuildMonitor.hold_cancels`) until the replay reaches that time: after every callback
+  made before it, before every one made after, even when the replay is seconds behind. A
+  silent worker still says how far it got (an empty frame), so the cancel shows at once.
+- The pipe carries only the worker's result.
+- The worker ignores SIGINT: Ctrl-C in a terminal reaches the whole process group, and deciding
+  what it means is this process's job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import json
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any
+
+from trt_otel.capture.monitor import BuildMonitor, CallbackRecord
+from trt_otel.capture.transport import (
+    MAX_RECORDS_PER_FRAME,
+    SpoolError,
+    SpoolReader,
+    SpoolWriter,
+    encode_frame,
+)
+from trt_otel.core.events import CancelRequested, Outcome
+from trt_otel.core.followers import FollowerWorker
+from trt_otel.core.log import current_thread_name
+
+_logger = logging.getLogger(__name__)
+
+DEFAULT_GRACE_S = 30.0
+DEFAULT_KILL_AFTER_S = 5.0
+_NOTE_BYTES = 4096
+FORWARD_INTERVAL_S = 0.02
+"""How often the worker's forwarder appends what was recorded (an idle tick costs nothing)."""
+FRAMES_PER_WRITE = 16
+"""Frames the forwarder joins into one write (8,192 records at most, about half a MiB)."""
+FOLLOWER_ROOM = 50_000
+"""Replay waits while a follower has more events than this queued: the backlog stays on disk."""
+HELD_CANCEL_PATIENCE_S = 0.5
+"""A held cancel goes into the log at the latest this long after its decision once the spool
+is read to its end (a worker that cannot say how far it got, stopped or dying)."""
+
+Target = Callable[..., Any]
+
+
+class StopNow(KeyboardInterrupt):
+    """A second SIGTERM: stop the build's process at once, as a cancel (exit 3), not as the
+    user's interrupt (exit 130). A KeyboardInterrupt, so everything that stops on Ctrl-C stops
+    on it too."""
+
+    def __init__(self, signal_name: str = "SIGTERM") -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+@dataclass(frozen=True, slots=True)
+class IsolatedResult:
+    """How the worker ended."""
+
+    value: Any
+    """What the target returned (None when it did not return)."""
+    returned: bool
+    error: str | None
+    """The exception the target raised in the worker, as text."""
+    error_type: str | None
+    exitcode: int | None
+    stopped_with: str | None
+    """The last signal this process sent to stop the worker (``SIGTERM`` or ``SIGKILL``)."""
+    interrupted: bool
+    """Stopped at once on the user's second interrupt, rather than after the grace period."""
+    pid: int | None
+    stopped_now: str | None = None
+    """Stopped at once on a second signal that is not the user's (``SIGTERM``)."""
+
+    @property
+    def died(self) -> str | None:
+        """How the worker died on its own, if it did: ``killed by SIGKILL``, ``exit code 1``."""
+        if self.returned or self.error is not None or self.stopped_with is not None:
+            return None
+        if self.exitcode is None:
+            return "vanished"
+        if self.exitcode < 0:
+            try:
+                return f"killed by {signal.Signals(-self.exitcode).name}"
+            except ValueError:
+                return f"killed by signal {-self.exitcode}"
+        return f"exit code {self.exitcode}"
+
+
+# -- the worker side ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OddArgument:
+    """A callback argument of a type that should not cross the pipe, as its text. It is not
+    a ``str``, so the supervisor's monitor flags it as the invalid argument it was."""
+
+    type_name: str
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+_PLAIN = (str, int, float, bool, bytes, type(None))
+_wall_ns, _mono_ns = time.time_ns, time.monotonic_ns
+
+
+def _plain(value: object) -> object:
+    return value if type(value) in _PLAIN else OddArgument(type(value).__name__, repr(value))
+
+
+class RecordingMonitor(BuildMonitor):
+    """The monitor in the build's worker: each callback is a tuple appended to a deque, no
+    more (an append is atomic, so no lock either). Everything the monitor does with a callback,
+    protocol checks and the fold included, happens in the supervisor, which replays the
+    records into its own monitor with their times and threads (:meth:`BuildMonitor.replay`).
+
+    ``step_complete`` answers False once the supervisor's flag is up: a memory read.
+    """
+
+    def __init__(self, flag: Any, note: Any, *, backend: str | None = None) -> None:
+        """``backend``: the library to be an ``IProgressMonitor`` of (see BuildMonitor)."""
+        super().__init__()
+        self._flag = flag
+        self._note = note
+        self.records: deque[CallbackRecord] = deque()
+        self._append = self.records.append
+        self.not_callbacks = 0
+        """Records that are not callbacks (log messages, the end): the forwarder counts the
+        callbacks from the records, so that a callback need not."""
+
+    def _record(self, kind: str, *arguments: Any) -> None:
+        self._append((kind, _wall_ns(), _mono_ns(), current_thread_name(), *arguments))
+
+    # The three callbacks are written out in full, without helper calls on the usual path:
+    # each call costs a Python function call's time, which is what this monitor is about.
+
+    # A record's monotonic stamp is also when its callback began, for the monitor's own cost:
+    # one clock read less per callback. Every time trt-otel measures is on this clock (on
+    # Linux, the clock ``perf_counter`` reads too).
+
+    def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
+        mono_ns = _mono_ns()
+        try:
+            if (
+                type(phase_name) is str
+                and type(num_steps) is int
+                and (parent_phase is None or type(parent_phase) is str)
+            ):
+                self._append(
+                    (
+                        "phase_start",
+                        _wall_ns(),
+                        mono_ns,
+                        current_thread_name(),
+                        phase_name,
+                        parent_phase,
+                        num_steps,
+                    )
+                )
+            else:
+                self._record(
+                    "phase_start", _plain(phase_name), _plain(parent_phase), _plain(num_steps)
+                )
+            self.callback_ns_total += _mono_ns() - mono_ns
+        except BaseException:  # never into TensorRT; the supervisor sees the gap in the build
+            self.internal_errors += 1
+
+    def step_complete(self, phase_name: str, step: int) -> bool:
+        mono_ns = _mono_ns()
+        try:
+            if type(phase_name) is str and type(step) is int:
+                self._append(("step", _wall_ns(), mono_ns, current_thread_name(), phase_name, step))
+            else:
+                self._record("step", _plain(phase_name), _plain(step))
+            self.callback_ns_total += _mono_ns() - mono_ns
+        except BaseException:
+            self.internal_errors += 1
+        return not self._flag.value
+
+    def phase_finish(self, phase_name: str) -> None:
+        mono_ns = _mono_ns()
+        try:
+            name = phase_name if type(phase_name) is str else _plain(phase_name)
+            self._append(("phase_finish", _wall_ns(), mono_ns, current_thread_name(), name))
+            self.callback_ns_total += _mono_ns() - mono_ns
+        except BaseException:
+            self.internal_errors += 1
+
+    def log_message(self, severity: str, message: str) -> None:
+        with contextlib.suppress(Exception):
+            self._record("log", str(severity), str(message))
+            self.not_callbacks += 1
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the supervisor asked for a cancel (so ``end_with_result(None)``, inherited,
+        ends the build as a cancel rather than a failure)."""
+        return bool(self._flag.value)
+
+    def end(
+        self, outcome: Outcome | None = None, detail: str = "", error_type: str | None = None
+    ) -> Outcome:
+        if outcome is None:
+            outcome = self._cancel_outcome() if self._flag.value else Outcome.SUCCESS
+        self._record("end", outcome.value, detail, error_type)
+        self.not_callbacks += 1
+        self._ended = True
+        return outcome
+
+    def _cancel_outcome(self) -> Outcome:
+        try:
+            note = json.loads(bytes(self._note.value).decode("utf-8", "replace"))
+            return Outcome.TIMEOUT if note.get("timeout") else Outcome.CANCELLATION
+        except Exception:  # a torn note is still a cancel
+            return Outcome.CANCELLATION
+
+
+def _forward(
+    monitor: RecordingMonitor,
+    spool: SpoolWriter,
+    done: threading.Event,
+    interval_s: float = FORWARD_INTERVAL_S,
+) -> None:
+    """The worker's only other thread: append the records to the spool in frames. Each round
+    takes a watermark before its first record and puts it on its last frame (the others
+    carry 0), so every callback stamped before it is in that frame or an earlier one. Once a
+    cancel is asked for, an idle tick writes an empty frame, so the supervisor learns that no
+    callback it has not seen came before the cancel."""
+    records = monitor.records
+    flag = monitor._flag
+    popleft = records.popleft
+    taken = 0
+    while True:
+        finished = done.wait(interval_s)
+        wrote = False
+        if records:
+            # One watermark per round, on its last frame only: a round can take more frames
+            # than one (512 records each), and the records left for the next frame were
+            # stamped before the watermark too.
+            watermark_ns = _mono_ns()
+            frames = []
+            while records:
+                # Taken from the left in C; only this thread takes, so the count holds (the
+                # builder's threads append on the right meanwhile).
+                batch = list(islice(iter(popleft, None), min(len(records), MAX_RECORDS_PER_FRAME)))
+                last = not records
+                # The callbacks are counted here, from the records, not by each callback.
+                taken += len(batch)
+                monitor.callbacks_total = max(0, taken - monitor.not_callbacks)
+                frames.append(
+                    encode_frame(
+                        batch,
+                        watermark_ns if last else 0,
+                        monitor.callbacks_total,
+                        monitor.callback_ns_total,
+                    )
+                )
+                if len(frames) == FRAMES_PER_WRITE:
+                    spool.write(b"".join(frames))
+                    frames.clear()
+            if frames:
+                spool.write(b"".join(frames))
+            wrote = True
+        if finished:
+            watermark_ns = _mono_ns()
+            spool.write(
+                encode_frame(
+                    [], watermark_ns, monitor.callbacks_total, monitor.callback_ns_total, final=True
+                )
+            )
+            return
+        if not wrote and flag.value:
+            spool.write(
+                encode_frame([], _mono_ns(), monitor.callbacks_total, monitor.callback_ns_total)
+            )
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Have the kernel kill this worker if the supervisor dies (even by SIGKILL), so an
+    orphaned build never holds the GPU. Linux only; elsewhere the supervisor's end is noticed
+    at the next event sent."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # it died before prctl took effect
+        os._exit(1)
+
+
+def _worker_main(
+    connection: multiprocessing.connection.Connection,
+    flag: Any,
+    note: Any,
+    target: Target,
+    args: tuple[Any, ...],
+    *,
+    spool_path: str,
+    parent_pid: int,
+    backend: str | None,
+) -> None:
+    _die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Everything imported so far lives as long as the process: out of the collector's sight,
+    # so the collections that the callbacks' records set off do not walk it again and again.
+    gc.freeze()
+    # Bound to the library the build uses, or to none: a simulated build must not wait for a
+    # builder library to import before its first callback.
+    monitor = RecordingMonitor(flag, note, backend=backend)
+    spool = SpoolWriter(spool_path)
+    connection.send(("spool_open",))  # the supervisor may now unlink its name
+    done = threading.Event()
+    forwarder = threading.Thread(
+        target=_forward, args=(monitor, spool, done), name="trt-otel-forwarder"
+    )
+    forwarder.start()
+    message: tuple[Any, ...]
+    try:
+        message = ("result", target(monitor, *args))
+    except BaseException as error:
+        message = ("error", type(error).__name__, str(error))
+    done.set()
+    forwarder.join()
+    spool.close()
+    try:
+        connection.send(message)
+    except Exception as error:  # an unpicklable result: say so rather than vanish
+        connection.send(("error", type(error).__name__, f"cannot return the result: {error}"))
+    connection.close()
+
+
+# -- the supervisor side -----------------------------------------------------------------------
+
+
+class _Inbox:
+    def __init__(self) -> None:
+        self.value: Any = None
+        self.returned = False
+        self.error: str | None = None
+        self.error_type: str | None = None
+        self.garbled: str | None = None
+        self.spool_open = threading.Event()
+
+
+def _read_worker(connection: multiprocessing.connection.Connection, inbox: _Inbox) -> None:
+    while True:
+        try:
+            message = connection.recv()
+        except (EOFError, OSError):
+            return
+        except Exception as error:  # a garbled message: the rest cannot be trusted either
+            # Most likely the worker was killed mid-send, which its exit status will say; if it
+            # exits cleanly anyway, this is the reason its result is missing.
+            inbox.garbled = f"unreadable message from the build's process ({error})"
+            return
+        if message[0] == "spool_open":
+            inbox.spool_open.set()
+        elif message[0] == "result":
+            inbox.value, inbox.returned = message[1], True
+        elif message[0] == "error":
+            inbox.error_type, inbox.error = message[1], message[2]
+
+
+class _Replay:
+    """This process's end of the spool: frames into the monitor, on a thread of its own, each
+    only when the log's followers have room for it."""
+
+    def __init__(self, reader: SpoolReader, monitor: BuildMonitor, inbox: _Inbox) -> None:
+        self.reader = reader
+        self.monitor = monitor
+        self.inbox = inbox
+        self.worker_ended = threading.Event()
+        """Set once the worker process has exited: what the spool holds then is all there is."""
+        self.finished = False
+        self.progress = 0
+        """Frames replayed so far (the supervisor waits while this moves)."""
+        self._stuck: set[FollowerWorker] = set()
+        self._seen: dict[FollowerWorker, tuple[int, float]] = {}
+        self.thread = threading.Thread(target=self._run, name="trt-otel-worker-events")
+
+    def _run(self) -> None:
+        monitor = self.monitor
+        try:
+            while True:
+                frames = self.reader.read(max_frames=1)  # each replayed as soon as decoded
+                for frame in frames:
+                    self._wait_for_room()
+                    monitor.replay_many(frame.records)
+                    # The cost that matters is the callbacks' own, in the worker.
+                    monitor.callbacks_total = frame.callbacks_total
+                    monitor.callback_ns_total = frame.callback_ns_total
+                    held = monitor.held_cancel
+                    if held is not None and frame.watermark_ns > held.mono_ns:
+                        monitor.release_cancel()
+                    self.progress += 1
+                    if frame.final:
+                        return
+                if frames:
+                    continue
+                if self.worker_ended.is_set():
+                    if not self.reader.read(max_frames=1):  # nothing came in meanwhile
+                        if self.reader.torn:
+                            self.inbox.garbled = "the build's process stopped mid-write"
+                        return
+                    continue
+                held = monitor.held_cancel
+                if held is not None and time.monotonic_ns() - held.mono_ns > (
+                    HELD_CANCEL_PATIENCE_S * 1e9
+                ):
+                    monitor.release_cancel()
+                self.worker_ended.wait(FORWARD_INTERVAL_S / 2)
+        except SpoolError as error:
+            self.inbox.garbled = f"unreadable records from the build's process ({error})"
+        finally:
+            monitor.release_cancel()
+            self.finished = True
+
+    def _wait_for_room(self) -> None:
+        """Wait while a follower is far behind and catching up. One that has handled nothing
+        for a second (hung) is no longer waited for: its own queue's bound drops and counts."""
+        stuck = self._stuck
+        while True:
+            behind = [
+                w for w in self.monitor.log.workers if w.queued > FOLLOWER_ROOM and w not in stuck
+            ]
+            if not behind:
+                return
+            now = time.monotonic()
+            for worker in behind:
+                handled, since = self._seen.get(worker, (-1, now))
+                if worker.handled != handled:
+                    self._seen[worker] = (worker.handled, now)
+                elif now - since > 1.0:
+                    stuck.add(worker)
+            time.sleep(0.005)
+
+
+def run_isolated(
+    target: Target,
+    *args: Any,
+    monitor: BuildMonitor,
+    grace_s: float = DEFAULT_GRACE_S,
+    kill_after_s: float = DEFAULT_KILL_AFTER_S,
+    poll_s: float = 0.1,
+    backend: str | None = None,
+) -> IsolatedResult:
+    """Run ``target(worker_monitor, *args)`` in a worker process, with ``monitor`` (here) fed
+    every event of the worker's monitor.
+
+    ``target`` must be importable by name (a module-level function) and its arguments and
+    result picklable. A cancel of ``monitor`` (a policy, a signal, ``monitor.cancel``) reaches
+    the worker's next ``step_complete``; if the worker is still running ``grace_s`` later, it is
+    sent SIGTERM, and SIGKILL ``kill_after_s`` after that. A KeyboardInterrupt here (a second
+    Ctrl-C) stops the worker the same way at once; so does a :class:`StopNow` (a second
+    SIGTERM), which the result tells apart (``stopped_now``). ``backend`` names the library the
+    worker's monitor is an ``IProgressMonitor`` of (``tensorrt``, ``tensorrt-rtx``, ``none``;
+    None: the default one).
+    """
+    context = multiprocessing.get_context("spawn")  # CUDA does not survive a fork
+    # Raw shared memory, no lock: one writer (this process), and a byte flag written last.
+    flag: Any = context.Value(ctypes.c_byte, 0, lock=False)
+    note: Any = context.Array(ctypes.c_char, _NOTE_BYTES, lock=False)
+    cancelled_at: list[float] = []
+
+    def pass_cancel_on(event: CancelRequested) -> None:
+        payload = {
+            "reason": event.reason[:1000],
+            "source": event.source[:100],
+            "timeout": event.timeout,
+            "policy": event.policy[:1000],
+        }
+        note.value = json.dumps(payload).encode()[: _NOTE_BYTES - 1]
+        flag.value = 1
+        cancelled_at.append(time.monotonic())
+
+    monitor.on_cancel(pass_cancel_on)
+    if monitor.cancelled:  # cancelled before the worker existed: it must not start building
+        flag.value = 1
+        cancelled_at.append(time.monotonic())
+    # The spool: created here, opened by the worker, and unlinked as soon as it has (so
+    # nothing is left behind, whoever dies); this process reads it through its own descriptor.
+    spool_fd, spool_path = tempfile.mkstemp(prefix="trt-otel-", suffix=".spool")
+    receiving, sending = context.Pipe(duplex=False)
+    process = context.Process(
+        target=_worker_main,
+        args=(sending, flag, note, target, args),
+        kwargs={"spool_path": spool_path, "parent_pid": os.getpid(), "backend": backend},
+        name="trt-otel-builder",
+    )
+    inbox = _Inbox()
+    pipe_reader = threading.Thread(
+        target=_read_worker, args=(receiving, inbox), name="trt-otel-worker-result"
+    )
+    replay = _Replay(SpoolReader(spool_fd), monitor, inbox)
+    stopped_with: str | None = None
+    interrupted = False
+    stopped_now: str | None = None
+    monitor.hold_cancels = True
+    try:
+        process.start()
+        sending.close()
+        pipe_reader.start()
+        replay.thread.start()
+        try:
+            while process.is_alive():
+                process.join(poll_s)
+                if spool_path and inbox.spool_open.is_set():
+                    spool_path = _unlink(spool_path)
+                if cancelled_at and time.monotonic() - cancelled_at[0] >= grace_s:
+                    if process.is_alive():
+                        stopped_with = _stop(process, kill_after_s)
+                    break
+        except StopNow as stop:
+            stopped_now = stop.signal_name
+            stopped_with = _stop(process, kill_after_s)
+        except KeyboardInterrupt:
+            interrupted = True
+            stopped_with = _stop(process, kill_after_s)
+        replay.worker_ended.set()
+        # What the worker recorded before it ended is all in the spool: replay every frame,
+        # however far behind, as long as the replay is moving.
+        _join_while_moving(replay)
+        pipe_reader.join(30.0)
+    finally:
+        monitor.hold_cancels = False
+        monitor.release_cancel()
+        receiving.close()
+        os.close(spool_fd)
+        if spool_path:
+            _unlink(spool_path)
+    if inbox.garbled is not None and not inbox.returned and process.exitcode == 0:
+        inbox.error_type, inbox.error = "WorkerProtocolError", inbox.garbled
+    return IsolatedResult(
+        value=inbox.value,
+        returned=inbox.returned,
+        error=inbox.error,
+        error_type=inbox.error_type,
+        exitcode=process.exitcode,
+        stopped_with=stopped_with,
+        interrupted=interrupted,
+        stopped_now=stopped_now,
+        pid=process.pid,
+    )
+
+
+def _unlink(path: str) -> str:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    return ""
+
+
+def _join_while_moving(replay: _Replay, patience_s: float = 30.0) -> None:
+    """Wait for the replay to finish; give up only if it stops moving for ``patience_s``."""
+    last, since = -1, time.monotonic()
+    while replay.thread.is_alive():
+        replay.thread.join(0.2)
+        if replay.progress != last:
+            last, since = replay.progress, time.monotonic()
+        elif time.monotonic() - since > patience_s:
+            _logger.error("the build's records stopped replaying; the rest are lost")
+            return
+
+
+def _stop(process: Any, kill_after_s: float) -> str | None:
+    """SIGTERM, then SIGKILL if the worker is still there ``kill_after_s`` later. Returns the
+    last signal sent (None when it had already ended)."""
+    if not process.is_alive():
+        return None
+    sent = "SIGTERM"
+    with contextlib.suppress(ProcessLookupError):
+        process.terminate()
+    process.join(kill_after_s)
+    if process.is_alive():
+        sent = "SIGKILL"
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        process.join(10.0)
+    return sent

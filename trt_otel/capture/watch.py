@@ -1,0 +1,209 @@
+"""``trt-otel watch``: follow a build running elsewhere, through its HTTP event stream or its
+journal as it grows, with the same terminal view as the build's own.
+
+Both sources yield the build's events in order; they are fed to the same console followers the
+build uses, so the picture is the build's. A dropped connection is resumed from the last event
+seen (``Last-Event-ID``), so nothing is missed nor shown twice.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from trt_otel.capture.liveness import DEFAULT_LOST_AFTER_S, Liveness
+from trt_otel.core.durations import format_duration
+from trt_otel.core.events import BuildFinished, Event
+from trt_otel.core.journal import (
+    CorruptLineError,
+    JournalError,
+    JournalProblem,
+    LineReader,
+    decode_event,
+    parse_header,
+)
+
+Sink = Callable[[Sequence[Event]], None]
+Warn = Callable[[str], None]
+
+
+class WatchError(Exception):
+    """The build cannot be followed (unreachable, not a trt-otel endpoint, not a journal)."""
+
+
+def events_url(url: str) -> str:
+    """``http://host:port`` or ``.../events``: the event stream's URL."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - read for its check of the port
+    except ValueError as error:  # "http://[::1": an unclosed IPv6 address, a bad port
+        raise WatchError(f"{url!r} is not a valid URL ({error})") from None
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise WatchError(f"{url!r} is not an http:// or https:// URL")
+    path = parts.path.rstrip("/")
+    if not path.endswith("/events"):
+        path += "/events"
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def follow_url(
+    url: str,
+    sink: Sink,
+    *,
+    warn: Warn,
+    retry_for_s: float = 30.0,
+    read_timeout_s: float = 60.0,
+) -> BuildFinished | None:
+    """Feed ``sink`` every event of the build at ``url`` until its end; returns the end (None
+    when the stream closed for good without one)."""
+    target = events_url(url)
+    last_seq = -1
+    failing_since: float | None = None
+    connected_once = False
+    while True:
+        try:
+            for batch in _stream(target, last_seq, read_timeout_s):
+                connected_once = True
+                failing_since = None
+                sink(batch)
+                last_seq = batch[-1].seq
+                if isinstance(batch[-1], BuildFinished):
+                    return batch[-1]
+            # The server ended the stream without the build's end: it is going away.
+            if not connected_once:
+                raise WatchError(f"{target} sent no events")
+            failing_since = failing_since or time.monotonic()
+        except (OSError, http.client.HTTPException) as error:
+            if not connected_once:
+                raise WatchError(f"cannot follow {target}: {error}") from None
+            if failing_since is None:
+                failing_since = time.monotonic()
+                warn(f"lost {target} ({error}); resuming after event {last_seq}")
+        if time.monotonic() - failing_since > retry_for_s:
+            return None
+        time.sleep(0.5)
+
+
+def _stream(url: str, after_seq: int, read_timeout_s: float) -> Iterator[list[Event]]:
+    """Batches of events from one connection to an SSE stream."""
+    parts = urllib.parse.urlsplit(url)
+    connection_class = (
+        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    )
+    connection = connection_class(parts.netloc, timeout=read_timeout_s)
+    try:
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        headers = {"Accept": "text/event-stream"}
+        if after_seq >= 0:
+            headers["Last-Event-ID"] = str(after_seq)
+        connection.request("GET", path, headers=headers)
+        response = connection.getresponse()
+        if response.status != 200:
+            raise WatchError(f"{url} answered HTTP {response.status}")
+        if not response.getheader("Content-Type", "").startswith("text/event-stream"):
+            raise WatchError(f"{url} is not an event stream")
+        data: list[str] = []
+        while True:
+            raw = response.readline()
+            if not raw:
+                break
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            if line:
+                field, _, value = line.partition(":")
+                if field == "data":
+                    data.append(value.removeprefix(" "))
+                continue
+            # A blank line dispatches the frame (event lines only carry the type, also in data).
+            if data:
+                event = _event_from_frame("\n".join(data))
+                data = []
+                if event is not None and event.seq > after_seq:
+                    after_seq = event.seq
+                    yield [event]
+    finally:
+        connection.close()
+
+
+def _event_from_frame(data: str) -> Event | None:
+    """The event in an SSE frame's data; None for a notice (a gap) or a frame not understood."""
+    try:
+        return decode_event(data)
+    except CorruptLineError:
+        return None
+
+
+class BuildLostError(WatchError):
+    """The followed build's journal has no end, and its writer is gone (or silent too long)."""
+
+
+def follow_journal(
+    path: Path,
+    sink: Sink,
+    *,
+    warn: Warn,
+    poll_s: float = 0.2,
+    lost_after_s: float = DEFAULT_LOST_AFTER_S,
+    ending: threading.Event | None = None,
+) -> BuildFinished | None:
+    """Feed ``sink`` the events of the journal at ``path`` as it grows, until the build's end.
+
+    A journal that stops growing is followed while its writer shows signs of life (a silent
+    build is not a lost one); :class:`BuildLostError` says when it has none (:mod:`liveness`).
+    Once ``ending`` is set, the caller has stopped the writer itself and appends the build's end
+    in its place: a dead writer is then expected, and the end is awaited (for ``lost_after_s``).
+    """
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 - closed below, kept open while it grows
+    except OSError as error:
+        raise JournalError(f"cannot read journal {str(path)!r}: {error.strerror}") from None
+    with handle:
+        first = _complete_line(handle, poll_s)
+        liveness = Liveness(path, parse_header(first, path), lost_after_s)
+        reader = LineReader()  # the reader replay uses, fed as the file grows
+        quiet_since = time.monotonic()
+        noticed = False
+        while True:
+            chunk = handle.read(1 << 20)
+            if not chunk:
+                lost = liveness.lost()
+                if lost is not None and ending is not None and ending.is_set():
+                    if time.monotonic() - quiet_since > lost_after_s:
+                        raise BuildLostError(f"{lost}, and no end was appended in its place")
+                elif lost is not None:
+                    raise BuildLostError(lost)
+                if not noticed and time.monotonic() - quiet_since > lost_after_s:
+                    noticed = True
+                    warn(
+                        f"{path}: no event for {format_duration(lost_after_s)}, but its writer "
+                        "is alive (TensorRT is silent); still following"
+                    )
+                time.sleep(poll_s)
+                continue
+            liveness.grew()
+            quiet_since, noticed = time.monotonic(), False
+            batch: list[Event] = []
+            for item in reader.feed(chunk):
+                if isinstance(item, JournalProblem):
+                    warn(f"{path}: {item}")
+                else:
+                    batch.append(item)
+            if batch:
+                sink(batch)
+                for event in batch:
+                    if isinstance(event, BuildFinished):
+                        return event
+
+
+def _complete_line(handle: object, poll_s: float) -> bytes:
+    """The journal's first line, waiting for a writer that has only just created the file."""
+    read = handle.readline  # type: ignore[attr-defined]
+    line: bytes = read()
+    deadline = time.monotonic() + 10.0
+    while not line.endswith(b"\n") and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        line += read()
+    return line

@@ -1,0 +1,1 @@
+"""Deciding when a build stops: cancel policies and signals."""

@@ -1,0 +1,240 @@
+"""How long is left: estimates that say when they do not know.
+
+TensorRT's progress is bursty and not monotonic (a phase's step count is decided as it starts,
+and the tactic timing that dominates a build is one step of "Building engine"), so a naive ETA
+from the progress ratio lies. Three estimates are kept apart, each with its basis:
+
+- **per phase**: time per step so far times the steps left; unknown before the first step;
+- **progress**: ``elapsed * (1 - p) / p`` from the overall progress ratio; unknown while too
+  little is done to extrapolate, and known to be rough;
+- **history**: from journals of earlier builds of the same model (``--history DIR``): at each
+  phase boundary this build has passed, how long those builds still took from the same boundary,
+  scaled by how fast this build has been so far. Unknown without history, or when this build
+  goes where none of them went.
+
+The whole-build ETA is the history estimate where there is one, else the progress estimate.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trt_otel.core.durations import format_duration
+from trt_otel.core.events import BuildStarted, Event, Outcome, PhaseFinished
+from trt_otel.core.journal import JournalError, read_journal
+from trt_otel.core.state import BuildState
+
+BoundaryKey = tuple[tuple[str, ...], int]
+"""A phase boundary: the path of names down to a finished phase, and which occurrence of that
+path it was (TensorRT repeats phases, so "the 3rd 'Timing graph nodes' under ..." is one key)."""
+
+START: BoundaryKey = ((), 0)
+MIN_PROGRESS = 0.02
+MIN_ELAPSED_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """Seconds left, or None with the reason it is unknown."""
+
+    seconds: float | None
+    basis: str
+    unknown: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BuildEta:
+    build: Estimate
+    progress: Estimate
+    history: Estimate
+    phases: dict[int, Estimate] = field(default_factory=dict)
+    """Per open phase (by phase id)."""
+
+
+def format_eta(value: Estimate) -> str:
+    """``ETA 3m10s (history)``, or ``ETA unknown (no step yet)``."""
+    if value.seconds is None:
+        return f"ETA unknown ({value.unknown})"
+    if value.basis == "finished":
+        return "done"
+    return f"ETA {format_duration(value.seconds)} ({value.basis})"
+
+
+class BoundaryTracker:
+    """Follows a build's phase boundaries (fold it after its BuildState)."""
+
+    def __init__(self, *, keep_all: bool = True) -> None:
+        self.counts: dict[tuple[str, ...], int] = {}
+        self.last: BoundaryKey = START
+        self.last_mono_ns: int | None = None
+        self.keep_all = keep_all
+        self.boundaries: dict[BoundaryKey, int] = {}
+        """Elapsed ns at each boundary passed so far (only the last one unless ``keep_all``:
+        a live build's estimates need no more, and a build passes one per phase)."""
+        self._paths: dict[int, tuple[str, ...]] = {}
+        """The path of each phase whose children have finished, while it is open: a parent's
+        path is walked once, not once for each of its (maybe thousands of) children."""
+
+    def apply(self, event: Event, state: BuildState) -> None:
+        kind = type(event)
+        if kind is not PhaseFinished and kind is not BuildStarted:
+            return  # no boundary
+        if kind is BuildStarted:
+            self.counts, self.boundaries = {}, {}  # a log of several builds: this one's own
+            self._paths = {}
+            self.last, self.last_mono_ns = START, event.mono_ns
+            self.boundaries[START] = 0
+        else:
+            assert isinstance(event, PhaseFinished)
+            phase_id = state.latest_by_name.get(event.name)
+            if phase_id is None or state.phases[phase_id].finish_mono_ns != event.mono_ns:
+                return  # not a finish TensorRT's protocol allows: no boundary
+            path = self._path_of(state, phase_id)
+            occurrence = self.counts.get(path, 0)
+            self.counts[path] = occurrence + 1
+            self.last, self.last_mono_ns = (path, occurrence), event.mono_ns
+            if state.start_mono_ns is not None:
+                if not self.keep_all:
+                    self.boundaries.clear()
+                self.boundaries[self.last] = event.mono_ns - state.start_mono_ns
+
+    def _path_of(self, state: BuildState, phase_id: int) -> tuple[str, ...]:
+        """The path of a phase that just finished (it is never a parent again)."""
+        self._paths.pop(phase_id, None)
+        phase = state.phases[phase_id]
+        parent_id = phase.parent_id
+        if parent_id is None:
+            return (phase.name,)
+        parent_path = self._paths.get(parent_id)
+        if parent_path is None:
+            parent_path = self._paths[parent_id] = _path(state, parent_id)
+        return (*parent_path, phase.name)
+
+
+def _path(state: BuildState, phase_id: int | None) -> tuple[str, ...]:
+    names = []
+    while phase_id is not None:
+        phase = state.phases[phase_id]
+        names.append(phase.name)
+        phase_id = phase.parent_id
+    return tuple(reversed(names))
+
+
+@dataclass(frozen=True, slots=True)
+class PastBuild:
+    source: str
+    total_s: float
+    boundaries: dict[BoundaryKey, float]
+
+
+@dataclass
+class History:
+    """Earlier builds of a model, read from their journals."""
+
+    builds: list[PastBuild]
+    skipped: list[str] = field(default_factory=list)
+    """Why journals in the directory were not used."""
+
+    @classmethod
+    def load(cls, directory: Path, model_sha256: str | None = None) -> History:
+        builds, skipped = [], []
+        for path in sorted(directory.glob("*.jsonl")):
+            try:
+                journal = read_journal(path)
+            except JournalError as error:
+                skipped.append(f"{path.name}: {error}")
+                continue
+            past = past_build(journal.events, path.name)
+            if past is None:
+                skipped.append(f"{path.name}: not a finished, successful build")
+            elif model_sha256 is not None and _model_of(journal.events) != model_sha256:
+                skipped.append(f"{path.name}: another model")
+            else:
+                builds.append(past)
+        return cls(builds, skipped)
+
+    def remaining(self, key: BoundaryKey, elapsed_s: float) -> Estimate:
+        """Seconds left after boundary ``key``, passed ``elapsed_s`` into this build."""
+        if not self.builds:
+            return Estimate(None, "history", "no earlier build of this model")
+        at = [(b.boundaries[key], b.total_s) for b in self.builds if key in b.boundaries]
+        if not at:
+            return Estimate(None, "history", "earlier builds did not pass this point")
+        then = statistics.median(t for t, _ in at)
+        left = statistics.median(total - t for t, total in at)
+        # This machine may be faster or slower than the earlier ones: scale by how this build
+        # compares so far, within reason (early boundaries say little).
+        scale = min(4.0, max(0.25, elapsed_s / then)) if then > 1.0 else 1.0
+        return Estimate(left * scale, "history")
+
+
+def _model_of(events: Sequence[Event]) -> str | None:
+    for event in events:
+        if isinstance(event, BuildStarted):
+            value = event.attributes.get("model.sha256")
+            return str(value) if value is not None else None
+    return None
+
+
+def past_build(events: Sequence[Event], source: str) -> PastBuild | None:
+    """A finished, successful build's boundaries, or None."""
+    state, tracker = BuildState(), BoundaryTracker()
+    for event in events:
+        state.apply(event)
+        tracker.apply(event, state)
+    if state.outcome is not Outcome.SUCCESS or state.start_mono_ns is None:
+        return None
+    assert state.end_mono_ns is not None
+    return PastBuild(
+        source,
+        (state.end_mono_ns - state.start_mono_ns) / 1e9,
+        {key: ns / 1e9 for key, ns in tracker.boundaries.items()},
+    )
+
+
+def estimate(
+    state: BuildState, tracker: BoundaryTracker, now_mono_ns: int, history: History | None
+) -> BuildEta:
+    """Every estimate for ``state`` at ``now_mono_ns``."""
+    if state.outcome is not None:
+        done = Estimate(0.0, "finished")
+        return BuildEta(done, done, done)
+    if state.start_mono_ns is None:
+        waiting = Estimate(None, "progress", "the build has not started")
+        return BuildEta(waiting, waiting, Estimate(None, "history", "the build has not started"))
+    elapsed_s = (now_mono_ns - state.start_mono_ns) / 1e9
+    progress = _from_progress(state.progress_ratio(), elapsed_s)
+    if history is None:
+        from_history = Estimate(None, "history", "no history given (--history DIR)")
+    else:
+        boundary_s = tracker.boundaries.get(tracker.last, 0) / 1e9
+        from_history = history.remaining(tracker.last, boundary_s)
+        if from_history.seconds is not None:
+            since_boundary = elapsed_s - boundary_s
+            from_history = Estimate(max(0.0, from_history.seconds - since_boundary), "history")
+    build = from_history if from_history.seconds is not None else progress
+    phases = {
+        phase_id: _phase_estimate(state, phase_id, now_mono_ns)
+        for phase_id in state.open_by_name.values()
+    }
+    return BuildEta(build, progress, from_history, phases)
+
+
+def _from_progress(ratio: float, elapsed_s: float) -> Estimate:
+    if ratio >= 1.0:
+        return Estimate(0.0, "progress")
+    if ratio < MIN_PROGRESS or elapsed_s < MIN_ELAPSED_S:
+        return Estimate(None, "progress", "too little done to extrapolate")
+    return Estimate(elapsed_s * (1.0 - ratio) / ratio, "progress")
+
+
+def _phase_estimate(state: BuildState, phase_id: int, now_mono_ns: int) -> Estimate:
+    phase = state.phases[phase_id]
+    done = phase.last_step + 1
+    if done <= 0:
+        return Estimate(None, "steps", "no step yet")
+    per_step = (now_mono_ns - phase.start_mono_ns) / 1e9 / done
+    return Estimate(per_step * max(0, phase.num_steps - done), "steps")

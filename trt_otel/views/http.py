@@ -1,0 +1,492 @@
+"""The HTTP view of a build, for IDEs, services and agents.
+
+- ``GET /``: a live web page of the build (:mod:`trt_otel.views.web`);
+- ``GET /status``: the build as JSON (phase tree, progress, elapsed, estimates, outcome);
+- ``GET /events``: Server-Sent Events of the event log. Each event's ``id:`` is its ``seq``, so a
+  client that reconnects with ``Last-Event-ID`` (or asks ``?since=N``) misses nothing and gets
+  nothing twice; a new client gets the build from its first event;
+- ``GET /metrics``: the Prometheus projection; ``GET /healthz``: liveness;
+- ``POST /cancel`` with ``Authorization: Bearer TOKEN`` and an optional reason (JSON
+  ``{"reason": ...}`` or plain text): cancels the build at TensorRT's next step.
+
+Nothing here touches the callbacks: events reach the server through its own follower, which
+encodes each one once into an SSE frame; every client thread reads those frames without taking
+the log's lock. A slow client only fills its own socket, and is dropped after a timeout.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import sys
+import threading
+import time
+import urllib.parse
+from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from trt_otel.core.clock import SYSTEM_CLOCK, Clock
+from trt_otel.core.eta import BuildEta, Estimate
+from trt_otel.core.events import BuildFinished, Event
+from trt_otel.core.journal import encode_event, event_to_dict
+from trt_otel.core.observed import CancellableBuild
+from trt_otel.core.readmodel import ReadModel, SiblingGroup
+from trt_otel.core.state import BuildState, Phase
+from trt_otel.views import web
+from trt_otel.views.prometheus import exposition
+
+_logger = logging.getLogger(__name__)
+
+MAX_BODY = 4096
+MAX_SSE_CLIENTS = 100
+RETAINED_FRAMES = 100_000
+MAX_FRAMES_PER_READ = 8192
+"""Frames one read hands a client: a late client catches up in pieces."""
+KEEPALIVE_S = 15.0
+CLIENT_TIMEOUT_S = 30.0
+
+
+class EventFeed:
+    """The server's follower: the newest events, as SSE frames to any thread that asks.
+
+    A frame is encoded when a client reads it, not when its event arrives: a build makes
+    millions of events, and most builds are never streamed.
+    """
+
+    name = "http"
+
+    def __init__(self, retain: int = RETAINED_FRAMES, *, ends_with_build: bool = True) -> None:
+        self._retain = retain
+        self._ends_with_build = ends_with_build
+        """False for a log of several builds (``trt-otel run``): the stream ends when the log
+        does."""
+        self._events: list[Event] = []
+        self._first_seq = 0
+        """``seq`` of ``_events[0]``."""
+        self._changed = threading.Condition()
+        self.ended = False
+        self.closed = False
+
+    def handle(self, events: Sequence[Event]) -> None:
+        with self._changed:
+            if not self._events and events:
+                self._first_seq = events[0].seq
+            self._events.extend(events)
+            # Trim in steps of a tenth, so the memory held stays near the bound (a bigger
+            # step would make it swing) while trimming stays rare.
+            if len(self._events) > self._retain + self._retain // 10:
+                drop = len(self._events) - self._retain
+                del self._events[:drop]
+                self._first_seq += drop
+            if self._ends_with_build and BuildFinished in set(map(type, events)):
+                self.ended = True
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        with self._changed:
+            self.closed = True
+            self._changed.notify_all()
+
+    def frames_after(
+        self, seq: int, timeout_s: float, limit: int = MAX_FRAMES_PER_READ
+    ) -> tuple[int, list[bytes], bool]:
+        """Frames of events after ``seq`` (waiting up to ``timeout_s`` for one, at most
+        ``limit``): the first seq they start at, the frames, and whether the stream is over
+        (build ended, all sent)."""
+        with self._changed:
+            self._changed.wait_for(
+                lambda: self._next_index(seq) < len(self._events) or (self.closed or self.ended),
+                timeout=timeout_s,
+            )
+            start = max(0, self._next_index(seq))
+            events = self._events[start : start + limit]
+            over = (self.ended or self.closed) and start + len(events) >= len(self._events)
+            first = self._first_seq + start
+        return first, [_frame(event) for event in events], over
+
+    def _next_index(self, seq: int) -> int:
+        return seq + 1 - self._first_seq
+
+
+def _frame(event: Event) -> bytes:
+    # The data is the journal's line, encoded by the journal's codec (JSON has no raw newline).
+    return f"id: {event.seq}\nevent: {event.type}\ndata: ".encode() + encode_event(event) + b"\n\n"
+
+
+# -- /status -----------------------------------------------------------------------------------
+
+
+def _estimate_json(value: Estimate) -> dict[str, Any]:
+    return {"seconds": value.seconds, "basis": value.basis, "unknown": value.unknown}
+
+
+def status_document(model: ReadModel, eta: BuildEta, now_mono_ns: int) -> dict[str, Any]:
+    """The build as one JSON document (hold the model's lock, or own it)."""
+    state = model.state
+    start = state.start_mono_ns
+    end = state.end_mono_ns if state.end_mono_ns is not None else now_mono_ns
+    cancel = state.cancel
+    return {
+        "build_id": state.build_id,
+        "status": state.status.value,
+        "outcome": state.outcome.value if state.outcome is not None else None,
+        "detail": state.outcome_detail or None,
+        "error_type": state.error_type,
+        "elapsed_s": (end - start) / 1e9 if start is not None else None,
+        "progress": state.progress_ratio(),
+        "steps_completed": state.steps_completed_total,
+        "phases_started": state.phases_started_total,
+        "eta": _estimate_json(eta.build),
+        "eta_progress": _estimate_json(eta.progress),
+        "eta_history": _estimate_json(eta.history),
+        "cancel": None
+        if cancel is None
+        else {"reason": cancel.reason, "source": cancel.source, "policy": cancel.policy},
+        "anomalies": {kind.value: count for kind, count in state.anomalies.items()},
+        "gpu": _gpu_json(state),
+        "attributes": state.attributes,
+        "phases": _nodes_json(model, None, eta, now_mono_ns),
+    }
+
+
+def _gpu_json(state: BuildState) -> dict[str, Any] | None:
+    if state.gpu is None:
+        return None
+    record = event_to_dict(state.gpu)
+    for key in ("seq", "type", "mono_ns", "thread"):
+        record.pop(key, None)
+    return record
+
+
+def _nodes_json(
+    model: ReadModel, parent_id: int | None, eta: BuildEta, now: int
+) -> list[dict[str, Any]]:
+    """The phases under ``parent_id``, repeated ones folded by the model's rule (the terminal
+    folds them the same way)."""
+    nodes: list[dict[str, Any]] = []
+    for node in model.tree(parent_id):
+        if isinstance(node, SiblingGroup):
+            nodes.append(
+                {
+                    "name": node.name,
+                    "status": "finished",
+                    "count": node.count,
+                    "elapsed_s": node.total_ns / 1e9,
+                    "longest_s": node.longest_ns / 1e9,
+                }
+            )
+        else:
+            nodes.append(_phase_json(model, node, eta, now))
+    return nodes
+
+
+def _phase_json(model: ReadModel, phase: Phase, eta: BuildEta, now: int) -> dict[str, Any]:
+    node: dict[str, Any] = {
+        "name": phase.name,
+        "status": phase.status.value,
+        "num_steps": phase.num_steps,
+        "steps_completed": phase.steps_completed,
+        "last_step": phase.last_step,
+        "progress": model.state.phase_progress(phase.id),
+        "elapsed_s": (phase.duration_ns(now) or 0) / 1e9,
+    }
+    if phase.close_reason:
+        node["close_reason"] = phase.close_reason
+    if phase.id in eta.phases:
+        node["eta"] = _estimate_json(eta.phases[phase.id])
+    node["children"] = _nodes_json(model, phase.id, eta, now) if phase.children else []
+    return node
+
+
+# -- the server --------------------------------------------------------------------------------
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 64
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that goes away mid-answer is its own business; anything else is logged, not
+        # printed over the build's terminal.
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            _logger.debug("HTTP request from %s failed", client_address, exc_info=True)
+
+
+class StatusServer:
+    """Serves one build's HTTP view on ``address:port`` (loopback by default)."""
+
+    def __init__(
+        self,
+        monitor: CancellableBuild,
+        model: ReadModel,
+        registry: CollectorRegistry,
+        *,
+        port: int,
+        address: str = "127.0.0.1",
+        cancel_token: str,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.monitor = monitor
+        self.model = model
+        self.registry = registry
+        self.feed = EventFeed()
+        self.clock = clock
+        self.token_file: Path | None = None
+        """Where a generated token was written for the owner (removed with the server)."""
+        self._token = cancel_token.encode()
+        self._sse_clients = 0
+        self._clients_lock = threading.Lock()
+        self.client_seen = threading.Event()
+        """Set by the first request: with no client ever, nobody waits for the final status."""
+        self.final_served = threading.Event()
+        """Set once a client has been given the build's end (its final status, or the end of
+        the event stream): the view need not linger after that."""
+        self._server = _Server((address, port), _handler_class(self))
+        self.address = address
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="trt-otel-http", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"http://{host}:{self.port}"
+
+    def token_matches(self, presented: str) -> bool:
+        return hmac.compare_digest(presented.encode(), self._token)
+
+    def enter_sse(self) -> bool:
+        with self._clients_lock:
+            if self._sse_clients >= MAX_SSE_CLIENTS:
+                return False
+            self._sse_clients += 1
+            return True
+
+    def leave_sse(self) -> None:
+        with self._clients_lock:
+            self._sse_clients -= 1
+
+    @property
+    def sse_clients(self) -> int:
+        return self._sse_clients
+
+    def status(self) -> dict[str, Any]:
+        now = self.clock.mono_ns()
+        with self.model.reading() as model:
+            return status_document(model, model.estimate_locked(now), now)
+
+    def close(self, linger_s: float = 3.0, *, unwatched: bool = False) -> None:
+        """Stop serving, after ``linger_s`` at most: streaming clients first get the end of the
+        build, and an ended build's final status stays readable (and ``POST /cancel`` answers
+        409) until a client has read it, since pollers would rarely catch it otherwise. Only
+        when a client came by during the build, unless ``unwatched``: the Prometheus endpoint
+        likewise waits only after a real scrape, and a build nobody watched exits at once."""
+        watched = unwatched or self.client_seen.is_set()
+        deadline = time.monotonic() + (linger_s if watched else 0.0)
+        ended = self.monitor.state.outcome is not None
+        while time.monotonic() < deadline and (
+            self._sse_clients or (ended and not self.final_served.is_set())
+        ):
+            time.sleep(0.05)
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5.0)
+
+
+def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        timeout = CLIENT_TIMEOUT_S  # a client that stalls mid-request or mid-stream is dropped
+        server_version = "trt-otel"
+        sys_version = ""
+
+        head_only = False
+        """A HEAD request: everything a GET would send but the body."""
+
+        def do_HEAD(self) -> None:
+            self.head_only = True
+            try:
+                self.do_GET()
+            finally:
+                self.head_only = False  # the connection's next request may be a GET
+
+        def do_GET(self) -> None:
+            server.client_seen.set()
+            path, _, query = self.path.partition("?")
+            if path == "/status":
+                status = server.status()
+                self._json(200, status)
+                if status.get("outcome") is not None and not self.head_only:
+                    server.final_served.set()
+            elif path == "/events":
+                self._events(urllib.parse.parse_qs(query))
+            elif path == "/metrics":  # negotiated as the Prometheus endpoint does
+                accept, encoding = self.headers.get("Accept"), self.headers.get("Accept-Encoding")
+                self._send(200, *exposition(server.registry, accept, encoding))
+            elif path == "/healthz":
+                build = server.monitor.state
+                self._json(200, {"status": "ok", "build": build.status.value})
+                if build.outcome is not None and not self.head_only:
+                    server.final_served.set()
+            elif path == "/cancel":
+                self._json(405, {"error": "use POST"}, {"Allow": "POST"})
+            elif (page := web.asset(path)) is not None:
+                self._send(200, page.content_type, page.body, web.PAGE_HEADERS)
+            else:
+                self._json(404, {"error": f"no such resource: {path}"})
+
+        def do_POST(self) -> None:
+            server.client_seen.set()
+            path = self.path.partition("?")[0]
+            if path == "/status":
+                self._json(405, {"error": "use GET"}, {"Allow": "GET"})
+                return
+            if path != "/cancel":
+                self._json(404, {"error": f"no such resource: {path}"})
+                return
+            self._cancel()
+
+        def _cancel(self) -> None:
+            authorization = self.headers.get("Authorization", "")
+            scheme, _, token = authorization.partition(" ")
+            if scheme.lower() != "bearer" or not token:
+                self._json(
+                    401, {"error": "a bearer token is required"}, {"WWW-Authenticate": "Bearer"}
+                )
+                return
+            if not server.token_matches(token.strip()):
+                self._json(403, {"error": "wrong token"})
+                return
+            body = self._body()
+            if body is None:
+                return
+            reason = _reason(body, self.headers.get("Content-Type", ""))
+            if reason is None:
+                self._json(400, {"error": 'the body is a JSON {"reason": "..."} or plain text'})
+                return
+            monitor = server.monitor
+            if monitor.state.outcome is not None:
+                self._json(409, {"error": "the build has ended", "outcome": monitor.state.outcome})
+                return
+            first = monitor.cancel(reason or "cancelled over HTTP", source="http")
+            cancel = monitor.state.cancel
+            self._json(
+                202 if first else 200,
+                {
+                    "cancelled": True,
+                    "first": first,
+                    "reason": cancel.reason if cancel is not None else reason,
+                },
+            )
+
+        def _body(self) -> bytes | None:
+            length_text = self.headers.get("Content-Length")
+            if length_text is None:
+                if self.headers.get("Transfer-Encoding"):
+                    self._json(411, {"error": "send a Content-Length"})
+                    return None
+                return b""
+            try:
+                length = int(length_text)
+            except ValueError:
+                self._json(400, {"error": "bad Content-Length"})
+                return None
+            if length < 0 or length > MAX_BODY:
+                self._json(413, {"error": f"bodies are limited to {MAX_BODY} bytes"})
+                self.close_connection = True
+                return None
+            return self.rfile.read(length)
+
+        def _events(self, query: dict[str, list[str]]) -> None:
+            since = -1
+            since_values = query.get("since") or []
+            text = self.headers.get("Last-Event-ID") or (since_values[0] if since_values else None)
+            if text is not None:
+                try:
+                    since = int(text)
+                except ValueError:
+                    self._json(400, {"error": f"not an event id: {text[:40]!r}"})
+                    return
+            if self.head_only:
+                self._send(200, "text/event-stream", b"", {"Cache-Control": "no-cache"})
+                return
+            if not server.enter_sse():
+                self._json(503, {"error": "too many event streams"}, {"Retry-After": "5"})
+                return
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("X-Accel-Buffering", "no")
+                self.end_headers()
+                self._stream(since)
+            except OSError:
+                pass  # the client went away
+            finally:
+                server.leave_sse()
+                self.close_connection = True
+
+        def _stream(self, since: int) -> None:
+            self.wfile.write(b"retry: 1000\n\n")
+            while True:
+                first, frames, over = server.feed.frames_after(since, KEEPALIVE_S)
+                if first > since + 1:  # older events are no longer held: say so, go on
+                    gap = {"requested_after": since, "first_available": first}
+                    self.wfile.write(f"event: gap\ndata: {json.dumps(gap)}\n\n".encode())
+                if frames:
+                    self.wfile.write(b"".join(frames))
+                    since = first + len(frames) - 1
+                elif not over:
+                    self.wfile.write(b": keepalive\n\n")
+                self.wfile.flush()
+                if over:
+                    server.final_served.set()
+                    return
+
+        def _json(self, status: int, document: Any, headers: dict[str, str] | None = None) -> None:
+            body = json.dumps(document, default=str).encode()
+            self._send(status, "application/json", body, headers)
+
+        def _send(
+            self,
+            status: int,
+            content_type: str,
+            body: bytes,
+            headers: dict[str, str] | None = None,
+        ) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            if not self.head_only:
+                self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # requests are not the build's business; errors reach the client
+
+    return Handler
+
+
+def _reason(body: bytes, content_type: str) -> str | None:
+    """The cancel reason in a request body: "" for none, None when the body is unreadable."""
+    text = body.decode("utf-8", "replace").strip()
+    if not text:
+        return ""
+    if "json" in content_type or text.startswith("{"):
+        try:
+            document = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(document, dict) or not isinstance(document.get("reason", ""), str):
+            return None
+        return str(document.get("reason", "")).strip()[:200]
+    return text.splitlines()[0][:200]
