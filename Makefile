@@ -40,9 +40,10 @@ lint: $(STAMP)
 
 # The reference in docs/ (mkdocs.yml): --strict makes a broken link or anchor, or a page left out
 # of the navigation, an error.
-# (Material's notice about its successor is left out of the output.)
+# Not --quiet: it hides the warnings from the count that --strict fails on. (Material's notice
+# about its successor is left out of the output.)
 SITE_DIR := .site
-MKDOCS_BUILD = NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $(SITE_DIR)
+MKDOCS_BUILD = NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(SITE_DIR)
 
 docs: $(STAMP)
 	$(MKDOCS_BUILD)
