@@ -1,9 +1,11 @@
 """Where the C++ monitor's builds find NVIDIA's headers: TensorRT's (beside the project, in
-``../shared/third_party``) and CUDA's runtime (the dev extra's nvidia-cuda-runtime wheel). For
-the C++ tests and the C++ benchmark alike."""
+``../shared/third_party``) and CUDA's runtime (the dev extra's nvidia-cuda-runtime wheel), and
+the TensorRT-RTX libraries the C++ example links (the dev extra's tensorrt-rtx-cu12-libs
+wheel). For the C++ tests and the C++ benchmarks alike."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -18,3 +20,27 @@ def cuda_include() -> Path | None:
         if (candidate / "cuda_runtime_api.h").is_file():
             return candidate
     return None
+
+
+def rtx_library_dir() -> Path | None:
+    """The TensorRT-RTX libraries' wheel folder (``tensorrt_rtx_libs``: libtensorrt_rtx.so.1
+    and libtensorrt_onnxparser_rtx.so.1), found without importing it (importing loads them)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("tensorrt_rtx_libs")
+    if spec is None or spec.origin is None:
+        return None
+    folder = Path(spec.origin).parent
+    names = ("libtensorrt_rtx.so.1", "libtensorrt_onnxparser_rtx.so.1")
+    return folder if all((folder / name).is_file() for name in names) else None
+
+
+def header_version() -> str:
+    """``MAJOR.MINOR.PATCH.BUILD`` of the TensorRT headers, read from NvInferVersion.h."""
+    text = (TENSORRT_INCLUDE / "NvInferVersion.h").read_text(encoding="utf-8")
+    parts = []
+    for part in ("MAJOR", "MINOR", "PATCH", "BUILD"):
+        match = re.search(rf"#define TRT_{part}_ENTERPRISE (\d+)", text)
+        assert match is not None, f"no TRT_{part}_ENTERPRISE in NvInferVersion.h"
+        parts.append(match.group(1))
+    return ".".join(parts)

@@ -20,7 +20,15 @@
 // them (at most one poll interval after they happened, at once on a cancel and at the end),
 // checks the cancel file and the timeout, and notes any loss in the journal.
 //
-// Header-only, C++17, needs only the standard library, POSIX and NvInfer.h.
+// The build_start event names the TensorRT library the process has actually loaded, not the
+// headers it was compiled with: "trt.version" from its getInferLibVersion() (and its build
+// number where the library has getInferLibBuildVersion()), "trt.backend" ("tensorrt" or
+// "tensorrt-rtx") and "trt.library" from the file that defines it (dladdr), and the headers'
+// version apart as "trt.header_version". Both functions are declared weak here, so a program
+// that links no TensorRT library still links and runs; its journal then has no trt.version.
+//
+// Header-only, C++17, needs only the standard library, POSIX (dladdr: glibc 2.34 and later
+// have it in libc, older ones need -ldl, which the CMake target adds) and NvInfer.h.
 #pragma once
 
 #include <NvInfer.h>
@@ -48,6 +56,7 @@
 #include <utility>
 #include <vector>
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -55,6 +64,11 @@
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #endif
+
+// The library's own version functions (NvInferRuntimeBase.h, NvInferRuntime.h), declared again
+// weak: resolved by whatever TensorRT library the program links or has loaded, null otherwise.
+extern "C" int32_t getInferLibVersion() noexcept __attribute__((weak));
+extern "C" int32_t getInferLibBuildVersion() noexcept __attribute__((weak));
 
 namespace trt_otel
 {
@@ -116,6 +130,60 @@ struct Options
     //! Print the first journal write error and the first loss on stderr.
     bool warn_on_stderr{true};
 };
+
+//! The TensorRT library this process has loaded, as the build record names it.
+struct Runtime
+{
+    //! "tensorrt" or "tensorrt-rtx" (from the library's file name); empty when none is loaded.
+    std::string backend;
+    //! Its version, "MAJOR.MINOR.PATCH[.BUILD]", from getInferLibVersion(); empty when none.
+    std::string version;
+    //! The file it was loaded from (the program itself when TensorRT is linked statically).
+    std::string library;
+};
+
+//! The version of the TensorRT headers this code was compiled with ("11.1.0.106").
+inline std::string headerVersion()
+{
+    return std::to_string(NV_TENSORRT_MAJOR) + "." + std::to_string(NV_TENSORRT_MINOR) + "."
+        + std::to_string(NV_TENSORRT_PATCH)
+#if defined(NV_TENSORRT_BUILD)
+        + "." + std::to_string(NV_TENSORRT_BUILD)
+#endif
+        ;
+}
+
+//! Asks the loaded TensorRT library who it is. Never throws; an empty Runtime when the program
+//! has no TensorRT library.
+inline Runtime loadedRuntime() noexcept
+{
+    Runtime runtime;
+    try
+    {
+        if (&::getInferLibVersion == nullptr)
+            return runtime;
+        // (MAJOR * 100 + MINOR) * 100 + PATCH, as NV_TENSORRT_VERSION.
+        std::int32_t const number = ::getInferLibVersion();
+        runtime.version = std::to_string(number / 10000) + "." + std::to_string(number / 100 % 100) + "."
+            + std::to_string(number % 100);
+        Dl_info where{};
+        if (::dladdr(reinterpret_cast<void*>(&::getInferLibVersion), &where) != 0 && where.dli_fname != nullptr)
+            runtime.library = where.dli_fname;
+        // The build number only from the same library (an older one may not have the function).
+        Dl_info buildWhere{};
+        if (&::getInferLibBuildVersion != nullptr
+            && ::dladdr(reinterpret_cast<void*>(&::getInferLibBuildVersion), &buildWhere) != 0
+            && buildWhere.dli_fbase == where.dli_fbase)
+            runtime.version += "." + std::to_string(::getInferLibBuildVersion());
+        // libnvinfer.so.N is TensorRT; libtensorrt_rtx.so.N is TensorRT for RTX.
+        std::string_view const file = std::string_view(runtime.library).substr(runtime.library.rfind('/') + 1);
+        runtime.backend = file.find("tensorrt_rtx") != std::string_view::npos ? "tensorrt-rtx" : "tensorrt";
+    }
+    catch (...)
+    {
+    }
+    return runtime;
+}
 
 namespace detail
 {
@@ -1391,8 +1459,13 @@ private:
                 std::map<std::string, std::string> attributes = mOptions.attributes;
                 if (!mOptions.model_path.empty())
                     attributes.emplace("model.path", mOptions.model_path);
-                attributes.emplace("trt.backend", "tensorrt");
-                attributes.emplace("trt.version", tensorrtVersion());
+                if (!mRuntime.version.empty())
+                {
+                    attributes.emplace("trt.backend", mRuntime.backend);
+                    attributes.emplace("trt.version", mRuntime.version);
+                    attributes.emplace("trt.library", mRuntime.library);
+                }
+                attributes.emplace("trt.header_version", headerVersion());
                 bool first = true;
                 for (auto const& [key, value] : attributes)
                 {
@@ -1467,18 +1540,8 @@ private:
         out += "}\n";
     }
 
-    static std::string tensorrtVersion()
-    {
-        std::string version;
-        detail::appendInt(version, NV_TENSORRT_MAJOR);
-        version += '.';
-        detail::appendInt(version, NV_TENSORRT_MINOR);
-        version += '.';
-        detail::appendInt(version, NV_TENSORRT_PATCH);
-        return version;
-    }
-
     Options mOptions;
+    Runtime const mRuntime{loadedRuntime()};
     std::uint64_t const mUid;
     std::int64_t const mMonoAnchor{detail::monoNs()};
     std::int64_t const mWallAnchor{detail::wallNs()};
