@@ -259,8 +259,8 @@ def test_header_compiles_cleanly_against_nvidias_headers(tmp_path: Path) -> None
 
 def test_readme_example_compiles_in_ten_lines(tmp_path: Path) -> None:
     """The C++ section's example, inside a function given TensorRT's builder, network and
-    config, compiles cleanly as it stands in the README."""
-    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    config, compiles cleanly as it stands in docs/cpp.md."""
+    readme = (REPO_ROOT / "docs" / "cpp.md").read_text(encoding="utf-8")
     section = readme.split("## Using the monitor from C++", 1)[1]
     example = section.split("```cpp\n", 1)[1].split("```", 1)[0]
     lines = [line for line in example.splitlines() if line.strip()]
