@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from conftest import REPO_ROOT, reference_tree, trace_params
-from cpp_toolchain import TENSORRT_INCLUDE, cuda_include
+from cpp_toolchain import TENSORRT_INCLUDE, cuda_include, header_version
 from otlp_receiver import ReceivedSpan, otlp_receiver
 from prometheus_server import free_port
 from trt_otel import BuildMonitor, JournalWriter, Outcome, read_journal
@@ -354,6 +354,9 @@ def test_cpp_journal_holds_the_events_and_spans_of_pythons_monitor(
     assert isinstance(started, BuildStarted)
     assert len(started.build_id) == 32 and int(started.build_id, 16) > 0
     assert started.attributes["model.path"] == "/models/mnist.onnx"
+    # The driver links no TensorRT library: no runtime to name, only the headers' version.
+    assert started.attributes["trt.header_version"] == header_version()
+    assert not {"trt.backend", "trt.version", "trt.library"} & set(started.attributes)
 
     def play(monitor: BuildMonitor) -> bool:
         return Driver(speed=0).run(monitor, load_trace(trace)).completed
