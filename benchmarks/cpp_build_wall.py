@@ -1,0 +1,116 @@
+"""Wall time of a real C++ engine build with trt-otel's C++ monitor attached, against the same
+application without it (not in ``make bench``: a minute of real builds).
+
+Builds ``cpp/examples/build_engine`` with CMake (``-O2``) against the TensorRT-RTX wheel in this
+environment and NVIDIA's headers beside the project, then builds real engines on the CPU from
+two generated models: the real-builder tests' conv net (8 layers, ~100 callbacks in a build of a
+fraction of a second: the monitor's share at its largest) and a 300-block residual net (a few
+seconds, ~1,000 callbacks, most of the time one silent step). Each pair runs the application
+once with the monitor (a journal on disk, a cancel file it polls for, the default 100 ms poll)
+and once with ``--no-monitor``, in alternating order; the figure is the median of the pairs'
+ratios, beside the medians of both. Wall time is the whole process, start to exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPES = {
+    "conv": "input:1x8x16x16,2x8x16x16,4x8x16x16",
+    "residual": "input:1x8x32x32,4x8x32x32,8x8x32x32",
+}
+
+
+def build_example(directory: Path, include: Path) -> Path:
+    build = directory / "build"
+    for step in (
+        ["cmake", "-S", str(ROOT / "cpp" / "examples"), "-B", str(build),
+         "-DCMAKE_BUILD_TYPE=Release", f"-DTensorRT_PYTHON={sys.executable}",
+         f"-DTensorRT_INCLUDE_DIR={include}"],
+        ["cmake", "--build", str(build)],
+    ):  # fmt: skip
+        subprocess.run(step, check=True, capture_output=True, timeout=600)
+    return build / "build_engine"
+
+
+def timed(command: list[str]) -> float:
+    began = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True, timeout=600)
+    return time.perf_counter() - began
+
+
+def measure(binary: Path, model: Path, shapes: str, directory: Path, pairs: int) -> float:
+    plain_command = [str(binary), str(model), "--shapes", shapes, "--no-monitor"]
+    monitored_command = [str(binary), str(model), "--shapes", shapes,
+                         "--journal", str(directory / "build.jsonl"),
+                         "--cancel-file", str(directory / "stop")]  # fmt: skip
+    timed(plain_command)  # warm the page cache: the libraries are 220 MB
+    plain: list[float] = []
+    monitored: list[float] = []
+    for index in range(pairs):
+        if index % 2 == 0:
+            monitored.append(timed(monitored_command))
+            plain.append(timed(plain_command))
+        else:
+            plain.append(timed(plain_command))
+            monitored.append(timed(monitored_command))
+    ratios = [m / p for m, p in zip(monitored, plain, strict=True)]
+    events = len((directory / "build.jsonl").read_bytes().splitlines()) - 1
+    print(f"  {model.stem}: {events:,} events per build, {pairs} pairs")
+    print(f"    without the monitor  median {statistics.median(plain):6.3f} s  "
+          f"({', '.join(f'{t:.3f}' for t in plain)})")  # fmt: skip
+    print(f"    with the monitor     median {statistics.median(monitored):6.3f} s  "
+          f"({', '.join(f'{t:.3f}' for t in monitored)})")  # fmt: skip
+    print(f"    ratio (per pair)     median {statistics.median(ratios):6.3f}x  "
+          f"(min {min(ratios):.3f}, max {max(ratios):.3f})")  # fmt: skip
+    return statistics.median(ratios)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=5, help="paired runs per model (5)")
+    arguments = parser.parse_args()
+    if arguments.pairs < 1:
+        parser.error("--pairs must be 1 or more")
+
+    from cpp_toolchain import TENSORRT_INCLUDE, cuda_include, rtx_library_dir
+
+    if shutil.which("cmake") is None or shutil.which("g++") is None:
+        print("C++ build wall time: skipped (needs cmake and g++)")
+        return 0
+    if cuda_include() is None or not TENSORRT_INCLUDE.is_dir() or rtx_library_dir() is None:
+        print("C++ build wall time: skipped (needs ../shared/third_party and the dev extra)")
+        return 0
+    from trt_otel.builder.onnx_models import conv_net_bytes, residual_net_bytes
+
+    with tempfile.TemporaryDirectory() as folder:
+        directory = Path(folder)
+        binary = build_example(directory, TENSORRT_INCLUDE)
+        models = {"conv": conv_net_bytes(8), "residual": residual_net_bytes(300)}
+        print(
+            "A real TensorRT-RTX build by cpp/examples/build_engine, with and without the "
+            f"monitor; whole-process wall time, {arguments.pairs} pairs, alternating order"
+        )
+        ratios = {}
+        for name, data in models.items():
+            model = directory / f"{name}.onnx"
+            model.write_bytes(data)
+            ratios[name] = measure(binary, model, SHAPES[name], directory, arguments.pairs)
+    print(
+        f"C++ build headline: with the monitor / without = {ratios['conv']:.3f}x (conv, "
+        f"~0.1 s builds), {ratios['residual']:.3f}x (300-block residual, seconds)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT / "tests"))
+    sys.exit(main())
