@@ -10,6 +10,8 @@ Skipped only where ``tensorrt_rtx`` does not import, with the reason.
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,7 +27,13 @@ from prometheus_server import free_port
 from rtx_builds import RESIDUAL_SHAPES, SILENT_BLOCKS, import_rtx, write_residual
 from trt_otel import read_journal
 from trt_otel.capture.supervisor import DEFAULT_KILL_AFTER_S
-from trt_otel.core.events import BuildFinished, CancelRequested, PhaseStarted, StepCompleted
+from trt_otel.core.events import (
+    BuildFinished,
+    CancelRequested,
+    PhaseStarted,
+    ProcessSample,
+    StepCompleted,
+)
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 SILENT_PHASE = "Determining refit engines"
@@ -150,14 +158,15 @@ def test_a_cancel_in_the_silent_window_escalates_within_the_grace_period(
     ("policy", "outcome", "reason"),
     [
         ("--timeout=3s", "timeout", "timeout"),
-        # In the silent window, or before the first callback where the worker starts slowly.
-        ("--stall-timeout=2s", "cancellation", "no progress for 2.0s"),
+        # In the silent window, or before the first callback where the worker starts slowly:
+        # counted on callbacks alone, the old meaning, a working builder is stopped too.
+        ("--stall-timeout=2s --stall-on=callbacks", "cancellation", "no progress for 2.0s"),
     ],
 )
 def test_timeouts_stop_a_real_build(
     launch: Launcher, policy: str, outcome: str, reason: str
 ) -> None:
-    build = launch.start("--grace", "2s", policy)
+    build = launch.start("--grace", "2s", *policy.split())
     assert build.finish() == 3, build.stderr
     events = read_journal(build.journal).events
     cancel = next(e for e in events if isinstance(e, CancelRequested))
@@ -193,4 +202,58 @@ def test_ctrl_c_stops_a_real_build(launch: Launcher) -> None:
     cancel = next(e for e in read_journal(build.journal).events if isinstance(e, CancelRequested))
     assert cancel.source == "signal"
     assert build.end().outcome == "cancellation"
+    assert not build.engine.exists()
+
+
+# -- alive or hung: the builder's process decides what a stall is -------------------------------
+
+
+def test_a_builder_computing_through_its_silent_window_is_not_stalled(launch: Launcher) -> None:
+    build = launch.start("--stall-timeout", "1s", "--sample-interval", "0.2s", "--grace", "1s")
+    assert build.finish() == 0, build.stderr
+    events = read_journal(build.journal).events
+    assert not [e for e in events if isinstance(e, CancelRequested)]
+    start = next(e for e in events if isinstance(e, PhaseStarted) and e.name == SILENT_PHASE)
+    after = next(e for e in events if isinstance(e, StepCompleted) and e.seq > start.seq)
+    silence_s = (after.mono_ns - start.mono_ns) / 1e9
+    assert silence_s > 2.0, f"the window ({silence_s:.1f}s) must outlast the stall timeout"
+    inside = [e for e in events if isinstance(e, ProcessSample) and start.seq < e.seq < after.seq]
+    assert inside and max(e.cpu_percent or 0 for e in inside) > 20, "it computed in the window"
+    assert build.engine.exists()
+
+
+def test_a_stopped_builder_is_stalled_and_killed_within_stall_grace_and_kill(
+    launch: Launcher, tmp_path: Path
+) -> None:
+    stall_s, grace_s = 2.0, 1.0
+    build = launch.start("--stall-timeout", "2s", "--grace", "1s", "--sample-interval", "0.2s")
+    build.wait_for_silent_window()
+    samples = [e for e in read_journal(build.journal).events if isinstance(e, ProcessSample)]
+    assert samples, "the builder's process is sampled"
+    os.kill(samples[-1].pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    assert build.finish() == 3, build.stderr
+    took_s = time.monotonic() - stopped_at
+    assert took_s < stall_s + grace_s + DEFAULT_KILL_AFTER_S + SLACK_S
+    cancel = next(e for e in read_journal(build.journal).events if isinstance(e, CancelRequested))
+    assert cancel.source == "stall"
+    assert cancel.reason.startswith("no progress and no activity for 2.0s")
+    assert cancel.reason.endswith("the builder's process is stopped (SIGSTOP?)")
+    end = build.end()
+    assert end.outcome == "cancellation" and "stopped with SIGKILL" in end.detail
+    assert not build.engine.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl"]
+
+
+def test_max_memory_stops_a_real_build_whose_memory_rises_past_it(launch: Launcher) -> None:
+    build = launch.start("--max-memory", "260MiB", "--grace", "1s", "--sample-interval", "0.2s")
+    assert build.finish() == 3, build.stderr
+    events = read_journal(build.journal).events
+    cancel = next(e for e in events if isinstance(e, CancelRequested))
+    assert cancel.source == "memory"
+    assert re.fullmatch(r"resident memory \d+ MiB exceeds --max-memory 260 MiB", cancel.reason)
+    before = [e for e in events if isinstance(e, ProcessSample) and e.seq < cancel.seq]
+    assert (before[-1].rss_bytes or 0) > 260 << 20, "decided on the sample that crossed it"
+    assert build.end().outcome == "cancellation"
+    assert "resident memory" in build.stderr
     assert not build.engine.exists()

@@ -24,6 +24,7 @@ from trt_otel.core.events import (
     Outcome,
     PhaseFinished,
     PhaseStarted,
+    ProcessSample,
     StepCompleted,
 )
 from trt_otel.core.followers import Follower, FollowerHealth
@@ -57,6 +58,7 @@ __all__ = [
     "PhaseFinished",
     "PhaseStarted",
     "PhaseStatus",
+    "ProcessSample",
     "StepCompleted",
     "SystemClock",
     "__version__",

@@ -39,6 +39,8 @@ from trt_otel.builder.options import (
     shape_ranges,
 )
 from trt_otel.capture.supervisor import DEFAULT_GRACE_S
+from trt_otel.control.policies import STALL_ON
+from trt_otel.core import sizes
 from trt_otel.core.durations import DurationError, parse_duration, parse_positive_duration
 from trt_otel.views.otlp import PROTOCOLS
 from trt_otel.views.spans import DEFAULT_FOLD_UNDER_NS, DEFAULT_SPAN_BUDGET
@@ -71,6 +73,17 @@ def positive_seconds(text: str) -> float:
         return parse_positive_duration(text)
     except DurationError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def size(text: str) -> int:
+    """A memory size of more than 0 bytes: ``512MiB``, ``6GiB``, ``6G``, or bytes."""
+    try:
+        count = sizes.parse_size(text)
+    except sizes.SizeError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 bytes")
+    return count
 
 
 class Parser(argparse.ArgumentParser):
@@ -296,8 +309,28 @@ def add_policy_options(parser: argparse.ArgumentParser) -> Group:
         "--stall-timeout",
         type=positive_seconds,
         metavar="DURATION",
-        help="stop when nothing progressed (no step, no phase started or finished) this long; "
-        "real builds go silent for minutes, so allow for that",
+        help="stop when the build made no progress (no step, no phase started or finished) "
+        "and its builder's process did no work (idle, stopped or gone) for this long; a "
+        "builder computing through a silent window is not stalled",
+    )
+    group.add_argument(
+        "--stall-on",
+        choices=STALL_ON,
+        default="activity",
+        help="what --stall-timeout counts: activity (progress or work by the builder's "
+        "process; the default) or callbacks (progress alone, however busy the builder)",
+    )
+    group.add_argument(
+        "--max-memory",
+        type=size,
+        metavar="SIZE",
+        help="stop the build when its builder's resident memory exceeds SIZE (e.g. 6GiB)",
+    )
+    group.add_argument(
+        "--min-available",
+        type=size,
+        metavar="SIZE",
+        help="stop the build when the host's available memory falls below SIZE (e.g. 2GiB)",
     )
     group.add_argument(
         "--cancel-file",
@@ -339,6 +372,9 @@ def policy_config(args: argparse.Namespace) -> PolicyConfig:
     return PolicyConfig(
         timeout_s=args.timeout,
         stall_timeout_s=args.stall_timeout,
+        stall_on=args.stall_on,
+        max_memory_bytes=args.max_memory,
+        min_available_bytes=args.min_available,
         cancel_file=args.cancel_file,
         cancel_url=args.cancel_url,
         cancel_url_interval_s=args.cancel_url_interval,
@@ -402,11 +438,13 @@ def add_observability_options(parser: argparse.ArgumentParser) -> Group:
         "CUDA_VISIBLE_DEVICES, else 0)",
     )
     group.add_argument(
+        "--sample-interval",
         "--gpu-interval",
+        dest="sample_interval",
         type=positive_seconds,
         default=1.0,
         metavar="DURATION",
-        help="how often to sample the GPU (default: 1s)",
+        help="how often to sample the builder's process and the GPU (default: 1s)",
     )
     group.add_argument(
         "--no-gpu", action="store_true", help="do not sample the GPU (on where NVML is present)"
@@ -481,7 +519,8 @@ def observability_config(args: argparse.Namespace) -> ObservabilityConfig:
             pushgateway=args.pushgateway,
             build_id_label=args.metrics_build_id,
         ),
-        gpu=GpuConfig(enabled=not args.no_gpu, device=args.gpu, interval_s=args.gpu_interval),
+        sample_interval_s=args.sample_interval,
+        gpu=GpuConfig(enabled=not args.no_gpu, device=args.gpu, interval_s=args.sample_interval),
         console=console_config(args),
     )
 

@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trt_otel.capture.supervisor import DEFAULT_GRACE_S
-from trt_otel.control.policies import CancelFile, CancelUrl, Policy, Stall, Timeout, any_of
+from trt_otel.control.policies import (
+    CancelFile,
+    CancelUrl,
+    MemoryGuard,
+    Policy,
+    Stall,
+    Timeout,
+    any_of,
+)
 from trt_otel.views.otlp import OtlpSettings
 from trt_otel.views.spans import DEFAULT_FOLD_UNDER_NS, DEFAULT_SPAN_BUDGET
 
@@ -32,6 +40,11 @@ class PolicyConfig:
 
     timeout_s: float | None = None
     stall_timeout_s: float | None = None
+    stall_on: str = "activity"
+    """``activity``: a stall is neither progress nor work by the builder's process;
+    ``callbacks``: no progress, whatever the process does."""
+    max_memory_bytes: int | None = None
+    min_available_bytes: int | None = None
     cancel_file: Path | None = None
     cancel_url: str | None = None
     cancel_url_interval_s: float = 5.0
@@ -46,7 +59,14 @@ class PolicyConfig:
         if self.timeout_s is not None:
             policies.append(Timeout(self.timeout_s))
         if self.stall_timeout_s is not None:
-            policies.append(Stall(self.stall_timeout_s))
+            policies.append(Stall(self.stall_timeout_s, on=self.stall_on))
+        if self.max_memory_bytes is not None or self.min_available_bytes is not None:
+            policies.append(
+                MemoryGuard(
+                    max_rss_bytes=self.max_memory_bytes,
+                    min_available_bytes=self.min_available_bytes,
+                )
+            )
         if self.cancel_file is not None:
             policies.append(CancelFile(self.cancel_file))
         if self.cancel_url is not None:
@@ -145,6 +165,8 @@ class ObservabilityConfig:
     spans: SpanConfig = field(default_factory=SpanConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    sample_interval_s: float = 1.0
+    """How often the builder's process is sampled (the GPU's own interval is the same)."""
     gpu: GpuConfig = field(default_factory=GpuConfig)
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
 

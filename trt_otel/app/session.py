@@ -13,6 +13,7 @@ Exit codes (the contract): 0 built; 2 usage or configuration error, before any b
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -34,6 +35,7 @@ from trt_otel.app.config import SessionConfig, UsageError
 from trt_otel.builder.build import BuildJob, BuildResult, partial_files, run_build_job
 from trt_otel.capture.gpu import GpuSampler
 from trt_otel.capture.monitor import BuildMonitor
+from trt_otel.capture.process import ProcessSampler
 from trt_otel.capture.supervisor import IsolatedResult, StopNow, run_isolated
 from trt_otel.control.policies import PolicyRunner
 from trt_otel.control.signals import handling_interrupts
@@ -110,8 +112,10 @@ def run_session(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]
         if gpu is not None:
             sampler = GpuSampler(monitor.log, gpu, interval_s=observe.gpu.interval_s, warn=warn)
             stack.enter_context(sampler)
+        builder = ProcessSampler(monitor.log, interval_s=observe.sample_interval_s, warn=warn)
+        stack.enter_context(builder)
         signals = stack.enter_context(_cancel_on_signals(monitor))
-        result, interrupted = _build(monitor, job, config)
+        result, interrupted = _build(monitor, job, config, builder)
         interrupted = interrupted or signals.interrupted
     if observe.journal is not None:
         say(f"journal: {observe.journal}")
@@ -136,16 +140,22 @@ def _announce(
 
 
 def _build(
-    monitor: BuildMonitor, job: BuildJob, config: SessionConfig
+    monitor: BuildMonitor, job: BuildJob, config: SessionConfig, builder: ProcessSampler
 ) -> tuple[BuildResult | None, bool]:
     """Run the build (in a worker process unless asked not to); its result, and whether the
-    user interrupted it."""
+    user interrupted it. ``builder`` samples the process that builds."""
     try:
         if config.in_process:
+            builder.watch(os.getpid())
             return run_build_job(monitor, job), False
         grace_s = config.policy.grace_s
         isolated = run_isolated(
-            run_build_job, job, monitor=monitor, grace_s=grace_s, backend=job.monitor_backend
+            run_build_job,
+            job,
+            monitor=monitor,
+            grace_s=grace_s,
+            backend=job.monitor_backend,
+            on_start=builder.watch,
         )
         return _conclude(monitor, isolated, job, grace_s), isolated.interrupted
     except StopNow as stop:  # in-process: nothing to stop but this build, which ends here

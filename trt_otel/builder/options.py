@@ -17,12 +17,12 @@ an option that library does not have is refused before the build, never silently
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trt_otel.capture import backends
+from trt_otel.core import sizes
 
 Shape = tuple[int, ...]
 ShapeRange = tuple[Shape, Shape, Shape]
@@ -46,7 +46,6 @@ _POOL_FLAGS = {
     "TACTIC_SHARED_MEMORY": "tacticSharedMem",
 }
 LOG_LEVELS = ("internal_error", "error", "warning", "info", "verbose")
-_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 
 class OptionError(ValueError):
@@ -92,12 +91,11 @@ def _dims(shape: Shape) -> str:
 
 
 def parse_size(text: str) -> int:
-    """``4G``, ``512MiB``, ``1048576``: bytes (units are powers of 1024)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*", text.lower())
-    if match is None:
-        raise OptionError(f"{text!r} is not a size (write 4G, 512M, 1024MiB or bytes)")
-    number, unit = float(match.group(1)), match.group(2)
-    return int(number * _UNITS[unit])
+    """``4G``, ``512MiB``, ``1048576``: bytes (see :mod:`trt_otel.core.sizes`)."""
+    try:
+        return sizes.parse_size(text)
+    except sizes.SizeError as error:
+        raise OptionError(str(error)) from None
 
 
 def parse_memory_pool(text: str) -> tuple[str, int]:

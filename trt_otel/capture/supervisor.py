@@ -478,6 +478,7 @@ def run_isolated(
     kill_after_s: float = DEFAULT_KILL_AFTER_S,
     poll_s: float = 0.1,
     backend: str | None = None,
+    on_start: Callable[[int], None] | None = None,
 ) -> IsolatedResult:
     """Run ``target(worker_monitor, *args)`` in a worker process, with ``monitor`` (here) fed
     every event of the worker's monitor.
@@ -489,7 +490,8 @@ def run_isolated(
     Ctrl-C) stops the worker the same way at once; so does a :class:`StopNow` (a second
     SIGTERM), which the result tells apart (``stopped_now``). ``backend`` names the library the
     worker's monitor is an ``IProgressMonitor`` of (``tensorrt``, ``tensorrt-rtx``, ``none``;
-    None: the default one).
+    None: the default one). ``on_start`` is told the worker's process id once it runs (the
+    builder's process sampler watches it).
     """
     context = multiprocessing.get_context("spawn")  # CUDA does not survive a fork
     # Raw shared memory, no lock: one writer (this process), and a byte flag written last.
@@ -533,6 +535,8 @@ def run_isolated(
     monitor.hold_cancels = True
     try:
         process.start()
+        if on_start is not None and process.pid is not None:
+            on_start(process.pid)
         sending.close()
         pipe_reader.start()
         replay.thread.start()

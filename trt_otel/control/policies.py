@@ -30,8 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trt_otel.core.activity import Verdict
 from trt_otel.core.durations import format_duration
 from trt_otel.core.observed import CancellableBuild
+from trt_otel.core.sizes import format_bytes
 
 _logger = logging.getLogger(__name__)
 
@@ -51,6 +53,15 @@ class BuildView:
     last_progress_mono_ns: int | None
     open_phase: str | None
     """The innermost open phase, for reasons that say where the build was."""
+    verdict: Verdict | None = None
+    """The builder's process: working, idle, stopped or gone; None where it is not sampled."""
+    last_active_mono_ns: int | None = None
+    """The last moment the builder's process was seen working."""
+    evidence: str = ""
+    """What the verdict rests on, in a few words (``CPU 0%, 455 MiB``)."""
+    rss_bytes: int | None = None
+    available_bytes: int | None = None
+    """The host's available memory, at the latest sample."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,27 +132,99 @@ class Timeout(Policy):
         return Decision(f"the build ran past its timeout of {limit}", self.source, timeout=True)
 
 
+STALL_ON = ("activity", "callbacks")
+
+
 class Stall(Policy):
-    """Stop the build when nothing progressed for ``seconds``: no step, and no phase started or
-    finished (a phase can go silent before its first step, so its start counts)."""
+    """Stop the build when it has made no progress (no step, no phase started or finished: a
+    phase can go silent before its first step, so its start counts) for ``seconds``.
+
+    ``on="activity"`` (the default) also asks the builder's process: a builder computing through
+    a silent window (CPU in use) is not stalled, however long the window; one idle, stopped or
+    gone for ``seconds`` is. Where the process is not sampled, progress alone decides.
+    ``on="callbacks"``: progress alone, always.
+    """
 
     source = "stall"
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, *, on: str = "activity") -> None:
         if not seconds > 0:
             raise ValueError("a stall timeout must be longer than 0s")
+        if on not in STALL_ON:
+            raise ValueError(f"a stall is counted on {' or '.join(STALL_ON)}, not {on!r}")
         self.limit_ns = round(seconds * 1e9)
+        self.on = on
 
     def describe(self) -> str:
-        return f"stall({format_duration(self.limit_ns / 1e9)})"
+        limit = format_duration(self.limit_ns / 1e9)
+        return f"stall({limit})" if self.on == "activity" else f"stall({limit}, callbacks)"
 
     def check(self, view: BuildView) -> Decision | None:
         since = view.last_progress_mono_ns or view.start_mono_ns
-        if since is None or view.now_mono_ns - since < self.limit_ns:
+        if since is None:
+            return None
+        watched = self.on == "activity" and view.verdict is not None
+        if watched and view.last_active_mono_ns is not None:
+            since = max(since, view.last_active_mono_ns)
+        if view.now_mono_ns - since < self.limit_ns:
             return None
         where = f" in {view.open_phase!r}" if view.open_phase else ""
         limit = format_duration(self.limit_ns / 1e9)
-        return Decision(f"no progress for {limit}{where}", self.source)
+        if not watched:
+            return Decision(f"no progress for {limit}{where}", self.source)
+        state = {
+            Verdict.IDLE: "idle",
+            Verdict.STOPPED: "stopped",
+            Verdict.GONE: "gone",
+            Verdict.WORKING: "idle",  # not reached: working is activity
+        }[view.verdict]  # type: ignore[index]
+        evidence = f" ({view.evidence})" if view.evidence else ""
+        return Decision(
+            f"no progress and no activity for {limit}{where}: the builder's process is "
+            f"{state}{evidence}",
+            self.source,
+        )
+
+
+class MemoryGuard(Policy):
+    """Stop the build before memory runs out: when the builder's resident memory exceeds
+    ``max_rss_bytes``, or the host's available memory falls below ``min_available_bytes``. It
+    reads the builder's process samples, so it decides even inside a silent window (where the
+    build is then stopped from outside after the grace period)."""
+
+    source = "memory"
+
+    def __init__(
+        self, *, max_rss_bytes: int | None = None, min_available_bytes: int | None = None
+    ) -> None:
+        if max_rss_bytes is None and min_available_bytes is None:
+            raise ValueError("a memory guard needs a maximum or a minimum")
+        self.max_rss_bytes = max_rss_bytes
+        self.min_available_bytes = min_available_bytes
+
+    def describe(self) -> str:
+        limits = []
+        if self.max_rss_bytes is not None:
+            limits.append(f"max {format_bytes(self.max_rss_bytes)}")
+        if self.min_available_bytes is not None:
+            limits.append(f"min available {format_bytes(self.min_available_bytes)}")
+        return f"memory({', '.join(limits)})"
+
+    def check(self, view: BuildView) -> Decision | None:
+        limit, rss = self.max_rss_bytes, view.rss_bytes
+        if limit is not None and rss is not None and rss > limit:
+            return Decision(
+                f"resident memory {format_bytes(rss)} exceeds --max-memory {format_bytes(limit)}",
+                self.source,
+            )
+        floor, available = self.min_available_bytes, view.available_bytes
+        if floor is not None and available is not None and available < floor:
+            return Decision(
+                f"the host's available memory {format_bytes(available)} is below "
+                f"--min-available {format_bytes(floor)}",
+                self.source,
+            )
+        return None
 
 
 class Polled(Policy):
@@ -568,11 +651,18 @@ class PolicyRunner:
             state = self.monitor.state
             open_ids = state.open_by_name.values()
             innermost = state.phases[max(open_ids)].name if open_ids else None
+            activity = state.activity
+            sample = activity.last_sample
             return BuildView(
                 now_mono_ns=self.monitor.log.clock.mono_ns(),
                 start_mono_ns=state.start_mono_ns,
                 last_progress_mono_ns=state.last_progress_mono_ns,
                 open_phase=innermost,
+                verdict=activity.verdict,
+                last_active_mono_ns=activity.last_active_mono_ns,
+                evidence=activity.evidence(),
+                rss_bytes=sample.rss_bytes if sample is not None else None,
+                available_bytes=sample.available_bytes if sample is not None else None,
             )
 
     def check_now(self) -> Decision | None:

@@ -171,6 +171,29 @@ class GpuSample(Event, frozen=True, tag="gpu"):
     temperature_c: float | None = None
 
 
+class ProcessSample(Event, frozen=True, tag="process"):
+    """What the builder's process looked like at one moment (psutil): what tells a builder
+    computing through a silent window from a hung one. A value the system does not report is
+    None. ``cpu_percent`` and ``busiest_thread_percent`` cover the time since the previous
+    sample, 100 being one core; ``status`` is ``running``, ``sleeping``, ``disk-wait``,
+    ``stopped``, ``zombie`` or ``gone`` (no such process any more)."""
+
+    type: ClassVar[str] = "process"
+
+    pid: int
+    status: str
+    cpu_seconds: float | None = None
+    """User and system time the process has used since it started."""
+    cpu_percent: float | None = None
+    busiest_thread_percent: float | None = None
+    rss_bytes: int | None = None
+    threads: int | None = None
+    read_bytes: int | None = None
+    write_bytes: int | None = None
+    available_bytes: int | None = None
+    """The host's available memory."""
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls
     for cls in (
@@ -183,6 +206,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         LogMessage,
         BuildFinished,
         GpuSample,
+        ProcessSample,
     )
 }
 """Event classes by their journal ``type``."""

@@ -47,6 +47,7 @@ from trt_otel.core.events import (
     LogMessage,
     PhaseFinished,
     PhaseStarted,
+    ProcessSample,
     StepCompleted,
 )
 from trt_otel.core.version import __version__
@@ -68,6 +69,7 @@ AnyEvent = (
     | LogMessage
     | BuildFinished
     | GpuSample
+    | ProcessSample
 )
 """Every event type, as the decoder tells them apart (by their ``type`` tag)."""
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from trt_otel.core.activity import Activity
 from trt_otel.core.events import (
     Anomaly,
     AnomalyKind,
@@ -30,6 +31,7 @@ from trt_otel.core.events import (
     Outcome,
     PhaseFinished,
     PhaseStarted,
+    ProcessSample,
     StepCompleted,
 )
 
@@ -129,6 +131,8 @@ class BuildState:
         self.last_seq = -1
         self.gpu: GpuSample | None = None
         """The latest GPU sample, if the build's GPU is sampled."""
+        self.activity = Activity()
+        """The builder's process, if it is sampled: working, idle, stopped or gone."""
 
     # -- the fold ------------------------------------------------------------------------------
 
@@ -170,6 +174,8 @@ class BuildState:
             self._build_end(event)
         elif isinstance(event, GpuSample):
             self.gpu = event
+        elif isinstance(event, ProcessSample):
+            self.activity.sample(event, self.last_progress_mono_ns, self.gpu)
 
     def _step(self, event: StepCompleted) -> None:
         self.steps_completed_total += 1

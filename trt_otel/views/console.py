@@ -18,6 +18,7 @@ from rich.live import Live
 from rich.text import Text
 from rich.tree import Tree
 
+from trt_otel.core.activity import Verdict
 from trt_otel.core.clock import SYSTEM_CLOCK, Clock
 from trt_otel.core.durations import format_duration
 from trt_otel.core.eta import Estimate, format_eta
@@ -31,6 +32,7 @@ from trt_otel.core.events import (
     Outcome,
     PhaseFinished,
     PhaseStarted,
+    ProcessSample,
     StepCompleted,
 )
 from trt_otel.core.readmodel import ReadModel, SiblingGroup
@@ -84,6 +86,10 @@ def render_build(
         inner = _innermost(state)
         if inner is not None:
             header.append(f" in {inner}", "yellow")
+        liveness = state.activity.describe()
+        if liveness is not None:
+            working = state.activity.verdict is Verdict.WORKING
+            header.append(f": {liveness}", "green" if working else "bold red")
     tree = Tree(header, guide_style="dim")
     _add_nodes(tree, model, None, now)
     footer = _footer(state)
@@ -183,6 +189,7 @@ class SilenceClock:
 
 
 _PROGRESS = frozenset({BuildStarted, PhaseStarted, StepCompleted, PhaseFinished})
+_SAMPLES = frozenset({GpuSample, ProcessSample})
 
 
 def _phase_label(state: BuildState, phase: Phase, now: int | None) -> Text:
@@ -347,9 +354,11 @@ class PlainLines:
                     continue
                 inner = _innermost(state) or "-"
                 ratio, steps = state.progress_ratio(), state.steps_completed_total
+                liveness = state.activity.describe()
+            said = f": {liveness}" if liveness is not None else ""
             self._write(
                 f"[{self._silence.build_elapsed_s():8.1f}s] … silent for "
-                f"{format_duration(silent_s)} in {inner} ({ratio:.0%}, {steps:,} steps)"
+                f"{format_duration(silent_s)} in {inner} ({ratio:.0%}, {steps:,} steps){said}"
             )
 
     def _stamp(self, event: Event) -> str:
@@ -360,6 +369,8 @@ class PlainLines:
     def _line_for(self, event: Event, closed: Sequence[Phase]) -> str | None:
         if type(event) is StepCompleted:  # most events: at most a progress line
             return self._progress_line(event)
+        if type(event) in _SAMPLES:  # not progress: a silent build's lines are the heartbeat's
+            return None
         state = self.model.state
         if isinstance(event, BuildStarted):
             return f"{self._stamp(event)} build started ({event.build_id})"

@@ -149,6 +149,7 @@ def status_document(model: ReadModel, eta: BuildEta, now_mono_ns: int) -> dict[s
         else {"reason": cancel.reason, "source": cancel.source, "policy": cancel.policy},
         "anomalies": {kind.value: count for kind, count in state.anomalies.items()},
         "gpu": _gpu_json(state),
+        "builder": state.activity.as_json(),
         "attributes": state.attributes,
         "phases": _nodes_json(model, None, eta, now_mono_ns),
     }

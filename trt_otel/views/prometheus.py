@@ -35,7 +35,8 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from trt_otel.control.policies import PolicyHealth
-from trt_otel.core.events import AnomalyKind, GpuSample
+from trt_otel.core.activity import Verdict
+from trt_otel.core.events import AnomalyKind, GpuSample, ProcessSample
 from trt_otel.core.followers import FollowerHealth
 from trt_otel.core.observed import ObservedBuild
 from trt_otel.views.otlp import SpanExportHealth
@@ -48,7 +49,7 @@ EtaSource = Callable[[], float | None]
 BUILD_STATES = ("pending", "running", "cancelling", "success", "failure", "cancellation", "timeout")
 """Values of ``trt_build_state{state}``: one is 1, the others 0."""
 
-CANCEL_REASONS = ("timeout", "stall", "file", "http", "signal", "user")
+CANCEL_REASONS = ("timeout", "stall", "memory", "file", "http", "signal", "user")
 """Values of ``trt_build_cancellations_total{reason}`` (the cancel's ``source``), each present
 from the start at 0; a source outside them gets its series when it happens."""
 
@@ -91,6 +92,9 @@ class BuildSample:
     policies: tuple[PolicyHealth, ...] = ()
     eta_s: float | None = None
     gpu: GpuSample | None = None
+    builder: ProcessSample | None = None
+    builder_peak_rss_bytes: int | None = None
+    liveness: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +149,9 @@ def sample_build(sources: MetricSources) -> BuildSample:
         }
         attributes = dict(state.attributes)
         gpu = state.gpu
+        activity = state.activity
+        builder, peak_rss = activity.last_sample, activity.peak_rss_bytes
+        liveness = activity.verdict.value if activity.verdict is not None else None
     info = {
         label: str(attributes[key]) for key, label in _INFO_ATTRIBUTES.items() if key in attributes
     }
@@ -165,6 +172,9 @@ def sample_build(sources: MetricSources) -> BuildSample:
         policies=policies,
         eta_s=eta() if eta is not None else None,
         gpu=gpu,
+        builder=builder,
+        builder_peak_rss_bytes=peak_rss,
+        liveness=liveness,
         **sample_values,
     )
 
@@ -215,6 +225,8 @@ def build_metrics(sample: BuildSample) -> Iterable[Metric]:
     )
     if sample.gpu is not None:
         yield from _gpu_metrics(sample.gpu)
+    if sample.builder is not None:
+        yield from _builder_metrics(sample)
     if sample.eta_s is not None:  # no sample while the estimate is unknown
         yield GaugeMetricFamily(
             "trt_build_eta_seconds",
@@ -347,6 +359,45 @@ def _gpu_metrics(sample: GpuSample) -> Iterable[Metric]:
             gauge = GaugeMetricFamily(metric, f"{help_text} (latest sample)", labels=["gpu"])
             gauge.add_metric([str(sample.index)], float(value))
             yield gauge
+
+
+def _builder_metrics(sample: BuildSample) -> Iterable[Metric]:
+    """The builder's process (latest sample) and the liveness verdict drawn from it."""
+    process = sample.builder
+    assert process is not None
+    if process.cpu_seconds is not None:
+        yield CounterMetricFamily(
+            "trt_build_process_cpu_seconds",
+            "CPU time (user and system) the builder's process has used",
+            process.cpu_seconds,
+        )
+    for metric, help_text, value in (
+        (
+            "trt_build_process_resident_bytes",
+            "Resident memory of the builder's process (latest sample)",
+            process.rss_bytes,
+        ),
+        (
+            "trt_build_process_peak_resident_bytes",
+            "Peak resident memory of the builder's process over the build's samples",
+            sample.builder_peak_rss_bytes,
+        ),
+        (
+            "trt_build_host_available_bytes",
+            "Memory available on the builder's host (latest sample)",
+            process.available_bytes,
+        ),
+    ):
+        if value is not None:
+            yield GaugeMetricFamily(metric, help_text, value)
+    liveness = GaugeMetricFamily(
+        "trt_build_liveness",
+        "1 for the builder's liveness verdict: working, idle, stopped or gone",
+        labels=["state"],
+    )
+    for verdict in Verdict:
+        liveness.add_metric([verdict.value], 1 if verdict.value == sample.liveness else 0)
+    yield liveness
 
 
 def _span_export_metrics(health: SpanExportHealth) -> Iterable[Metric]:

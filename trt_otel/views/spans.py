@@ -42,6 +42,7 @@ from trt_otel.core.events import (
     LogMessage,
     Outcome,
     PhaseStarted,
+    ProcessSample,
     StepCompleted,
 )
 from trt_otel.core.readmodel import ReadModel
@@ -180,6 +181,33 @@ class _GpuStats:
 
 
 @dataclass(slots=True)
+class _ProcessStats:
+    """The builder's process while a span was open: the CPU time it used (from the sample before
+    the span's first) and its peak resident memory."""
+
+    first_cpu_seconds: float | None = None
+    last_cpu_seconds: float | None = None
+    peak_rss_bytes: int | None = None
+
+    def add(self, sample: ProcessSample) -> None:
+        if sample.cpu_seconds is not None:
+            if self.first_cpu_seconds is None:
+                self.first_cpu_seconds = sample.cpu_seconds
+            self.last_cpu_seconds = sample.cpu_seconds
+        if sample.rss_bytes is not None:
+            self.peak_rss_bytes = max(self.peak_rss_bytes or 0, sample.rss_bytes)
+
+    def attributes(self) -> dict[str, Any]:
+        attributes: dict[str, Any] = {}
+        if self.first_cpu_seconds is not None and self.last_cpu_seconds is not None:
+            used = self.last_cpu_seconds - self.first_cpu_seconds
+            attributes["trt.process.cpu_seconds"] = round(used, 3)
+        if self.peak_rss_bytes is not None:
+            attributes["trt.process.peak_resident_bytes"] = self.peak_rss_bytes
+        return attributes
+
+
+@dataclass(slots=True)
 class _Notes:
     """What happened during a span besides its steps: anomalies and log messages."""
 
@@ -230,6 +258,8 @@ class SpanProjection:
         self._folds: dict[int | None, _Fold] = {}
         self._notes: dict[int | None, _Notes] = {}
         self._gpu: dict[int | None, _GpuStats] = {}
+        self._process: dict[int | None, _ProcessStats] = {}
+        self._last_cpu_seconds: float | None = None
         self._build_done = False
         self._refused: frozenset[int] = frozenset()
 
@@ -277,6 +307,13 @@ class SpanProjection:
             # Each open phase, and the build, saw this sample: O(open phases), once a second.
             for owner in (None, *state.open_by_name.values()):
                 self._gpu.setdefault(owner, _GpuStats()).add(event)  # type: ignore[arg-type]
+        elif kind is ProcessSample:
+            for owner in (None, *state.open_by_name.values()):
+                stats = self._process.get(owner)
+                if stats is None:  # a span's CPU counts from the sample before its first
+                    stats = self._process[owner] = _ProcessStats(self._last_cpu_seconds)
+                stats.add(event)  # type: ignore[arg-type]
+            self._last_cpu_seconds = event.cpu_seconds  # type: ignore[attr-defined]
         elif kind is Anomaly or kind is LogMessage:
             self._note(event)  # type: ignore[arg-type]
         spans: list[SpanRecord] = []
@@ -360,6 +397,7 @@ class SpanProjection:
         fold = self._folds.pop(phase.id, None)
         notes = self._notes.pop(phase.id, None)
         gpu = self._gpu.pop(phase.id, None)
+        process = self._process.pop(phase.id, None)
         is_leaf = not phase.children
         if (
             is_leaf
@@ -395,6 +433,8 @@ class SpanProjection:
             attributes.update(fold.attributes())
         if gpu is not None:
             attributes.update(gpu.attributes())
+        if process is not None:
+            attributes.update(process.attributes())
         parent = phase.parent_id
         self.emitted += 1
         return SpanRecord(
@@ -449,6 +489,9 @@ class SpanProjection:
         gpu = self._gpu.pop(None, None)
         if gpu is not None:
             attributes.update(gpu.attributes())
+        process = self._process.pop(None, None)
+        if process is not None:
+            attributes.update(process.attributes())
         notes = self._notes.pop(None, None)
         events = tuple(notes.events) if notes is not None else ()
         start_mono = state.start_mono_ns if state.start_mono_ns is not None else self._mono_base_ns

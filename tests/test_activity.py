@@ -1,0 +1,363 @@
+"""Alive or hung: the builder's process sampled, the verdict folded from the samples, and the
+policies that read it (a stall that means it, a memory guard).
+
+The sampler's tests watch real processes (busy, asleep, stopped with SIGSTOP, killed); the fold's
+and the policies' tests use a manual clock, so each verdict boundary is exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from trt_otel import BuildMonitor, ManualClock, ProcessSample
+from trt_otel.capture.process import ProcessSampler
+from trt_otel.control.policies import BuildView, MemoryGuard, Stall
+from trt_otel.core.activity import IDLE_AFTER_S, Verdict
+from trt_otel.core.log import EventLog
+from trt_otel.core.readmodel import ReadModel
+from trt_otel.core.sizes import SizeError, format_bytes, parse_size
+from trt_otel.views.http import status_document
+from trt_otel.views.prometheus import MetricSources, metrics_registry
+from trt_otel.views.spans import SpanProjection
+
+S = 1_000_000_000
+MIB = 1 << 20
+
+
+def sampled_build(clock: ManualClock) -> BuildMonitor:
+    monitor = BuildMonitor(clock=clock)
+    monitor.start()
+    monitor.phase_start("Building engine", None, 6)
+    return monitor
+
+
+def sample(monitor: BuildMonitor, status: str = "sleeping", cpu: float = 0.0, rss_mib: int = 300,
+           cpu_s: float = 1.0) -> None:  # fmt: skip
+    monitor.log.append(
+        ProcessSample, pid=1234, status=status, cpu_percent=cpu, cpu_seconds=cpu_s,
+        rss_bytes=rss_mib * MIB, available_bytes=8 << 30,
+    )  # fmt: skip
+
+
+def test_cpu_use_is_work_and_its_absence_becomes_idle_after_a_while() -> None:
+    clock = ManualClock()
+    monitor = sampled_build(clock)
+    activity = monitor.state.activity
+    assert activity.verdict is None and activity.describe() is None, "nothing sampled yet"
+    sample(monitor, "running", cpu=97.0, rss_mib=300)
+    clock.advance(1)
+    sample(monitor, "running", cpu=96.0, rss_mib=455)
+    assert activity.verdict is Verdict.WORKING
+    assert activity.describe() == "working (CPU 96%, 455 MiB, rising)"
+    working_until = clock.mono_ns()
+    for _ in range(int(IDLE_AFTER_S)):  # asleep, but not for long enough to be hung
+        clock.advance(1)
+        sample(monitor, cpu=0.0, rss_mib=455)
+        assert activity.verdict is Verdict.WORKING
+    clock.advance(1)
+    sample(monitor, cpu=0.0, rss_mib=455)
+    assert activity.verdict is Verdict.IDLE
+    assert activity.since_mono_ns == working_until, "idle since it was last seen working"
+    assert activity.describe() == f"idle for {IDLE_AFTER_S + 1:.1f}s (CPU 0%, 455 MiB)"
+    assert activity.peak_rss_bytes == 455 * MIB
+    clock.advance(1)
+    sample(monitor, "running", cpu=50.0)
+    assert activity.verdict is Verdict.WORKING, "work again is working again"
+
+
+def test_a_callback_is_work_however_little_cpu_it_took() -> None:
+    clock = ManualClock()
+    monitor = sampled_build(clock)
+    sample(monitor)
+    for _ in range(10):
+        clock.advance(1)
+        monitor.step_complete("Building engine", 0)
+        sample(monitor, cpu=0.0)
+    assert monitor.state.activity.verdict is Verdict.WORKING
+
+
+@pytest.mark.parametrize(
+    ("status", "verdict", "evidence"),
+    [
+        ("stopped", Verdict.STOPPED, "SIGSTOP?"),
+        ("tracing-stop", Verdict.STOPPED, "SIGSTOP?"),
+        ("zombie", Verdict.GONE, "process 1234 zombie"),
+        ("gone", Verdict.GONE, "process 1234 gone"),
+    ],
+)
+def test_a_stopped_or_vanished_process_is_said_at_once(
+    status: str, verdict: Verdict, evidence: str
+) -> None:
+    clock = ManualClock()
+    monitor = sampled_build(clock)
+    sample(monitor, "running", cpu=90.0)
+    clock.advance(1)
+    sample(monitor, status, cpu=0.0)
+    assert monitor.state.activity.verdict is verdict
+    assert monitor.state.activity.evidence() == evidence
+
+
+def activity_view(now_s: float, *, progress_s: float, active_s: float | None,
+                  verdict: Verdict | None) -> BuildView:  # fmt: skip
+    return BuildView(
+        now_mono_ns=round(now_s * S),
+        start_mono_ns=0,
+        last_progress_mono_ns=round(progress_s * S),
+        open_phase="Determining refit engines",
+        verdict=verdict,
+        last_active_mono_ns=None if active_s is None else round(active_s * S),
+        evidence="CPU 0%, 300 MiB",
+    )
+
+
+def test_a_stall_counts_time_with_neither_progress_nor_activity() -> None:
+    stall = Stall(10)
+    # Silent for 100 s but working a second ago: not stalled, however long the window.
+    assert (
+        stall.check(activity_view(100, progress_s=0, active_s=99, verdict=Verdict.WORKING)) is None
+    )
+    assert (
+        stall.check(activity_view(100, progress_s=0, active_s=90.5, verdict=Verdict.IDLE)) is None
+    )
+    decision = stall.check(activity_view(100, progress_s=0, active_s=90, verdict=Verdict.IDLE))
+    assert decision is not None and decision.source == "stall"
+    assert decision.reason == (
+        "no progress and no activity for 10.0s in 'Determining refit engines': the builder's "
+        "process is idle (CPU 0%, 300 MiB)"
+    )
+    stopped = stall.check(activity_view(100, progress_s=0, active_s=80, verdict=Verdict.STOPPED))
+    assert stopped is not None and "the builder's process is stopped" in stopped.reason
+    # Progress after the last activity counts too.
+    assert stall.check(activity_view(100, progress_s=95, active_s=50, verdict=Verdict.IDLE)) is None
+
+
+def test_a_stall_falls_back_to_callbacks_where_the_process_is_not_sampled() -> None:
+    stall, by_callbacks = Stall(10), Stall(10, on="callbacks")
+    unsampled = activity_view(100, progress_s=85, active_s=None, verdict=None)
+    decision = stall.check(unsampled)
+    assert decision is not None and decision.reason.startswith("no progress for 10.0s")
+    working = activity_view(100, progress_s=85, active_s=99, verdict=Verdict.WORKING)
+    assert stall.check(working) is None
+    decision = by_callbacks.check(working)
+    assert decision is not None, "--stall-on callbacks: progress alone decides"
+    assert (
+        by_callbacks.describe() == "stall(10.0s, callbacks)" and stall.describe() == "stall(10.0s)"
+    )
+    with pytest.raises(ValueError, match="activity or callbacks"):
+        Stall(10, on="cpu")
+
+
+def test_the_memory_guard_names_the_figures() -> None:
+    guard = MemoryGuard(max_rss_bytes=250 * MIB, min_available_bytes=1 << 30)
+    base = activity_view(5, progress_s=0, active_s=5, verdict=Verdict.WORKING)
+    fits = dataclasses.replace(base, rss_bytes=250 * MIB, available_bytes=1 << 30)
+    assert guard.check(fits) is None, "at the limits is within them"
+    over = dataclasses.replace(base, rss_bytes=262 * MIB, available_bytes=4 << 30)
+    decision = guard.check(over)
+    assert decision is not None and decision.source == "memory" and not decision.timeout
+    assert decision.reason == "resident memory 262 MiB exceeds --max-memory 250 MiB"
+    short = dataclasses.replace(base, rss_bytes=MIB, available_bytes=900 * MIB)
+    decision = guard.check(short)
+    assert decision is not None
+    assert decision.reason == "the host's available memory 900 MiB is below --min-available 1.0 GiB"
+    unsampled = dataclasses.replace(base, rss_bytes=None, available_bytes=None)
+    assert guard.check(unsampled) is None
+    assert guard.describe() == "memory(max 250 MiB, min available 1.0 GiB)"
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("250MiB", 250 * MIB), ("6G", 6 << 30), ("1.5g", 3 << 29), ("4096", 4096), ("2Gi", 2 << 30),
+     ("512 KB", 512 << 10), ("0", 0)],
+)  # fmt: skip
+def test_sizes_are_read_in_powers_of_1024(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "-1G", "6X", "G", "1e9", "99999999999999999999T"])
+def test_what_is_not_a_size_is_refused(text: str) -> None:
+    with pytest.raises(SizeError):
+        parse_size(text)
+
+
+def test_sizes_read_as_people_read_memory() -> None:
+    assert [format_bytes(n) for n in (512, 2048, 455 * MIB, int(5.1 * (1 << 30)), 20 << 30)] == [
+        "512 B", "2 KiB", "455 MiB", "5.1 GiB", "20 GiB",
+    ]  # fmt: skip
+
+
+# -- the sampler, on real processes ---------------------------------------------------------------
+
+
+@pytest.fixture
+def child() -> Iterator[subprocess.Popen[bytes]]:
+    """A Python process that spins until it reads a line, then sleeps forever."""
+    spinning = (
+        "import select, sys, time\nwhile not select.select([sys.stdin], [], [], 0)[0]: pass\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", spinning + "sys.stdin.readline()\ntime.sleep(600)"],
+        stdin=subprocess.PIPE,
+    )
+    yield process
+    process.kill()
+    process.wait()
+    assert process.stdin is not None
+    process.stdin.close()
+
+
+def samples_until(
+    sampler: ProcessSampler,
+    verdict: Verdict,
+    monitor: BuildMonitor,
+    timeout_s: float = 30,
+    cpu_above: float | None = None,
+) -> None:
+    """Sample until the verdict is ``verdict`` (and the CPU above ``cpu_above``)."""
+    deadline = time.monotonic() + timeout_s
+
+    def reached() -> bool:
+        activity = monitor.state.activity
+        cpu = activity.last_sample.cpu_percent if activity.last_sample is not None else None
+        busy = cpu_above is None or (cpu is not None and cpu > cpu_above)
+        return activity.verdict is verdict and busy
+
+    while not reached():
+        assert time.monotonic() < deadline, (
+            f"never {verdict.value}: {monitor.state.activity.describe()}"
+        )
+        sampler.sample_once()
+        time.sleep(0.1)  # the pace of sampling: a sample covers the CPU used since the last
+
+
+def test_the_sampler_tells_a_busy_process_from_an_idle_stopped_and_gone_one(
+    child: subprocess.Popen[bytes],
+) -> None:
+    monitor = BuildMonitor()
+    monitor.start()
+    sampler = ProcessSampler(monitor.log, pid=child.pid)
+    samples_until(sampler, Verdict.WORKING, monitor, cpu_above=50)
+    last = monitor.state.activity.last_sample
+    assert last is not None and last.cpu_percent is not None and last.cpu_percent > 50
+    assert last.busiest_thread_percent is not None and last.busiest_thread_percent > 50
+    assert last.rss_bytes and last.threads and last.available_bytes
+    assert child.stdin is not None
+    child.stdin.write(b"sleep\n")
+    child.stdin.flush()
+    samples_until(sampler, Verdict.IDLE, monitor)
+    child.send_signal(signal.SIGSTOP)
+    samples_until(sampler, Verdict.STOPPED, monitor)
+    child.kill()
+    child.wait()
+    samples_until(sampler, Verdict.GONE, monitor)
+    assert sampler.sample_once() is None, "a process that is gone is said once"
+    statuses = [e.status for e in monitor.log.recent() if isinstance(e, ProcessSample)]
+    assert statuses[-1] == "gone" and "stopped" in statuses and statuses.count("gone") == 1
+
+
+def test_the_sampler_samples_on_its_own_thread_once_it_knows_the_process(
+    child: subprocess.Popen[bytes],
+) -> None:
+    log = EventLog()
+    sampler = ProcessSampler(log, interval_s=0.05).start()
+    try:
+        assert sampler.sample_once() is None, "no process named yet"
+        sampler.watch(child.pid)
+        deadline = time.monotonic() + 30
+        while sampler.samples < 3:
+            assert time.monotonic() < deadline, "the sampler's thread never sampled"
+            time.sleep(0.02)
+    finally:
+        sampler.stop()
+    assert not sampler._thread.is_alive()
+
+
+def test_a_process_that_cannot_be_read_is_said_once() -> None:
+    said: list[str] = []
+    sampler = ProcessSampler(EventLog(), warn=said.append, pid=2**22 + 12345)
+    assert sampler.sample_once() is None
+    assert len(said) == 1 and "reading the builder's process failed" in said[0]
+
+
+# -- every view shows the verdict -----------------------------------------------------------------
+
+
+def test_status_metrics_and_spans_carry_the_builder() -> None:
+    clock = ManualClock()
+    monitor = sampled_build(clock)
+    sample(monitor, "running", cpu=90.0, rss_mib=300, cpu_s=1.0)
+    clock.advance(1)
+    sample(monitor, "running", cpu=90.0, rss_mib=400, cpu_s=2.5)
+    clock.advance(1)
+    sample(monitor, "stopped", cpu=0.0, rss_mib=350, cpu_s=2.5)
+    model = ReadModel()
+    model.handle(monitor.log.recent())
+    now = clock.mono_ns()
+    builder = status_document(model, model.estimate_locked(now), now)["builder"]
+    assert builder["state"] == "stopped" and builder["rss_bytes"] == 350 * MIB
+    assert builder["peak_rss_bytes"] == 400 * MIB and builder["cpu_percent"] == 0.0
+    assert builder["since_s"] == 0.0
+    scraped = _scrape(monitor)
+    assert scraped[("trt_build_liveness", (("state", "stopped"),))] == 1
+    assert scraped[("trt_build_liveness", (("state", "working"),))] == 0
+    assert scraped[("trt_build_process_cpu_seconds_total", ())] == 2.5
+    assert scraped[("trt_build_process_peak_resident_bytes", ())] == 400 * MIB
+    assert scraped[("trt_build_process_resident_bytes", ())] == 350 * MIB
+    assert scraped[("trt_build_host_available_bytes", ())] == 8 << 30
+
+
+def _scrape(monitor: BuildMonitor) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The registry's exposition, parsed back: (name, labels) to value."""
+    text = generate_latest(metrics_registry(MetricSources(monitor))).decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_a_phase_span_says_the_cpu_and_peak_memory_spent_in_it() -> None:
+    clock = ManualClock()
+    monitor = BuildMonitor(clock=clock)
+    monitor.start()
+    sample(monitor, "running", cpu=90.0, rss_mib=200, cpu_s=1.0)  # before the phase
+    clock.advance(1)
+    monitor.phase_start("Determining refit engines", None, 1)
+    for cpu_s, rss in ((2.0, 300), (4.0, 500), (5.5, 450)):
+        clock.advance(1)
+        sample(monitor, "running", cpu=90.0, rss_mib=rss, cpu_s=cpu_s)
+    monitor.phase_finish("Determining refit engines")
+    projection = SpanProjection()
+    spans = [s for e in monitor.log.recent() for s in projection.apply(e)]
+    (phase,) = [s for s in spans if s.name == "Determining refit engines"]
+    assert phase.attributes["trt.process.cpu_seconds"] == 4.5
+    assert phase.attributes["trt.process.peak_resident_bytes"] == 500 * MIB
+
+
+def test_a_simulated_deadlock_shows_idle_in_the_heartbeat_and_the_journal(tmp_path: Path) -> None:
+    journal = tmp_path / "build.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-m", "trt_otel.app.cli", "demo", "--speed", "0", "--silence", "14s",
+         "--sample-interval", "0.25s", "--no-progress", "--journal", str(journal)],
+        check=False, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    heartbeat = [line for line in result.stderr.splitlines() if "silent for" in line]
+    assert heartbeat, result.stderr
+    assert ": idle for " in heartbeat[-1] and "(CPU 0%" in heartbeat[-1], heartbeat
+    verdicts = [
+        json.loads(line)["status"] for line in journal.read_text().splitlines()
+        if '"type":"process"' in line
+    ]  # fmt: skip
+    assert len(verdicts) > 20 and set(verdicts) <= {"running", "sleeping"}
