@@ -361,3 +361,39 @@ def test_a_simulated_deadlock_shows_idle_in_the_heartbeat_and_the_journal(tmp_pa
         if '"type":"process"' in line
     ]  # fmt: skip
     assert len(verdicts) > 20 and set(verdicts) <= {"running", "sleeping"}
+
+
+# -- memory remembered ----------------------------------------------------------------------------
+
+
+def test_earlier_builds_say_what_the_next_one_needs_and_min_available_refuses(
+    tmp_path: Path,
+) -> None:
+    history = tmp_path / "history"
+    history.mkdir()
+    demo = [sys.executable, "-m", "trt_otel.app.cli", "demo", "--speed", "0", "--no-progress"]
+    first = subprocess.run(
+        [*demo, "--journal", str(history / "first.jsonl"), "--sample-interval", "0.05s",
+         "--silence", "1s"],
+        check=False, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    peak = max(
+        json.loads(line).get("rss_bytes") or 0
+        for line in (history / "first.jsonl").read_text().splitlines()
+        if '"type":"process"' in line
+    )
+    assert peak > 0
+    told = subprocess.run(
+        [*demo, "--history", str(history)], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert told.returncode == 0, told.stderr
+    assert f"the last 1 builds of this model peaked at {format_bytes(peak)}; " in told.stderr
+    refused = subprocess.run(
+        [*demo, "--history", str(history), "--min-available", "1000T"],
+        check=False, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr
+    assert "such a build would leave less than --min-available" in refused.stderr
+    assert "so it is not started" in refused.stderr
+    assert "build started" not in refused.stderr

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
@@ -40,6 +41,7 @@ from trt_otel.core.followers import Follower, FollowerWorker
 from trt_otel.core.journal import JournalWriter
 from trt_otel.core.log import EventLog
 from trt_otel.core.readmodel import ReadModel, Subscriber
+from trt_otel.core.sizes import format_bytes
 from trt_otel.views.console import LiveConsole, PlainLines
 from trt_otel.views.http import StatusServer
 from trt_otel.views.otlp import OtlpSpanExport
@@ -94,7 +96,10 @@ def join_parent_trace(attributes: dict[str, Any]) -> None:
 
 
 def build_context(
-    stack: contextlib.ExitStack[Any], observe: ObservabilityConfig, attributes: dict[str, Any]
+    stack: contextlib.ExitStack[Any],
+    observe: ObservabilityConfig,
+    attributes: dict[str, Any],
+    min_available_bytes: int | None = None,
 ) -> tuple[GpuReader | None, History | None]:
     """What a session knows of its builds before the first one, entered on ``stack``: the GPU
     (its description added to ``attributes``), the traced job's trace to join, and the
@@ -103,7 +108,10 @@ def build_context(
     if gpu is not None:
         attributes.update(gpu.describe())
     join_parent_trace(attributes)
-    return gpu, load_history(observe.history, attributes)
+    history = load_history(observe.history, attributes)
+    if history is not None:
+        check_memory_history(history, min_available_bytes)
+    return gpu, history
 
 
 def load_history(directory: Path | None, attributes: dict[str, Any]) -> History | None:
@@ -118,6 +126,32 @@ def load_history(directory: Path | None, attributes: dict[str, Any]) -> History 
         + (f" ({len(history.skipped)} journals not used)" if history.skipped else "")
     )
     return history
+
+
+def check_memory_history(
+    history: History, min_available_bytes: int | None, available_bytes: int | None = None
+) -> None:
+    """Say what earlier builds of the model needed against what the host has now, and refuse
+    (a usage error: nothing started) a build that ``--min-available`` says cannot fit."""
+    peaks = history.peak_rss_range()
+    if peaks is None:
+        return
+    count, low, high = peaks
+    available = psutil.virtual_memory().available if available_bytes is None else available_bytes
+    needed = f"{format_bytes(low)}-{format_bytes(high)}" if low != high else format_bytes(high)
+    said = (
+        f"the last {count} builds of this model peaked at {needed}; "
+        f"{format_bytes(available)} is available"
+    )
+    if min_available_bytes is not None and available - high < min_available_bytes:
+        raise UsageError(
+            f"{said}: such a build would leave less than --min-available "
+            f"{format_bytes(min_available_bytes)}, so it is not started"
+        )
+    if high > available:
+        warn(f"memory: {said}")
+    else:
+        say(f"memory: {said}")
 
 
 # -- sinks with a shutdown of their own ----------------------------------------------------------

@@ -28,6 +28,7 @@ from trt_otel.app.config import SessionConfig
 from trt_otel.app.run import resolve_command, run_program
 from trt_otel.capture.gpu import GpuReader, GpuSampler
 from trt_otel.capture.monitor import BuildMonitor
+from trt_otel.capture.process import ProcessSampler
 from trt_otel.capture.program import CurrentBuild, ProgramBuilds, RunCollector
 from trt_otel.core.followers import Follower
 from trt_otel.core.log import EventLog
@@ -62,7 +63,7 @@ def observed_builds(
     lines on stderr."""
     observe = config.observe
     with contextlib.ExitStack() as stack:
-        gpu, history = build_context(stack, observe, attributes)
+        gpu, history = build_context(stack, observe, attributes, config.policy.min_available_bytes)
         log = EventLog()
         builds = ProgramBuilds(
             log, attributes=attributes, policy=config.policy.policy, warn=warn, say=say
@@ -91,18 +92,26 @@ def observed_builds(
             http.feed = EventFeed(ends_with_build=False)
             followers.append((http.feed, DEEP_QUEUE))
         stack.enter_context(following(log, followers, model))
-        if gpu is not None:
-            builds.listeners = (_sample_while_building(gpu, config),)
+        builds.listeners = (_sample_while_building(gpu, config),)
         yield builds
 
 
 def _sample_while_building(
-    gpu: GpuReader, config: SessionConfig
-) -> Callable[[BuildMonitor], Callable[[], None]]:
-    def start(monitor: BuildMonitor) -> Callable[[], None]:
-        sampler = GpuSampler(
-            monitor.log, gpu, interval_s=config.observe.gpu.interval_s, warn=warn
-        ).start()
-        return sampler.stop
+    gpu: GpuReader | None, config: SessionConfig
+) -> Callable[[BuildMonitor, int], Callable[[], None]]:
+    """Sample the process that builds (and the GPU, where there is one) while a build runs."""
+
+    def start(monitor: BuildMonitor, pid: int) -> Callable[[], None]:
+        interval_s = config.observe.sample_interval_s
+        process = ProcessSampler(monitor.log, interval_s=interval_s, warn=warn, pid=pid).start()
+        if gpu is None:
+            return process.stop
+        sampler = GpuSampler(monitor.log, gpu, interval_s=interval_s, warn=warn).start()
+
+        def stop() -> None:
+            sampler.stop()
+            process.stop()
+
+        return stop
 
     return start

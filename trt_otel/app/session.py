@@ -69,7 +69,7 @@ def run_session(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]
     observe = config.observe
     policy = config.policy.policy()
     with contextlib.ExitStack() as stack:
-        gpu, history = build_context(stack, observe, attributes)
+        gpu, history = build_context(stack, observe, attributes, config.policy.min_available_bytes)
         model = ReadModel(history)  # the build folded once, for every view below
         # Only a build in this process attaches this monitor to a builder library, and keeps
         # the minimum on TensorRT's threads (the model follows); a supervisor's monitor, which

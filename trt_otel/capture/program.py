@@ -125,7 +125,9 @@ class ProgramBuilds:
         self.outcomes: Counter[Outcome] = Counter()
         self._cancel_everything: tuple[str, str] | None = None
         self.changed = threading.Condition(self._lock)
-        self.listeners: tuple[Callable[[BuildMonitor], Callable[[], None] | None], ...] = ()
+        self.listeners: tuple[Callable[[BuildMonitor, int], Callable[[], None] | None], ...] = ()
+        """Told of each build as it starts (its monitor and the process that builds); what one
+        returns is called when the build ends."""
         """Called with each build's monitor when its recording starts; what one returns is
         called when the build has ended (a GPU sampler's stop)."""
 
@@ -205,7 +207,7 @@ class ProgramBuilds:
 
         monitor.on_cancel(pass_cancel_on)
         for listener in self.listeners:
-            stop = listener(monitor)
+            stop = listener(monitor, build.process.pid)
             if stop is not None:
                 build.on_finish.append(stop)
         if self._cancel_everything is not None:

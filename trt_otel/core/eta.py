@@ -128,6 +128,8 @@ class PastBuild:
     source: str
     total_s: float
     boundaries: dict[BoundaryKey, float]
+    peak_rss_bytes: int | None = None
+    """The builder's peak resident memory, where its process was sampled."""
 
 
 @dataclass
@@ -155,6 +157,11 @@ class History:
             else:
                 builds.append(past)
         return cls(builds, skipped)
+
+    def peak_rss_range(self) -> tuple[int, int, int] | None:
+        """(builds, lowest peak, highest peak) of the builds whose memory was sampled."""
+        peaks = [b.peak_rss_bytes for b in self.builds if b.peak_rss_bytes is not None]
+        return (len(peaks), min(peaks), max(peaks)) if peaks else None
 
     def remaining(self, key: BoundaryKey, elapsed_s: float) -> Estimate:
         """Seconds left after boundary ``key``, passed ``elapsed_s`` into this build."""
@@ -192,6 +199,7 @@ def past_build(events: Sequence[Event], source: str) -> PastBuild | None:
         source,
         (state.end_mono_ns - state.start_mono_ns) / 1e9,
         {key: ns / 1e9 for key, ns in tracker.boundaries.items()},
+        state.activity.peak_rss_bytes,
     )
 
 

@@ -11,7 +11,7 @@
   const GPU_SAMPLES_KEPT = 600;
   const TOKEN_KEY = "trt-otel-cancel-token";
   const CALLBACKS = ["phase_start", "step", "phase_finish"];
-  const EVENT_TYPES = CALLBACKS.concat(["build_start", "cancel", "anomaly", "log", "build_end", "gpu"]);
+  const EVENT_TYPES = CALLBACKS.concat(["build_start", "cancel", "anomaly", "log", "build_end", "gpu", "process"]);
   const BASIS = {
     history: "from earlier builds of this model",
     progress: "from the overall progress so far (rough)",
@@ -210,11 +210,51 @@
     text("eta", etaText(status.eta, status.outcome !== null));
     renderCancel(status.cancel || (view.cancel && { reason: view.cancel.reason, source: view.cancel.source, policy: view.cancel.policy }));
     renderTree(status.phases || []);
+    renderBuilder(status.builder);
     if (status.outcome !== null && view.end === null) {
       view.end = { outcome: status.outcome, detail: status.detail || "", error_type: status.error_type };
       renderEnd();
     }
     tick();
+  }
+
+  // The builder's process as /status folds its samples (a `process` event on the stream asks
+  // for a fresh read): working, idle, stopped or gone, with the evidence for it.
+  function builderText(builder) {
+    let words = builder.state;
+    if (builder.state === "idle" && typeof builder.since_s === "number") {
+      words += " for " + formatDuration(builder.since_s);
+    }
+    if (builder.evidence) words += " (" + builder.evidence + ")";
+    return words;
+  }
+
+  function builderDetails(builder) {
+    const parts = [];
+    if (builder.pid !== null && builder.pid !== undefined) parts.push("process " + builder.pid);
+    if (builder.status) parts.push(builder.status);
+    if (typeof builder.threads === "number") parts.push(builder.threads + " threads");
+    if (typeof builder.busiest_thread_percent === "number") {
+      parts.push("busiest thread " + Math.round(builder.busiest_thread_percent) + "%");
+    }
+    if (typeof builder.cpu_seconds === "number") parts.push(builder.cpu_seconds.toFixed(1) + " s of CPU");
+    if (typeof builder.peak_rss_bytes === "number") {
+      parts.push("peak " + Math.round(builder.peak_rss_bytes / 2 ** 20) + " MiB");
+    }
+    return parts.join(" · ");
+  }
+
+  function renderBuilder(builder) {
+    if (!builder || !builder.state) {
+      show("builder", false);
+      return;
+    }
+    const verdict = $("builder-verdict");
+    if (verdict.dataset.state !== builder.state) verdict.dataset.state = builder.state;
+    text("builder-verdict", builderText(builder));
+    const details = builderDetails(builder);
+    if (verdict.title !== details) verdict.title = details;
+    show("builder", true);
   }
 
   function etaText(eta, ended) {
