@@ -25,7 +25,13 @@ from typing import Any
 
 import pytest
 
-from cpp_toolchain import REPO_ROOT, TENSORRT_INCLUDE, header_version, rtx_library_dir
+from cpp_toolchain import (
+    REPO_ROOT,
+    TENSORRT_INCLUDE,
+    cuda_include,
+    header_version,
+    rtx_library_dir,
+)
 from otlp_receiver import ReceivedSpan, otlp_receiver
 from rtx_builds import CONV_SHAPES, RESIDUAL_SHAPES, callbacks_of, plain_build, write_conv
 from test_cpp import cancel_event, fold, missing_toolchain, read_clean, spans_of
@@ -191,6 +197,40 @@ def test_cmake_links_the_example_to_the_wheels_libraries_with_an_rpath(example: 
         [str(example), "--help"], capture_output=True, text=True, timeout=60, env=env, check=False
     )
     assert done.returncode == 0 and "usage: build_engine" in done.stdout, done.stderr
+
+
+@pytest.mark.slow
+def test_cmake_finds_an_sdk_laid_out_as_nvidia_ships_it(
+    models: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """-DTensorRT_ROOT: an SDK's include/ and lib/ (here the wheel's libraries and NVIDIA's
+    headers, in an SDK's layout). The journal names the library loaded from there."""
+    sdk = tmp_path / "TensorRT-RTX-1.7.1"
+    (sdk / "lib").mkdir(parents=True)
+    wheel = rtx_library_dir()
+    assert wheel is not None
+    for name in ("libtensorrt_rtx", "libtensorrt_onnxparser_rtx"):
+        (sdk / "lib" / f"{name}.so.1").symlink_to(wheel / f"{name}.so.1")
+        (sdk / "lib" / f"{name}.so").symlink_to(f"{name}.so.1")
+    (sdk / "include").symlink_to(TENSORRT_INCLUDE)
+    build = tmp_path / "build"
+    outputs = []
+    for step in (
+        ["cmake", "-S", str(EXAMPLES), "-B", str(build), f"-DTensorRT_ROOT={sdk}",
+         f"-DTensorRT_CUDA_INCLUDE_DIR={cuda_include()}", "-DTensorRT_PYTHON=/nonexistent"],
+        ["cmake", "--build", str(build)],
+    ):  # fmt: skip
+        done = subprocess.run(step, capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        outputs.append(done.stdout)
+    assert f"TensorRT: tensorrt-rtx in {sdk / 'lib'}; headers {sdk / 'include'};" in outputs[0]
+    journal_path = tmp_path / "build.jsonl"
+    ran = run_example(build / "build_engine", models("conv"), "--journal", journal_path,
+                      "--shapes", CONV_SHAPES)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    attributes = attributes_of(read_clean(journal_path).events)
+    assert attributes["trt.library"] == str(sdk / "lib" / "libtensorrt_rtx.so.1")
+    assert attributes["trt.backend"] == "tensorrt-rtx"
 
 
 # -- the journal of a real build -------------------------------------------------------------------

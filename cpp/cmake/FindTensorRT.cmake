@@ -29,6 +29,11 @@
 include(FindPackageHandleStandardArgs)
 
 set(TensorRT_BACKEND "${TensorRT_BACKEND}" CACHE STRING "tensorrt-rtx, tensorrt, or empty for either")
+# Typed, so that a relative path given with -D is taken from the folder cmake runs in.
+set(TensorRT_ROOT "${TensorRT_ROOT}" CACHE PATH "A TensorRT or TensorRT-RTX SDK")
+set(TensorRT_PYTHON "${TensorRT_PYTHON}" CACHE FILEPATH "A Python with the TensorRT-RTX or TensorRT wheels")
+set(TensorRT_INCLUDE_DIR "${TensorRT_INCLUDE_DIR}" CACHE PATH "The folder holding NvInfer.h and NvOnnxParser.h")
+set(TensorRT_CUDA_INCLUDE_DIR "${TensorRT_CUDA_INCLUDE_DIR}" CACHE PATH "The folder holding cuda_runtime_api.h")
 if(TensorRT_BACKEND AND NOT TensorRT_BACKEND MATCHES "^(tensorrt|tensorrt-rtx)$")
     message(FATAL_ERROR "TensorRT_BACKEND is '${TensorRT_BACKEND}': use tensorrt-rtx or tensorrt")
 endif()
@@ -69,13 +74,15 @@ endif()
 
 # 2. The Python wheels, asked of the Python they are installed in.
 if(NOT _trt_found_backend)
-    if(NOT TensorRT_PYTHON)
-        find_program(TensorRT_PYTHON NAMES python3 python)
+    set(_trt_python "${TensorRT_PYTHON}")
+    if(NOT _trt_python)
+        find_program(_trt_python_on_path NAMES python3 python)
+        set(_trt_python "${_trt_python_on_path}")
     endif()
-    if(TensorRT_PYTHON)
+    if(_trt_python)
         # find_spec: where the package is, without importing it (importing loads the libraries).
         execute_process(
-            COMMAND "${TensorRT_PYTHON}" -c [=[
+            COMMAND "${_trt_python}" -c [=[
 import importlib.util, os, sys
 for name in sys.argv[1:]:
     spec = importlib.util.find_spec(name)
