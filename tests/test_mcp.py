@@ -158,6 +158,8 @@ def test_a_build_followed_to_success(tmp_path: Path, model: Path) -> None:
             )
             assert final["progress"] == 1.0
             assert final["engine"] == str(tmp_path / "mnist.engine")
+            # From the journal once it ended: the builder's last sample and its peak memory.
+            assert final["builder"]["peak_rss_bytes"] >= final["builder"]["rss_bytes"] > 0
             assert (tmp_path / "mnist.engine").stat().st_size > 0
             events = payload(await client.call_tool("build_events", {"id": build_id, "limit": 5}))
             assert [e["seq"] for e in events["events"]] == [0, 1, 2, 3, 4]
@@ -285,6 +287,9 @@ def test_a_restarted_server_finds_its_builds_again(tmp_path: Path, model: Path) 
             assert [(b["id"], b["state"]) for b in listed] == [(build_id, "running")]
             status = payload(await client.call_tool("build_status", {"id": build_id}))
             assert status["state"] == "running" and status["open_phases"]
+            # The builder's process, live from the build's view: a verdict with its evidence.
+            assert status["builder"]["state"] in ("working", "idle")
+            assert status["builder"]["rss_bytes"] > 0
             ended = payload(
                 await client.call_tool(
                     "wait_build", {"id": build_id, "until": "end", "timeout_s": 300}

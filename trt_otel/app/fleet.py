@@ -211,6 +211,7 @@ class Fleet:
             "cancel": None
             if state.cancel is None
             else {"reason": state.cancel.reason, "source": state.cancel.source},
+            "builder": state.activity.as_json(),
         }
         if state.start_mono_ns is not None and state.end_mono_ns is not None:
             document["elapsed_s"] = (state.end_mono_ns - state.start_mono_ns) / 1e9
@@ -237,6 +238,7 @@ class Fleet:
                     eta=view.get("eta"),
                     open_phases=_open_path(view.get("phases") or []),
                     gpu=view.get("gpu"),
+                    builder=view.get("builder"),
                 )
         return document
 
