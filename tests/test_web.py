@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psutil
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -241,6 +242,40 @@ def test_page_says_when_tensorrt_is_inside_a_silent_step(page: WebDriver, tmp_pa
         wait_for("the silence to end", lambda: not visible(page, "silence"))
         assert wait_for("the outcome", lambda: outcome(page)) == "Built successfully (success)"
         assert demo.wait() == 0
+
+
+def test_page_says_whether_the_builder_is_working_or_idle(page: WebDriver, tmp_path: Path) -> None:
+    # The simulator sleeps through its silent window: its process, sampled four times a
+    # second, shows no CPU, and the verdict in the header turns to idle.
+    with Demo("--speed", "0", "--silence", "12s", "--sample-interval", "0.25s") as demo:
+        page.get(demo.base + "/")
+        verdict = wait_for(
+            "the builder to be idle",
+            lambda: (
+                text_of(page, "builder-verdict")
+                if visible(page, "builder") and "idle" in text_of(page, "builder-verdict")
+                else None
+            ),
+        )
+        assert re.fullmatch(r"idle for \d+\.\ds \(CPU \d+%, \d+(\.\d+)? [KMG]iB\)", verdict), (
+            verdict
+        )
+        assert text_of(page, "builder").startswith("builder: ")
+        element = page.find_element(By.ID, "builder-verdict")
+        assert element.get_attribute("data-state") == "idle"
+        details = str(element.get_attribute("title"))
+        # The builder runs in a child of the demo's process: that child is the one sampled.
+        shown = re.match(r"process (\d+) · sleeping · ", details)
+        assert shown, details
+        children = psutil.Process(demo.process.pid).children(recursive=True)
+        assert int(shown.group(1)) in {child.pid for child in children}
+        before = verdict
+        time.sleep(1.5)  # how long it has been idle counts up with the samples
+        assert text_of(page, "builder-verdict") != before
+        screenshot(page, "web-builder-idle", tmp_path)
+        assert wait_for("the outcome", lambda: outcome(page)) == "Built successfully (success)"
+        assert demo.wait() == 0
+        assert page_errors(page) == []
 
 
 def submit_cancel(page: WebDriver, token: str, reason: str = "") -> str:
