@@ -132,28 +132,23 @@ class Done:
     stderr: str
 
 
-def environment(variant: str = "plain") -> dict[str, str]:
-    env = {**os.environ, "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}
-    if variant == "asan":
-        # TensorRT-RTX's own allocations (not instrumented) are not the monitor's to answer for.
-        suppressions = Path(env.get("TMPDIR", "/tmp")) / "trt-otel-lsan.supp"
-        suppressions.write_text("leak:libtensorrt_rtx.so\nleak:libtensorrt_onnxparser_rtx.so\n")
-        env["ASAN_OPTIONS"] = "halt_on_error=1:detect_leaks=1"
-        env["LSAN_OPTIONS"] = f"suppressions={suppressions}"
-    if variant == "tsan":
-        env["TSAN_OPTIONS"] = "halt_on_error=1"
-    return env
+def environment() -> dict[str, str]:
+    """Sanitizers halt with a non-zero exit on their first report (leaks included)."""
+    return {
+        **os.environ,
+        "ASAN_OPTIONS": "halt_on_error=1:detect_leaks=1",
+        "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
+        "TSAN_OPTIONS": "halt_on_error=1",
+    }
 
 
-def run_example(
-    binary: Path, *arguments: object, timeout_s: float = 300, variant: str = "plain"
-) -> Done:
+def run_example(binary: Path, *arguments: object, timeout_s: float = 300) -> Done:
     done = subprocess.run(
         [str(binary), *(str(a) for a in arguments)],
         capture_output=True,
         text=True,
         timeout=timeout_s,
-        env=environment(variant),
+        env=environment(),
         check=False,
     )
     return Done(done.returncode, done.stdout, done.stderr)
@@ -579,13 +574,13 @@ def test_sanitized_example_builds_and_cancels_cleanly(
     binary = examples(variant)
     journal = tmp_path / "built.jsonl"
     done = run_example(binary, models("conv"), "--journal", journal, "--shapes", CONV_SHAPES,
-                       variant=variant, timeout_s=600)  # fmt: skip
+                       timeout_s=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-5000:]
     assert fold(read_clean(journal).events).outcome is Outcome.SUCCESS
     journal = tmp_path / "timeout.jsonl"
     done = run_example(binary, models("residual"), "--journal", journal, "--timeout", "1s",
                        "--poll-interval", "20ms", "--shapes", RESIDUAL_SHAPES,
-                       variant=variant, timeout_s=600)  # fmt: skip
+                       timeout_s=600)  # fmt: skip
     assert done.returncode == 3, done.stderr[-5000:]
     events = read_clean(journal).events
     assert fold(events).outcome is Outcome.TIMEOUT
