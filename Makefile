@@ -61,4 +61,5 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/cpp_callback_cost.py
 	$(BIN)/python benchmarks/run_recorder_cost.py
 	$(BIN)/python benchmarks/callback_cost.py
+	$(BIN)/python benchmarks/process_sampling_cost.py
 	$(BIN)/python benchmarks/command_cost.py
