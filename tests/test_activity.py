@@ -397,3 +397,30 @@ def test_earlier_builds_say_what_the_next_one_needs_and_min_available_refuses(
     assert "such a build would leave less than --min-available" in refused.stderr
     assert "so it is not started" in refused.stderr
     assert "build started" not in refused.stderr
+
+
+def test_watch_samples_the_journals_writer_on_this_host_for_its_stall_policy(
+    tmp_path: Path,
+) -> None:
+    journal, control = tmp_path / "build.jsonl", tmp_path / "control"
+    cli = [sys.executable, "-m", "trt_otel.app.cli"]
+    build = subprocess.Popen(
+        [*cli, "demo", "--in-process", "--speed", "0", "--silence", "10m", "--no-progress",
+         "--journal", str(journal), "--cancel-file", str(control)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        watch = subprocess.run(
+            [*cli, "watch", str(journal), "--no-progress", "--control-file", str(control),
+             "--stall-timeout", "4s", "--sample-interval", "0.2s", "--terminate-after", "1s"],
+            check=False, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        build.kill()
+        build.wait()
+    assert watch.returncode == 3, watch.stderr
+    decision = json.loads(control.read_text())
+    assert decision["source"] == "stall"
+    assert decision["reason"].startswith("no progress and no activity for 4.0s")
+    assert "the builder's process is idle" in decision["reason"], decision
+    assert "cannot be sampled from here" not in watch.stderr

@@ -36,10 +36,11 @@ from trt_otel.app.components import (
 from trt_otel.app.config import SessionConfig, UsageError
 from trt_otel.capture.liveness import DEFAULT_LOST_AFTER_S, Writer
 from trt_otel.capture.monitor import BuildMonitor
+from trt_otel.capture.process import ProcessSampler
 from trt_otel.capture.watch import follow_journal
 from trt_otel.control.policies import PolicyRunner
 from trt_otel.core.durations import format_duration
-from trt_otel.core.events import BuildFinished, BuildStarted, Event, Outcome
+from trt_otel.core.events import BuildFinished, BuildStarted, Event, Outcome, ProcessSample
 from trt_otel.core.followers import Follower
 from trt_otel.core.journal import (
     JournalError,
@@ -249,6 +250,44 @@ class Escalation:
             os.fsync(handle.fileno())
 
 
+def _sample_the_writer(
+    stack: contextlib.ExitStack[Any],
+    header: dict[str, Any],
+    monitor: RemoteBuild,
+    model: ReadModel,
+    config: SessionConfig,
+) -> None:
+    """Sample the journal's writer when it runs on this host, for the stall and memory policies
+    and the views; else say once that they have the callbacks alone. The samples are this
+    watch's own observations: they are folded in here, not added to the build's log, whose
+    sequence is the journal's."""
+    writer = Writer.from_header(header)
+    if writer.pid is None or writer.running_here() is not True:
+        if config.policy.stall_timeout_s is not None or config.policy.max_memory_bytes is not None:
+            warn(
+                "the build's process cannot be sampled from here (not on this host, or not "
+                "named in its journal): --stall-timeout counts callbacks alone, and the memory "
+                "policies have nothing to read"
+            )
+        return
+
+    def record(pid: int, fields: dict[str, object]) -> ProcessSample:
+        clock = monitor.log.clock
+        sample = ProcessSample(
+            seq=-1, wall_ns=clock.wall_ns(), mono_ns=clock.mono_ns(), thread="trt-otel-process",
+            pid=pid, **fields,  # type: ignore[arg-type]
+        )  # fmt: skip
+        for state, lock in ((monitor.state, monitor.log.lock), (model.state, model.lock)):
+            with lock:
+                state.activity.sample(sample, state.last_progress_mono_ns, state.gpu)
+        return sample
+
+    interval_s = config.observe.sample_interval_s
+    stack.enter_context(
+        ProcessSampler(monitor.log, interval_s=interval_s, warn=warn, pid=writer.pid, record=record)
+    )
+
+
 def supervises(config: SessionConfig, control_file: Path | None) -> bool:
     """Whether watching a journal asks for more than the console: then watch runs a session."""
     observe = config.observe
@@ -311,6 +350,7 @@ def watch_and_supervise(
         stack.enter_context(following(monitor.log, followers, model))
         if runner is not None:
             stack.enter_context(runner)
+        _sample_the_writer(stack, header, monitor, model, config)
         ending = None
         if terminate_after_s is not None:
             escalation = Escalation(journal, header, monitor, terminate_after_s)

@@ -78,10 +78,24 @@ class ProcessReader:
         return reading
 
 
+Record = Callable[[int, dict[str, object]], ProcessSample]
+"""Records one reading (the process id and the event's fields) and returns it as an event."""
+
+
+def appending_to(log: EventLog) -> Record:
+    """Each reading appended to ``log`` as a ``process`` event: journaled, replayed, projected."""
+
+    def record(pid: int, fields: dict[str, object]) -> ProcessSample:
+        return log.append(ProcessSample, pid=pid, **fields)
+
+    return record
+
+
 class ProcessSampler:
-    """Appends a ``process`` event to ``log`` every ``interval_s``, on its own thread, for the
-    process :meth:`watch` names (none until then). A process that is gone is said once, and
-    sampling stops."""
+    """Records a ``process`` event every ``interval_s``, on its own thread, for the process
+    :meth:`watch` names (none until then): appended to ``log``, or handed to ``record`` (a
+    follower of a journal cannot add to the build's own log). A process that is gone is said
+    once, and sampling stops."""
 
     def __init__(
         self,
@@ -90,10 +104,12 @@ class ProcessSampler:
         interval_s: float = 1.0,
         warn: Warn | None = None,
         pid: int | None = None,
+        record: Record | None = None,
     ) -> None:
         if not interval_s > 0:
             raise ValueError("the sampling interval must be longer than 0s")
         self.log = log
+        self._record = record or appending_to(log)
         self.interval_s = interval_s
         self.samples = 0
         self.errors = 0
@@ -141,7 +157,7 @@ class ProcessSampler:
             self._fail(error)
             return None
         self.samples += 1
-        event = self.log.append(ProcessSample, pid=reader.pid, **reading)
+        event = self._record(reader.pid, reading)
         if event.status == "gone":
             self._reader = None
         return event
