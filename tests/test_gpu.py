@@ -34,6 +34,8 @@ class RecordedReader:
         self.fail_at = fail_at
         self.reads = 0
         self.closed = False
+        self.held: dict[int, int] = {}
+        """GPU memory by process id."""
 
     def read(self) -> GpuReading:
         at = self.reads
@@ -41,6 +43,9 @@ class RecordedReader:
         if at in self.fail_at:
             raise RuntimeError("GPU is lost")
         return self.series[at % len(self.series)]
+
+    def process_memory_bytes(self, pid: int) -> int | None:
+        return self.held.get(pid)
 
     def describe(self) -> dict[str, Any]:
         return {"gpu.index": 0, "gpu.name": "NVIDIA H200"}
@@ -236,3 +241,26 @@ def test_the_gpu_follows_cuda_visible_devices() -> None:
     assert selected_gpu({"CUDA_VISIBLE_DEVICES": "3,1"}) == "3"
     uuid = "GPU-8a7e0c2c-51b1-4b9e-9c3f-111111111111"
     assert selected_gpu({"CUDA_VISIBLE_DEVICES": uuid}) == uuid
+
+
+def test_the_builders_own_gpu_memory_joins_the_sample_once_its_process_is_known(
+    tmp_path: Path,
+) -> None:
+    reader = RecordedReader([GpuReading(memory_used_bytes=5 * GIB)])
+    reader.held = {4242: 3 * GIB}
+    monitor = BuildMonitor()
+    monitor.log.follow(JournalWriter(tmp_path / "gpu.jsonl"))
+    monitor.start()
+    sampler = GpuSampler(monitor.log, reader)
+    before = sampler.sample_once()
+    sampler.watch(4242)
+    after = sampler.sample_once()
+    sampler.watch(1)  # a process that holds nothing on this GPU
+    none_held = sampler.sample_once()
+    monitor.end()
+    monitor.close()
+    assert before is not None and before.process_memory_used_bytes is None
+    assert after is not None and after.process_memory_used_bytes == 3 * GIB
+    assert none_held is not None and none_held.process_memory_used_bytes is None
+    recorded = [e for e in read_journal(tmp_path / "gpu.jsonl").events if e.type == "gpu"]
+    assert recorded == [before, after, none_held]

@@ -88,6 +88,9 @@ class RecordedGpu:
             temperature_c=45.0,
         )
 
+    def process_memory_bytes(self, pid: int) -> int | None:
+        return None
+
     def describe(self) -> dict[str, object]:
         return {"gpu.index": 0}
 

@@ -369,6 +369,9 @@ class RisingGpu:
             utilization=load,
         )
 
+    def process_memory_bytes(self, pid: int) -> int | None:
+        return None
+
     def describe(self) -> dict[str, Any]:
         return {"gpu.name": "rising"}
 

@@ -106,7 +106,9 @@ def _sample_while_building(
         process = ProcessSampler(monitor.log, interval_s=interval_s, warn=warn, pid=pid).start()
         if gpu is None:
             return process.stop
-        sampler = GpuSampler(monitor.log, gpu, interval_s=interval_s, warn=warn).start()
+        sampler = GpuSampler(monitor.log, gpu, interval_s=interval_s, warn=warn)
+        sampler.watch(pid)
+        sampler.start()
 
         def stop() -> None:
             sampler.stop()

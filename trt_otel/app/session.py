@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -109,13 +109,19 @@ def run_session(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]
         monitor.start()
         if runner is not None:
             stack.enter_context(runner)
+        samplers: list[ProcessSampler | GpuSampler] = []
         if gpu is not None:
             sampler = GpuSampler(monitor.log, gpu, interval_s=observe.gpu.interval_s, warn=warn)
-            stack.enter_context(sampler)
+            samplers.append(stack.enter_context(sampler))
         builder = ProcessSampler(monitor.log, interval_s=observe.sample_interval_s, warn=warn)
-        stack.enter_context(builder)
+        samplers.append(stack.enter_context(builder))
         signals = stack.enter_context(_cancel_on_signals(monitor))
-        result, interrupted = _build(monitor, job, config, builder)
+
+        def watch(pid: int) -> None:
+            for each in samplers:
+                each.watch(pid)
+
+        result, interrupted = _build(monitor, job, config, watch)
         interrupted = interrupted or signals.interrupted
     if observe.journal is not None:
         say(f"journal: {observe.journal}")
@@ -140,13 +146,13 @@ def _announce(
 
 
 def _build(
-    monitor: BuildMonitor, job: BuildJob, config: SessionConfig, builder: ProcessSampler
+    monitor: BuildMonitor, job: BuildJob, config: SessionConfig, watch: Callable[[int], None]
 ) -> tuple[BuildResult | None, bool]:
     """Run the build (in a worker process unless asked not to); its result, and whether the
-    user interrupted it. ``builder`` samples the process that builds."""
+    user interrupted it. ``watch`` is told the process that builds, for the samplers."""
     try:
         if config.in_process:
-            builder.watch(os.getpid())
+            watch(os.getpid())
             return run_build_job(monitor, job), False
         grace_s = config.policy.grace_s
         isolated = run_isolated(
@@ -155,7 +161,7 @@ def _build(
             monitor=monitor,
             grace_s=grace_s,
             backend=job.monitor_backend,
-            on_start=builder.watch,
+            on_start=watch,
         )
         return _conclude(monitor, isolated, job, grace_s), isolated.interrupted
     except StopNow as stop:  # in-process: nothing to stop but this build, which ends here

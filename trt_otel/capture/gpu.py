@@ -42,12 +42,18 @@ class GpuReading:
     memory_clock_hz: int | None = None
     power_w: float | None = None
     temperature_c: float | None = None
+    process_memory_used_bytes: int | None = None
 
 
 class GpuReader(Protocol):
     index: int
 
     def read(self) -> GpuReading: ...
+
+    def process_memory_bytes(self, pid: int) -> int | None:
+        """The GPU memory process ``pid`` holds on this GPU (None: it holds none, or the
+        device does not say)."""
+        ...
 
     def describe(self) -> dict[str, Any]:
         """Build attributes: the GPU's name, memory, driver."""
@@ -119,6 +125,16 @@ class NvmlReader:
             temperature_c=float(temperature) if temperature is not None else None,
         )
 
+    def process_memory_bytes(self, pid: int) -> int | None:
+        held = [
+            process.usedGpuMemory
+            for function in ("nvmlDeviceGetComputeRunningProcesses",
+                             "nvmlDeviceGetGraphicsRunningProcesses")
+            for process in self._get(function) or ()
+            if process.pid == pid and process.usedGpuMemory is not None
+        ]  # fmt: skip
+        return int(sum(held)) if held else None
+
     def describe(self) -> dict[str, Any]:
         name = self._get("nvmlDeviceGetName")
         memory = self._get("nvmlDeviceGetMemoryInfo")
@@ -174,9 +190,15 @@ class GpuSampler:
         self.samples = 0
         self.errors = 0
         self.last_error: str | None = None
+        self.pid: int | None = None
+        """The builder's process, once known (:meth:`watch`): its own GPU memory is sampled."""
         self._warn = warn or (lambda message: _logger.warning("%s", message))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trt-otel-gpu", daemon=True)
+
+    def watch(self, pid: int) -> None:
+        """Sample the GPU memory ``pid`` holds too (the worker, once it has started)."""
+        self.pid = pid
 
     def start(self) -> GpuSampler:
         self._thread.start()
@@ -198,6 +220,9 @@ class GpuSampler:
     def sample_once(self) -> GpuSample | None:
         try:
             reading = self.reader.read()
+            if self.pid is not None:
+                held = self.reader.process_memory_bytes(self.pid)
+                reading = dataclasses.replace(reading, process_memory_used_bytes=held)
         except Exception as error:  # a failing reader costs this sample, nothing else
             self.errors += 1
             self.last_error = f"{type(error).__name__}: {error}"

@@ -169,6 +169,8 @@ class GpuSample(Event, frozen=True, tag="gpu"):
     memory_clock_hz: int | None = None
     power_w: float | None = None
     temperature_c: float | None = None
+    process_memory_used_bytes: int | None = None
+    """The GPU memory the builder's process holds on this GPU (where NVML says)."""
 
 
 class ProcessSample(Event, frozen=True, tag="process"):

@@ -347,6 +347,11 @@ _GPU_GAUGES = (
     ("memory_clock_hz", "trt_build_gpu_memory_clock_hertz", "Memory clock"),
     ("power_w", "trt_build_gpu_power_watts", "Power drawn by the GPU"),
     ("temperature_c", "trt_build_gpu_temperature_celsius", "GPU temperature"),
+    (
+        "process_memory_used_bytes",
+        "trt_build_process_gpu_memory_bytes",
+        "GPU memory the builder's process holds",
+    ),
 )
 
 

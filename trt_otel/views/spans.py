@@ -160,6 +160,7 @@ class _GpuStats:
 
     samples: int = 0
     peak_memory_bytes: int | None = None
+    peak_process_memory_bytes: int | None = None
     utilization_sum: float = 0.0
     utilization_samples: int = 0
 
@@ -167,6 +168,9 @@ class _GpuStats:
         self.samples += 1
         if sample.memory_used_bytes is not None:
             self.peak_memory_bytes = max(self.peak_memory_bytes or 0, sample.memory_used_bytes)
+        held = sample.process_memory_used_bytes
+        if held is not None:
+            self.peak_process_memory_bytes = max(self.peak_process_memory_bytes or 0, held)
         if sample.utilization is not None:
             self.utilization_sum += sample.utilization
             self.utilization_samples += 1
@@ -175,6 +179,8 @@ class _GpuStats:
         attributes: dict[str, Any] = {"gpu.samples": self.samples}
         if self.peak_memory_bytes is not None:
             attributes["gpu.memory.peak_bytes"] = self.peak_memory_bytes
+        if self.peak_process_memory_bytes is not None:
+            attributes["gpu.process_memory.peak_bytes"] = self.peak_process_memory_bytes
         if self.utilization_samples:
             attributes["gpu.utilization.mean"] = self.utilization_sum / self.utilization_samples
         return attributes
