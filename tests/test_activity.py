@@ -55,24 +55,28 @@ def test_cpu_use_is_work_and_its_absence_becomes_idle_after_a_while() -> None:
     monitor = sampled_build(clock)
     activity = monitor.state.activity
     assert activity.verdict is None and activity.describe() is None, "nothing sampled yet"
-    sample(monitor, "running", cpu=97.0, rss_mib=300)
+    sample(monitor, "running", cpu=97.0, rss_mib=300, cpu_s=1.0)
     clock.advance(1)
-    sample(monitor, "running", cpu=96.0, rss_mib=455)
+    sample(monitor, "running", cpu=96.0, rss_mib=455, cpu_s=1.96)
     assert activity.verdict is Verdict.WORKING
     assert activity.describe() == "working (CPU 96%, 455 MiB, rising)"
     working_until = clock.mono_ns()
-    for _ in range(int(IDLE_AFTER_S)):  # asleep, but not for long enough to be hung
+    for blip in range(int(IDLE_AFTER_S)):  # asleep, but not for long enough to be hung
         clock.advance(1)
-        sample(monitor, cpu=0.0, rss_mib=455)
+        # A few ms a second (the process's own housekeeping) is not work.
+        sample(monitor, cpu=1.0, rss_mib=455, cpu_s=1.96 + 0.01 * (blip + 1))
         assert activity.verdict is Verdict.WORKING
     clock.advance(1)
-    sample(monitor, cpu=0.0, rss_mib=455)
+    sample(monitor, cpu=0.0, rss_mib=455, cpu_s=1.99)
     assert activity.verdict is Verdict.IDLE
     assert activity.since_mono_ns == working_until, "idle since it was last seen working"
     assert activity.describe() == f"idle for {IDLE_AFTER_S + 1:.1f}s (CPU 0%, 455 MiB)"
+    clock.advance(0.2)  # a blip over a short interval is not work either
+    sample(monitor, cpu=10.0, rss_mib=455, cpu_s=2.01)
+    assert activity.verdict is Verdict.IDLE
     assert activity.peak_rss_bytes == 455 * MIB
     clock.advance(1)
-    sample(monitor, "running", cpu=50.0)
+    sample(monitor, "running", cpu=50.0, cpu_s=2.49)
     assert activity.verdict is Verdict.WORKING, "work again is working again"
 
 
@@ -283,6 +287,19 @@ def test_the_sampler_samples_on_its_own_thread_once_it_knows_the_process(
     assert not sampler._thread.is_alive()
 
 
+def test_no_sample_follows_the_builds_end(child: subprocess.Popen[bytes]) -> None:
+    monitor = BuildMonitor()
+    monitor.start()
+    sampler = ProcessSampler(
+        monitor.log, pid=child.pid, build_open=lambda: monitor.state.outcome is None
+    )
+    assert sampler.sample_once() is not None
+    monitor.end()
+    assert sampler.sample_once() is None
+    assert sampler.sample_once() is None, "and sampling stops"
+    assert type(monitor.log.recent()[-1]).__name__ == "BuildFinished"
+
+
 def test_a_process_that_cannot_be_read_is_said_once() -> None:
     said: list[str] = []
     sampler = ProcessSampler(EventLog(), warn=said.append, pid=2**22 + 12345)
@@ -361,6 +378,8 @@ def test_a_simulated_deadlock_shows_idle_in_the_heartbeat_and_the_journal(tmp_pa
         if '"type":"process"' in line
     ]  # fmt: skip
     assert len(verdicts) > 20 and set(verdicts) <= {"running", "sleeping"}
+    last = json.loads(journal.read_text().splitlines()[-1])
+    assert last["type"] == "build_end", "no sample follows the build's end"
 
 
 # -- memory remembered ----------------------------------------------------------------------------

@@ -44,7 +44,8 @@ def test_every_option_lands_in_its_group() -> None:
     args = build_parser().parse_args(
         [
             "demo",
-            "--timeout", "90s", "--stall-timeout", "2m", "--cancel-file", "stop",
+            "--timeout", "90s", "--stall-timeout", "2m", "--stall-on", "callbacks",
+            "--max-memory", "6GiB", "--min-available", "512M", "--cancel-file", "stop",
             "--cancel-url", "http://flag.example/stop", "--cancel-url-interval", "3s",
             "--cancel-url-fail-closed", "--grace", "7s", "--in-process",
             "--otlp-endpoint", "http://collector:4318", "--otlp-protocol", "http/protobuf",
@@ -64,12 +65,16 @@ def test_every_option_lands_in_its_group() -> None:
             spans=SpanConfig("http://collector:4318", "http/protobuf", 50, 0.25, 9.0),
             http=HttpConfig(port=0, address="::1", cancel_token="secret"),
             metrics=MetricsConfig(0, "0.0.0.0", 4.0, "http://gw:9091", build_id_label=True),
+            sample_interval_s=2.0,
             gpu=GpuConfig(enabled=True, device="1", interval_s=2.0),
             console=ConsoleConfig(live=False),
         ),
         policy=PolicyConfig(
             timeout_s=90.0,
             stall_timeout_s=120.0,
+            stall_on="callbacks",
+            max_memory_bytes=6 << 30,
+            min_available_bytes=512 << 20,
             cancel_file=Path("stop"),
             cancel_url="http://flag.example/stop",
             cancel_url_interval_s=3.0,

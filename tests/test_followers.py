@@ -5,8 +5,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
 from trt_otel import BuildMonitor, Event, EventLog
 from trt_otel.testing import CollectingFollower
+from trt_otel.views.prometheus import MetricSources, metrics_registry
 
 
 class Raising:
@@ -146,3 +150,24 @@ def test_the_metrics_tell_failed_events_from_dropped_ones() -> None:
     assert values[("trt_otel_follower_dropped_events_total", "failing")] == 0
     assert values[("trt_otel_follower_dropped_events_total", "stuck")] == dropped
     assert values[("trt_otel_follower_failed_events_total", "stuck")] == 0
+
+
+def test_a_fold_that_fails_is_counted_in_the_metrics_and_the_log_goes_on() -> None:
+    monitor = BuildMonitor()
+    monitor.start()
+    failures = 0
+
+    def broken(event: object) -> None:
+        nonlocal failures
+        failures += 1
+        raise RuntimeError("a fold's bug")
+
+    monitor.log.add_fold(broken, replay_retained=False)
+    monitor.phase_start("Building engine", None, 2)
+    assert monitor.step_complete("Building engine", 0) is True
+    assert failures == 2 and monitor.state.steps_completed_total == 1
+    text = generate_latest(metrics_registry(MetricSources(monitor))).decode()
+    (family,) = [
+        f for f in text_string_to_metric_families(text) if f.name == "trt_otel_fold_errors"
+    ]
+    assert [s.value for s in family.samples] == [2]

@@ -31,6 +31,7 @@ from trt_otel.core.events import (
     LogMessage,
     PhaseFinished,
     PhaseStarted,
+    ProcessSample,
     StepCompleted,
 )
 from trt_otel.core.journal import CorruptLineError, decode_event, encode_events
@@ -211,9 +212,19 @@ def every_event_type() -> list[Event]:
         Anomaly(seq=3, kind=AnomalyKind.STEP_OUT_OF_RANGE, detail="7 of 6", phase="x", **stamp),
         LogMessage(seq=4, severity="WARNING", message="é ünïcode\n", **stamp),
         GpuSample(seq=5, index=0, memory_used_bytes=2**40, utilization=0.5, **stamp),
-        CancelRequested(seq=6, reason="enough", source="file", timeout=True, policy="p", **stamp),
-        PhaseFinished(seq=7, name="Building engine", **stamp),
-        BuildFinished(seq=8, outcome=Outcome.TIMEOUT, detail="d", error_type="E", **stamp),
+        ProcessSample(
+            seq=6,
+            pid=4242,
+            status="stopped",
+            cpu_seconds=1.5,
+            cpu_percent=0.0,
+            rss_bytes=2**30,
+            available_bytes=2**34,
+            **stamp,
+        ),
+        CancelRequested(seq=7, reason="enough", source="file", timeout=True, policy="p", **stamp),
+        PhaseFinished(seq=8, name="Building engine", **stamp),
+        BuildFinished(seq=9, outcome=Outcome.TIMEOUT, detail="d", error_type="E", **stamp),
     ]
 
 

@@ -226,10 +226,6 @@ def _unfinished(build: ProgramBuild) -> tuple[Outcome, str, str]:
     return Outcome.FAILURE, "trt-otel was uninstrumented during the build", "Uninstrumented"
 
 
-def _warn(message: str, prefix: str = "warning: ") -> None:
-    sys.stderr.write(f"trt-otel: {prefix}{message}\n")
-
-
 _current: list[Instrumentation] = []
 
 

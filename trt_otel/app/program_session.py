@@ -103,10 +103,18 @@ def _sample_while_building(
 
     def start(monitor: BuildMonitor, pid: int) -> Callable[[], None]:
         interval_s = config.observe.sample_interval_s
-        process = ProcessSampler(monitor.log, interval_s=interval_s, warn=warn, pid=pid).start()
+
+        def build_open() -> bool:
+            return monitor.state.outcome is None
+
+        process = ProcessSampler(
+            monitor.log, interval_s=interval_s, warn=warn, pid=pid, build_open=build_open
+        ).start()
         if gpu is None:
             return process.stop
-        sampler = GpuSampler(monitor.log, gpu, interval_s=interval_s, warn=warn)
+        sampler = GpuSampler(
+            monitor.log, gpu, interval_s=interval_s, warn=warn, build_open=build_open
+        )
         sampler.watch(pid)
         sampler.start()
 

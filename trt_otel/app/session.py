@@ -110,10 +110,22 @@ def run_session(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]
         if runner is not None:
             stack.enter_context(runner)
         samplers: list[ProcessSampler | GpuSampler] = []
+
+        def build_open() -> bool:
+            return monitor.state.outcome is None
+
         if gpu is not None:
-            sampler = GpuSampler(monitor.log, gpu, interval_s=observe.gpu.interval_s, warn=warn)
+            sampler = GpuSampler(
+                monitor.log,
+                gpu,
+                interval_s=observe.gpu.interval_s,
+                warn=warn,
+                build_open=build_open,
+            )
             samplers.append(stack.enter_context(sampler))
-        builder = ProcessSampler(monitor.log, interval_s=observe.sample_interval_s, warn=warn)
+        builder = ProcessSampler(
+            monitor.log, interval_s=observe.sample_interval_s, warn=warn, build_open=build_open
+        )
         samplers.append(stack.enter_context(builder))
         signals = stack.enter_context(_cancel_on_signals(monitor))
 

@@ -10,7 +10,6 @@ line a TensorRT build runs.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -186,10 +185,6 @@ def run_build(
     if _SEVERITY_RANK[options.log_level] >= _SEVERITY_RANK["info"]:
         monitor.log_message("INFO", _config_summary(trt, builder, config, profile, inputs))
     config.progress_monitor = _attachable(trt, monitor)
-    # What exists now (the builder library, the parsed network) outlives the build: out of
-    # the collector's sight, so the collections the callbacks set off do not walk it each
-    # time (a third of a callback's cost in a worker, at full speed).
-    gc.freeze()
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         outcome = monitor.end_with_result(serialized)

@@ -181,11 +181,15 @@ class GpuSampler:
         *,
         interval_s: float = 1.0,
         warn: Warn | None = None,
+        build_open: Callable[[], bool] | None = None,
     ) -> None:
+        """``build_open``: whether the build has not ended yet (asked under the log's lock), so
+        that no sample follows its end."""
         if not interval_s > 0:
             raise ValueError("the sampling interval must be longer than 0s")
         self.log = log
         self.reader = reader
+        self.build_open = build_open
         self.interval_s = interval_s
         self.samples = 0
         self.errors = 0
@@ -232,8 +236,12 @@ class GpuSampler:
                     "further failures are only counted"
                 )
             return None
-        self.samples += 1
-        return self.log.append(GpuSample, index=self.reader.index, **dataclasses.asdict(reading))
+        with self.log.lock:
+            if self.build_open is not None and not self.build_open():
+                return None
+            self.samples += 1
+            fields = dataclasses.asdict(reading)
+            return self.log.append_locked(GpuSample, index=self.reader.index, **fields)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -36,9 +36,6 @@ from typing import Any, ClassVar, Self
 from trt_otel.capture import backends
 from trt_otel.core.clock import SYSTEM_CLOCK, Clock
 from trt_otel.core.events import (
-    MAKE_PHASE_FINISH,
-    MAKE_PHASE_START,
-    MAKE_STEP,
     Anomaly,
     AnomalyKind,
     BuildFinished,
@@ -47,6 +44,9 @@ from trt_otel.core.events import (
     Event,
     LogMessage,
     Outcome,
+    PhaseFinished,
+    PhaseStarted,
+    StepCompleted,
 )
 from trt_otel.core.log import EventLog, current_thread_name
 from trt_otel.core.readmodel import ReadModel
@@ -410,7 +410,7 @@ class BuildMonitor:
         steps = self._count(num_steps, "num_steps", name)
         for kind, detail in self.state.check_phase_start(name, parent):
             self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
-        self.log.append_made(MAKE_PHASE_START, name, parent, steps)
+        self.log.append_made(PhaseStarted, name, parent, steps)
 
     def _step_locked(self, phase_name: object, step: object) -> None:
         state = self.state
@@ -424,14 +424,14 @@ class BuildMonitor:
             number = self._count(step, "step", name, minimum=None)
         for kind, detail in state.check_step(name, number):
             self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
-        self.log.append_made(MAKE_STEP, name, number)
+        self.log.append_made(StepCompleted, name, number)
 
     def _phase_finish_locked(self, phase_name: object) -> None:
         self._before_callback()
         name = self._text(phase_name, "phase_name")
         for kind, detail in self.state.check_phase_finish(name):
             self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
-        self.log.append_made(MAKE_PHASE_FINISH, name)
+        self.log.append_made(PhaseFinished, name)
 
     def replay(self, record: CallbackRecord) -> None:
         """Record a callback made elsewhere (in a build's worker process), at the time and on
@@ -477,7 +477,7 @@ class BuildMonitor:
         if kind == "step" and len(record) == 6:
             name, step = record[4], record[5]
             if type(name) is str and type(step) is int and not state.check_step(name, step):
-                return MAKE_STEP
+                return StepCompleted
         elif kind == "phase_start" and len(record) == 7:
             name, parent, num_steps = record[4], record[5], record[6]
             if (
@@ -487,11 +487,11 @@ class BuildMonitor:
                 and (parent is None or type(parent) is str)
                 and not state.check_phase_start(name, parent)
             ):
-                return MAKE_PHASE_START
+                return PhaseStarted
         elif kind == "phase_finish" and len(record) == 5:
             name = record[4]
             if type(name) is str and not state.check_phase_finish(name):
-                return MAKE_PHASE_FINISH
+                return PhaseFinished
         return None
 
     def _replay_locked(self, record: CallbackRecord) -> BaseException | None:

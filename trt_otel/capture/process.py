@@ -78,15 +78,24 @@ class ProcessReader:
         return reading
 
 
-Record = Callable[[int, dict[str, object]], ProcessSample]
-"""Records one reading (the process id and the event's fields) and returns it as an event."""
+Record = Callable[[int, dict[str, object]], ProcessSample | None]
+"""Records one reading (the process id and the event's fields) and returns it as an event (None:
+not recorded, the build has ended)."""
 
 
-def appending_to(log: EventLog) -> Record:
-    """Each reading appended to ``log`` as a ``process`` event: journaled, replayed, projected."""
+BuildOpen = Callable[[], bool]
+"""Whether the build is still open (asked under the log's lock): no sample follows its end."""
 
-    def record(pid: int, fields: dict[str, object]) -> ProcessSample:
-        return log.append(ProcessSample, pid=pid, **fields)
+
+def appending_to(log: EventLog, build_open: BuildOpen | None = None) -> Record:
+    """Each reading appended to ``log`` as a ``process`` event (journaled, replayed, projected),
+    while ``build_open`` says the build has not ended."""
+
+    def record(pid: int, fields: dict[str, object]) -> ProcessSample | None:
+        with log.lock:
+            if build_open is not None and not build_open():
+                return None
+            return log.append_locked(ProcessSample, pid=pid, **fields)
 
     return record
 
@@ -105,11 +114,12 @@ class ProcessSampler:
         warn: Warn | None = None,
         pid: int | None = None,
         record: Record | None = None,
+        build_open: BuildOpen | None = None,
     ) -> None:
         if not interval_s > 0:
             raise ValueError("the sampling interval must be longer than 0s")
         self.log = log
-        self._record = record or appending_to(log)
+        self._record = record or appending_to(log, build_open)
         self.interval_s = interval_s
         self.samples = 0
         self.errors = 0
@@ -158,6 +168,9 @@ class ProcessSampler:
             return None
         self.samples += 1
         event = self._record(reader.pid, reading)
+        if event is None:  # the build has ended: nothing more to sample
+            self._reader = None
+            return None
         if event.status == "gone":
             self._reader = None
         return event

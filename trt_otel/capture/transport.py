@@ -101,7 +101,6 @@ class SpoolReader:
         self._fd = fd
         self._buffer = b""
         self._offset = 0
-        self.bytes_read = 0
 
     def read(self, max_frames: int = 64) -> list[Frame]:
         """Up to ``max_frames`` complete frames; [] when none is complete yet."""
@@ -112,7 +111,6 @@ class SpoolReader:
                 chunk = os.read(self._fd, _READ_BYTES)
                 if not chunk:
                     break
-                self.bytes_read += len(chunk)
                 self._buffer = self._buffer[self._offset :] + chunk
                 self._offset = 0
                 continue

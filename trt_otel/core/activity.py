@@ -51,6 +51,7 @@ class Activity:
     working (monotonic ns)."""
 
     __slots__ = (
+        "_active_cpu_seconds",
         "last_active_mono_ns",
         "last_sample",
         "peak_rss_bytes",
@@ -66,6 +67,18 @@ class Activity:
         self.last_active_mono_ns: int | None = None
         self.peak_rss_bytes: int | None = None
         self.rss_rising = False
+        self._active_cpu_seconds: float | None = None
+        """The process's CPU time when it was last seen working."""
+
+    def _busy(self, sample: ProcessSample) -> bool:
+        """Whether the process used CPU above the threshold since it was last seen working,
+        over at least a second: a sampler's own blip (a few ms of a sleeping process, or of a
+        writer that samples itself) over a short interval is not work."""
+        since_ns, since_cpu = self.last_active_mono_ns, self._active_cpu_seconds
+        if since_ns is None or since_cpu is None or sample.cpu_seconds is None:
+            return sample.cpu_percent is not None and sample.cpu_percent >= ACTIVE_CPU_PERCENT
+        window_s = max(1.0, (sample.mono_ns - since_ns) / 1e9)
+        return sample.cpu_seconds - since_cpu >= ACTIVE_CPU_PERCENT / 100 * window_s
 
     def sample(
         self,
@@ -80,7 +93,7 @@ class Activity:
             and previous is not None
             and last_progress_mono_ns > previous.mono_ns
         )
-        busy_cpu = sample.cpu_percent is not None and sample.cpu_percent >= ACTIVE_CPU_PERCENT
+        busy_cpu = self._busy(sample)
         busy_gpu = (
             gpu is not None
             and gpu.utilization is not None
@@ -94,6 +107,7 @@ class Activity:
             if called_back or busy_cpu or busy_gpu or self.last_active_mono_ns is None:
                 # The first sample counts as work: the builder has only just started.
                 self.last_active_mono_ns = sample.mono_ns
+                self._active_cpu_seconds = sample.cpu_seconds
             quiet_ns = sample.mono_ns - self.last_active_mono_ns
             verdict = Verdict.IDLE if quiet_ns > IDLE_AFTER_S * 1e9 else Verdict.WORKING
         if verdict is not self.verdict:

@@ -212,9 +212,3 @@ EVENT_TYPES: dict[str, type[Event]] = {
     )
 }
 """Event classes by their journal ``type``."""
-
-
-# The callbacks' constructors: positional, in C.
-MAKE_STEP = StepCompleted
-MAKE_PHASE_START = PhaseStarted
-MAKE_PHASE_FINISH = PhaseFinished

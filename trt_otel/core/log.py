@@ -235,11 +235,6 @@ class EventLog:
         worker.start()
         return worker
 
-    def unfollow(self, worker: FollowerWorker) -> None:
-        """Stop feeding ``worker`` (it is not shut down)."""
-        with self.lock:
-            self._workers = tuple(w for w in self._workers if w is not worker)
-
     @property
     def workers(self) -> tuple[FollowerWorker, ...]:
         return self._workers

@@ -86,6 +86,7 @@ class BuildSample:
     callbacks_total: int
     callback_s_total: float
     internal_errors: int
+    fold_errors: int
     followers: tuple[FollowerHealth, ...]
     info: Mapping[str, str]
     spans: SpanExportHealth | None = None
@@ -146,6 +147,7 @@ def sample_build(sources: MetricSources) -> BuildSample:
             "callbacks_total": monitor.callbacks_total,
             "callback_s_total": monitor.callback_ns_total / 1e9,
             "internal_errors": monitor.internal_errors,
+            "fold_errors": monitor.log.fold_errors,
         }
         attributes = dict(state.attributes)
         gpu = state.gpu
@@ -287,6 +289,11 @@ def health_metrics(sample: BuildSample) -> Iterable[Metric]:
         "trt_otel_monitor_errors",
         "Failures inside the monitor's callbacks (answered anyway)",
         sample.internal_errors,
+    )
+    yield CounterMetricFamily(
+        "trt_otel_fold_errors",
+        "Events a fold of the log (the build's state, the read model) failed on (skipped)",
+        sample.fold_errors,
     )
     dropped = CounterMetricFamily(
         "trt_otel_follower_dropped_events",
