@@ -16,10 +16,10 @@ from pathlib import Path
 from rich.console import Console
 
 from trt_otel import BuildMonitor, ManualClock
-from trt_otel.app.components import warn
 from trt_otel.core.eta import Estimate
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.views.console import LiveConsole, render_build
+from trt_otel.views.terminal import warn
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 

@@ -14,8 +14,8 @@ import threading
 import time
 from pathlib import Path
 
-from trt_otel.capture.liveness import process_running
 from trt_otel.capture.watch import BuildLostError, follow_journal
+from trt_otel.control.stopping import process_running
 from trt_otel.core.writer import Toucher
 from waiting import wait_for_text
 

@@ -206,8 +206,8 @@ def _no_end(header: dict[str, Any], model: ReadModel) -> str:
     """What a journal without the build's end means, said plainly."""
     state = model.state
     start, last = state.start_mono_ns or 0, state.last_event_mono_ns or 0
-    open_ids = state.open_phase_ids()
-    where = f", in {state.phases[open_ids[-1]].name!r}" if open_ids else ""
+    inner = state.innermost_open()
+    where = f", in {inner!r}" if inner is not None else ""
     writer = Writer.from_header(header)
     if writer.running_here():
         return (

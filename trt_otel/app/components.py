@@ -52,18 +52,11 @@ from trt_otel.views.prometheus import (
     push_build_metrics,
 )
 from trt_otel.views.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent
+from trt_otel.views.terminal import say, warn
 
 DEEP_QUEUE = 1_000_000
 """Followers that must not lose an event (a lost event misshapes a tree) and do no I/O on the
 way get a queue this deep."""
-
-
-def warn(message: str) -> None:
-    print(f"trt-otel: warning: {message}", file=sys.stderr)
-
-
-def say(message: str) -> None:
-    print(message, file=sys.stderr)
 
 
 # -- before the monitor: what goes into the build's attributes -------------------------------

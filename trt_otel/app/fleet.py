@@ -33,8 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+import psutil
+
 from trt_otel.app.config import UsageError
 from trt_otel.app.session import exit_code_of
+from trt_otel.control.stopping import process_running
 from trt_otel.core.events import Event
 from trt_otel.core.journal import JournalError, event_to_dict, read_journal
 from trt_otel.core.state import BuildState
@@ -341,14 +344,14 @@ class Fleet:
                 return True
             del self._children[record.pid]
             return False
-        # Not ours (started before a restart): its process, if the pid still names it.
+        # Not ours (started before a restart): its process, if the pid still names it (the
+        # build's id is on its command line).
+        if not process_running(record.pid):
+            return False
         try:
-            cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes()
-            stat = Path(f"/proc/{record.pid}/stat").read_text()
-        except OSError:
-            return _pid_alive(record.pid) and not Path("/proc").is_dir()
-        zombie = stat.rsplit(")", 1)[-1].split()[0] == "Z"
-        return not zombie and record.id.encode() in cmdline
+            return any(record.id in part for part in psutil.Process(record.pid).cmdline())
+        except psutil.Error:
+            return False
 
     def _url(self, folder: Path) -> str | None:
         try:
@@ -451,13 +454,3 @@ def _last_error(path: Path) -> str:
         return "no output"
     errors = [line for line in lines if "error" in line.lower()]
     return (errors or lines or ["no output"])[-1]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

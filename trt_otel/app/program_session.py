@@ -22,7 +22,6 @@ from trt_otel.app.components import (
     build_context,
     following,
     open_journal,
-    warn,
 )
 from trt_otel.app.config import SessionConfig
 from trt_otel.app.run import resolve_command, run_program
@@ -33,14 +32,15 @@ from trt_otel.capture.program import CurrentBuild, ProgramBuilds, RunCollector
 from trt_otel.core.followers import Follower
 from trt_otel.core.log import EventLog
 from trt_otel.core.readmodel import ReadModel
+from trt_otel.views import terminal
 from trt_otel.views.console import PlainLines
 from trt_otel.views.http import EventFeed
+from trt_otel.views.terminal import warn
 
 
 def say(message: str) -> None:
-    # One write per line: whole lines among the program's own on the same stream.
-    sys.stderr.write(f"trt-otel: {message}\n")
-    sys.stderr.flush()
+    """Lines among the program's own: tagged."""
+    terminal.say(message, tagged=True)
 
 
 def run_program_session(command: Sequence[str], config: SessionConfig) -> int:

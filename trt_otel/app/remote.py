@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import threading
 import time
 from collections.abc import Sequence
@@ -30,8 +29,6 @@ from trt_otel.app.components import (
     console_view,
     following,
     load_history,
-    say,
-    warn,
 )
 from trt_otel.app.config import SessionConfig, UsageError
 from trt_otel.capture.liveness import DEFAULT_LOST_AFTER_S, Writer
@@ -39,6 +36,7 @@ from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.process import ProcessSampler
 from trt_otel.capture.watch import follow_journal
 from trt_otel.control.policies import PolicyRunner
+from trt_otel.control.stopping import owned_by_this_user, polling, stop_process
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import BuildFinished, BuildStarted, Event, Outcome, ProcessSample
 from trt_otel.core.followers import Follower
@@ -51,6 +49,7 @@ from trt_otel.core.journal import (
 )
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.views.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent, trace_id_for
+from trt_otel.views.terminal import say, warn
 
 FIRST_EVENT_TIMEOUT_S = 30.0
 
@@ -188,43 +187,44 @@ class Escalation:
         self.monitor.requested.wait()
         if self._stop.wait(self.after_s) or self._ended():
             return
-        if self.writer.pid is None or self.writer.running_here() is not True:
+        pid = self.writer.pid
+        if pid is None or self.writer.running_here() is not True:
             warn(
                 f"the build has not stopped {format_duration(self.after_s)} after its cancel, "
                 "and its process cannot be stopped from here (not named in its journal, or not "
                 "on this host)"
             )
             return
-        pid, stopped_with = self.writer.pid, "SIGTERM"
+        if not owned_by_this_user(pid):
+            warn(
+                f"the build has not stopped {format_duration(self.after_s)} after its cancel, "
+                f"and its process ({self.writer.describe()}) runs as another user: not stopped"
+            )
+            return
         self.stopping_writer.set()
         say(f"the build has not stopped: sending SIGTERM to its process ({self.writer.describe()})")
-        os.kill(pid, signal.SIGTERM)
-        if not self._gone_within(TERMINATE_TO_KILL_S):
-            stopped_with = "SIGKILL"
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            self._gone_within(TERMINATE_TO_KILL_S)
+        writer_gone = polling(pid, self.writer.created_wall_ns)
+
+        def gone_within(timeout_s: float) -> bool:
+            # Its end may come through the journal first: the build stopped after all.
+            return self._ended() or writer_gone(timeout_s)
+
+        stopped_with = stop_process(pid, gone_within, TERMINATE_TO_KILL_S)
         if not self._ended():
             self._end_journal(stopped_with)
 
-    def _gone_within(self, seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if self._ended() or self.writer.running_here() is False:
-                return True
-            time.sleep(0.05)
-        return False
-
-    def _end_journal(self, stopped_with: str) -> None:
+    def _end_journal(self, stopped_with: str | None) -> None:
         """Append the build's end to its journal, whose writer is gone: the one record stays
         complete, and every follower (this watch included) reads how the build ended."""
         cancel = self.monitor.state.cancel
         timeout = cancel.timeout if cancel is not None else False
         reason = cancel.reason if cancel is not None else "cancelled by trt-otel watch"
-        detail = (
-            f"{reason}; TensorRT had not stopped {format_duration(self.after_s)} later, so its "
-            f"process was stopped with {stopped_with}"
+        how = (
+            f"so its process was stopped with {stopped_with}"
+            if stopped_with is not None
+            else "and its process ended before it could be stopped"
         )
+        detail = f"{reason}; TensorRT had not stopped {format_duration(self.after_s)} later, {how}"
         with open(self.journal, "rb+") as handle:
             handle.seek(0, os.SEEK_END)
             size = handle.tell()

@@ -35,6 +35,7 @@ from types import FrameType
 
 from trt_otel.capture.program import ProgramBuild, ProgramBuilds, ProgramChannel
 from trt_otel.control.signals import handling_interrupts
+from trt_otel.control.stopping import polling, stop_process
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import Outcome
 
@@ -112,33 +113,6 @@ def _handle_signals(builds: ProgramBuilds, say: Say) -> Iterator[_Signals]:
         yield state
 
 
-def _stop(pid: int, wait: Callable[[float], bool], kill_after_s: float) -> str:
-    """SIGTERM, then SIGKILL if ``pid`` is still there ``kill_after_s`` later (``wait`` says
-    whether it ended within a time). Returns the last signal sent."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    if wait(kill_after_s):
-        return "SIGTERM"
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    wait(10.0)
-    return "SIGKILL"
-
-
-def _pid_gone_within(pid: int) -> Callable[[float], bool]:
-    def wait(timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return True
-            time.sleep(0.05)
-        return False
-
-    return wait
-
-
 def run_program(
     command: Sequence[str],
     builds: ProgramBuilds,
@@ -178,7 +152,7 @@ def run_program(
                 if signals.interrupts > 1 and stopped_with is None:
                     say("Ctrl-C again: stopping the program now")
                     stopped_why = "interrupted by the user"
-                    stopped_with = _stop(process.pid, program_ended_within, kill_after_s)
+                    stopped_with = stop_process(process.pid, program_ended_within, kill_after_s)
                     continue
                 if signals.terminated and terminated_at is None:
                     terminated_at = time.monotonic()
@@ -201,7 +175,7 @@ def run_program(
                 ):
                     say(f"the program is still running {format_duration(grace_s)} after SIGTERM")
                     stopped_why = "received SIGTERM"
-                    stopped_with = _stop(process.pid, program_ended_within, kill_after_s)
+                    stopped_with = stop_process(process.pid, program_ended_within, kill_after_s)
         returncode = process.returncode
         if not channel.drain(5.0):
             say("warning: a process of the program still holds its connection; not waiting")
@@ -227,8 +201,8 @@ def _stop_overdue(
         f"build {build.index}: TensorRT has not stopped {format_duration(grace_s)} after the "
         f"cancel; stopping {'the program' if pid == process.pid else f'process {pid}'}"
     )
-    wait = program_ended_within if pid == process.pid else _pid_gone_within(pid)
-    build.stopped_with = _stop(pid, wait, kill_after_s)
+    wait = program_ended_within if pid == process.pid else polling(pid)
+    build.stopped_with = stop_process(pid, wait, kill_after_s)
     monitor = build.monitor
     cancel = monitor.state.cancel if monitor is not None else None
     return cancel.reason if cancel is not None else "cancelled"

@@ -28,8 +28,6 @@ from trt_otel.app.components import (
     console_view,
     following,
     open_journal,
-    say,
-    warn,
 )
 from trt_otel.app.config import SessionConfig, UsageError
 from trt_otel.builder.build import BuildJob, BuildResult, partial_files, run_build_job
@@ -44,6 +42,7 @@ from trt_otel.core.events import Outcome
 from trt_otel.core.followers import Follower
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.views.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent, trace_id_for
+from trt_otel.views.terminal import say, warn
 
 __all__ = [
     "EXIT_CANCELLED",

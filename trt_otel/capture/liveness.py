@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trt_otel.control.stopping import process_running
 from trt_otel.core.durations import format_duration
 
 DEFAULT_LOST_AFTER_S = 30.0
@@ -55,36 +56,6 @@ class Writer:
         if self.pid is None or self.host != socket.gethostname():
             return None
         return process_running(self.pid, self.created_wall_ns)
-
-
-def process_running(pid: int, created_wall_ns: int | None = None) -> bool | None:
-    """Whether process ``pid`` runs (None: cannot tell). A zombie has ended; a process started
-    after ``created_wall_ns`` (its journal's creation) is another one that took the number."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # it exists, owned by someone else
-    except OSError:
-        return None
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        boot_s = next(
-            int(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime ")
-        )
-    except (OSError, StopIteration, ValueError, IndexError):
-        return True  # no /proc: the signal test is all there is
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
-        return False
-    if created_wall_ns is not None:
-        started_s = boot_s + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-        if started_s > created_wall_ns / 1e9 + 2.0:  # 2 s: btime and ticks are coarse
-            return False
-    return True
 
 
 class Liveness:

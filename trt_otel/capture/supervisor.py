@@ -55,6 +55,7 @@ from trt_otel.capture.transport import (
     SpoolWriter,
     encode_frame,
 )
+from trt_otel.control.stopping import stop_process
 from trt_otel.core.events import CancelRequested, Outcome
 from trt_otel.core.followers import FollowerWorker
 from trt_otel.core.log import current_thread_name
@@ -609,17 +610,12 @@ def _join_while_moving(replay: _Replay, patience_s: float = 30.0) -> None:
 
 
 def _stop(process: Any, kill_after_s: float) -> str | None:
-    """SIGTERM, then SIGKILL if the worker is still there ``kill_after_s`` later. Returns the
-    last signal sent (None when it had already ended)."""
+    """The worker stopped from outside (see :func:`~trt_otel.control.stopping.stop_process`)."""
     if not process.is_alive():
         return None
-    sent = "SIGTERM"
-    with contextlib.suppress(ProcessLookupError):
-        process.terminate()
-    process.join(kill_after_s)
-    if process.is_alive():
-        sent = "SIGKILL"
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        process.join(10.0)
-    return sent
+
+    def gone_within(timeout_s: float) -> bool:
+        process.join(timeout_s)  # also reaps it
+        return not process.is_alive()
+
+    return stop_process(process.pid, gone_within, kill_after_s)

@@ -649,15 +649,13 @@ class PolicyRunner:
     def view(self) -> BuildView:
         with self.monitor.log.lock:
             state = self.monitor.state
-            open_ids = state.open_by_name.values()
-            innermost = state.phases[max(open_ids)].name if open_ids else None
             activity = state.activity
             sample = activity.last_sample
             return BuildView(
                 now_mono_ns=self.monitor.log.clock.mono_ns(),
                 start_mono_ns=state.start_mono_ns,
                 last_progress_mono_ns=state.last_progress_mono_ns,
-                open_phase=innermost,
+                open_phase=state.innermost_open(),
                 verdict=activity.verdict,
                 last_active_mono_ns=activity.last_active_mono_ns,
                 evidence=activity.evidence(),

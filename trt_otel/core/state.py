@@ -335,6 +335,12 @@ class BuildState:
         """Open phases, outermost first (in start order, so a parent precedes its children)."""
         return sorted(self.open_by_name.values())
 
+    def innermost_open(self) -> str | None:
+        """The name of the latest-started open phase: where the build is, for the lines and
+        reasons that say so. None when no phase is open."""
+        open_ids = self.open_by_name.values()
+        return self.phases[max(open_ids)].name if open_ids else None
+
     def open_descendants(self, phase_id: int) -> list[int]:
         """Open phases below ``phase_id``, innermost (latest started) first."""
         # Descendants start after their ancestor: when no open phase is younger, there are

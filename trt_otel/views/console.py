@@ -83,7 +83,7 @@ def render_build(
         header.append(f"  {format_eta(eta)}", "dim")  # no estimate of a build being stopped
     if running and silent_s is not None and silent_s >= SILENCE_SHOWN_S:
         header.append(f"  silent for {format_duration(silent_s)}", "yellow")
-        inner = _innermost(state)
+        inner = state.innermost_open()
         if inner is not None:
             header.append(f" in {inner}", "yellow")
         liveness = state.activity.describe()
@@ -94,11 +94,6 @@ def render_build(
     _add_nodes(tree, model, None, now)
     footer = _footer(state)
     return Group(tree, footer) if footer is not None else tree
-
-
-def _innermost(state: BuildState) -> str | None:
-    open_ids = state.open_phase_ids()
-    return state.phases[open_ids[-1]].name if open_ids else None
 
 
 def _header(state: BuildState, now: int | None, *, never_ended: bool = False) -> Text:
@@ -352,7 +347,7 @@ class PlainLines:
                 state = model.state
                 if state.outcome is not None or state.start_mono_ns is None:
                     continue
-                inner = _innermost(state) or "-"
+                inner = state.innermost_open() or "-"
                 ratio, steps = state.progress_ratio(), state.steps_completed_total
                 liveness = state.activity.describe()
             said = f": {liveness}" if liveness is not None else ""
@@ -418,8 +413,7 @@ class PlainLines:
             return None
         self._last_progress_line_ns = event.mono_ns
         state = self.model.state
-        open_ids = state.open_phase_ids()
-        inner = state.phases[open_ids[-1]].name if open_ids else "-"
+        inner = state.innermost_open() or "-"
         eta = ""
         if self._show_eta and state.cancel is None:  # no estimate of a build being stopped
             eta = f"; {format_eta(self.model.estimate_locked(event.mono_ns).build)}"

@@ -4,6 +4,8 @@ cannot break.
 - :func:`printable` escapes control characters (ESC, newlines, ...) in text that came from
   outside (a cancel reason from the HTTP view or a cancel URL), so it cannot move the cursor,
   recolour or clear the screen, or forge lines. The journal keeps such text verbatim.
+- :func:`say` and :func:`warn` are trt-otel's one way to speak to the operator: a whole line on
+  stderr in one write (so it stays whole among a program's own lines on the same stream).
 - :class:`PipeSafeStream` wraps stderr: when its reader goes away (``trt-otel demo 2>&1 | head``)
   the first failed write turns every later one into nothing, so the build's outcome, exit code
   and cleanup are those of a build with a terminal.
@@ -27,6 +29,18 @@ def printable(text: str) -> str:
         char if char.isprintable() or unicodedata.category(char) == "Zs" else repr(char)[1:-1]
         for char in text
     )
+
+
+def say(message: str, *, tagged: bool = False) -> None:
+    """One line for the operator on stderr; ``tagged``: prefixed ``trt-otel:``, where it stands
+    among another program's output (``trt-otel run``)."""
+    sys.stderr.write(f"trt-otel: {message}\n" if tagged else f"{message}\n")
+    sys.stderr.flush()
+
+
+def warn(message: str) -> None:
+    """A warning line: something did not work, and the build goes on."""
+    say(f"warning: {message}", tagged=True)
 
 
 class PipeSafeStream:

@@ -1,0 +1,91 @@
+"""Stopping a process from outside (control/stopping.py), on real processes and signals."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from trt_otel.control.stopping import (
+    GoneWithin,
+    owned_by_this_user,
+    polling,
+    process_running,
+    stop_process,
+)
+
+IGNORES_SIGTERM = (
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+Start = Callable[[str], "subprocess.Popen[str]"]
+
+
+@pytest.fixture
+def start() -> Iterator[Start]:
+    """Starts Python processes that say when they are ready; none outlives the test."""
+    started: list[subprocess.Popen[str]] = []
+
+    def starting(code: str) -> subprocess.Popen[str]:
+        process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        started.append(process)
+        assert process.stdout is not None and process.stdout.readline() == "ready\n"
+        return process
+
+    yield starting
+    for process in started:
+        process.kill()
+        process.wait()
+        assert process.stdout is not None
+        process.stdout.close()
+
+
+def reaping(process: subprocess.Popen[str]) -> GoneWithin:
+    def gone_within(timeout_s: float) -> bool:
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    return gone_within
+
+
+def test_a_process_that_ends_on_sigterm_is_not_killed(start: Start) -> None:
+    process = start("import time\nprint('ready', flush=True)\ntime.sleep(600)")
+    assert stop_process(process.pid, reaping(process), kill_after_s=30) == "SIGTERM"
+    assert process.returncode == -15
+
+
+def test_one_that_ignores_sigterm_is_killed_after_the_wait(start: Start) -> None:
+    process = start(IGNORES_SIGTERM)
+    assert stop_process(process.pid, reaping(process), kill_after_s=0.5) == "SIGKILL"
+    assert process.returncode == -9
+
+
+def test_one_already_gone_is_not_signalled(start: Start) -> None:
+    process = start("print('ready', flush=True)")
+    process.wait()
+    assert process_running(process.pid) is False
+    assert stop_process(process.pid, polling(process.pid), kill_after_s=1) is None
+
+
+def test_a_process_not_our_child_is_waited_for_by_polling(start: Start) -> None:
+    process = start(IGNORES_SIGTERM)
+    gone = polling(process.pid)
+    assert gone(0.2) is False
+    process.kill()
+    process.wait()
+    assert gone(5.0) is True
+
+
+def test_only_this_users_processes_are_ours_to_stop() -> None:
+    assert owned_by_this_user(os.getpid()) is True
+    assert owned_by_this_user(2**22 + 12345) is False, "no such process is no one's to stop"
