@@ -158,6 +158,8 @@ def test_a_build_followed_to_success(tmp_path: Path, model: Path) -> None:
             )
             assert final["progress"] == 1.0
             assert final["engine"] == str(tmp_path / "mnist.engine")
+            # The build wrote its view's URL for the server to read, and took it back at its end.
+            wait_until_gone(tmp_path / "state" / build_id / "http.url")
             # From the journal once it ended: the builder's last sample and its peak memory.
             assert final["builder"]["peak_rss_bytes"] >= final["builder"]["rss_bytes"] > 0
             assert (tmp_path / "mnist.engine").stat().st_size > 0
@@ -237,6 +239,23 @@ def test_bad_requests_are_tool_errors(tmp_path: Path, model: Path) -> None:
             assert "--http-port is set by the server" in await refused(
                 {"kind": "demo", "options": ["--http-port", "80"]}
             )
+            # Whatever the spelling: what the parser makes of the options decides.
+            for options, owned in [
+                (["-o/any/path"], "--output"),
+                (["--output=/any/path"], "--output"),
+                (["--http-address", "0.0.0.0"], "--http-address"),
+                (["--journal=/tmp/elsewhere.jsonl"], "--journal"),
+                (["--http-url-file", "/tmp/url"], "--http-url-file"),
+                (["--cancel-token=X"], "--cancel-token"),
+            ]:
+                assert f"{owned} is set by the server" in await refused(
+                    {"kind": "demo", "options": options}
+                ), options
+            # No abbreviations: --http-addr is not --http-address, nor --cancel-tok a token.
+            for abbreviated in (["--http-addr", "0.0.0.0"], ["--cancel-tok", "X"], ["--out", "x"]):
+                assert "unrecognized arguments" in await refused(
+                    {"kind": "demo", "options": abbreviated}
+                ), abbreviated
             assert "kind" in error_text(await client.call_tool("start_build", {"kind": "bake"}))
             assert "no build 'nope'" in error_text(
                 await client.call_tool("build_status", {"id": "nope"})
@@ -304,3 +323,11 @@ def test_a_restarted_server_finds_its_builds_again(tmp_path: Path, model: Path) 
         with contextlib.suppress(OSError):
             if build_id.encode() in Path(f"/proc/{record['pid']}/cmdline").read_bytes():
                 os.kill(record["pid"], signal.SIGKILL)
+
+
+def wait_until_gone(path: Path, timeout_s: float = 30) -> None:
+    """Until ``path`` no longer exists (a build's process removes it as it exits)."""
+    deadline = time.monotonic() + timeout_s
+    while path.exists():
+        assert time.monotonic() < deadline, f"{path} is still there"
+        time.sleep(0.05)

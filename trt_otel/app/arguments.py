@@ -420,6 +420,13 @@ def add_observability_options(parser: argparse.ArgumentParser) -> Group:
         "/healthz and POST /cancel on this port (0 picks a free one)",
     )
     group.add_argument(
+        "--http-url-file",
+        type=Path,
+        metavar="PATH",
+        help="write the HTTP view's URL to PATH once it serves (with --http-port 0, how another "
+        "program finds it); removed when the view stops",
+    )
+    group.add_argument(
         "--http-address",
         default="127.0.0.1",
         metavar="ADDRESS",
@@ -511,6 +518,7 @@ def observability_config(args: argparse.Namespace) -> ObservabilityConfig:
             cancel_token=args.cancel_token,
             linger_s=args.http_linger if args.http_linger is not None else DEFAULT_HTTP_LINGER_S,
             linger_unwatched=args.http_linger is not None,
+            url_file=args.http_url_file,
         ),
         metrics=MetricsConfig(
             port=args.prometheus_port,

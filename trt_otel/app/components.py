@@ -37,6 +37,7 @@ from trt_otel.capture.gpu import GpuReader, open_reader
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.control.policies import PolicyRunner
 from trt_otel.core.eta import History
+from trt_otel.core.files import write_atomically
 from trt_otel.core.followers import Follower, FollowerWorker
 from trt_otel.core.journal import JournalWriter
 from trt_otel.core.log import EventLog
@@ -272,6 +273,14 @@ def status_server(
                 f"cannot serve HTTP on {config.address}:{config.port}: {error.strerror or error}"
             ) from None
         server.token_file = token_file
+        if config.url_file is not None:
+            try:
+                write_atomically(config.url_file, f"{server.url}\n".encode())
+            except OSError as error:
+                server.close(linger_s=0)
+                raise UsageError(
+                    f"cannot write --http-url-file {config.url_file}: {error.strerror or error}"
+                ) from None
         say(f"page: {server.url}/")
         say(f"http: {server.url}/status  {server.url}/events")
         if token_file is not None:
@@ -283,6 +292,9 @@ def status_server(
             yield server
         finally:
             server.close(linger_s=config.linger_s, unwatched=config.linger_unwatched)
+            if config.url_file is not None:
+                with contextlib.suppress(OSError):
+                    config.url_file.unlink()
     finally:
         if token_file is not None:
             token_file.unlink(missing_ok=True)

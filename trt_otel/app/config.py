@@ -122,6 +122,9 @@ class HttpConfig:
     linger_unwatched: bool = False
     """Linger even when no client came by during the build (one is expected late); else a
     build nobody watched ends at once."""
+    url_file: Path | None = None
+    """Where to write the view's URL once it serves (for a program that started the build with
+    ``--http-port 0``); removed when the view stops."""
 
 
 @dataclass(frozen=True, slots=True)

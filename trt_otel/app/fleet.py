@@ -35,6 +35,7 @@ from typing import Any, NoReturn
 
 import psutil
 
+from trt_otel.app.commands import build_parser, command_of
 from trt_otel.app.config import UsageError
 from trt_otel.app.session import exit_code_of
 from trt_otel.control.stopping import process_running
@@ -43,20 +44,21 @@ from trt_otel.core.journal import JournalError, event_to_dict, read_journal
 from trt_otel.core.state import BuildState
 
 KINDS = ("build", "demo")
-RESERVED_OPTIONS = (
-    "--http-port",
-    "--http-address",
-    "--journal",
-    "--cancel-token",
-    "-o",
-    "--output",
-    "-h",
-    "--help",
-    "--version",
-)
-"""Options the fleet sets itself (or that would not start a build)."""
+RESERVED_OPTIONS = ("-h", "--help", "--version")
+"""Options that would not start a build."""
+RESERVED_SETTINGS = {
+    "http_port": "--http-port",
+    "http_address": "--http-address",
+    "http_url_file": "--http-url-file",
+    "journal": "--journal",
+    "cancel_token": "--cancel-token",
+    "output": "--output",
+}
+"""What the fleet sets itself, by the parser's names for them: an option is refused by what
+the parser makes of it (``-o/x``, ``--output=x``), never by its spelling."""
 STARTUP_S = 30.0
-_URL_LINE = re.compile(r"^http: (http://\S+)/status", re.MULTILINE)
+_URL = re.compile(r"http://(127\.0\.0\.1|\[::1\]|localhost):\d{1,5}")
+URL_FILE = "http.url"
 _ID = re.compile(r"^[0-9a-f]{12}$")
 
 
@@ -122,8 +124,15 @@ class Fleet:
             if output:
                 engine = str(Path(output).expanduser().absolute())
                 argv += ["--output", engine]
-        argv += [*options, "--no-progress", "--http-port", "0", "--journal"]
-        argv.append(str(folder / "journal.jsonl"))
+        # What the options make of the settings the server owns, against the command without
+        # them: the parser's reading, whatever the spelling.
+        theirs, ours = check_command_line([*argv, *options]), check_command_line(argv)
+        for name, option in RESERVED_SETTINGS.items():
+            if getattr(theirs, name, None) != getattr(ours, name, None):
+                raise FleetError(f"{option} is set by the server; leave it out")
+        journal, url_file = folder / "journal.jsonl", folder / URL_FILE
+        argv += [*options, "--no-progress", "--http-port", "0", "--journal", str(journal)]
+        argv += ["--http-url-file", str(url_file)]
         check_command_line(argv)
         try:
             return self._launch(build_id, kind, argv, model_path, engine)
@@ -354,20 +363,20 @@ class Fleet:
             return False
 
     def _url(self, folder: Path) -> str | None:
+        """The build's HTTP view, as the build wrote it (``--http-url-file``): a loopback URL, or
+        None until it serves (and for anything else)."""
         try:
-            with open(folder / "output.log", "rb") as output:
-                head = output.read(16384).decode("utf-8", "replace")
+            with open(folder / URL_FILE, "rb") as written:
+                text = written.read(256).decode("ascii", "replace").strip()
         except OSError:
             return None
-        match = _URL_LINE.search(head)
-        return match.group(1) if match else None
+        return text if _URL.fullmatch(text) else None
 
 
-def check_command_line(argv: Sequence[str]) -> None:
+def check_command_line(argv: Sequence[str]) -> argparse.Namespace:
     """Check a ``trt-otel`` command line with the command's own parser and checks: a bad one
-    raises :class:`FleetError` with the command's message, and nothing is started."""
-    from trt_otel.app.commands import build_parser, command_of
-
+    raises :class:`FleetError` with the command's message, and nothing is started. Returns what
+    the parser made of it."""
     parser = build_parser()
 
     def refuse(message: str) -> NoReturn:
@@ -377,11 +386,12 @@ def check_command_line(argv: Sequence[str]) -> None:
     for sub in _subparsers(parser):
         sub.error = refuse  # type: ignore[method-assign]
     parser.error = refuse  # type: ignore[method-assign]
-    args = parser.parse_args(list(argv))
+    args: argparse.Namespace = parser.parse_args(list(argv))
     try:
         command_of(args)
     except UsageError as error:
         raise FleetError(str(error)) from None
+    return args
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:

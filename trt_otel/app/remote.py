@@ -39,6 +39,7 @@ from trt_otel.control.policies import PolicyRunner
 from trt_otel.control.stopping import owned_by_this_user, polling, stop_process
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import BuildFinished, BuildStarted, Event, Outcome, ProcessSample
+from trt_otel.core.files import write_atomically
 from trt_otel.core.followers import Follower
 from trt_otel.core.journal import (
     JournalError,
@@ -89,7 +90,7 @@ class RemoteBuild(BuildMonitor):
                 return False
             decision = {"reason": reason, "source": source, "timeout": timeout, "policy": policy}
             try:
-                _write_atomically(self.control_file, json.dumps(decision) + "\n")
+                write_atomically(self.control_file, (json.dumps(decision) + "\n").encode())
             except OSError as error:
                 warn(f"cannot write the control file {self.control_file}: {error}")
                 return False
@@ -102,13 +103,6 @@ class RemoteBuild(BuildMonitor):
         """Append the build's events as they were recorded. A gap in ``seq`` (events its writer
         lost, which the reader has reported) continues from the next event's ``seq``."""
         self.log.extend(list(events), resync=True)
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    # The build's monitor polls for the file: it must never see it half written.
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
 
 
 def first_event(

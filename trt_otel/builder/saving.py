@@ -1,7 +1,7 @@
 """Writing a build's files: atomically, and, when that fails after the build, as a failure that
 keeps the built plan somewhere rather than losing hours of building.
 
-:func:`write_atomically` gives readers the old file or the whole new one, never a part.
+:func:`~trt_otel.core.files.write_atomically` gives readers the old file or the whole new one.
 :func:`save_build` writes the engine and the timing cache after a build; when one cannot be
 written (a full disk, a directory gone or made read-only mid-build), it says so, and keeps the
 plan in the first place that takes it: beside the engine, the temporary directory, or the
@@ -15,23 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
-    directory = path.parent if str(path.parent) else Path(".")
-    # The pid in the name lets a supervisor that killed this process find what it left.
-    handle, temporary = tempfile.mkstemp(
-        prefix=f".{path.name}.{os.getpid()}.", suffix=".partial", dir=directory
-    )
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+from trt_otel.core.files import write_atomically
 
 
 @dataclass(frozen=True, slots=True)
