@@ -503,26 +503,8 @@ def run_isolated(
     builder's process sampler watches it).
     """
     context = multiprocessing.get_context("spawn")  # CUDA does not survive a fork
-    # Raw shared memory, no lock: one writer (this process), and a byte flag written last.
-    flag: Any = context.Value(ctypes.c_byte, 0, lock=False)
-    note: Any = context.Array(ctypes.c_char, _NOTE_BYTES, lock=False)
-    cancelled_at: list[float] = []
-
-    def pass_cancel_on(event: CancelRequested) -> None:
-        payload = {
-            "reason": event.reason[:1000],
-            "source": event.source[:100],
-            "timeout": event.timeout,
-            "policy": event.policy[:1000],
-        }
-        note.value = json.dumps(payload).encode()[: _NOTE_BYTES - 1]
-        flag.value = 1
-        cancelled_at.append(time.monotonic())
-
-    monitor.on_cancel(pass_cancel_on)
-    if monitor.cancelled:  # cancelled before the worker existed: it must not start building
-        flag.value = 1
-        cancelled_at.append(time.monotonic())
+    cancel = _CancelChannel(context, monitor)
+    flag, note = cancel.flag, cancel.note
     # The spool: created here, opened by the worker, and unlinked as soon as it has (so
     # nothing is left behind, whoever dies); this process reads it through its own descriptor.
     spool_fd, spool_path = tempfile.mkstemp(prefix="trt-otel-", suffix=".spool")
@@ -538,9 +520,6 @@ def run_isolated(
         target=_read_worker, args=(receiving, inbox), name="trt-otel-worker-result"
     )
     replay = _Replay(SpoolReader(spool_fd), monitor, inbox)
-    stopped_with: str | None = None
-    interrupted = False
-    stopped_now: str | None = None
     monitor.hold_cancels = True
     try:
         process.start()
@@ -549,21 +528,10 @@ def run_isolated(
         sending.close()
         pipe_reader.start()
         replay.thread.start()
-        try:
-            while process.is_alive():
-                process.join(poll_s)
-                if spool_path and inbox.spool_open.is_set():
-                    spool_path = _unlink(spool_path)
-                if cancelled_at and time.monotonic() - cancelled_at[0] >= grace_s:
-                    if process.is_alive():
-                        stopped_with = _stop(process, kill_after_s)
-                    break
-        except StopNow as stop:
-            stopped_now = stop.signal_name
-            stopped_with = _stop(process, kill_after_s)
-        except KeyboardInterrupt:
-            interrupted = True
-            stopped_with = _stop(process, kill_after_s)
+        spool_path, ending = _until_the_worker_ends(
+            process, inbox, spool_path, cancel, grace_s=grace_s, kill_after_s=kill_after_s,
+            poll_s=poll_s,
+        )  # fmt: skip
         replay.worker_ended.set()
         # What the worker recorded before it ended is all in the spool: replay every frame,
         # however far behind, as long as the replay is moving.
@@ -576,6 +544,10 @@ def run_isolated(
         os.close(spool_fd)
         if spool_path:
             _unlink(spool_path)
+    return _result(process, inbox, ending)
+
+
+def _result(process: Any, inbox: _Inbox, ending: _Ending) -> IsolatedResult:
     if inbox.garbled is not None and not inbox.returned and process.exitcode == 0:
         inbox.error_type, inbox.error = "WorkerProtocolError", inbox.garbled
     return IsolatedResult(
@@ -584,11 +556,96 @@ def run_isolated(
         error=inbox.error,
         error_type=inbox.error_type,
         exitcode=process.exitcode,
-        stopped_with=stopped_with,
-        interrupted=interrupted,
-        stopped_now=stopped_now,
+        stopped_with=ending.stopped_with,
+        interrupted=ending.interrupted,
+        stopped_now=ending.stopped_now,
         pid=process.pid,
     )
+
+
+class _CancelChannel:
+    """How a cancel decided here reaches the worker: raw shared memory, no lock (one writer,
+    this process), a note of the decision and a byte flag written last, which the worker's
+    ``step_complete`` reads. ``cancelled_at``: when, for the grace period."""
+
+    def __init__(self, context: Any, monitor: BuildMonitor) -> None:
+        self.flag: Any = context.Value(ctypes.c_byte, 0, lock=False)
+        self.note: Any = context.Array(ctypes.c_char, _NOTE_BYTES, lock=False)
+        self.cancelled_at: float | None = None
+        monitor.on_cancel(self.pass_on)
+        if monitor.cancelled:  # cancelled before the worker existed: it must not start building
+            self.flag.value = 1
+            self.cancelled_at = time.monotonic()
+
+    def pass_on(self, event: CancelRequested) -> None:
+        payload = {
+            "reason": event.reason[:1000],
+            "source": event.source[:100],
+            "timeout": event.timeout,
+            "policy": event.policy[:1000],
+        }
+        self.note.value = json.dumps(payload).encode()[: _NOTE_BYTES - 1]
+        self.flag.value = 1
+        if self.cancelled_at is None:
+            self.cancelled_at = time.monotonic()
+
+
+@dataclass(slots=True)
+class _Ending:
+    """How the worker was stopped from here, if it was."""
+
+    stopped_with: str | None = None
+    interrupted: bool = False
+    stopped_now: str | None = None
+
+
+def _until_the_worker_ends(
+    process: Any,
+    inbox: _Inbox,
+    spool_path: str,
+    cancel: _CancelChannel,
+    *,
+    grace_s: float,
+    kill_after_s: float,
+    poll_s: float,
+) -> tuple[str, _Ending]:
+    """Until the worker ends; stopped from here once a cancel's grace period has passed, or at
+    once on a second Ctrl-C (KeyboardInterrupt) or SIGTERM (StopNow). Returns what is left of
+    the spool's path to unlink, and how the worker was stopped."""
+    ending = _Ending()
+    try:
+        spool_path = _wait_for_worker(
+            process, inbox, spool_path, cancel, grace_s=grace_s, poll_s=poll_s
+        )
+        if process.is_alive():  # the grace period has passed
+            ending.stopped_with = _stop(process, kill_after_s)
+    except StopNow as stop:
+        ending.stopped_now = stop.signal_name
+        ending.stopped_with = _stop(process, kill_after_s)
+    except KeyboardInterrupt:
+        ending.interrupted = True
+        ending.stopped_with = _stop(process, kill_after_s)
+    return spool_path, ending
+
+
+def _wait_for_worker(
+    process: Any,
+    inbox: _Inbox,
+    spool_path: str,
+    cancel: _CancelChannel,
+    *,
+    grace_s: float,
+    poll_s: float,
+) -> str:
+    """Until the worker ends, or a cancel's grace period has passed; the spool's path is
+    unlinked as soon as the worker has it open (returns what is left of it to unlink)."""
+    while process.is_alive():
+        process.join(poll_s)
+        if spool_path and inbox.spool_open.is_set():
+            spool_path = _unlink(spool_path)
+        if cancel.cancelled_at is not None and time.monotonic() - cancel.cancelled_at >= grace_s:
+            break
+    return spool_path
 
 
 def _unlink(path: str) -> str:
