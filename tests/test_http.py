@@ -330,9 +330,9 @@ def test_fifty_listeners_and_stalled_clients_do_not_hold_up_the_build(
     # Clients that connect and never finish their request, or never read what they asked for.
     stalled = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(5)]
     for sock in stalled[:2]:
-        sock.sendall(b"GET /status HTTP/1.1\r\nHost: x\r\n")  # headers never end
+        sock.sendall(b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # headers never end
     for sock in stalled[2:]:
-        sock.sendall(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")  # and never reads
+        sock.sendall(b"GET /events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # and never reads
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     received: list[list[dict[str, Any]]] = [[] for _ in range(50)]
 
@@ -524,3 +524,136 @@ def test_an_ended_build_nobody_watched_is_not_lingered_for() -> None:
         server.close(linger_s=3.0, unwatched=unwatched)
         took = time.monotonic() - began
         assert (took >= 3.0) == lingers, (visited, unwatched, took)
+
+
+# -- who may ask ---------------------------------------------------------------------------------
+
+
+def ask(server: StatusServer, method: str, path: str, headers: dict[str, str]) -> tuple[int, bytes]:
+    """One request to ``server`` with exactly ``headers`` (a forged Host among them)."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        connection.request(method, path, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def test_only_requests_naming_this_server_are_answered(
+    served: tuple[BuildMonitor, StatusServer],
+) -> None:
+    """DNS rebinding: a page of evil.example points its name at 127.0.0.1, and its requests
+    say ``Host: evil.example``. They get nothing of the build, and cannot cancel it."""
+    monitor, server = served
+    monitor.start()
+    port = server.port
+    for host in ["evil.example", f"evil.example:{port}", "127.0.0.2", "[::1]", "", "localhost.x"]:
+        for path in ["/status", "/events", "/metrics", "/", "/healthz"]:
+            code, body = ask(server, "GET", path, {"Host": host})
+            assert code == 421, (host, path)
+            assert monitor.build_id not in body.decode() and len(body) < 200, (host, path)
+        code, _ = ask(server, "POST", "/cancel", {"Host": host, "Authorization": f"Bearer {TOKEN}"})
+        assert code == 421, host
+    assert not monitor.cancelled, "a request for another host cancelled the build"
+    for host in [
+        "127.0.0.1",
+        f"127.0.0.1:{port}",
+        f"localhost:{port}",
+        "LocalHost.",
+        "127.0.0.1:1",
+    ]:
+        code, body = ask(server, "GET", "/status", {"Host": host})
+        assert code == 200 and json.loads(body)["build_id"] == monitor.build_id, host
+    # Without a Host at all (HTTP/1.0), nothing either.
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"GET /status HTTP/1.0\r\n\r\n")
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.0 421"), answer[:40]
+
+
+def test_names_the_user_allows_are_answered_and_any_ip_on_every_interface() -> None:
+    monitor = BuildMonitor()
+    model = ReadModel()
+    monitor.log.follow(model)
+    registry = metrics_registry(MetricSources(monitor))
+    named = StatusServer(
+        monitor, model, registry, port=0, cancel_token=TOKEN, allowed_hosts=["Build.Example."]
+    )
+    every = StatusServer(monitor, model, registry, port=0, address="0.0.0.0", cancel_token=TOKEN)
+    try:
+        monitor.start()
+        assert ask(named, "GET", "/status", {"Host": "build.example:8080"})[0] == 200
+        assert ask(named, "GET", "/status", {"Host": "BUILD.EXAMPLE"})[0] == 200
+        assert ask(named, "GET", "/status", {"Host": "other.example"})[0] == 421
+        assert ask(named, "GET", "/status", {"Host": "10.1.2.3"})[0] == 421
+        # Served on every interface: any IP literal is this host (an IP cannot be rebound).
+        assert ask(every, "GET", "/status", {"Host": "10.1.2.3:80"})[0] == 200
+        assert ask(every, "GET", "/status", {"Host": "[fe80::1]"})[0] == 200
+        assert ask(every, "GET", "/status", {"Host": "build.example"})[0] == 421
+    finally:
+        monitor.close()
+        named.close(linger_s=0)
+        every.close(linger_s=0)
+
+
+def test_the_allowed_host_option_reaches_the_view(tmp_path: Path) -> None:
+    process, base = start_demo(
+        *HOLD, "--http-allowed-host", "Build.Example", env={"TRT_OTEL_CANCEL_TOKEN": TOKEN}
+    )
+    try:
+        host, port = base.removeprefix("http://").split(":")
+        answers = {}
+        for name in ["build.example", "other.example"]:
+            connection = http.client.HTTPConnection(host, int(port), timeout=10)
+            connection.request("GET", "/healthz", headers={"Host": f"{name}:{port}"})
+            answers[name] = connection.getresponse().status
+            connection.close()
+        assert answers == {"build.example": 200, "other.example": 421}
+        assert post(f"{base}/cancel", b"done", {"Authorization": f"Bearer {TOKEN}"})[0] == 202
+        process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 3
+    bad = subprocess.run(
+        [*CLI, "demo", "--http-port", "0", "--http-allowed-host", "evil.example:80/x"],
+        check=False, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "is not a host name" in bad.stderr, bad.stderr
+
+
+def test_only_the_whole_token_cancels(served: tuple[BuildMonitor, StatusServer]) -> None:
+    monitor, server = served
+    monitor.start()
+    url = f"{server.url}/cancel"
+    for authorization, expected in [
+        (None, 401),
+        ("Bearer", 401),
+        ("Bearer ", 401),
+        ("Bearer    ", 401),
+        (f"Basic {TOKEN}", 401),
+        (f"Bearer {TOKEN[:-1]}", 403),
+        (f"Bearer {TOKEN[:1]}", 403),
+        (f"Bearer {TOKEN}x", 403),
+        (f"Bearer {TOKEN} {TOKEN}", 403),
+        (f"Bearer x{TOKEN}", 403),
+    ]:
+        headers = {} if authorization is None else {"Authorization": authorization}
+        assert post(url, b"no", headers)[0] == expected, authorization
+    assert not monitor.cancelled
+    assert post(url, b"yes", {"Authorization": f"bearer {TOKEN}"})[0] == 202
+    assert monitor.state.cancel is not None and monitor.state.cancel.reason == "yes"
+
+
+def test_an_empty_token_is_refused_when_serving() -> None:
+    """With an empty token, ``Authorization: Bearer`` and a few spaces would cancel."""
+    monitor = BuildMonitor()
+    registry = metrics_registry(MetricSources(monitor))
+    try:
+        for token in ["", "   "]:
+            with pytest.raises(ValueError, match="cancel token is empty"):
+                StatusServer(monitor, ReadModel(), registry, port=0, cancel_token=token)
+    finally:
+        monitor.close()

@@ -99,6 +99,16 @@ class Parser(argparse.ArgumentParser):
         self._negative_number_matcher = re.compile(r"^-\.?\d")
 
 
+def host_name(text: str) -> str:
+    """A host name or IP literal as a ``Host`` header gives it, without a port."""
+    name = text.strip().lower().removesuffix(".")
+    if not re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*", name):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a host name (letters, digits, '-' and '.', no port)"
+        )
+    return name
+
+
 def port(text: str) -> int:
     try:
         number = int(text)
@@ -433,6 +443,15 @@ def add_observability_options(parser: argparse.ArgumentParser) -> Group:
         help="address to serve HTTP on (default: 127.0.0.1)",
     )
     group.add_argument(
+        "--http-allowed-host",
+        action="append",
+        type=host_name,
+        default=[],
+        metavar="NAME",
+        help="a name the HTTP view answers to besides its address and localhost (repeatable): "
+        "requests naming another host are refused, so no web page can read it by DNS rebinding",
+    )
+    group.add_argument(
         "--cancel-token",
         metavar="TOKEN",
         help="bearer token POST /cancel requires (default: TRT_OTEL_CANCEL_TOKEN, else one is "
@@ -519,6 +538,7 @@ def observability_config(args: argparse.Namespace) -> ObservabilityConfig:
             linger_s=args.http_linger if args.http_linger is not None else DEFAULT_HTTP_LINGER_S,
             linger_unwatched=args.http_linger is not None,
             url_file=args.http_url_file,
+            allowed_hosts=tuple(args.http_allowed_host),
         ),
         metrics=MetricsConfig(
             port=args.prometheus_port,

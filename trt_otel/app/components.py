@@ -267,6 +267,7 @@ def status_server(
                 port=config.port,
                 address=config.address,
                 cancel_token=token,
+                allowed_hosts=config.allowed_hosts,
             )
         except OSError as error:
             raise UsageError(

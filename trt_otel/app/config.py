@@ -125,6 +125,9 @@ class HttpConfig:
     url_file: Path | None = None
     """Where to write the view's URL once it serves (for a program that started the build with
     ``--http-port 0``); removed when the view stops."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Names a request's ``Host`` may give besides the address served on and ``localhost``
+    (``--http-allowed-host``): others are refused, against DNS rebinding."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,11 @@
 - ``POST /cancel`` with ``Authorization: Bearer TOKEN`` and an optional reason (JSON
   ``{"reason": ...}`` or plain text): cancels the build at TensorRT's next step.
 
+Every request must name the server in its ``Host`` header: the address it serves on (an IP
+literal, any port), ``localhost``, or a name the user allowed. A web page on another site that
+points its own name at this address (DNS rebinding) sends that name, and is answered 421 with
+nothing of the build.
+
 Nothing here touches the callbacks: events reach the server through its own follower, which
 encodes each one once into an SSE frame; every client thread reads those frames without taking
 the log's lock. A slow client only fills its own socket, and is dropped after a timeout.
@@ -17,6 +22,7 @@ the log's lock. A slow client only fills its own socket, and is dropped after a 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import logging
 import sys
@@ -207,6 +213,55 @@ def _phase_json(model: ReadModel, phase: Phase, eta: BuildEta, now: int) -> dict
 # -- the server --------------------------------------------------------------------------------
 
 
+class HostCheck:
+    """Which ``Host`` headers name this server: the address it serves on (any IP literal when
+    it serves on every interface: an IP cannot be rebound to another site), ``localhost``, and
+    the names the user allowed. Any port: a tunnel (``ssh -L``) changes it."""
+
+    def __init__(self, address: str, allowed: Sequence[str] = ()) -> None:
+        self.names = {"localhost", *(_canonical(name) for name in allowed)}
+        self.ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None
+        self.any_ip = False
+        try:
+            self.ip = ipaddress.ip_address(address.strip("[]"))
+        except ValueError:
+            self.names.add(_canonical(address))  # served on a name: that name
+        else:
+            self.any_ip = self.ip.is_unspecified
+
+    def accepts(self, header: str | None) -> bool:
+        name = _host_name(header) if header is not None else None
+        if name is None:
+            return False
+        if name in self.names:
+            return True
+        try:
+            ip = ipaddress.ip_address(name)
+        except ValueError:
+            return False
+        return self.any_ip or ip == self.ip
+
+
+def _canonical(name: str) -> str:
+    return name.strip().lower().removesuffix(".")
+
+
+def _host_name(header: str) -> str | None:
+    """The name a ``Host`` header gives, without its port (and an IPv6 literal's brackets);
+    None when it is no ``host[:port]``."""
+    value = header.strip()
+    if value.startswith("["):
+        name, bracket, rest = value[1:].partition("]")
+        if not bracket:
+            return None
+    else:
+        name, colon, port = value.partition(":")
+        rest = colon + port
+    if rest and not (rest.startswith(":") and rest[1:].isdigit() and len(rest) <= 6):
+        return None
+    return _canonical(name) or None
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 64
@@ -231,8 +286,11 @@ class StatusServer:
         port: int,
         address: str = "127.0.0.1",
         cancel_token: str,
+        allowed_hosts: Sequence[str] = (),
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        if not cancel_token.strip():
+            raise ValueError("the cancel token is empty: POST /cancel would take any request")
         self.monitor = monitor
         self.model = model
         self.registry = registry
@@ -241,6 +299,7 @@ class StatusServer:
         self.token_file: Path | None = None
         """Where a generated token was written for the owner (removed with the server)."""
         self._token = cancel_token.encode()
+        self.hosts = HostCheck(address, allowed_hosts)
         self._sse_clients = 0
         self._clients_lock = threading.Lock()
         self.client_seen = threading.Event()
@@ -262,6 +321,10 @@ class StatusServer:
         return f"http://{host}:{self.port}"
 
     def token_matches(self, presented: str) -> bool:
+        """Whether ``presented`` is the whole token: compared in constant time, and never
+        when empty."""
+        if not presented:
+            return False
         return hmac.compare_digest(presented.encode(), self._token)
 
     def enter_sse(self) -> bool:
@@ -318,7 +381,21 @@ def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
             finally:
                 self.head_only = False  # the connection's next request may be a GET
 
+        def _host_allowed(self) -> bool:
+            """Refuse (421) a request that does not name this server: a page of another site
+            reaching it through a rebound name."""
+            if server.hosts.accepts(self.headers.get("Host")):
+                return True
+            self._json(
+                421,
+                {"error": "this server does not answer to that Host (see --http-allowed-host)"},
+            )
+            self.close_connection = True
+            return False
+
         def do_GET(self) -> None:
+            if not self._host_allowed():
+                return
             server.client_seen.set()
             path, _, query = self.path.partition("?")
             if path == "/status":
@@ -344,6 +421,8 @@ def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
                 self._json(404, {"error": f"no such resource: {path}"})
 
         def do_POST(self) -> None:
+            if not self._host_allowed():
+                return
             server.client_seen.set()
             path = self.path.partition("?")[0]
             if path == "/status":
@@ -356,13 +435,14 @@ def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
 
         def _cancel(self) -> None:
             authorization = self.headers.get("Authorization", "")
-            scheme, _, token = authorization.partition(" ")
+            scheme, _, token = authorization.strip().partition(" ")
+            token = token.strip()
             if scheme.lower() != "bearer" or not token:
                 self._json(
                     401, {"error": "a bearer token is required"}, {"WWW-Authenticate": "Bearer"}
                 )
                 return
-            if not server.token_matches(token.strip()):
+            if not server.token_matches(token):  # the whole value, never a part of it
                 self._json(403, {"error": "wrong token"})
                 return
             body = self._body()
