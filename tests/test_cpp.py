@@ -338,7 +338,7 @@ def test_replayed_trace_journal_gives_the_traces_phase_tree(
     )
     assert done.returncode == 0, done.stderr
     assert "line " not in done.stderr
-    assert "build success" in done.stderr and "Determining refit engines" in done.stderr
+    assert "build success" in done.stdout and "Determining refit engines" in done.stdout
 
 
 @pytest.mark.parametrize("trace", trace_params())
@@ -582,7 +582,7 @@ def test_a_journal_torn_by_a_kill_replays_as_unfinished(driver: Path, tmp_path: 
         timeout=120,
         check=False,
     )
-    assert done.returncode == 0 and "torn last line" in done.stderr
+    assert done.returncode == 4 and "torn last line" in done.stderr  # no end: not built
 
 
 def test_a_monitor_destroyed_before_end_leaves_an_unfinished_build(

@@ -55,11 +55,12 @@ from trt_otel.capture.liveness import Writer
 from trt_otel.capture.supervisor import StopNow
 from trt_otel.capture.watch import WatchError, follow_journal, follow_url
 from trt_otel.core.durations import format_duration
+from trt_otel.core.events import BuildStarted, Outcome
 from trt_otel.core.journal import JournalError, read_journal
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.views.console import render_build
 from trt_otel.views.otlp import OtlpConfigError
-from trt_otel.views.terminal import pipe_safe_stderr
+from trt_otel.views.terminal import PipeSafeStream, pipe_safe_stderr
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -181,33 +182,69 @@ def mcp(command: McpCommand) -> int:
         raise UsageError(
             f"the MCP server needs the mcp package ({error}): pip install 'trt-otel[mcp]'"
         ) from None
-    serve(command.state_dir)
+    serve(command.state_dir, command.roots)
     return EXIT_OK
 
 
 def replay(command: ReplayCommand) -> int:
+    """Every build of the journal (``run`` and retries write several, one after another), each
+    its tree on stdout in order; the exit code is the worst build's, as ``watch`` gives it for
+    one (a build with no end counts as failed)."""
     journal = read_journal(command.journal)
     for problem in journal.problems:
         print(f"trt-otel: {command.journal}: {problem}", file=sys.stderr)
+    builds = _builds_of(journal.events)
+    if not journal.events:
+        raise JournalError(f"{command.journal}: no build in this journal (its header alone)")
     model = ReadModel()
+    out = Console(file=PipeSafeStream(sys.stdout))  # type: ignore[arg-type]
+    code = EXIT_OK
     with span_export(command.spans, model):
         # The same model and projections as the live run, fed the same events: the same tree
         # and the same spans.
-        model.handle(journal.events)
-        model.close()
-        unended = model.state.outcome is None and model.state.start_mono_ns is not None
-        if unended:
-            print(f"trt-otel: {command.journal}: {_no_end(journal.header, model)}", file=sys.stderr)
-        Console(stderr=True).print(render_build(model, never_ended=unended))
-    return EXIT_OK
+        for index, events in enumerate(builds):
+            model.handle(events)
+            last = index == len(builds) - 1
+            if last:
+                model.close()
+            state = model.state
+            unended = state.outcome is None
+            if unended:
+                said = _no_end(journal.header, model, followed=not last)
+                name = f"build {index + 1} of {len(builds)}: " if len(builds) > 1 else ""
+                print(f"trt-otel: {command.journal}: {name}{said}", file=sys.stderr)
+            out.print(render_build(model, never_ended=unended))
+            outcome = Outcome.FAILURE if state.outcome is None else state.outcome
+            code = max(code, exit_code_of(outcome))
+    return code
 
 
-def _no_end(header: dict[str, Any], model: ReadModel) -> str:
-    """What a journal without the build's end means, said plainly."""
+def _builds_of(events: Sequence[Any]) -> list[list[Any]]:
+    """The journal's events cut before each ``build_start`` but the first: one list per build,
+    in order (what comes before the first, a log line, is its build's)."""
+    builds: list[list[Any]] = [[]]
+    started = False
+    for event in events:
+        if type(event) is BuildStarted:
+            if started:
+                builds.append([])
+            started = True
+        builds[-1].append(event)
+    return builds
+
+
+def _no_end(header: dict[str, Any], model: ReadModel, *, followed: bool = False) -> str:
+    """What a journal without the build's end means, said plainly. ``followed``: another build
+    of the journal starts after it."""
     state = model.state
     start, last = state.start_mono_ns or 0, state.last_event_mono_ns or 0
     inner = state.innermost_open()
     where = f", in {inner!r}" if inner is not None else ""
+    if followed:
+        return (
+            f"the build never ended: its record stops after "
+            f"{format_duration((last - start) / 1e9)}{where}, and the next build starts there"
+        )
     writer = Writer.from_header(header)
     if writer.running_here():
         return (
