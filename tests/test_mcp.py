@@ -11,17 +11,19 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import anyio
 import pytest
 
 mcp = pytest.importorskip("mcp")
 from mcp import Client, StdioServerParameters  # noqa: E402
+from mcp.client.stdio import stdio_client  # noqa: E402
 from mcp.types import CallToolResult, TextContent  # noqa: E402
 
 from rtx_builds import (  # noqa: E402
@@ -31,6 +33,7 @@ from rtx_builds import (  # noqa: E402
     write_residual,
 )
 from trt_otel.app.commands import build_parser  # noqa: E402
+from trt_otel.app.fleet import Fleet, FleetError  # noqa: E402
 from trt_otel.builder.onnx_models import demo_model_bytes  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -60,15 +63,20 @@ def _importable(name: str) -> bool:
 REAL = _real_builder()
 
 
-def server(state_dir: Path) -> Client:
-    return Client(
-        StdioServerParameters(
-            command=sys.executable,
-            args=["-m", "trt_otel.app.cli", "mcp", "--state-dir", str(state_dir)],
-            env={**os.environ},
-        ),
-        read_timeout_seconds=120,
+def server(
+    state_dir: Path, *roots: Path, cwd: Path | None = None, errlog: TextIO | None = None
+) -> Client:
+    """The server over stdio, started in ``cwd`` (default: the state directory's parent, so
+    that with no ``roots`` the test's files are inside its default roots)."""
+    args = ["-m", "trt_otel.app.cli", "mcp", "--state-dir", str(state_dir)]
+    for root in roots:
+        args += ["--root", str(root)]
+    parameters = StdioServerParameters(
+        command=sys.executable, args=args, env={**os.environ}, cwd=str(cwd or state_dir.parent)
     )
+    if errlog is None:
+        return Client(parameters, read_timeout_seconds=120)
+    return Client(stdio_client(parameters, errlog=errlog), read_timeout_seconds=120)
 
 
 def run(test: Callable[[], Awaitable[None]]) -> None:
@@ -129,7 +137,19 @@ def test_tools_are_listed_with_their_inputs(tmp_path: Path) -> None:
             }
             start = tools["start_build"].input_schema
             assert start["required"] == ["kind"]
-            assert {"model", "output", "options"} <= set(start["properties"])
+            assert {"model", "output", "options", "overwrite"} <= set(start["properties"])
+            # The agent reads the rules where it reads the tools: the roots, overwrite, the
+            # bounds.
+            state, here = (tmp_path / "state").resolve(), tmp_path.resolve()
+            roots = f"inside one of the server's roots: {state}, {here}"
+            for name in ("model", "output", "options"):
+                assert roots in start["properties"][name]["description"], name
+            assert "unless overwrite is true" in start["properties"]["output"]["description"]
+            assert start["properties"]["model"]["maxLength"] == 4096
+            assert start["properties"]["options"]["maxItems"] == 64
+            limit = tools["build_events"].input_schema["properties"]["limit"]
+            assert (limit["minimum"], limit["maximum"]) == (1, 1000)
+            assert "refused (a tool error), not clamped" in limit["description"]
 
     run(test)
 
@@ -172,7 +192,7 @@ def test_a_build_followed_to_success(tmp_path: Path, model: Path) -> None:
             later = payload(
                 await client.call_tool(
                     "build_events",
-                    {"id": build_id, "since_seq": events["next_seq"], "limit": 5000},
+                    {"id": build_id, "since_seq": events["next_seq"], "limit": 1000},
                 )
             )
             assert later["events"][0]["seq"] == events["next_seq"] + 1
@@ -323,6 +343,211 @@ def test_a_restarted_server_finds_its_builds_again(tmp_path: Path, model: Path) 
         with contextlib.suppress(OSError):
             if build_id.encode() in Path(f"/proc/{record['pid']}/cmdline").read_bytes():
                 os.kill(record["pid"], signal.SIGKILL)
+
+
+def test_paths_are_confined_to_the_roots(tmp_path: Path, model: Path) -> None:
+    root, outside = tmp_path / "work", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    mine = root / "mine.onnx"
+    mine.write_bytes(model.read_bytes())
+    secret = outside / "secret.onnx"
+    secret.write_bytes(model.read_bytes())
+    (root / "link.onnx").symlink_to(secret)  # inside by its name, outside by what it is
+    (root / "out-link.engine").symlink_to(outside / "x.engine")  # dangling, to outside
+    precious = root / "precious.engine"
+    precious.write_text("not an engine: keep me")
+
+    async def test() -> None:
+        async with server(tmp_path / "state", root) as client:
+
+            async def refused(arguments: dict[str, Any]) -> str:
+                return error_text(await client.call_tool("start_build", arguments))
+
+            named = f"outside the server's roots ({root.resolve()})"
+            cases: list[dict[str, Any]] = [
+                {"kind": "build", "model": str(secret)},
+                {"kind": "demo", "model": str(root / "link.onnx")},
+                {"kind": "demo", "model": str(root / ".." / "outside" / "secret.onnx")},
+                {"kind": "demo", "output": str(outside / "x.engine")},
+                {"kind": "demo", "output": str(root / "out-link.engine")},
+                {"kind": "demo", "options": ["--timing-cache", str(outside / "cache")]},
+                {"kind": "demo", "options": ["--trace", str(secret)]},
+                {"kind": "demo", "options": [f"--history={outside}"]},
+                {"kind": "demo", "options": ["--cancel-file", str(outside / "stop")]},
+            ]
+            for arguments in cases:
+                assert named in await refused(arguments), arguments
+            # The model is start_build's model argument, never an option (it is checked).
+            assert "leave --model out" in await refused(
+                {"kind": "demo", "options": ["--model", str(mine)]}
+            )
+            # An output that exists is kept, unless the call says to replace it.
+            demo = {"kind": "demo", "model": str(mine), "options": ["--speed", "0"]}
+            said = await refused({**demo, "output": str(precious)})
+            assert f"output {precious.resolve()} exists" in said and "overwrite: true" in said
+            assert precious.read_text() == "not an engine: keep me"
+            status = payload(
+                await client.call_tool(
+                    "start_build", {**demo, "output": str(precious), "overwrite": True}
+                )
+            )
+            assert status["engine"] == str(precious.resolve())
+            ended = payload(
+                await client.call_tool(
+                    "wait_build", {"id": status["id"], "until": "end", "timeout_s": 120}
+                )
+            )
+            assert ended["status"]["outcome"] == "success"
+            assert precious.read_bytes() != b"not an engine: keep me"
+        assert sorted(p.name for p in outside.iterdir()) == ["secret.onnx"]
+
+    run(test)
+
+
+def test_the_default_roots_are_the_state_and_working_directories(
+    tmp_path: Path, model: Path
+) -> None:
+    state, cwd = tmp_path / "state", tmp_path / "cwd"
+    cwd.mkdir()
+    (cwd / "mine.onnx").write_bytes(model.read_bytes())
+
+    async def test() -> None:
+        async with server(state, cwd=cwd) as client:
+
+            async def refused(arguments: dict[str, Any]) -> str:
+                return error_text(await client.call_tool("start_build", arguments))
+
+            said = await refused({"kind": "demo", "model": str(model)})  # in tmp_path: outside
+            assert f"outside the server's roots ({state.resolve()}, {cwd.resolve()})" in said
+            # Relative paths are the working directory's, as the build reads them.
+            slow = {"kind": "demo", "model": "mine.onnx", "options": ["--speed", "0.05"]}
+            first = payload(await client.call_tool("start_build", {**slow, "output": "a.engine"}))
+            assert first["engine"] == str((cwd / "a.engine").resolve())
+            # Not the engine of a build still running, even with overwrite; not a build's
+            # records.
+            said = await refused({**slow, "output": "a.engine", "overwrite": True})
+            assert f"is the engine of build {first['id']}, still running" in said
+            journal = state / first["id"] / "journal.jsonl"
+            said = await refused({**slow, "output": str(journal), "overwrite": True})
+            assert f"in the folder of build {first['id']}" in said
+            payload(await client.call_tool("cancel_build", {"id": first["id"]}))
+            ended = payload(
+                await client.call_tool(
+                    "wait_build", {"id": first["id"], "until": "end", "timeout_s": 120}
+                )
+            )
+            assert ended["status"]["outcome"] == "cancellation"
+
+    run(test)
+
+
+def test_a_root_that_is_not_a_directory_is_a_usage_error(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "trt_otel.app.cli", "mcp", "--root", str(tmp_path / "nowhere")],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"trt-otel: error: --root {tmp_path / 'nowhere'}: not a directory"
+
+
+def test_inputs_are_bounded_before_any_work(tmp_path: Path) -> None:
+    huge = "a" * 20_000_000
+    too_long_id = "id is 20,000,000 characters long; at most 64"
+    calls: list[tuple[str, dict[str, Any], str]] = [
+        ("build_status", {"id": huge}, too_long_id),
+        ("build_events", {"id": huge}, too_long_id),
+        ("wait_build", {"id": huge}, too_long_id),
+        ("cancel_build", {"id": huge}, too_long_id),
+        ("cancel_build", {"id": "0123456789ab", "reason": "r" * 100_000},
+         "reason is 100,000 characters long; at most 200"),
+        ("start_build", {"kind": "demo", "model": huge},
+         "model is 20,000,000 characters long; at most 4,096"),
+        ("start_build", {"kind": "build", "output": huge},
+         "output is 20,000,000 characters long; at most 4,096"),
+        ("start_build", {"kind": "demo", "options": ["--fp16"] * 100_000},
+         "options has 100,000 items; at most 64"),
+        ("start_build", {"kind": "demo", "options": ["--speed", "1" * 100_000]},
+         "options[1] is 100,000 characters long; at most 4,096"),
+        ("start_build", {"kind": "demo", "model": "model\0.onnx"}, "model holds a NUL"),
+        ("build_events", {"id": "0123456789ab", "limit": 1001}, "limit must be 1 to 1000"),
+        ("build_events", {"id": "0123456789ab", "limit": 0}, "limit must be 1 to 1000"),
+        ("build_events", {"id": "0123456789ab", "limit": -5}, "limit must be 1 to 1000"),
+        ("build_status", {"id": "../x"}, "no build '../x' (ids are 12 hex digits)"),
+        (huge[:1_000_000], {}, "the tool name is 1,000,000 characters long; at most 64"),
+    ]  # fmt: skip
+
+    async def test() -> None:
+        with open(tmp_path / "server.err", "w") as errlog:
+            async with server(tmp_path / "state", errlog=errlog) as client:
+                for tool, arguments, expected in calls:
+                    started = time.monotonic()
+                    said = error_text(await client.call_tool(tool, arguments))
+                    assert expected in said, (tool[:20], said)
+                    assert len(said) < 200, (tool[:20], said[:500])
+                    assert time.monotonic() - started < 10, tool[:20]
+                # The limit is checked, not the id, and a limit in range reaches the id.
+                said = error_text(
+                    await client.call_tool("build_events", {"id": "0123456789ab", "limit": 1000})
+                )
+                assert "no build '0123456789ab'" in said
+                assert payload(await client.call_tool("list_builds", {}))["builds"] == []
+        # The server's log says what was refused, in a few lines, never the input whole.
+        logged = (tmp_path / "server.err").read_text()
+        assert "characters long" in logged
+        assert len(logged) < 1000 * len(calls), logged[:2000]
+
+    run(test)
+
+
+def test_an_id_never_leaves_the_state_directory(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    record = {
+        "kind": "demo",
+        "argv": ["demo"],
+        "pid": os.getpid(),
+        "started_wall_s": 0.0,
+        "model": None,
+        "engine": None,
+    }
+    # A build's record outside the state directory, and one in a folder of it whose name is
+    # an id and a newline: neither is a build of this state directory.
+    elsewhere = tmp_path / "x"
+    elsewhere.mkdir()
+    (elsewhere / "build.json").write_text(json.dumps({**record, "id": "x"}))
+    newline = state / "0123456789ab\n"
+    newline.mkdir()
+    (newline / "build.json").write_text(json.dumps({**record, "id": "0123456789ab\n"}))
+    fleet = Fleet(state, roots=[tmp_path])
+    bad_ids = [
+        "../x",
+        "0123456789ab/../../x",
+        str(elsewhere),
+        "/etc",
+        "0123456789ab\0",
+        "0123456789ab\n",
+        "",
+        ".",
+        "0123456789AB",
+    ]
+    calls: list[Callable[[str], object]] = [
+        fleet.folder,
+        fleet.status,
+        fleet.events,
+        lambda i: fleet.wait(i, timeout_s=0),
+        fleet.cancel,
+    ]
+    for build_id in bad_ids:
+        for call in calls:
+            with pytest.raises(FleetError, match=r"ids are 12 hex digits|holds a NUL"):
+                call(build_id)
+    assert fleet.ids() == []
+    assert fleet.list() == []
 
 
 def wait_until_gone(path: Path, timeout_s: float = 30) -> None:

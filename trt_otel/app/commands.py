@@ -150,6 +150,15 @@ def _add_mcp(commands: argparse._SubParsersAction[Parser]) -> None:
         help="where the builds' folders are (default: $XDG_STATE_HOME/trt-otel/builds, "
         "else ~/.local/state/trt-otel/builds)",
     )
+    mcp.add_argument(
+        "--root",
+        type=Path,
+        action="append",
+        metavar="DIR",
+        help="a directory the paths a client names (model, output, path options) must lie "
+        "in, symlinks resolved; repeatable (default: the state directory and the working "
+        "directory)",
+    )
 
 
 def _add_watch(commands: argparse._SubParsersAction[Parser]) -> None:
@@ -245,6 +254,8 @@ class McpCommand:
     """``trt-otel mcp``: the MCP server over stdio."""
 
     state_dir: Path
+    roots: tuple[Path, ...]
+    """Where the paths a client names must lie, resolved."""
 
 
 Command = DemoCommand | BuildCommand | ReplayCommand | WatchCommand | RunCommand | McpCommand
@@ -293,5 +304,15 @@ def command_of(args: argparse.Namespace) -> Command:
             terminate_after_s=args.terminate_after,
         )
     if args.command == "mcp":
-        return McpCommand(args.state_dir or default_state_dir())
+        state_dir = args.state_dir or default_state_dir()
+        for root in args.root or ():
+            if not root.expanduser().is_dir():
+                raise UsageError(f"--root {root}: not a directory")
+        try:
+            roots = tuple(
+                root.expanduser().resolve() for root in args.root or [state_dir, Path.cwd()]
+            )
+        except (OSError, RuntimeError) as error:  # a loop of symlinks
+            raise UsageError(f"--root: {error}") from None
+        return McpCommand(state_dir, roots)
     return ReplayCommand(args.journal, span_config(args))

@@ -13,6 +13,12 @@ Nothing else is kept: whoever reads the folder later (another process, after a r
 what this one knew. A build is *running* while its process lives, and its outcome is the one its
 journal records; a process gone without one is *lost*, and one that stopped before its build
 began *failed to start* (its output says why).
+
+What a caller names is confined: every string is bounded (checked before any work, and never
+echoed whole), a build's folder comes from its id only through :meth:`Fleet.folder` (12 hex
+digits), every path a request names (the model, the output, a path option) must resolve, symlinks
+resolved, inside one of the fleet's roots, and an output that exists is replaced only when the
+request says so.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import subprocess
 import sys
 import time
@@ -38,6 +45,7 @@ import psutil
 from trt_otel.app.commands import build_parser, command_of
 from trt_otel.app.config import UsageError
 from trt_otel.app.session import exit_code_of
+from trt_otel.control.policies import MAX_REASON
 from trt_otel.control.stopping import process_running
 from trt_otel.core.events import Event
 from trt_otel.core.journal import JournalError, event_to_dict, read_journal
@@ -50,6 +58,7 @@ RESERVED_SETTINGS = {
     "http_port": "--http-port",
     "http_address": "--http-address",
     "http_url_file": "--http-url-file",
+    "http_allowed_host": "--http-allowed-host",
     "journal": "--journal",
     "cancel_token": "--cancel-token",
     "output": "--output",
@@ -59,7 +68,19 @@ the parser makes of it (``-o/x``, ``--output=x``), never by its spelling."""
 STARTUP_S = 30.0
 _URL = re.compile(r"http://(127\.0\.0\.1|\[::1\]|localhost):\d{1,5}")
 URL_FILE = "http.url"
-_ID = re.compile(r"^[0-9a-f]{12}$")
+_ID = re.compile(r"[0-9a-f]{12}")
+"""A build's id, and its folder's name: matched whole (``fullmatch``), so nothing else (``..``,
+a ``/``, a NUL, a newline) ever becomes a path."""
+
+MAX_ID_CHARS = 64
+MAX_PATH_CHARS = 4096
+MAX_OPTIONS = 64
+MAX_OPTION_CHARS = 4096
+MAX_REASON_CHARS = MAX_REASON
+MAX_EVENTS = 1000
+"""The bounds on what a caller sends: the length of each string, the number of options, the
+events one call returns."""
+_SHOWN_CHARS = 40
 
 
 class FleetError(Exception):
@@ -82,8 +103,17 @@ class Record:
 class Fleet:
     """The builds of one state directory."""
 
-    def __init__(self, state_dir: Path, *, python: str = sys.executable) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        roots: Sequence[Path] | None = None,
+        python: str = sys.executable,
+    ) -> None:
         self.state_dir = state_dir
+        self.roots = tuple(_resolved(root) for root in roots or (state_dir, Path.cwd()))
+        """Where the paths a request names must lie (resolved): by default the state directory
+        and the working directory."""
         self.python = python
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         """Processes started by this one, to reap them (the folders are what counts)."""
@@ -97,12 +127,22 @@ class Fleet:
         model: str | None = None,
         output: str | None = None,
         options: Sequence[str] = (),
+        overwrite: bool = False,
     ) -> dict[str, Any]:
         """Check the request as the command line would, start the build, and return its
-        status once its process has announced its HTTP view (or has stopped)."""
+        status once its process has announced its HTTP view (or has stopped). The model, the
+        output and every path option must lie inside a root; an output that exists is
+        replaced only with ``overwrite``."""
+        # The bounds first: nothing else looks at a request that breaks them.
+        check_text("kind", kind, max(map(len, KINDS)))
+        if model is not None:
+            check_text("model", model, MAX_PATH_CHARS)
+        if output is not None:
+            check_text("output", output, MAX_PATH_CHARS)
+        check_options(options)
         if kind not in KINDS:
             raise FleetError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
-        model_path = _model_path(model) if model is not None else None
+        model_path = self._model_path(model) if model is not None else None
         if kind == "build" and model_path is None:
             raise FleetError("a build needs a model: the path of an ONNX file")
         for option in options:
@@ -110,19 +150,17 @@ class Fleet:
             if name in RESERVED_OPTIONS:
                 raise FleetError(f"{name} is set by the server; leave it out")
         build_id = secrets.token_hex(6)
-        folder = self.state_dir / build_id
-        engine = None
+        folder = self.folder(build_id)
+        engine = str(self._output_path(output, overwrite=overwrite)) if output else None
         argv = [kind]
         if kind == "build":
             assert model_path is not None
-            engine = str(Path(output).expanduser().absolute()) if output else None
             engine = engine or str(folder / "model.engine")
             argv += [str(model_path), "--output", engine]
         else:
             if model_path is not None:
                 argv += ["--model", str(model_path)]
-            if output:
-                engine = str(Path(output).expanduser().absolute())
+            if engine is not None:
                 argv += ["--output", engine]
         # What the options make of the settings the server owns, against the command without
         # them: the parser's reading, whatever the spelling.
@@ -130,6 +168,14 @@ class Fleet:
         for name, option in RESERVED_SETTINGS.items():
             if getattr(theirs, name, None) != getattr(ours, name, None):
                 raise FleetError(f"{option} is set by the server; leave it out")
+        if getattr(theirs, "model", None) != getattr(ours, "model", None):
+            raise FleetError("the model is start_build's model argument; leave --model out")
+        # Every other path the options name (a timing cache, a trace, a cancel file, a
+        # history): inside a root too, as the build (in this working directory) will read it.
+        for dest, option in _path_options(kind):
+            value = getattr(theirs, dest, None)
+            if dest not in RESERVED_SETTINGS and dest != "model" and value is not None:
+                self._inside(option, Path(value).absolute())
         journal, url_file = folder / "journal.jsonl", folder / URL_FILE
         argv += [*options, "--no-progress", "--http-port", "0", "--journal", str(journal)]
         argv += ["--http-url-file", str(url_file)]
@@ -139,10 +185,64 @@ class Fleet:
         except OSError as error:  # an unwritable state directory, a full disk
             raise FleetError(f"cannot start a build in {folder}: {error}") from None
 
+    def _model_path(self, model: str) -> Path:
+        path = self._inside("model", Path(model).expanduser().absolute())
+        try:
+            mode = path.stat().st_mode  # resolved: no link left to follow
+        except FileNotFoundError:
+            raise FleetError(f"model not found: {path}") from None
+        except OSError as error:
+            raise FleetError(f"model {path}: {error.strerror}") from None
+        if not stat.S_ISREG(mode):
+            raise FleetError(f"model is not a regular file: {path}")
+        if not os.access(path, os.R_OK):
+            raise FleetError(f"model is not readable: {path}")
+        return path
+
+    def _output_path(self, output: str, *, overwrite: bool) -> Path:
+        """Where the engine goes: inside a root, outside the builds' folders, and not over a
+        file that exists (unless ``overwrite``) nor over the engine of a running build."""
+        given = Path(output).expanduser().absolute()
+        path = self._inside("output", given)
+        state = _resolved(self.state_dir)
+        if path.is_relative_to(state):
+            parts = path.relative_to(state).parts
+            if parts and _ID.fullmatch(parts[0]):
+                raise FleetError(
+                    f"output {path} is in the folder of build {parts[0]}, which holds its "
+                    "records; choose another path"
+                )
+        if not overwrite and (os.path.lexists(given) or os.path.lexists(path)):
+            raise FleetError(
+                f"output {path} exists; it is replaced only when the call says so (overwrite: true)"
+            )
+        for other in self.ids():
+            try:
+                record = self._record(other)
+            except FleetError:
+                continue
+            if record.engine and _resolved(Path(record.engine)) == path and self._alive(record):
+                raise FleetError(f"output {path} is the engine of build {other}, still running")
+        return path
+
+    def _inside(self, name: str, path: Path) -> Path:
+        """``path`` resolved (symlinks followed), if that lies inside a root."""
+        try:
+            resolved = path.resolve()
+        except (OSError, RuntimeError) as error:  # a loop of symlinks
+            raise FleetError(f"{name} {path}: cannot resolve it ({error})") from None
+        if not any(resolved.is_relative_to(root) for root in self.roots):
+            raise FleetError(
+                f"{name} {resolved} is outside the server's roots "
+                f"({', '.join(map(str, self.roots))}): a path must resolve, symlinks "
+                "followed, inside one (trt-otel mcp --root DIR adds one)"
+            )
+        return resolved
+
     def _launch(
         self, build_id: str, kind: str, argv: list[str], model_path: Path | None, engine: str | None
     ) -> dict[str, Any]:
-        folder = self.state_dir / build_id
+        folder = self.folder(build_id)
         folder.mkdir(parents=True, exist_ok=False)
         token = secrets.token_urlsafe(32)
         token_file = folder / "token"
@@ -188,7 +288,7 @@ class Fleet:
         found = [
             (folder.stat().st_mtime, folder.name)
             for folder in self.state_dir.iterdir()
-            if _ID.match(folder.name) and (folder / "build.json").is_file()
+            if _ID.fullmatch(folder.name) and (folder / "build.json").is_file()
         ]
         return [name for _, name in sorted(found)]
 
@@ -199,8 +299,8 @@ class Fleet:
     def status(self, build_id: str, *, live: bool = True) -> dict[str, Any]:
         """The build as one document: from its journal, and from its HTTP view while it runs
         (the view has the estimates and the phase tree)."""
+        folder = self.folder(build_id)
         record = self._record(build_id)
-        folder = self.state_dir / build_id
         alive = self._alive(record)
         state, _ = _fold_journal(folder / "journal.jsonl")
         url = self._url(folder)
@@ -255,11 +355,13 @@ class Fleet:
         return document
 
     def events(self, build_id: str, since_seq: int = -1, limit: int = 200) -> dict[str, Any]:
-        """Events after ``since_seq``, from the journal (at most ``limit``)."""
+        """Events after ``since_seq``, from the journal: ``limit`` of them at most (1 to
+        :data:`MAX_EVENTS`; any other limit is refused, not clamped)."""
+        folder = self.folder(build_id)
+        if not 1 <= limit <= MAX_EVENTS:
+            raise FleetError(f"limit must be 1 to {MAX_EVENTS}")
         self._record(build_id)
-        if limit < 1:
-            raise FleetError("limit must be 1 or more")
-        _, events = _fold_journal(self.state_dir / build_id / "journal.jsonl")
+        _, events = _fold_journal(folder / "journal.jsonl")
         after = [e for e in events if e.seq > since_seq]
         chosen = after[:limit]
         return {
@@ -273,6 +375,7 @@ class Fleet:
     ) -> dict[str, Any]:
         """Wait until the build progresses (a step, a phase, a cancel, its end) or ends, or
         ``timeout_s`` passes; the build's status and what happened."""
+        self.folder(build_id)
         if until not in ("progress", "end"):
             raise FleetError("until is 'progress' or 'end'")
         if not 0 <= timeout_s <= 600:
@@ -294,8 +397,9 @@ class Fleet:
     # -- cancelling ------------------------------------------------------------------------
 
     def cancel(self, build_id: str, reason: str = "") -> dict[str, Any]:
+        folder = self.folder(build_id)
+        check_text("reason", reason, MAX_REASON_CHARS)
         record = self._record(build_id)
-        folder = self.state_dir / build_id
         status = self.status(build_id, live=False)
         if status["state"] not in ("running", "cancelling", "starting"):
             raise FleetError(f"build {build_id} is not running ({status['state']})")
@@ -334,17 +438,22 @@ class Fleet:
 
     # -- internals -------------------------------------------------------------------------
 
+    def folder(self, build_id: str) -> Path:
+        """The folder of build ``build_id``, the only way from an id to a path: 12 hex digits,
+        matched whole, so no id leaves the state directory (``../x``, ``/x``, a NUL)."""
+        check_text("id", build_id, MAX_ID_CHARS)
+        if not _ID.fullmatch(build_id):
+            raise FleetError(f"no build {_shown(build_id)} (ids are 12 hex digits)")
+        return self.state_dir / build_id
+
     def _record(self, build_id: str) -> Record:
-        if not _ID.match(build_id):
-            raise FleetError(f"no build {build_id!r} (ids are 12 hex digits)")
-        path = self.state_dir / build_id / "build.json"
+        path = self.folder(build_id) / "build.json"
         try:
-            data = json.loads(path.read_text())
+            return Record(**json.loads(_read_regular(path, 1 << 20)))
         except FileNotFoundError:
             raise FleetError(f"no build {build_id!r} in {self.state_dir}") from None
-        except (OSError, ValueError) as error:
-            raise FleetError(f"cannot read {path}: {error}") from None
-        return Record(**data)
+        except (OSError, ValueError, TypeError) as error:
+            raise FleetError(f"cannot read {path}: {_shown(str(error), 200)}") from None
 
     def _alive(self, record: Record) -> bool:
         child = self._children.get(record.pid)
@@ -402,15 +511,59 @@ def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser
     return found
 
 
-def _model_path(model: str) -> Path:
-    path = Path(model).expanduser().absolute()
-    if not path.exists():
-        raise FleetError(f"model not found: {path}")
-    if not path.is_file():
-        raise FleetError(f"model is not a regular file: {path}")
-    if not os.access(path, os.R_OK):
-        raise FleetError(f"model is not readable: {path}")
-    return path
+def check_text(name: str, value: object, limit: int) -> None:
+    """A caller's string: a string, at most ``limit`` characters, without a NUL (which no path
+    or command line can carry). The refusal says how long it is, never what it holds."""
+    if not isinstance(value, str):
+        raise FleetError(f"{name} must be a string")
+    if len(value) > limit:
+        raise FleetError(f"{name} is {len(value):,} characters long; at most {limit:,}")
+    if "\0" in value:
+        raise FleetError(f"{name} holds a NUL character")
+
+
+def check_options(options: Sequence[str]) -> None:
+    """At most :data:`MAX_OPTIONS` options, each a bounded string."""
+    if len(options) > MAX_OPTIONS:
+        raise FleetError(f"options has {len(options):,} items; at most {MAX_OPTIONS}")
+    for index, option in enumerate(options):
+        check_text(f"options[{index}]", option, MAX_OPTION_CHARS)
+
+
+def _shown(text: str, limit: int = _SHOWN_CHARS) -> str:
+    """``text`` quoted for a message, cut at ``limit`` characters (and then says how long)."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text):,} characters)"
+
+
+def _resolved(path: Path) -> Path:
+    try:
+        return path.expanduser().resolve()
+    except (OSError, RuntimeError):
+        return path.expanduser().absolute()
+
+
+def _path_options(kind: str) -> list[tuple[str, str]]:
+    """The options of ``trt-otel KIND`` that name a path: (the parser's name, the option)."""
+    for action in build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction) and kind in action.choices:
+            return [
+                (option.dest, max(option.option_strings, key=lambda s: s.startswith("--")))
+                for option in action.choices[kind]._actions
+                if option.type is Path and option.option_strings
+            ]
+    return []
+
+
+def _read_regular(path: Path, limit: int) -> str:
+    """A small file of the state directory: a regular file (a FIFO there must not block the
+    server), at most ``limit`` bytes."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(descriptor, "rb") as file:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return file.read(limit).decode("utf-8", "replace")
 
 
 def _fold_journal(path: Path) -> tuple[BuildState, list[Event]]:

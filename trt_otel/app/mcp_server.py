@@ -5,19 +5,34 @@ process of its own with its HTTP view on loopback and its journal in the state d
 the server holds nothing they do not, and a restarted server finds them all again. A request the
 fleet refuses (a missing model, an option the command line rejects, an unknown id) comes back as
 a tool error with the command's own message.
+
+Nothing a client sends reaches further than the user allowed: the paths it names (model, output,
+path options) must resolve inside the server's roots (``--root``), an existing output is replaced
+only with ``overwrite: true``, every string is bounded before any work, and the server's log
+lines hold at most a few hundred characters of any of it.
 """
 
-from __future__ import annotations
-
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import CallToolResult, TextContent
 from pydantic import Field
 
-from trt_otel.app.fleet import Fleet, FleetError
+from trt_otel.app.fleet import (
+    MAX_EVENTS,
+    MAX_ID_CHARS,
+    MAX_OPTION_CHARS,
+    MAX_OPTIONS,
+    MAX_PATH_CHARS,
+    MAX_REASON_CHARS,
+    Fleet,
+    FleetError,
+)
 from trt_otel.core.version import __version__
 
 T = TypeVar("T")
@@ -28,11 +43,38 @@ status, with a live page URL to show a person); wait_build blocks until the buil
 ends (or a timeout passes); build_status and build_events read it at any time; cancel_build
 stops it (TensorRT stops at its next step; a build silent longer than its grace period is stopped
 from outside). Builds keep running when this server stops; a new server finds them again.
-Exit codes: 0 built, 3 cancelled or timed out, 4 failed."""
+Exit codes: 0 built, 3 cancelled or timed out, 4 failed. Every path given (model, output, a path
+in options) must resolve, symlinks followed, inside one of the server's roots: {roots}; an output
+that exists is replaced only with overwrite: true. Strings are bounded (paths and options
+{paths:,} characters, at most {options} options, an id {ids}, a reason {reasons}): a longer one
+is refused."""
+MAX_TOOL_NAME_CHARS = 64
+MAX_LOG_ARG_CHARS = 200
+MAX_LOG_CHARS = 1000
+"""What one log line of the server holds at most of one argument, and in all."""
 
 
 def create_server(fleet: Fleet) -> MCPServer:
-    server = MCPServer("trt-otel", instructions=INSTRUCTIONS, version=__version__)
+    roots = ", ".join(map(str, fleet.roots))
+    instructions = INSTRUCTIONS.format(
+        roots=roots,
+        paths=MAX_PATH_CHARS,
+        options=MAX_OPTIONS,
+        ids=MAX_ID_CHARS,
+        reasons=MAX_REASON_CHARS,
+    )
+    server = MCPServer(
+        "trt-otel",
+        instructions=instructions,
+        version=__version__,
+        middleware=[_bounded_tool_name],
+    )
+    inside = f"must resolve (symlinks followed) inside one of the server's roots: {roots}"
+    id_field = Field(
+        description=f"the build's id, from start_build (12 hex digits; at most {MAX_ID_CHARS} "
+        "characters)",
+        json_schema_extra={"maxLength": MAX_ID_CHARS},
+    )
 
     @server.tool()
     def start_build(
@@ -42,24 +84,46 @@ def create_server(fleet: Fleet) -> MCPServer:
         ],
         model: Annotated[
             str | None,
-            Field(description="path of the ONNX model (required for 'build'; a file)"),
+            Field(
+                description="path of the ONNX model (required for 'build'; a regular file); "
+                f"it {inside}; at most {MAX_PATH_CHARS:,} characters",
+                json_schema_extra={"maxLength": MAX_PATH_CHARS},
+            ),
         ] = None,
         output: Annotated[
             str | None,
-            Field(description="where to write the engine (default: in the build's folder)"),
+            Field(
+                description="where to write the engine (default: in the build's folder of the "
+                "state directory); a file that exists is refused unless overwrite is true; "
+                f"at most {MAX_PATH_CHARS:,} characters; it lies outside the builds' folders "
+                f"and {inside}",
+                json_schema_extra={"maxLength": MAX_PATH_CHARS},
+            ),
         ] = None,
         options: Annotated[
-            list[str] | None,
+            list[Annotated[str, Field(json_schema_extra={"maxLength": MAX_OPTION_CHARS})]] | None,
             Field(
                 description="more trt-otel options, as on its command line, e.g. ['--fp16', "
                 "'--timeout', '30m', '--stall-timeout', '10m'] or, for a demo, ['--speed', "
-                "'4', '--silence', '20s']"
+                f"'4', '--silence', '20s']; at most {MAX_OPTIONS} of them, each at most "
+                f"{MAX_OPTION_CHARS:,} characters; a path among them (--timing-cache, --trace, "
+                f"--cancel-file, --history) {inside}",
+                json_schema_extra={"maxItems": MAX_OPTIONS},
             ),
         ] = None,
+        overwrite: Annotated[
+            bool,
+            Field(description="replace the output if it exists (default: refuse to)"),
+        ] = False,
     ) -> dict[str, Any]:
         """Start a build in a process of its own; returns its status (with its id) as soon as
-        it is running."""
-        return _call(lambda: fleet.start(kind, model=model, output=output, options=options or ()))
+        it is running. Paths are confined to the server's roots, and an existing output is
+        replaced only with overwrite: true."""
+        return _call(
+            lambda: fleet.start(
+                kind, model=model, output=output, options=options or (), overwrite=overwrite
+            )
+        )
 
     @server.tool()
     def list_builds() -> dict[str, Any]:
@@ -67,28 +131,34 @@ def create_server(fleet: Fleet) -> MCPServer:
         return {"builds": _call(fleet.list)}
 
     @server.tool()
-    def build_status(
-        id: Annotated[str, Field(description="the build's id, from start_build")],
-    ) -> dict[str, Any]:
+    def build_status(id: Annotated[str, id_field]) -> dict[str, Any]:
         """A build's state, progress, time left (with its basis), open phases, cancel and
         outcome (with the exit code)."""
         return _call(lambda: fleet.status(id))
 
     @server.tool()
     def build_events(
-        id: Annotated[str, Field(description="the build's id")],
+        id: Annotated[str, id_field],
         since_seq: Annotated[
             int, Field(description="return events after this seq (-1: from the first)")
         ] = -1,
-        limit: Annotated[int, Field(description="at most this many", ge=1, le=5000)] = 200,
+        limit: Annotated[
+            int,
+            Field(
+                description=f"at most this many events: 1 to {MAX_EVENTS}; any other limit is "
+                "refused (a tool error), not clamped",
+                json_schema_extra={"minimum": 1, "maximum": MAX_EVENTS},
+            ),
+        ] = 200,
     ) -> dict[str, Any]:
-        """A build's events after a seq, from its journal (as journal records); next_seq
-        is the seq to ask from next time."""
+        """A build's events after a seq, from its journal (as journal records), at most
+        limit of them (1 to 1000); next_seq is the seq to ask from next time, and more says
+        whether there are more."""
         return _call(lambda: fleet.events(id, since_seq, limit))
 
     @server.tool()
     def wait_build(
-        id: Annotated[str, Field(description="the build's id")],
+        id: Annotated[str, id_field],
         until: Annotated[
             Literal["progress", "end"],
             Field(description="'progress': any step, phase, cancel or end; 'end': the end"),
@@ -103,8 +173,15 @@ def create_server(fleet: Fleet) -> MCPServer:
 
     @server.tool()
     def cancel_build(
-        id: Annotated[str, Field(description="the build's id")],
-        reason: Annotated[str, Field(description="why, for the journal and the spans")] = "",
+        id: Annotated[str, id_field],
+        reason: Annotated[
+            str,
+            Field(
+                description=f"why, for the journal and the spans (at most {MAX_REASON_CHARS} "
+                "characters)",
+                json_schema_extra={"maxLength": MAX_REASON_CHARS},
+            ),
+        ] = "",
     ) -> dict[str, Any]:
         """Cancel a running build, with a reason."""
         return _call(lambda: fleet.cancel(id, reason))
@@ -119,6 +196,49 @@ def _call(action: Callable[[], T]) -> T:
         raise ToolError(str(error)) from None
 
 
-def serve(state_dir: Path) -> None:
-    """Serve over stdio until the client goes away."""
-    create_server(Fleet(state_dir)).run("stdio")
+async def _bounded_tool_name(
+    ctx: ServerRequestContext[Any, Any], call_next: CallNext
+) -> HandlerResult:
+    """A call's tool name is bounded too: a long one is refused before anything looks it up
+    (or echoes it back)."""
+    params = ctx.params if isinstance(ctx.params, dict) else {}
+    name = params.get("name")
+    if ctx.method == "tools/call" and isinstance(name, str) and len(name) > MAX_TOOL_NAME_CHARS:
+        said = f"the tool name is {len(name):,} characters long; at most {MAX_TOOL_NAME_CHARS}"
+        return CallToolResult(content=[TextContent(type="text", text=said)], is_error=True)
+    return await call_next(ctx)
+
+
+class _BoundedLines(logging.Filter):
+    """The server's log lines, the SDK's included (it logs a refused call with what was asked,
+    an unknown tool's name say), hold at most :data:`MAX_LOG_ARG_CHARS` of each argument and
+    :data:`MAX_LOG_CHARS` in all: a client's input is not echoed whole."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_cut(arg, MAX_LOG_ARG_CHARS) for arg in record.args)
+        message = record.getMessage()
+        if len(message) > MAX_LOG_CHARS:
+            record.msg, record.args = _cut(message, MAX_LOG_CHARS), None
+        return True
+
+
+def _cut(value: object, limit: int) -> object:
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]}... ({len(value):,} characters)"
+    return value
+
+
+def bound_log_lines() -> None:
+    """Every handler of the root logger (where the SDK's lines go) bounds its lines."""
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, _BoundedLines) for f in handler.filters):
+            handler.addFilter(_BoundedLines())
+
+
+def serve(state_dir: Path, roots: Sequence[Path] | None = None) -> None:
+    """Serve over stdio until the client goes away. Paths are confined to ``roots`` (default:
+    the state directory and the working directory)."""
+    server = create_server(Fleet(state_dir, roots=roots))
+    bound_log_lines()  # after the server, which sets up the logging
+    server.run("stdio")
