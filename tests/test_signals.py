@@ -3,6 +3,7 @@ still a cancel, not the user's interrupt (130). Real processes and signals."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -43,3 +44,49 @@ def test_a_second_sigterm_stops_at_once_and_is_still_a_cancel(
     end = next(e for e in read_journal(journal).events if isinstance(e, BuildFinished))
     assert end.outcome is Outcome.CANCELLATION
     assert end.detail.startswith("received SIGTERM again")
+
+
+def test_sighup_cancels_a_build_as_sigterm_does_and_its_journal_ends(tmp_path: Path) -> None:
+    """A hangup (the terminal or SSH session gone) is a request to stop, not a kill: the build
+    is cancelled, stopped after the grace period if TensorRT is silent, and its journal ends."""
+    journal = tmp_path / "hup.jsonl"
+    process = subprocess.Popen(
+        [*CLI, "demo", "--no-progress", "--no-gpu", "--speed", "0", "--silence", "10m",
+         "--grace", "1s", "--journal", str(journal)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for_text(journal, b"Computing profile costs")
+        process.send_signal(signal.SIGHUP)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 3, err
+    assert "SIGHUP: cancelling at TensorRT's next step" in err
+    events = read_journal(journal).events
+    end = events[-1]
+    assert isinstance(end, BuildFinished), end
+    assert end.outcome is Outcome.CANCELLATION
+    assert end.detail.startswith("received SIGHUP; TensorRT had not stopped 1.0s later")
+
+
+def test_sighup_to_run_cancels_the_program_s_build_as_sigterm_does(tmp_path: Path) -> None:
+    pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install -e '.[dev]')")
+    from test_run import residual_net, start_run, wait_for_journal
+
+    model = residual_net(1000, tmp_path)
+    process, journal = start_run(tmp_path, str(model), options=("--grace", "1s"))
+    try:
+        wait_for_journal(journal, process, "phase_start", "Determining refit engines")
+        process.send_signal(signal.SIGHUP)  # to trt-otel alone: the program is its own job
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 3, err
+    assert "SIGHUP: cancelling the builds" in err
+    events = read_journal(journal).events
+    end = events[-1]
+    assert isinstance(end, BuildFinished), end
+    assert end.outcome is Outcome.CANCELLATION
+    assert "received SIGHUP" in end.detail

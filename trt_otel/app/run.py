@@ -9,8 +9,8 @@ Cancels and signals:
 - A policy (or ``POST /cancel``) cancels the build being made: TensorRT stops at its next step
   and the program sees ``None``, as for any cancel. If TensorRT is still silent ``grace_s``
   later, the building process is stopped: SIGTERM, then SIGKILL ``kill_after_s`` later.
-- SIGTERM to trt-otel cancels the build being made and every later one; a program still
-  running ``grace_s`` later is stopped the same way.
+- SIGTERM (or SIGHUP, treated the same) to trt-otel cancels the build being made and every
+  later one; a program still running ``grace_s`` later is stopped the same way.
 - Ctrl-C reaches the program from the terminal as usual; trt-otel cancels the build being made,
   so that the program sees its interrupt when TensorRT's next step comes rather than after the
   whole build. A second Ctrl-C stops the program at once.
@@ -82,13 +82,16 @@ class _Signals:
     def __init__(self) -> None:
         self.interrupts = 0
         self.terminated = False
+        self.terminated_by = "SIGTERM"
+        """The request to stop that came first: SIGTERM or SIGHUP."""
 
 
 @contextlib.contextmanager
 def _handle_signals(builds: ProgramBuilds, say: Say) -> Iterator[_Signals]:
-    """SIGINT and SIGTERM cancel the build being made (and later ones); the main loop does the
-    rest. A handler runs between two bytecodes of the main thread, possibly while it holds a
-    lock: it only counts, and hands the cancel to a thread of its own."""
+    """SIGINT, SIGTERM and SIGHUP cancel the build being made (and later ones; SIGHUP as
+    SIGTERM, not a kill with no end in the journal); the main loop does the rest. A handler
+    runs between two bytecodes of the main thread, possibly while it holds a lock: it only
+    counts, and hands the cancel to a thread of its own."""
     state = _Signals()
 
     def cancel(reason: str, message: str) -> None:
@@ -105,8 +108,11 @@ def _handle_signals(builds: ProgramBuilds, say: Say) -> Iterator[_Signals]:
                 "Ctrl-C: cancelling the build at TensorRT's next step (again to stop now)",
             )
         else:
+            if not state.terminated:
+                state.terminated_by = signal_name(signum)
             state.terminated = True
-            args = ("received SIGTERM", "SIGTERM: cancelling the builds")
+            name = state.terminated_by
+            args = (f"received {name}", f"{name}: cancelling the builds")
         threading.Thread(target=cancel, args=args, name="trt-otel-signal", daemon=True).start()
 
     with handling_interrupts(handler):
@@ -173,8 +179,9 @@ def run_program(
                     and stopped_with is None
                     and time.monotonic() - terminated_at >= grace_s
                 ):
-                    say(f"the program is still running {format_duration(grace_s)} after SIGTERM")
-                    stopped_why = "received SIGTERM"
+                    name = signals.terminated_by
+                    say(f"the program is still running {format_duration(grace_s)} after {name}")
+                    stopped_why = f"received {name}"
                     stopped_with = stop_process(process.pid, program_ended_within, kill_after_s)
         returncode = process.returncode
         if not channel.drain(5.0):

@@ -249,7 +249,8 @@ class _SignalState:
 
 @contextlib.contextmanager
 def _cancel_on_signals(monitor: BuildMonitor) -> Iterator[_SignalState]:
-    """First SIGINT or SIGTERM: cancel gracefully at the next step. Second: stop now."""
+    """First SIGINT, SIGTERM or SIGHUP (treated as SIGTERM): cancel gracefully at the next
+    step. Second: stop now."""
     state = _SignalState()
 
     def cancel(name: str) -> None:

@@ -345,6 +345,7 @@ def _worker_main(
 ) -> None:
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a hangup is the supervisor's to decide
     # Everything imported so far lives as long as the process: out of the collector's sight,
     # so the collections that the callbacks' records set off do not walk it again and again.
     gc.freeze()
