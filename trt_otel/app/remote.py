@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from trt_otel.app.components import (
     DEEP_QUEUE,
     attach_views,
@@ -69,6 +71,9 @@ class RemoteBuild(BuildMonitor):
         self._request_lock = threading.Lock()
         self.requested = threading.Event()
         """Set once a cancel was written to the control file."""
+        self.undelivered: str | None = None
+        """Why a cancel decided here could not be written to the control file (then the build
+        was not stopped, and watch exits 4), or None."""
 
     def start(self, **attributes: Any) -> None:
         """The build's own ``build_start`` comes from its journal."""
@@ -92,9 +97,15 @@ class RemoteBuild(BuildMonitor):
             try:
                 write_atomically(self.control_file, (json.dumps(decision) + "\n").encode())
             except OSError as error:
-                warn(f"cannot write the control file {self.control_file}: {error}")
+                why = error.strerror or str(error)
+                self.undelivered = (
+                    f"the cancel ({reason}) could not be delivered: cannot write the control "
+                    f"file {str(self.control_file)!r}: {why}"
+                )
+                warn(f"{self.undelivered}; the build goes on, and watch will exit 4")
                 return False
             self._requested = True
+            self.undelivered = None
             self.requested.set()
         say(f"cancel requested through {self.control_file}: {reason}")
         return True
@@ -282,6 +293,20 @@ def _sample_the_writer(
     )
 
 
+def check_control_file(control_file: Path) -> None:
+    """The control file can be written where it is to go, checked before the watch starts
+    (exit 2): else a cancel decided later could not reach the build."""
+    folder = control_file.parent
+    shown = repr(str(control_file))
+    if not folder.is_dir():
+        what = "does not exist" if not folder.exists() else "is not a directory"
+        raise UsageError(f"--control-file {shown}: its directory {str(folder)!r} {what}")
+    if control_file.is_dir():
+        raise UsageError(f"--control-file {shown} is a directory")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"--control-file {shown}: its directory {str(folder)!r} is not writable")
+
+
 def supervises(config: SessionConfig, control_file: Path | None) -> bool:
     """Whether watching a journal asks for more than the console: then watch runs a session."""
     observe = config.observe
@@ -306,7 +331,9 @@ def watch_and_supervise(
     terminate_after_s: float | None = None,
 ) -> BuildFinished | None:
     """Follow the build of ``journal`` to its end with everything ``config`` asks for attached;
-    returns its end (None if interrupted before it)."""
+    returns its end (None if interrupted before it). A cancel decided here that could not be
+    delivered (the control file could not be written) is not a silent success: the end
+    returned is then a failure saying so (exit 4), whatever the build did."""
     observe = config.observe
     if observe.journal is not None:
         raise UsageError("watch reads the build's journal; --journal does not apply to it")
@@ -320,6 +347,8 @@ def watch_and_supervise(
         )
     if terminate_after_s is not None and control_file is None:
         raise UsageError("--terminate-after needs --control-file: watch cancels through it first")
+    if control_file is not None:
+        check_control_file(control_file)
     header, started = first_event(journal)
     with contextlib.ExitStack() as stack:
         attributes = dict(started.attributes)
@@ -349,9 +378,22 @@ def watch_and_supervise(
         if terminate_after_s is not None:
             escalation = Escalation(journal, header, monitor, terminate_after_s)
             ending = stack.enter_context(escalation).stopping_writer
-        return follow_journal(
+        end = follow_journal(
             journal, monitor.feed, warn=warn, lost_after_s=lost_after_s, ending=ending
         )
+    if end is not None and monitor.undelivered is not None:
+        say(f"error: {monitor.undelivered} (the build ended: {end.outcome.value})", tagged=True)
+        return msgspec.structs.replace(
+            end, outcome=Outcome.FAILURE, detail=monitor.undelivered, error_type="CancelUndelivered"
+        )
+    return end
 
 
-__all__ = ["Escalation", "RemoteBuild", "first_event", "supervises", "watch_and_supervise"]
+__all__ = [
+    "Escalation",
+    "RemoteBuild",
+    "check_control_file",
+    "first_event",
+    "supervises",
+    "watch_and_supervise",
+]
