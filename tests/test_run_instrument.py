@@ -92,3 +92,34 @@ def test_settings_come_from_arguments_over_the_environment() -> None:
 def test_a_bad_setting_is_a_clear_error(variable: str, value: str) -> None:
     with pytest.raises(InstrumentError, match=value):
         InstrumentSettings.resolve({variable: value})
+
+
+EXITS_INSTRUMENTED = """
+import sys
+sys.path.insert(0, {programs!r})
+import trt_otel
+trt_otel.instrument()
+from engines import build
+print("result:", "None" if build(sys.argv[1], name="net") is None else "engine", flush=True)
+# no uninstrument(): the process exits, and its journal must still end
+"""
+
+
+def test_a_program_that_exits_instrumented_ends_its_journal_every_time(
+    mnist: Path, tmp_path: Path
+) -> None:
+    script = tmp_path / "exits_instrumented.py"
+    script.write_text(EXITS_INSTRUMENTED.format(programs=str(PROGRAM.parent)))
+    for attempt in range(3):
+        journal = tmp_path / f"exits-{attempt}.jsonl"
+        result = subprocess.run(
+            [sys.executable, str(script), str(mnist)],
+            capture_output=True, text=True, timeout=300, check=False,
+            env={**os.environ, "TRT_OTEL_JOURNAL": str(journal)},
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines() == ["result: engine"]
+        events = read_journal(journal).events
+        assert isinstance(events[0], BuildStarted), (attempt, events)
+        assert isinstance(events[-1], BuildFinished), (attempt, events[-1:])
+        assert events[-1].outcome == "success"

@@ -24,13 +24,14 @@ Settings come from the arguments, else from the environment:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import queue
 import shlex
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -210,20 +211,35 @@ class Instrumentation:
         self._sink = recorder.RemoteSink(lambda: self._channel, "trt-otel in this process")
         self._closed = threading.Event()
         recorder.install(self._sink)
+        # As the OpenTelemetry SDK's providers do: a program that exits without
+        # uninstrument() still ends its builds and flushes its journal and spans (the
+        # followers' threads would otherwise die with what they had not written).
+        atexit.register(self._close_at_exit)
 
     def close(self) -> None:
         """Stop observing; end a build still in progress; flush the journal and the spans."""
+        atexit.unregister(self._close_at_exit)
+        self._close(_unfinished)
+
+    def _close_at_exit(self) -> None:
+        self._close(_exited)
+
+    def _close(self, unfinished: Callable[[ProgramBuild], tuple[Outcome, str, str]]) -> None:
         if self._closed.is_set():
             return
         self._closed.set()
         recorder.uninstall()
         self._sink.close()
-        self.builds.end_unfinished(_unfinished)
+        self.builds.end_unfinished(unfinished)
         self._stack.close()
 
 
 def _unfinished(build: ProgramBuild) -> tuple[Outcome, str, str]:
     return Outcome.FAILURE, "trt-otel was uninstrumented during the build", "Uninstrumented"
+
+
+def _exited(build: ProgramBuild) -> tuple[Outcome, str, str]:
+    return Outcome.FAILURE, "the program exited during the build", "ProgramExited"
 
 
 _current: list[Instrumentation] = []
