@@ -3,9 +3,11 @@ worker processes and signals."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -495,3 +497,71 @@ def test_a_phase_start_is_progress_for_the_stall_policy() -> None:
     clock.advance(5.5)
     decision = runner.check_now()
     assert decision is not None and decision.source == "stall"
+
+
+# -- what a cancel URL says reaches the terminal escaped -----------------------------------------
+
+
+class RawAnswers:
+    """A flag server that answers raw bytes: one poll after another, the next answer (the last
+    one again once they run out), as no well-behaved HTTP server would."""
+
+    def __init__(self, answers: list[bytes]) -> None:
+        self.answers = answers
+        self.polls = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/flag"
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            with connection:
+                connection.settimeout(5)
+                with contextlib.suppress(OSError):
+                    connection.recv(65536)
+                    connection.sendall(self.answers[min(self.polls, len(self.answers) - 1)])
+                self.polls += 1
+
+    def close(self) -> None:
+        self._listener.close()
+        self._thread.join(5)
+
+
+FORGED = "\x1b[2J\x1b[H\x1b[1;32mbuild success\x1b[0m"
+"""Clears the screen and writes a green success where the build's real outcome would be."""
+
+
+def test_what_a_cancel_url_answers_reaches_the_terminal_escaped(tmp_path: Path) -> None:
+    body = json.dumps({"cancel": True, "reason": f"{FORGED}\nFAKE: all done"}).encode()
+    server = RawAnswers(
+        [
+            *[f"{FORGED}\r\n\r\n".encode()] * 3,  # a status line: an error, said once
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body,  # a cancel, its reason forged
+        ]
+    )
+    journal = tmp_path / "j.jsonl"
+    try:
+        done = subprocess.run(
+            [*CLI, "demo", "--no-progress", "--no-gpu", "--speed", "0", "--silence", "20s",
+             "--cancel-url", server.url, "--cancel-url-interval", "0.05",
+             "--journal", str(journal)],
+            check=False, capture_output=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        server.close()
+    err = done.stderr.decode()
+    assert done.returncode == 3, err
+    assert b"\x1b" not in done.stderr, "a raw ESC from the cancel URL reached the terminal"
+    assert "\nFAKE" not in err, "a forged line reached the terminal"
+    assert "not an HTTP answer: '\\x1b[2J\\x1b[H\\x1b[1;32mbuild success\\x1b[0m" in err, err
+    assert "cancel requested by http: \\x1b[2J\\x1b[H\\x1b[1;32mbuild success" in err, err
+    cancel = next(e for e in read_journal(journal).events if isinstance(e, CancelRequested))
+    assert cancel.reason == f"{FORGED}\nFAKE: all done", "the journal keeps it verbatim"

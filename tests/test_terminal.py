@@ -84,3 +84,68 @@ def test_a_cancel_reason_with_control_characters_is_escaped_on_screen_and_kept_i
         json.loads(line) for line in journal.read_text().splitlines() if '"cancel"' in line
     )
     assert cancel["reason"] == reason, "the journal keeps it verbatim"
+
+
+FORGED = "\x1b[2J\x1b[H\x1b[1;32m"
+"""Clears the screen and turns the text green: what a crafted name would do to a terminal."""
+
+
+def crafted_journal(path: Path) -> None:
+    """A journal as an adversary would write it: names that clear the screen and forge lines."""
+    name = f"Building engine{FORGED}\n[     9.9s] build success in 9.9s"
+    records: list[dict[str, object]] = [
+        {"format": "trt-otel-journal", "version": 1, "created_wall_ns": 1, "producer": "x"},
+        {"type": "build_start", "build_id": f"b{FORGED}\nid", "attributes": {}},
+        {"type": "phase_start", "name": name, "parent": None, "num_steps": 2},
+        {"type": "phase_start", "name": f"inner{FORGED}\nFAKE", "parent": name, "num_steps": 1},
+        {"type": "step", "name": f"inner{FORGED}\nFAKE", "step": 0},
+        {"type": "phase_finish", "name": f"inner{FORGED}\nFAKE"},
+        {"type": "step", "name": name, "step": 0},
+        {"type": "phase_finish", "name": name},
+        {"type": "build_end", "outcome": "failure", "detail": f"{FORGED}\nok", "error_type": None},
+    ]
+    for seq, record in enumerate(records[1:]):
+        record.update(seq=seq, wall_ns=1_000 + seq, mono_ns=1_000_000_000 * (seq + 1), thread="T")
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+
+
+def test_a_crafted_journal_is_replayed_and_watched_escaped(tmp_path: Path) -> None:
+    journal = tmp_path / "crafted.jsonl"
+    crafted_journal(journal)
+    for command in (["replay", str(journal)], ["watch", "--no-progress", str(journal)]):
+        done = subprocess.run(
+            [*CLI, *command], check=False, capture_output=True, text=True, timeout=60
+        )
+        shown = done.stdout + done.stderr
+        assert done.returncode in (0, 4), shown  # replay: 0; watch mirrors the failure: 4
+        assert "\x1b" not in shown, f"{command[0]}: a raw ESC reached the terminal"
+        lines = shown.splitlines()
+        assert not any(line.lstrip().startswith(("[     9.9s]", "FAKE", "ok")) for line in lines), (
+            f"{command[0]}: a name forged a line: {shown}"
+        )
+        assert "Building engine\\x1b[2J\\x1b[H\\x1b[1;32m\\n[     9.9s] build success" in shown, (
+            shown
+        )
+        assert "inner\\x1b[2J\\x1b[H\\x1b[1;32m\\nFAKE" in shown, shown
+
+
+def test_paths_with_control_characters_are_escaped_on_their_lines(tmp_path: Path) -> None:
+    """``journal:``, ``engine:`` and ``policy:`` lines show paths the user gave, which may hold
+    anything a file name can (a newline, an ESC)."""
+    odd = f"x{FORGED}\nFAKE: build success"
+    folder = tmp_path / odd
+    folder.mkdir()
+    done = subprocess.run(
+        [*CLI, "demo", "--no-progress", "--no-gpu", "--speed", "0",
+         "--journal", str(folder / "j.jsonl"), "-o", str(folder / "model.engine"),
+         "--cancel-file", str(folder / "stop")],
+        check=False, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stderr, "a raw ESC reached the terminal"
+    assert not any(line.startswith("FAKE") for line in done.stderr.splitlines()), done.stderr
+    escaped = str(tmp_path / "x\\x1b[2J\\x1b[H\\x1b[1;32m\\nFAKE: build success")
+    for label, name in [("journal", "j.jsonl"), ("engine", "model.engine"), ("policy", "stop")]:
+        line = next((x for x in done.stderr.splitlines() if x.startswith(f"{label}: ")), "")
+        assert f"{escaped}/{name}" in line, (label, done.stderr)
+    assert (folder / "j.jsonl").is_file() and (folder / "model.engine").is_file()

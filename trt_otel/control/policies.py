@@ -480,7 +480,14 @@ class CancelUrl(Polled):
         return f"url({self.url}{mode})"
 
     def probe(self) -> Decision | None:
-        status, body = fetch(self.url, self.request_timeout_s, MAX_FLAG_BODY + 1)
+        try:
+            status, body = fetch(self.url, self.request_timeout_s, MAX_FLAG_BODY + 1)
+        except http.client.HTTPException as error:
+            if isinstance(error, ConnectionError):  # went away: no text of the server's
+                raise
+            # Its text is the server's (a status line up to 64 KiB, ESC and all): quoted and
+            # cut, as an answer that is no flag is.
+            raise FlagError(f"not an HTTP answer: {str(error)[:60]!r}") from None
         cancel, reason = parse_flag(status, body)
         return Decision(reason or f"cancel URL {self.url} said so", self.source) if cancel else None
 

@@ -5,6 +5,11 @@ and ``watch`` and ``replay`` build from the same events, so they show what the b
 Recording is apart from drawing: the model folds on its own thread; rich's refresh thread draws
 the live tree from it at a fixed rate. Plain lines are written as events arrive, as one of the
 model's subscribers.
+
+Every name shown comes from events, and events can come from outside (a journal replayed or
+watched, a build's HTTP view): phase names, reasons and the rest are shown with their control
+characters escaped (:func:`~trt_otel.views.terminal.printable`), so a crafted one cannot clear
+the screen or forge a line. The model keeps them verbatim.
 """
 
 from __future__ import annotations
@@ -85,11 +90,11 @@ def render_build(
         header.append(f"  silent for {format_duration(silent_s)}", "yellow")
         inner = state.innermost_open()
         if inner is not None:
-            header.append(f" in {inner}", "yellow")
+            header.append(f" in {printable(inner)}", "yellow")
         liveness = state.activity.describe()
         if liveness is not None:
             working = state.activity.verdict is Verdict.WORKING
-            header.append(f": {liveness}", "green" if working else "bold red")
+            header.append(f": {printable(liveness)}", "green" if working else "bold red")
     tree = Tree(header, guide_style="dim")
     _add_nodes(tree, model, None, now)
     footer = _footer(state)
@@ -194,31 +199,35 @@ def _phase_label(state: BuildState, phase: Phase, now: int | None) -> Text:
     steps = f" {phase.last_step + 1}/{phase.num_steps}"
     if phase.status is PhaseStatus.FINISHED:
         label.append("✓ ", "green")
-        label.append(phase.name)
+        label.append(printable(phase.name))
         label.append(f"{steps}{took}", "dim")
     elif phase.status is PhaseStatus.ABORTED:
         label.append("✗ ", "yellow")
-        label.append(phase.name)
-        label.append(f"{steps}{took} ({phase.close_reason})", "dim yellow")
+        label.append(printable(phase.name))
+        label.append(f"{steps}{took} ({printable(str(phase.close_reason))})", "dim yellow")
     else:
         label.append("▶ ", "cyan")
-        label.append(phase.name, "bold")
+        label.append(printable(phase.name), "bold")
         label.append(f" {_bar(state.phase_progress(phase.id))}", "cyan")
         label.append(f"{steps}{took}", "dim")
     return label
 
 
-def _add_nodes(parent: Tree, model: ReadModel, phase_id: int | None, now: int | None) -> None:
-    for node in model.tree(phase_id):
-        if isinstance(node, SiblingGroup):
-            label = Text("✓ ", "green")
-            label.append(f"{node.name} ×{node.count}")
-            label.append(f" {format_duration(node.total_ns / 1e9)} in all", "dim")
-            parent.add(label)
-        else:
-            branch = parent.add(_phase_label(model.state, node, now))
-            if node.children:
-                _add_nodes(branch, model, node.id, now)
+def _add_nodes(root: Tree, model: ReadModel, phase_id: int | None, now: int | None) -> None:
+    # A stack, not recursion: a journal may nest phases as deep as it likes.
+    stack: list[tuple[Tree, int | None]] = [(root, phase_id)]
+    while stack:
+        parent, under = stack.pop()
+        for node in model.tree(under):
+            if isinstance(node, SiblingGroup):
+                label = Text("✓ ", "green")
+                label.append(f"{printable(node.name)} ×{node.count}")
+                label.append(f" {format_duration(node.total_ns / 1e9)} in all", "dim")
+                parent.add(label)
+            else:
+                branch = parent.add(_phase_label(model.state, node, now))
+                if node.children:
+                    stack.append((branch, node.id))
 
 
 class LiveConsole:
@@ -328,6 +337,8 @@ class PlainLines:
             self._beats.start()
 
     def _write(self, line: str) -> None:
+        """One line: names from the events in it (phases, reasons, the build id) escaped."""
+        line = printable(line)
         with self._write_lock:
             self.stream.write(f"{line}\n")
             self.stream.flush()
@@ -386,17 +397,14 @@ class PlainLines:
                 )
             return None
         if isinstance(event, CancelRequested):
-            # A reason can come from outside (the HTTP view, a cancel URL): shown escaped.
-            return (
-                f"{self._stamp(event)} cancel requested by {printable(event.source)}: "
-                f"{printable(event.reason)}"
-            )
+            # A reason can come from outside (the HTTP view, a cancel URL): _write escapes it.
+            return f"{self._stamp(event)} cancel requested by {event.source}: {event.reason}"
         if isinstance(event, Anomaly) and state.anomalies[event.kind] == 1:
-            detail = printable(event.detail)
+            detail = event.detail
             return f"{self._stamp(event)} protocol anomaly ({event.kind.value}): {detail}"
         if isinstance(event, BuildFinished):
             took = format_duration((event.mono_ns - (state.start_mono_ns or event.mono_ns)) / 1e9)
-            detail = f": {printable(event.detail)}" if event.detail else ""
+            detail = f": {event.detail}" if event.detail else ""
             return (
                 f"{self._stamp(event)} build {event.outcome.value} in {took} "
                 f"({state.steps_completed_total:,} steps, {state.phases_started_total:,} phases)"

@@ -5,7 +5,9 @@ cannot break.
   outside (a cancel reason from the HTTP view or a cancel URL), so it cannot move the cursor,
   recolour or clear the screen, or forge lines. The journal keeps such text verbatim.
 - :func:`say` and :func:`warn` are trt-otel's one way to speak to the operator: a whole line on
-  stderr in one write (so it stays whole among a program's own lines on the same stream).
+  stderr in one write (so it stays whole among a program's own lines on the same stream), with
+  its control characters escaped: what they say often holds a path, a URL or an answer from
+  outside (``journal: PATH``, a cancel URL's error), and a line is one line.
 - :class:`PipeSafeStream` wraps stderr: when its reader goes away (``trt-otel demo 2>&1 | head``)
   the first failed write turns every later one into nothing, so the build's outcome, exit code
   and cleanup are those of a build with a terminal.
@@ -33,8 +35,10 @@ def printable(text: str) -> str:
 
 def say(message: str, *, tagged: bool = False) -> None:
     """One line for the operator on stderr; ``tagged``: prefixed ``trt-otel:``, where it stands
-    among another program's output (``trt-otel run``)."""
-    sys.stderr.write(f"trt-otel: {message}\n" if tagged else f"{message}\n")
+    among another program's output (``trt-otel run``). Control characters in ``message`` are
+    escaped (:func:`printable`)."""
+    line = printable(message)
+    sys.stderr.write(f"trt-otel: {line}\n" if tagged else f"{line}\n")
     sys.stderr.flush()
 
 
