@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import re
 import shutil
 import subprocess
 import threading
@@ -17,7 +18,7 @@ import pytest
 import yaml
 
 from prometheus_server import PrometheusServer, free_port, promtool_lint
-from trt_otel import BuildMonitor, JournalWriter
+from trt_otel import BuildMonitor, JournalWriter, read_journal
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.capture.gpu import GpuReading, GpuSampler
 from trt_otel.core.events import AnomalyKind, Outcome
@@ -327,8 +328,11 @@ def test_a_short_build_pushes_its_final_values_to_a_pushgateway(tmp_path: Path) 
     with pushgateway() as url:
         assert main(["demo", "--speed", "0", "--no-progress", "--pushgateway", url]) == 0
         text = scrape_url(f"{url}/metrics")
-        assert 'trt_build_state{instance="",job="trt_otel",state="success"} 1' in text
-        assert 'trt_build_progress_ratio{instance="",job="trt_otel"} 1' in text
+        key = re.search(r'trt_build_state\{build_id="([0-9a-f]{32})"', text)
+        assert key is not None, text
+        group = f'build_id="{key[1]}",instance="",job="trt_otel"'
+        assert f'trt_build_state{{{group},state="success"}} 1' in text
+        assert f"trt_build_progress_ratio{{{group}}} 1" in text
 
 
 @contextlib.contextmanager
@@ -336,7 +340,14 @@ def pushgateway() -> Iterator[str]:
     """A real Pushgateway on a free port, ready to take pushes; yields its URL."""
     port = free_port()
     gateway = subprocess.Popen(
-        ["prometheus-pushgateway", f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        # In memory: Debian's default persists every group to /var/lib/prometheus, where
+        # one test's pushes would meet another's.
+        [
+            "prometheus-pushgateway",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+            "--persistence.file=",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -469,7 +480,8 @@ def test_the_push_carries_the_same_series_as_a_scrape() -> None:
             push_build_metrics(registry, url)
             scraped = series(scrape(server.port))
             pushed = {
-                name: labels - {("instance", ""), ("job", "trt_otel")}
+                name: labels
+                - {("instance", ""), ("job", "trt_otel"), ("build_id", monitor.build_id)}
                 for name, labels in series(scrape_url(f"{url}/metrics")).items()
                 if name in scraped
             }
@@ -488,3 +500,28 @@ def series(text: str) -> dict[str, frozenset[tuple[str, str]]]:
         for sample in family.samples:
             found.setdefault(sample.name, set()).update(sample.labels.items())
     return {name: frozenset(labels) for name, labels in found.items()}
+
+
+@pytest.mark.skipif(
+    shutil.which("prometheus-pushgateway") is None,
+    reason="Debian's prometheus-pushgateway is not installed (.ci/run installs it)",
+)
+def test_builds_pushing_to_one_pushgateway_each_keep_their_own_group(tmp_path: Path) -> None:
+    """A push replaces its group: grouped by the build's id, two builds pushing to the same
+    Pushgateway (concurrent ones, or one after another) are both there, not the last alone."""
+    from trt_otel.app.cli import main
+
+    journals = [tmp_path / "one.jsonl", tmp_path / "two.jsonl"]
+    with pushgateway() as url:
+        for journal in journals:
+            args = ["demo", "--speed", "0", "--no-progress", "--no-gpu", "--pushgateway", url]
+            assert main([*args, "--journal", str(journal)]) == 0
+        with urllib.request.urlopen(f"{url}/api/v1/metrics", timeout=5) as response:
+            groups = json.load(response)["data"]
+        text = scrape_url(f"{url}/metrics")
+    ids = {read_journal(journal).events[0].build_id for journal in journals}  # type: ignore[attr-defined]
+    assert len(ids) == 2
+    assert {group["labels"].get("build_id") for group in groups} == ids
+    for build_id in ids:
+        group = f'build_id="{build_id}",instance="",job="trt_otel"'
+        assert f'trt_build_state{{{group},state="success"}} 1' in text

@@ -18,6 +18,7 @@ import socket
 import socketserver
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -118,7 +119,13 @@ def metrics_registry(sources: MetricSources) -> CollectorRegistry:
     """
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BuildCollector(sources))
+    _SOURCES_OF[registry] = sources  # for the push's grouping key
     return registry
+
+
+_SOURCES_OF: weakref.WeakKeyDictionary[CollectorRegistry, MetricSources] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def sample_build(sources: MetricSources) -> BuildSample:
@@ -519,8 +526,27 @@ def exposition(
 
 
 def push_build_metrics(
-    registry: CollectorRegistry, gateway: str, *, job: str = "trt_otel", timeout_s: float = 5.0
+    registry: CollectorRegistry,
+    gateway: str,
+    *,
+    job: str = "trt_otel",
+    build_id: str | None = None,
+    timeout_s: float = 5.0,
 ) -> None:
     """Push the build's metrics (the registry a scrape reads) to a Pushgateway once, for builds
-    shorter than a scrape interval. Raises OSError (URLError) when it cannot be reached."""
-    push_to_gateway(gateway, job=job, registry=registry, timeout=timeout_s)
+    shorter than a scrape interval, grouped by the build's id (``build_id``, read from the
+    registry's build when not given): a push replaces its group, so builds pushing at the same
+    time each keep their own group instead of overwriting one another. Raises OSError
+    (URLError) when it cannot be reached."""
+    if build_id is None:
+        build_id = _build_id_of(registry)
+    grouping_key = {"build_id": build_id} if build_id else None
+    push_to_gateway(
+        gateway, job=job, registry=registry, grouping_key=grouping_key, timeout=timeout_s
+    )
+
+
+def _build_id_of(registry: CollectorRegistry) -> str | None:
+    """The id of the build a registry of :func:`metrics_registry` reads (None: another)."""
+    sources = _SOURCES_OF.get(registry)
+    return (sources.monitor.build_id or None) if sources is not None else None
