@@ -149,3 +149,22 @@ def test_paths_with_control_characters_are_escaped_on_their_lines(tmp_path: Path
         line = next((x for x in done.stderr.splitlines() if x.startswith(f"{label}: ")), "")
         assert f"{escaped}/{name}" in line, (label, done.stderr)
     assert (folder / "j.jsonl").is_file() and (folder / "model.engine").is_file()
+
+
+def test_replay_escapes_the_journal_path_it_names(tmp_path: Path) -> None:
+    """A journal's path is shown with what replay says of it (its problems, a missing file)."""
+    folder = tmp_path / f"x{FORGED}\nFAKE: build success"
+    folder.mkdir()
+    journal = folder / "j.jsonl"
+    crafted_journal(journal)
+    with journal.open("a") as file:
+        file.write("not json\n")  # a problem, said with the path
+    missing = folder / "missing.jsonl"
+    for path, code in [(journal, 4), (missing, 2)]:
+        done = subprocess.run(
+            [*CLI, "replay", str(path)], check=False, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == code, done.stderr
+        assert "x\\x1b[2J\\x1b[H\\x1b[1;32m\\nFAKE: build success" in done.stderr, done.stderr
+        assert "\x1b" not in done.stderr
+        assert not any(line.startswith("FAKE") for line in done.stderr.splitlines())

@@ -60,7 +60,7 @@ from trt_otel.core.journal import JournalError, read_journal
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.views.console import render_build
 from trt_otel.views.otlp import OtlpConfigError
-from trt_otel.views.terminal import PipeSafeStream, pipe_safe_stderr
+from trt_otel.views.terminal import PipeSafeStream, pipe_safe_stderr, printable
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -99,7 +99,7 @@ def _main(argv: Sequence[str] | None) -> int:
         PreflightError,
         ProgramNotFoundError,
     ) as error:
-        print(f"trt-otel: error: {error}", file=sys.stderr)
+        print(f"trt-otel: error: {printable(str(error))}", file=sys.stderr)  # paths, names given
         return EXIT_USAGE
 
 
@@ -192,7 +192,7 @@ def replay(command: ReplayCommand) -> int:
     one (a build with no end counts as failed)."""
     journal = read_journal(command.journal)
     for problem in journal.problems:
-        print(f"trt-otel: {command.journal}: {problem}", file=sys.stderr)
+        print(printable(f"trt-otel: {command.journal}: {problem}"), file=sys.stderr)
     builds = _builds_of(journal.events)
     if not journal.events:
         raise JournalError(f"{command.journal}: no build in this journal (its header alone)")
@@ -212,7 +212,7 @@ def replay(command: ReplayCommand) -> int:
             if unended:
                 said = _no_end(journal.header, model, followed=not last)
                 name = f"build {index + 1} of {len(builds)}: " if len(builds) > 1 else ""
-                print(f"trt-otel: {command.journal}: {name}{said}", file=sys.stderr)
+                print(printable(f"trt-otel: {command.journal}: {name}{said}"), file=sys.stderr)
             out.print(render_build(model, never_ended=unended))
             outcome = Outcome.FAILURE if state.outcome is None else state.outcome
             code = max(code, exit_code_of(outcome))
