@@ -8,7 +8,9 @@ TensorRT-RTX build where the command offers that builder, the simulator otherwis
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -34,6 +36,7 @@ from rtx_builds import (  # noqa: E402
 )
 from trt_otel.app.commands import build_parser  # noqa: E402
 from trt_otel.app.fleet import Fleet, FleetError  # noqa: E402
+from trt_otel.app.mcp_server import MAX_LOG_CHARS, bound_log_lines  # noqa: E402
 from trt_otel.builder.onnx_models import demo_model_bytes  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -502,6 +505,26 @@ def test_inputs_are_bounded_before_any_work(tmp_path: Path) -> None:
         assert len(logged) < 1000 * len(calls), logged[:2000]
 
     run(test)
+
+
+def test_log_lines_hold_no_input_whole() -> None:
+    """The server's log lines (the SDK's too, which log what a refused call asked) are cut."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        bound_log_lines()
+        sdk = logging.getLogger("mcp.server.mcpserver.server")
+        sdk.warning("Tool %r failed: %r", "x" * 1_000_000, "y" * 1_000_000)
+        logging.getLogger("trt_otel.test").warning("z" * 1_000_000)
+    finally:
+        root.removeHandler(handler)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("Tool 'xxx") and "(1,000,000 characters)" in lines[0]
+    assert lines[1].startswith("zzz") and "(1,000,000 characters)" in lines[1]
+    assert all(len(line) < MAX_LOG_CHARS + 100 for line in lines), [len(x) for x in lines]
 
 
 def test_an_id_never_leaves_the_state_directory(tmp_path: Path) -> None:

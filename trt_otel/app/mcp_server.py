@@ -215,6 +215,9 @@ class _BoundedLines(logging.Filter):
     :data:`MAX_LOG_CHARS` in all: a client's input is not echoed whole."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "trt_otel_bounded", False):
+            return True  # cut once, by the first handler that saw it
+        record.trt_otel_bounded = True
         if isinstance(record.args, tuple):
             record.args = tuple(_cut(arg, MAX_LOG_ARG_CHARS) for arg in record.args)
         message = record.getMessage()
