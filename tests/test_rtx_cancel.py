@@ -209,7 +209,7 @@ def test_ctrl_c_stops_a_real_build(launch: Launcher) -> None:
 
 
 def test_a_builder_computing_through_its_silent_window_is_not_stalled(launch: Launcher) -> None:
-    build = launch.start("--stall-timeout", "1s", "--sample-interval", "0.2s", "--grace", "1s")
+    build = launch.start("--stall-timeout", "2s", "--sample-interval", "0.2s", "--grace", "1s")
     assert build.finish() == 0, build.stderr
     events = read_journal(build.journal).events
     assert not [e for e in events if isinstance(e, CancelRequested)]

@@ -20,6 +20,7 @@ build said.
 from __future__ import annotations
 
 import enum
+from collections import deque
 
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import GpuSample, ProcessSample
@@ -29,6 +30,8 @@ ACTIVE_CPU_PERCENT = 5.0
 """CPU use (100: one core) above which the builder counts as working."""
 ACTIVE_GPU_UTILIZATION = 0.05
 """GPU utilization (0 to 1) above which the builder counts as working."""
+CPU_WINDOW_S = 1.0
+"""The shortest time over which CPU use is judged."""
 IDLE_AFTER_S = 3.0
 """How long a builder must show no sign of work before it is ``idle``: a builder that waits a
 moment on its disk or its GPU is not hung."""
@@ -51,7 +54,7 @@ class Activity:
     working (monotonic ns)."""
 
     __slots__ = (
-        "_active_cpu_seconds",
+        "_cpu_history",
         "last_active_mono_ns",
         "last_sample",
         "peak_rss_bytes",
@@ -67,18 +70,26 @@ class Activity:
         self.last_active_mono_ns: int | None = None
         self.peak_rss_bytes: int | None = None
         self.rss_rising = False
-        self._active_cpu_seconds: float | None = None
-        """The process's CPU time when it was last seen working."""
+        self._cpu_history: deque[tuple[int, float]] = deque()
+        """(monotonic ns, CPU seconds) of the recent samples, a little over a window's worth."""
 
     def _busy(self, sample: ProcessSample) -> bool:
-        """Whether the process used CPU above the threshold since it was last seen working,
-        over at least a second: a sampler's own blip (a few ms of a sleeping process, or of a
-        writer that samples itself) over a short interval is not work."""
-        since_ns, since_cpu = self.last_active_mono_ns, self._active_cpu_seconds
-        if since_ns is None or since_cpu is None or sample.cpu_seconds is None:
+        """Whether the process used CPU above the threshold over the last :data:`CPU_WINDOW_S`
+        at least: a blip (a few ms of a sleeping process, or of a writer that samples itself)
+        over a short sampling interval is not work, and steady work at any interval is."""
+        if sample.cpu_seconds is None:
             return sample.cpu_percent is not None and sample.cpu_percent >= ACTIVE_CPU_PERCENT
-        window_s = max(1.0, (sample.mono_ns - since_ns) / 1e9)
-        return sample.cpu_seconds - since_cpu >= ACTIVE_CPU_PERCENT / 100 * window_s
+        history = self._cpu_history
+        history.append((sample.mono_ns, sample.cpu_seconds))
+        window_ns = CPU_WINDOW_S * 1e9
+        # Keep the latest sample at least a window older than this one, and none before it.
+        while len(history) > 2 and sample.mono_ns - history[1][0] >= window_ns:
+            history.popleft()
+        then_ns, then_cpu = history[0]
+        if then_ns == sample.mono_ns:  # the first sample: its own figure is all there is
+            return sample.cpu_percent is not None and sample.cpu_percent >= ACTIVE_CPU_PERCENT
+        elapsed_s = max(CPU_WINDOW_S, (sample.mono_ns - then_ns) / 1e9)
+        return sample.cpu_seconds - then_cpu >= ACTIVE_CPU_PERCENT / 100 * elapsed_s
 
     def sample(
         self,
@@ -107,7 +118,6 @@ class Activity:
             if called_back or busy_cpu or busy_gpu or self.last_active_mono_ns is None:
                 # The first sample counts as work: the builder has only just started.
                 self.last_active_mono_ns = sample.mono_ns
-                self._active_cpu_seconds = sample.cpu_seconds
             quiet_ns = sample.mono_ns - self.last_active_mono_ns
             verdict = Verdict.IDLE if quiet_ns > IDLE_AFTER_S * 1e9 else Verdict.WORKING
         if verdict is not self.verdict:
