@@ -498,6 +498,13 @@ def test_inputs_are_bounded_before_any_work(tmp_path: Path) -> None:
                     await client.call_tool("build_events", {"id": "0123456789ab", "limit": 1000})
                 )
                 assert "no build '0123456789ab'" in said
+                # Within the bounds, the command line's own message quotes what it refuses: cut.
+                unknown = ["--no-such-option-" + "x" * 4000] * 64
+                said = error_text(
+                    await client.call_tool("start_build", {"kind": "demo", "options": unknown})
+                )
+                assert "unrecognized arguments: --no-such-option-xxx" in said
+                assert len(said) < 1100 and said.endswith("characters)"), said[-100:]
                 assert payload(await client.call_tool("list_builds", {}))["builds"] == []
         # The server's log says what was refused, in a few lines, never the input whole.
         logged = (tmp_path / "server.err").read_text()

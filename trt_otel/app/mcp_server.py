@@ -49,6 +49,8 @@ that exists is replaced only with overwrite: true. Strings are bounded (paths an
 {paths:,} characters, at most {options} options, an id {ids}, a reason {reasons}): a longer one
 is refused."""
 MAX_TOOL_NAME_CHARS = 64
+MAX_ERROR_CHARS = 1000
+"""A tool error's message at most (what the command line says of an option quotes it)."""
 MAX_LOG_ARG_CHARS = 200
 MAX_LOG_CHARS = 1000
 """What one log line of the server holds at most of one argument, and in all."""
@@ -193,7 +195,9 @@ def _call(action: Callable[[], T]) -> T:
     try:
         return action()
     except FleetError as error:
-        raise ToolError(str(error)) from None
+        # The command line's own message may quote what was sent (every unrecognized option):
+        # bounded like the rest.
+        raise ToolError(str(_cut(str(error), MAX_ERROR_CHARS))) from None
 
 
 async def _bounded_tool_name(
