@@ -112,3 +112,27 @@ def test_the_views_and_policies_read_the_build_through_a_protocol_not_the_monito
         if target == "trt_otel.capture.monitor"
     )
     assert wrong == []
+
+
+MAX_FUNCTION_LINES = 60
+LONG = "# Long:"
+"""The comment, right above a longer function, that says why it is long."""
+
+
+def test_no_function_is_long_without_a_reason_beside_it() -> None:
+    long = []
+    for name, path in modules().items():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            first = node.body[0]
+            documented = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+            body_starts = first.end_lineno + 1 if documented and first.end_lineno else first.lineno
+            assert node.end_lineno is not None
+            length = node.end_lineno - body_starts + 1
+            top = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            above = [line.strip() for line in lines[max(0, top - 4) : top - 1]]
+            if length > MAX_FUNCTION_LINES and not any(a.startswith(LONG) for a in above):
+                long.append(f"{name}.{node.name}: {length} lines")
+    assert long == []

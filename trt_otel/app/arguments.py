@@ -194,6 +194,7 @@ def span_config(args: argparse.Namespace) -> SpanConfig:
 # -- builder -------------------------------------------------------------------------------------
 
 
+# Long: one add_argument per builder option, in the order --help shows them.
 def add_builder_options(parser: argparse.ArgumentParser) -> Group:
     group = parser.add_argument_group(
         "builder (named after trtexec; trtexec's spellings are accepted too)"
@@ -306,6 +307,7 @@ def builder_options(args: argparse.Namespace, *, threads: int | None = None) -> 
 # -- cancel policies -----------------------------------------------------------------------------
 
 
+# Long: one add_argument per cancel policy option, in the order --help shows them.
 def add_policy_options(parser: argparse.ArgumentParser) -> Group:
     """The cancel policies and ``--grace``; the group is returned for a command's own
     additions (``build`` and ``demo`` add ``--in-process``)."""
@@ -417,6 +419,7 @@ def console_config(args: argparse.Namespace) -> ConsoleConfig:
     return ConsoleConfig(live=not args.no_progress)
 
 
+# Long: one add_argument per observability option, in the order --help shows them.
 def add_observability_options(parser: argparse.ArgumentParser) -> Group:
     """Journal, HTTP view, GPU, history, Prometheus and the console (spans are their own
     group: :func:`add_span_options`)."""

@@ -56,6 +56,8 @@ MAX_LOG_CHARS = 1000
 """What one log line of the server holds at most of one argument, and in all."""
 
 
+# Long: the tools are declared where the server is made, each a short function over the
+# fleet; their descriptions (what an agent reads) are most of the lines.
 def create_server(fleet: Fleet) -> MCPServer:
     roots = ", ".join(map(str, fleet.roots))
     instructions = INSTRUCTIONS.format(

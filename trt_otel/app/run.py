@@ -119,6 +119,8 @@ def _handle_signals(builds: ProgramBuilds, say: Say) -> Iterator[_Signals]:
         yield state
 
 
+# Long: the program's whole life in one loop (start, wait, cancel's grace, Ctrl-C, stop),
+# read top to bottom; each step is a call.
 def run_program(
     command: Sequence[str],
     builds: ProgramBuilds,

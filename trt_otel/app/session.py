@@ -29,9 +29,9 @@ from trt_otel.app.components import (
     following,
     open_journal,
 )
-from trt_otel.app.config import SessionConfig, UsageError
+from trt_otel.app.config import ObservabilityConfig, SessionConfig, UsageError
 from trt_otel.builder.build import BuildJob, BuildResult, partial_files, run_build_job
-from trt_otel.capture.gpu import GpuSampler
+from trt_otel.capture.gpu import GpuReader, GpuSampler
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.process import ProcessSampler
 from trt_otel.capture.supervisor import IsolatedResult, StopNow, run_isolated
@@ -41,6 +41,7 @@ from trt_otel.core.durations import format_duration
 from trt_otel.core.events import Outcome
 from trt_otel.core.followers import Follower
 from trt_otel.core.readmodel import ReadModel
+from trt_otel.views.http import StatusServer
 from trt_otel.views.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent, trace_id_for
 from trt_otel.views.terminal import say, warn
 
@@ -87,51 +88,14 @@ def run_session(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]
         console_view(observe.console, model)
         _announce(monitor.build_id, attributes, spans is not None, runner)
 
-        # The log's followers, each on its own thread behind a bounded queue.
-        followers: list[tuple[Follower, int]] = []
-        if observe.journal is not None:
-            journal = open_journal(observe.journal)
-            followers.append((journal, DEEP_QUEUE))
-            if model.is_fold:  # the supervisor: lines encoded as each frame's events are made
-                monitor.log.add_batch_consumer(journal.encode_ahead)
-        if not model.is_fold:
-            followers.append((model, DEEP_QUEUE))
-        inline: list[Follower] = []
-        if http is not None:
-            if model.is_fold:  # the supervisor: the feed keeps each frame's events as made
-                inline.append(http.feed)
-            else:
-                followers.append((http.feed, DEEP_QUEUE))
-        stack.enter_context(following(monitor.log, followers, model, inline=inline))
+        _follow(stack, monitor, model, observe, http)
 
-        # Things that act during the build: policies, the GPU sampler, signal handlers.
+        # Things that act during the build: policies, the samplers, signal handlers.
         monitor.start()
         if runner is not None:
             stack.enter_context(runner)
-        samplers: list[ProcessSampler | GpuSampler] = []
-
-        def build_open() -> bool:
-            return monitor.state.outcome is None
-
-        if gpu is not None:
-            sampler = GpuSampler(
-                monitor.log,
-                gpu,
-                interval_s=observe.gpu.interval_s,
-                warn=warn,
-                build_open=build_open,
-            )
-            samplers.append(stack.enter_context(sampler))
-        builder = ProcessSampler(
-            monitor.log, interval_s=observe.sample_interval_s, warn=warn, build_open=build_open
-        )
-        samplers.append(stack.enter_context(builder))
+        watch = _sample(stack, monitor, gpu, observe)
         signals = stack.enter_context(_cancel_on_signals(monitor))
-
-        def watch(pid: int) -> None:
-            for each in samplers:
-                each.watch(pid)
-
         result, interrupted = _build(monitor, job, config, watch)
         interrupted = interrupted or signals.interrupted
     if observe.journal is not None:
@@ -144,6 +108,62 @@ def run_session(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]
     if monitor.state.error_type == "BuildSetupError":  # found only where the build runs
         return EXIT_USAGE
     return exit_code_of(result.outcome)
+
+
+def _follow(
+    stack: contextlib.ExitStack[Any],
+    monitor: BuildMonitor,
+    model: ReadModel,
+    observe: ObservabilityConfig,
+    http: StatusServer | None,
+) -> None:
+    """The log's followers, each on its own thread behind a bounded queue (in a supervisor,
+    where the model is the log's own fold, the journal's lines and the HTTP feed are made as
+    each frame's events are)."""
+    followers: list[tuple[Follower, int]] = []
+    if observe.journal is not None:
+        journal = open_journal(observe.journal)
+        followers.append((journal, DEEP_QUEUE))
+        if model.is_fold:
+            monitor.log.add_batch_consumer(journal.encode_ahead)
+    if not model.is_fold:
+        followers.append((model, DEEP_QUEUE))
+    inline: list[Follower] = []
+    if http is not None:
+        if model.is_fold:
+            inline.append(http.feed)
+        else:
+            followers.append((http.feed, DEEP_QUEUE))
+    stack.enter_context(following(monitor.log, followers, model, inline=inline))
+
+
+def _sample(
+    stack: contextlib.ExitStack[Any],
+    monitor: BuildMonitor,
+    gpu: GpuReader | None,
+    observe: ObservabilityConfig,
+) -> Callable[[int], None]:
+    """The builder's process (and its GPU, where there is one) sampled until the build ends;
+    returns what to tell of the process that builds, once it runs."""
+
+    def build_open() -> bool:
+        return monitor.state.outcome is None
+
+    interval_s = observe.sample_interval_s
+    samplers: list[ProcessSampler | GpuSampler] = []
+    if gpu is not None:
+        gpu_sampler = GpuSampler(
+            monitor.log, gpu, interval_s=interval_s, warn=warn, build_open=build_open
+        )
+        samplers.append(stack.enter_context(gpu_sampler))
+    builder = ProcessSampler(monitor.log, interval_s=interval_s, warn=warn, build_open=build_open)
+    samplers.append(stack.enter_context(builder))
+
+    def watch(pid: int) -> None:
+        for sampler in samplers:
+            sampler.watch(pid)
+
+    return watch
 
 
 def _announce(

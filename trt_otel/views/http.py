@@ -365,6 +365,8 @@ class StatusServer:
         self._thread.join(5.0)
 
 
+# Long: the request handler class closes over its server; its methods are short, one an
+# endpoint, and read in the order of the endpoints' table in docs/http.md.
 def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         timeout = CLIENT_TIMEOUT_S  # a client that stalls mid-request or mid-stream is dropped

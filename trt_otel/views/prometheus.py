@@ -202,6 +202,7 @@ class BuildCollector(Collector):
         return list(build_metrics(sample_build(self.sources)))
 
 
+# Long: one metric family after another, in the order of the exposition.
 def build_metrics(sample: BuildSample) -> Iterable[Metric]:
     steps = GaugeMetricFamily(
         "trt_build_phase_steps",
@@ -275,6 +276,7 @@ def build_metrics(sample: BuildSample) -> Iterable[Metric]:
     yield from health_metrics(sample)
 
 
+# Long: one metric family after another, in the order of the exposition.
 def health_metrics(sample: BuildSample) -> Iterable[Metric]:
     anomalies = CounterMetricFamily(
         "trt_otel_anomalies", "TensorRT protocol departures tolerated, by kind", labels=["kind"]

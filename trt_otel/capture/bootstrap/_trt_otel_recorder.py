@@ -160,6 +160,9 @@ _installed = _Installed()
 _recorder_classes: dict[int, type] = {}
 
 
+# Long: the class is made here, since its base (the program's own library's
+# IProgressMonitor) is known only at run time; its callbacks are written out in full, with no
+# helper calls on the builder's threads.
 def recorder_class(library: ModuleType) -> type:
     """A recorder deriving from ``library.IProgressMonitor`` (pybind11 needs the real base)."""
     base = library.IProgressMonitor
