@@ -62,4 +62,6 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run_recorder_cost.py
 	$(BIN)/python benchmarks/callback_cost.py
 	$(BIN)/python benchmarks/process_sampling_cost.py
+	$(BIN)/python benchmarks/startup_cost.py
+	$(BIN)/python benchmarks/cpp_build_wall.py
 	$(BIN)/python benchmarks/command_cost.py

@@ -9,7 +9,9 @@ Exceptions: :class:`~trt_otel.core.journal.JournalError` (a journal that cannot 
 TensorRT).
 """
 
-from trt_otel.app.instrumentation import instrument, uninstrument
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
+
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.core.clock import Clock, ManualClock, SystemClock
 from trt_otel.core.events import (
@@ -66,3 +68,20 @@ __all__ = [
     "read_journal",
     "uninstrument",
 ]
+
+if _TYPE_CHECKING:
+    from trt_otel.app.instrumentation import instrument, uninstrument
+
+
+def __getattr__(name: str) -> _Any:
+    # instrument() brings a whole session (exporters, views, policies): imported when first
+    # asked for, so that `import trt_otel` (a build's worker among its users) stays light.
+    if name in ("instrument", "uninstrument"):
+        from trt_otel.app import instrumentation
+
+        return getattr(instrumentation, name)
+    raise AttributeError(f"module 'trt_otel' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), "instrument", "uninstrument"})

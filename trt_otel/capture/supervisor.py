@@ -38,11 +38,12 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -523,7 +524,8 @@ def run_isolated(
     replay = _Replay(SpoolReader(spool_fd), monitor, inbox)
     monitor.hold_cancels = True
     try:
-        process.start()
+        with _main_module_kept_from(target):
+            process.start()
         if on_start is not None and process.pid is not None:
             on_start(process.pid)
         sending.close()
@@ -562,6 +564,27 @@ def _result(process: Any, inbox: _Inbox, ending: _Ending) -> IsolatedResult:
         stopped_now=ending.stopped_now,
         pid=process.pid,
     )
+
+
+@contextlib.contextmanager
+def _main_module_kept_from(target: Target) -> Iterator[None]:
+    """Start the worker without it running this process's main module again (``spawn`` runs
+    it as ``__mp_main__``): for the ``trt-otel`` command that is the whole command line's
+    imports, a quarter of a second of every build, for a worker that needs only ``target``'s
+    module. Kept when ``target`` lives in the main module, which the worker then needs."""
+    main = sys.modules.get("__main__")
+    if main is None or getattr(target, "__module__", "__main__") == "__main__":
+        yield
+        return
+    saved = {name: getattr(main, name) for name in ("__spec__", "__file__") if hasattr(main, name)}
+    main.__spec__ = None
+    if "__file__" in saved:
+        del main.__file__
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(main, name, value)
 
 
 class _CancelChannel:
