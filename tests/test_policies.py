@@ -565,3 +565,25 @@ def test_what_a_cancel_url_answers_reaches_the_terminal_escaped(tmp_path: Path) 
     assert "cancel requested by http: \\x1b[2J\\x1b[H\\x1b[1;32mbuild success" in err, err
     cancel = next(e for e in read_journal(journal).events if isinstance(e, CancelRequested))
     assert cancel.reason == f"{FORGED}\nFAKE: all done", "the journal keeps it verbatim"
+
+
+def test_a_cancel_file_that_is_a_dangling_symlink_or_a_loop_cancels(tmp_path: Path) -> None:
+    dangling, loop, linked = tmp_path / "dangling", tmp_path / "loop", tmp_path / "linked"
+    reasons = {}
+    for path in (dangling, loop, linked):
+        policy = CancelFile(path)
+        policy.poll_once()
+        assert policy.check(view(1)) is None, "no entry at the path: keep building"
+    dangling.symlink_to(tmp_path / "nowhere")
+    loop.symlink_to(loop)
+    (tmp_path / "target").write_text("release build needs the GPU\n")
+    linked.symlink_to(tmp_path / "target")
+    for path in (dangling, loop, linked):
+        policy = CancelFile(path)
+        policy.poll_once()
+        decision = policy.check(view(1))
+        assert decision is not None, f"{path.name}: an entry at the path must cancel"
+        reasons[path.name] = decision.reason
+    assert reasons["dangling"] == f"cancel file {dangling} appeared (a dangling symlink)"
+    assert reasons["loop"] == f"cancel file {loop} appeared (a symlink loop)"
+    assert reasons["linked"] == "release build needs the GPU"

@@ -15,6 +15,7 @@ Policies compose: ``AnyOf(Timeout(7200), CancelFile("/tmp/stop"))`` decides when
 
 from __future__ import annotations
 
+import errno
 import http.client
 import io
 import json
@@ -380,9 +381,14 @@ class CancelFile(Polled):
 
     def probe(self) -> Decision | None:
         try:
-            info = os.stat(self.path)
+            os.lstat(self.path)  # any entry is the signal: a dangling link or a loop too
         except (FileNotFoundError, NotADirectoryError):
             return None
+        try:
+            info = os.stat(self.path)
+        except OSError as error:
+            what = "a symlink loop" if error.errno == errno.ELOOP else "a dangling symlink"
+            return Decision(f"cancel file {self.path} appeared ({what})", self.source)
         reason = read_reason(self.path) if stat.S_ISREG(info.st_mode) else ""
         return Decision(reason or f"cancel file {self.path} appeared", self.source)
 
