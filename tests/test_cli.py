@@ -219,3 +219,25 @@ def test_a_second_ctrl_c_stops_a_silent_build_at_once(tmp_path: Path) -> None:
     state = final_state(journal)
     assert state.outcome is Outcome.CANCELLATION
     assert state.open_by_name == {}
+
+
+@pytest.mark.parametrize(
+    ("argv", "command", "named"),
+    [
+        (["build", "m.onnx", "-o", "m.engine", "--no-such-option"], "trt-otel build", "--no-such"),
+        (["demo", "--no-such-option"], "trt-otel demo", "--no-such-option"),
+        (["demo", "--speed", "fast"], "trt-otel demo", "--speed"),
+    ],
+)
+def test_a_bad_option_says_so_in_one_line_not_the_whole_usage(
+    tmp_path: Path, argv: list[str], command: str, named: str
+) -> None:
+    done = subprocess.run(
+        [*CLI, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) <= 3, f"the usage came before the error:\n{done.stderr}"
+    assert named in lines[0], done.stderr
+    assert f"`{command} --help`" in done.stderr, done.stderr
+    assert not list(tmp_path.iterdir()), "nothing was started"

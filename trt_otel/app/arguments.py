@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 import re
 import urllib.parse
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from trt_otel.app.config import (
     DEFAULT_HTTP_LINGER_S,
@@ -97,6 +98,28 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = re.compile(r"^-\.?\d")
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        """As argparse's, but an unrecognized option is reported by the command that was given
+        it, so that the hint names that command's options."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self._parser_of(parsed).error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+    def _parser_of(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(parsed, action.dest or "", None) or "")
+                if isinstance(chosen, Parser):
+                    return chosen._parser_of(parsed)
+        return self
+
+    def error(self, message: str) -> NoReturn:
+        """The one line that matters and where the options are, not the whole usage first."""
+        self.exit(2, f"{self.prog}: error: {message}\n(`{self.prog} --help` for the options)\n")
 
 
 def host_name(text: str) -> str:
