@@ -44,8 +44,8 @@ def test_the_tree_folds_repeated_phases_and_shows_the_outcome() -> None:
     lines = text.splitlines()
     assert lines[0].startswith("build success")
     assert "100%" in lines[0]
-    assert "✓ Building engine 5/6" in text
-    assert "✓ Optimizing graph 29/33" in text
+    assert "✓ Building engine (5 of 6 steps)" in text, "a finished phase must not read as 5/6"
+    assert "✓ Optimizing graph (29 of 33 steps)" in text
     assert "Evaluating tactic times ×" in text
     assert len(lines) < 30  # hundreds of tactic measurements, folded
 
@@ -74,7 +74,7 @@ def test_plain_lines_show_shallow_phases_and_a_summary() -> None:
     lines = out.getvalue().splitlines()
     assert lines[0].endswith(f"build started ({monitor.build_id})")
     assert any("▶ Building engine (6 steps)" in line for line in lines)
-    assert any("✓ Optimizing graph 29/33 in" in line for line in lines)
+    assert any("✓ Optimizing graph (29 of 33 steps) in" in line for line in lines)
     assert any("… " in line and "steps; in" in line for line in lines)
     assert "build success in" in lines[-1]
     assert not any("Measuring tactic time" in line for line in lines if "▶" in line)
@@ -89,6 +89,24 @@ def test_the_live_console_draws_to_a_terminal() -> None:
     model.handle(monitor.log.recent())
     model.close()
     assert "build success" in out.getvalue()
+
+
+def test_one_step_and_one_phase_read_singular() -> None:
+    clock = ManualClock()
+    monitor = BuildMonitor(clock=clock)
+    monitor.phase_start("Building engine", None, 1)
+    monitor.step_complete("Building engine", 0)
+    monitor.phase_finish("Building engine")
+    monitor.end()
+    out = io.StringIO()
+    model = ReadModel()
+    model.subscribe(PlainLines(model, out, progress_every_s=5))
+    model.handle(monitor.log.recent())
+    text = out.getvalue() + render(monitor)
+    assert "▶ Building engine (1 step)" in text
+    assert "✓ Building engine (1 step) in" in text
+    assert "(1 step, 1 phase)" in text
+    assert "1 steps" not in text and "1 phases" not in text, text
 
 
 def test_durations_read_well() -> None:

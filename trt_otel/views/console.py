@@ -120,7 +120,7 @@ def _header(state: BuildState, now: int | None, *, never_ended: bool = False) ->
     ratio = state.progress_ratio()
     text.append(f"  {_bar(ratio)} {ratio:4.0%}", "cyan")
     text.append(f"  {format_duration(elapsed)}", "dim")
-    text.append(f"  {state.steps_completed_total:,} steps", "dim")
+    text.append(f"  {_count(state.steps_completed_total, 'step')}", "dim")
     gpu = state.gpu
     if gpu is not None and state.outcome is None:
         text.append(f"  GPU {_gpu_text(gpu)}", "dim")
@@ -192,6 +192,20 @@ _PROGRESS = frozenset({BuildStarted, PhaseStarted, StepCompleted, PhaseFinished}
 _SAMPLES = frozenset({GpuSample, ProcessSample})
 
 
+def _count(number: int, noun: str) -> str:
+    """``1 step``, ``2 steps``: a count and its noun, singular for one."""
+    return f"{number:,} {noun}" if number == 1 else f"{number:,} {noun}s"
+
+
+def _finished_steps(phase: Phase) -> str:
+    """A finished phase's steps, in a form that does not read as unfinished: ``(6 steps)``, or
+    ``(5 of 6 steps)`` where the builder closed it before its last step (TensorRT-RTX's root)."""
+    done = phase.last_step + 1
+    if done >= phase.num_steps:
+        return f"({_count(phase.num_steps, 'step')})"
+    return f"({done:,} of {_count(phase.num_steps, 'step')})"
+
+
 def _phase_label(state: BuildState, phase: Phase, now: int | None) -> Text:
     label = Text()
     duration = phase.duration_ns(now)
@@ -200,7 +214,7 @@ def _phase_label(state: BuildState, phase: Phase, now: int | None) -> Text:
     if phase.status is PhaseStatus.FINISHED:
         label.append("✓ ", "green")
         label.append(printable(phase.name))
-        label.append(f"{steps}{took}", "dim")
+        label.append(f" {_finished_steps(phase)}{took}", "dim")
     elif phase.status is PhaseStatus.ABORTED:
         label.append("✗ ", "yellow")
         label.append(printable(phase.name))
@@ -364,7 +378,8 @@ class PlainLines:
             said = f": {liveness}" if liveness is not None else ""
             self._write(
                 f"[{self._silence.build_elapsed_s():8.1f}s] … silent for "
-                f"{format_duration(silent_s)} in {inner} ({ratio:.0%}, {steps:,} steps){said}"
+                f"{format_duration(silent_s)} in {inner} ({ratio:.0%}, {_count(steps, 'step')})"
+                f"{said}"
             )
 
     def _stamp(self, event: Event) -> str:
@@ -384,7 +399,8 @@ class PlainLines:
             phase = state.phases[event.seq]
             if phase.depth <= self.max_depth:
                 indent = "  " * phase.depth
-                return f"{self._stamp(event)} {indent}▶ {phase.name} ({phase.num_steps} steps)"
+                steps = _count(phase.num_steps, "step")
+                return f"{self._stamp(event)} {indent}▶ {phase.name} ({steps})"
             return self._progress_line(event)
         if isinstance(event, PhaseFinished):
             finished = closed[-1] if closed and closed[-1].name == event.name else None
@@ -393,7 +409,7 @@ class PlainLines:
                 indent = "  " * finished.depth
                 return (
                     f"{self._stamp(event)} {indent}✓ {finished.name} "
-                    f"{finished.last_step + 1}/{finished.num_steps} in {took}"
+                    f"{_finished_steps(finished)} in {took}"
                 )
             return None
         if isinstance(event, CancelRequested):
@@ -407,7 +423,8 @@ class PlainLines:
             detail = f": {event.detail}" if event.detail else ""
             return (
                 f"{self._stamp(event)} build {event.outcome.value} in {took} "
-                f"({state.steps_completed_total:,} steps, {state.phases_started_total:,} phases)"
+                f"({_count(state.steps_completed_total, 'step')}, "
+                f"{_count(state.phases_started_total, 'phase')})"
                 f"{detail}"
             )
         return self._progress_line(event)
@@ -427,7 +444,7 @@ class PlainLines:
             eta = f"; {format_eta(self.model.estimate_locked(event.mono_ns).build)}"
         return (
             f"{self._stamp(event)} … {state.progress_ratio():.0%} "
-            f"({state.steps_completed_total:,} steps; in {inner}{eta})"
+            f"({_count(state.steps_completed_total, 'step')}; in {inner}{eta})"
         )
 
     def close(self) -> None:
