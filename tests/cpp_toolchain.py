@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -44,3 +45,15 @@ def header_version() -> str:
         assert match is not None, f"no TRT_{part}_ENTERPRISE in NvInferVersion.h"
         parts.append(match.group(1))
     return ".".join(parts)
+
+
+def built_once(make: Callable[[str, Path], Path], directory: Path) -> Callable[[str], Path]:
+    """Each variant (plain, a sanitizer) made by ``make`` once, when first asked for."""
+    built: dict[str, Path] = {}
+
+    def get(variant: str) -> Path:
+        if variant not in built:
+            built[variant] = make(variant, directory)
+        return built[variant]
+
+    return get

@@ -28,6 +28,7 @@ import pytest
 from cpp_toolchain import (
     REPO_ROOT,
     TENSORRT_INCLUDE,
+    built_once,
     cuda_include,
     header_version,
     rtx_library_dir,
@@ -86,15 +87,7 @@ def cmake_build(variant: str, directory: Path) -> Path:
 @pytest.fixture(scope="session")
 def examples(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """Builds each variant of the example once per session, when first asked for."""
-    directory = tmp_path_factory.mktemp("examples")
-    built: dict[str, Path] = {}
-
-    def get(variant: str) -> Path:
-        if variant not in built:
-            built[variant] = cmake_build(variant, directory)
-        return built[variant]
-
-    return get
+    return built_once(cmake_build, tmp_path_factory.mktemp("examples"))
 
 
 @pytest.fixture(scope="session")
