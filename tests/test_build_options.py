@@ -12,11 +12,20 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from rtx_builds import import_rtx, write_conv
 from trt_otel import read_journal
 from trt_otel.app.cli import main
+from trt_otel.builder.build import BuildSetupError, run_build
 from trt_otel.builder.onnx_models import demo_model_bytes
-from trt_otel.builder.options import OptionError, parse_size, shape_ranges
+from trt_otel.builder.options import (
+    BuildOptions,
+    OptionError,
+    parse_size,
+    shape_ranges,
+    unsupported_options,
+)
 from trt_otel.builder.simulator import SIMULATED_ENGINE_MAGIC
+from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.core.events import BuildStarted, LogMessage
 
 DEMO = ["demo", "--speed", "0", "--no-progress", "--no-gpu"]
@@ -191,3 +200,33 @@ def test_sizes_and_shapes_parse_as_trtexec_writes_them() -> None:
         shape_ranges(["a:1,1,1"], ["a:1"], ["a:1"], ["a:1"])
     with pytest.raises(OptionError, match="different ranks"):
         shape_ranges(["a:1x2,1x2,1"], [], [], [])
+
+
+def test_a_pool_size_larger_than_any_memory_names_the_limit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main([*DEMO, "--workspace", str(2**64)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"'{2**64}' is larger than any memory" in err
+    assert "at most 1,152,921,504,606,846,976 bytes" in err, "the message names the limit"
+    assert parse_size(str(2**40)) == 2**40, "more than the host has is a limit, and allowed"
+
+
+def test_a_pool_size_the_binding_cannot_take_is_refused_before_the_build(tmp_path: Path) -> None:
+    """Through the build API (not the command line, which caps sizes lower): TensorRT-RTX's real
+    binding takes a size_t, and anything else was a TypeError from inside the build."""
+    rtx = import_rtx()
+    model_path = write_conv(tmp_path / "conv.onnx")
+    for size in (2**64, -1):
+        monitor = BuildMonitor()
+        options = BuildOptions(memory_pools={"WORKSPACE": size})
+        with pytest.raises(BuildSetupError) as refused:
+            run_build(rtx, model_path, model_path.read_bytes(), monitor, options=options)
+        assert str(refused.value) == (
+            f"--mem-pool-size workspace: {size:,} bytes does not fit TensorRT's memory pool "
+            f"limit (a size_t: 0 to {2**64 - 1:,})"
+        )
+        assert monitor.log.recent() == [], "refused before the build started"
+    largest = BuildOptions(memory_pools={"WORKSPACE": 2**64 - 1})
+    assert unsupported_options(rtx, largest) == [], "the binding takes 2**64-1"

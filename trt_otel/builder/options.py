@@ -90,12 +90,33 @@ def _dims(shape: Shape) -> str:
     return "x".join(str(d) for d in shape)
 
 
+MAX_POOL_BYTES = 2**64 - 1
+"""The largest memory pool limit TensorRT's binding takes (a ``size_t``)."""
+
+
 def parse_size(text: str) -> int:
-    """``4G``, ``512MiB``, ``1048576``: bytes (see :mod:`trt_otel.core.sizes`)."""
+    """``4G``, ``512MiB``, ``1048576``: bytes (see :mod:`trt_otel.core.sizes`): more than the
+    host has is allowed (a limit, not an allocation), more than an EiB is refused as a typo."""
     try:
         return sizes.parse_size(text)
     except sizes.SizeError as error:
+        if str(error).endswith("larger than any memory"):  # say where the limit is
+            raise OptionError(
+                f"{text!r} is larger than any memory: a memory pool size is at most "
+                f"{sizes.MAX_SIZE_BYTES:,} bytes (1 EiB)"
+            ) from None
         raise OptionError(str(error)) from None
+
+
+def pool_size_problems(memory_pools: dict[str, int]) -> list[str]:
+    """The pool sizes TensorRT's binding cannot take (a ``size_t``: 0 to 2**64-1), one message
+    each: refused before the build, not a TypeError from inside it."""
+    return [
+        f"--mem-pool-size {_POOL_FLAGS.get(pool, pool)}: {size:,} bytes does not fit TensorRT's "
+        f"memory pool limit (a size_t: 0 to {MAX_POOL_BYTES:,})"
+        for pool, size in sorted(memory_pools.items())
+        if not (isinstance(size, int) and 0 <= size <= MAX_POOL_BYTES)
+    ]
 
 
 def parse_memory_pool(text: str) -> tuple[str, int]:
@@ -202,6 +223,7 @@ def unsupported_options(module: Any, options: BuildOptions) -> list[str]:
     creation = getattr(module, "NetworkDefinitionCreationFlag", None)
     if options.strongly_typed and not hasattr(creation, "STRONGLY_TYPED"):
         problems.append(f"--strongly-typed: {title} has no strongly typed network flag")
+    problems.extend(pool_size_problems(options.memory_pools))
     pools = getattr(module, "MemoryPoolType", None)
     for pool in sorted(options.memory_pools):
         flag = f"--mem-pool-size {_POOL_FLAGS.get(pool, pool)}"
