@@ -241,3 +241,35 @@ def test_a_bad_option_says_so_in_one_line_not_the_whole_usage(
     assert named in lines[0], done.stderr
     assert f"`{command} --help`" in done.stderr, done.stderr
     assert not list(tmp_path.iterdir()), "nothing was started"
+
+
+@pytest.mark.parametrize(
+    "loaded",
+    [
+        "/_ssl.",  # the command's own imports (the HTTP views, the cancel URL)
+        "/libtensorrt_rtx.so",  # the builder library, imported after the preflight checks
+    ],
+)
+def test_ctrl_c_during_start_up_is_one_line_and_130(tmp_path: Path, loaded: str) -> None:
+    from rtx_builds import CONV_SHAPES, import_rtx, write_conv
+
+    import_rtx()
+    model, journal = write_conv(tmp_path / "conv.onnx"), tmp_path / "conv.jsonl"
+    child = subprocess.Popen(
+        [*CLI, "build", str(model), "-o", str(tmp_path / "conv.engine"), "--journal",
+         str(journal), "--no-progress", "--no-gpu", "--shapes", CONV_SHAPES],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while loaded not in Path(f"/proc/{child.pid}/maps").read_text():
+            assert child.poll() is None, f"it ended before loading {loaded}"
+            assert time.monotonic() < deadline, f"{loaded} never loaded"
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == 130, err
+    assert len(err.splitlines()) == 1 and "interrupted" in err, err
+    assert not journal.exists(), "nothing started"

@@ -5,9 +5,29 @@ Exit codes (the contract): 0 built; 2 usage or configuration error, before any b
 3 cancelled; 4 the build failed; 130 interrupted by the user (Ctrl-C).
 """
 
+# ruff: noqa: E402 (the imports come after the Ctrl-C handler that covers them)
+
 from __future__ import annotations
 
+import os
+import signal
 import sys
+from types import FrameType
+
+
+def _interrupted_starting(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C while the command's modules load: nothing has started, so nothing to stop or
+    clean up, and a traceback through the imports would say nothing. One line, exit 130."""
+    os.write(2, b"trt-otel: interrupted before the build started\n")
+    os._exit(130)
+
+
+# Run as the command (not imported by a program or a test): Ctrl-C during the imports below.
+# main() puts Python's own handler back once they are done.
+_AS_COMMAND = __name__ == "__main__" or os.path.basename(sys.argv[0]).startswith("trt-otel")
+if _AS_COMMAND and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _interrupted_starting)
+
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -64,15 +84,21 @@ from trt_otel.views.terminal import PipeSafeStream, pipe_safe_stderr, printable
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if signal.getsignal(signal.SIGINT) is _interrupted_starting:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the imports are done
     # A reader that goes away (`trt-otel demo 2>&1 | head`) changes neither the outcome nor
     # the cleanup: what is left to say is dropped.
-    with pipe_safe_stderr():
-        return _main(argv)
+    try:
+        with pipe_safe_stderr():
+            return _main(argv)
+    except KeyboardInterrupt:  # between the two, or on the way out: still one line, not a trace
+        print("trt-otel: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         command = command_of(args)
         if isinstance(command, DemoCommand):
             return demo(command)
@@ -87,7 +113,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return replay(command)
     except StopNow:  # a second SIGTERM outside the build: still a cancel
         return EXIT_CANCELLED
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # outside the build's own handling (start-up, watch, replay)
+        print("trt-otel: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (
         UsageError,
