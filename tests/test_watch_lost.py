@@ -148,3 +148,58 @@ def test_a_zombie_or_a_reused_pid_is_not_the_writer() -> None:
     assert process_running(os.getpid(), created_wall_ns=an_hour_ago) is False, (
         "a process that started after the journal was written is another one"
     )
+
+
+class SilentServer:
+    """A real TCP server that accepts every connection and then never answers, or (``trickle``)
+    sends an answer's head a byte at a time and never finishes it."""
+
+    def __init__(self, trickle: bool = False) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.trickle, self.closed = trickle, threading.Event()
+        self.accepted: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self.closed.is_set():
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted.append(connection)
+            if self.trickle:
+                threading.Thread(target=self._trickle, args=(connection,), daemon=True).start()
+
+    def _trickle(self, connection: socket.socket) -> None:
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nX-Pad: " + b"a" * 10_000
+        for byte in head:  # a byte every 50 ms: each read waits less than any timeout
+            if self.closed.wait(0.05):
+                return
+            try:
+                connection.sendall(bytes([byte]))
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.closed.set()
+        self.listener.close()
+        for connection in self.accepted:
+            connection.close()
+
+
+def test_a_url_that_accepts_and_never_answers_is_lost_after_the_limit() -> None:
+    for server in (SilentServer(), SilentServer(trickle=True)):
+        try:
+            started = time.monotonic()
+            done = subprocess.run(
+                [*CLI, "watch", "--url", server.url, "--lost-after", "1s", "--no-progress"],
+                capture_output=True, text=True, timeout=50, check=False,
+            )  # fmt: skip
+            took = time.monotonic() - started
+        finally:
+            server.close()
+        assert done.returncode == 2, done.stderr
+        assert len(done.stderr.splitlines()) == 1, done.stderr
+        assert "no answer for 1.0s (it accepted the connection)" in done.stderr, done.stderr
+        assert took < 30, f"--lost-after 1s took {took:.0f}s (trickle={server.trickle})"

@@ -8,7 +8,9 @@ seen (``Last-Event-ID``), so nothing is missed nor shown twice.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import socket
 import threading
 import time
 import urllib.parse
@@ -59,14 +61,16 @@ def follow_url(
     read_timeout_s: float = 60.0,
 ) -> BuildFinished | None:
     """Feed ``sink`` every event of the build at ``url`` until its end; returns the end (None
-    when the stream closed for good without one)."""
+    when the stream closed for good without one). A server that does not answer within
+    ``retry_for_s`` (one that accepts the connection and says nothing, or a byte at a time) is
+    no connection: the build is lost after ``retry_for_s``, as with one that refuses."""
     target = events_url(url)
     last_seq = -1
     failing_since: float | None = None
     connected_once = False
     while True:
         try:
-            for batch in _stream(target, last_seq, read_timeout_s):
+            for batch in _stream(target, last_seq, read_timeout_s, answer_within_s=retry_for_s):
                 connected_once = True
                 failing_since = None
                 sink(batch)
@@ -81,51 +85,130 @@ def follow_url(
             if not connected_once:
                 raise WatchError(f"cannot follow {target}: {error}") from None
             if failing_since is None:
-                failing_since = time.monotonic()
+                # Silent: lost since its last sign of life, not since the silence was noticed.
+                failing_since = error.since if isinstance(error, _SilentError) else time.monotonic()
                 warn(f"lost {target} ({error}); resuming after event {last_seq}")
         if time.monotonic() - failing_since > retry_for_s:
             return None
         time.sleep(0.5)
 
 
-def _stream(url: str, after_seq: int, read_timeout_s: float) -> Iterator[list[Event]]:
-    """Batches of events from one connection to an SSE stream."""
+MAX_SSE_LINE = 1 << 20
+"""The longest line of an event stream read (an event's JSON is far shorter)."""
+
+
+class _SilentError(OSError):
+    """A server that did not answer in time; ``since``: its last sign of life (monotonic)."""
+
+    def __init__(self, message: str, since: float) -> None:
+        super().__init__(message)
+        self.since = since
+
+
+class _Watchdog:
+    """Shuts a connection down once it has been silent for ``limit_s``, so that a read blocked
+    on a server that accepted and never answers (or sends a byte at a time, which a socket
+    timeout alone would wait for byte after byte) returns."""
+
+    def __init__(self, sock: socket.socket, limit_s: float) -> None:
+        self._sock, self.limit_s = sock, limit_s
+        self.last = time.monotonic()
+        self.expired = False
+        self._done = threading.Event()
+        threading.Thread(target=self._run, name="trt-otel-watch-url", daemon=True).start()
+
+    def alive(self, limit_s: float | None = None) -> None:
+        """A sign of life: the silence is counted from now (and to ``limit_s`` if given)."""
+        if limit_s is not None:
+            self.limit_s = limit_s
+        self.last = time.monotonic()
+
+    def silent(self) -> _SilentError:
+        said = format_duration(time.monotonic() - self.last)
+        return _SilentError(f"no answer for {said} (it accepted the connection)", self.last)
+
+    def stop(self) -> None:
+        self._done.set()
+
+    def _run(self) -> None:
+        while not self._done.wait(max(0.0, self.last + self.limit_s - time.monotonic())):
+            if time.monotonic() - self.last >= self.limit_s:
+                self.expired = True
+                with contextlib.suppress(OSError):
+                    self._sock.shutdown(socket.SHUT_RDWR)
+                return
+
+
+def _stream(
+    url: str, after_seq: int, read_timeout_s: float, *, answer_within_s: float
+) -> Iterator[list[Event]]:
+    """Batches of events from one connection to an SSE stream. The server has
+    ``answer_within_s`` to connect and send its answer's head, then ``read_timeout_s`` between
+    lines (it sends a keepalive every 15 s)."""
     parts = urllib.parse.urlsplit(url)
     connection_class = (
         http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     )
-    connection = connection_class(parts.netloc, timeout=read_timeout_s)
+    connection = connection_class(parts.netloc, timeout=answer_within_s)
     try:
-        path = parts.path + (f"?{parts.query}" if parts.query else "")
-        headers = {"Accept": "text/event-stream"}
-        if after_seq >= 0:
-            headers["Last-Event-ID"] = str(after_seq)
-        connection.request("GET", path, headers=headers)
-        response = connection.getresponse()
-        if response.status != 200:
-            raise WatchError(f"{url} answered HTTP {response.status}")
-        if not response.getheader("Content-Type", "").startswith("text/event-stream"):
-            raise WatchError(f"{url} is not an event stream")
-        data: list[str] = []
-        while True:
-            raw = response.readline()
-            if not raw:
-                break
-            line = raw.decode("utf-8", "replace").rstrip("\r\n")
-            if line:
-                field, _, value = line.partition(":")
-                if field == "data":
-                    data.append(value.removeprefix(" "))
-                continue
-            # A blank line dispatches the frame (event lines only carry the type, also in data).
-            if data:
-                event = _event_from_frame("\n".join(data))
-                data = []
-                if event is not None and event.seq > after_seq:
-                    after_seq = event.seq
-                    yield [event]
+        connection.connect()
+        assert connection.sock is not None
+        watchdog = _Watchdog(connection.sock, answer_within_s)
+        try:
+            yield from _frames(connection, url, after_seq, read_timeout_s, watchdog)
+        except (OSError, http.client.HTTPException, WatchError):  # a head cut short: not its own
+            if watchdog.expired:
+                raise watchdog.silent() from None
+            raise
+        finally:
+            watchdog.stop()
+        if watchdog.expired:  # the shut-down connection read as the stream's end
+            raise watchdog.silent()
     finally:
         connection.close()
+
+
+def _frames(
+    connection: http.client.HTTPConnection,
+    url: str,
+    after_seq: int,
+    read_timeout_s: float,
+    watchdog: _Watchdog,
+) -> Iterator[list[Event]]:
+    """The answer to one request, as batches of events; each line is a sign of life."""
+    parts = urllib.parse.urlsplit(url)
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
+    headers = {"Accept": "text/event-stream"}
+    if after_seq >= 0:
+        headers["Last-Event-ID"] = str(after_seq)
+    connection.request("GET", path, headers=headers)
+    response = connection.getresponse()
+    if response.status != 200:
+        raise WatchError(f"{url} answered HTTP {response.status}")
+    if not response.getheader("Content-Type", "").startswith("text/event-stream"):
+        raise WatchError(f"{url} is not an event stream")
+    watchdog.alive(read_timeout_s)
+    if connection.sock is not None:
+        connection.sock.settimeout(read_timeout_s)
+    data: list[str] = []
+    while True:
+        raw = response.readline(MAX_SSE_LINE)
+        if not raw:
+            break
+        watchdog.alive()
+        line = raw.decode("utf-8", "replace").rstrip("\r\n")
+        if line:
+            field, _, value = line.partition(":")
+            if field == "data":
+                data.append(value.removeprefix(" "))
+            continue
+        # A blank line dispatches the frame (event lines only carry the type, also in data).
+        if data:
+            event = _event_from_frame("\n".join(data))
+            data = []
+            if event is not None and event.seq > after_seq:
+                after_seq = event.seq
+                yield [event]
 
 
 def _event_from_frame(data: str) -> Event | None:
