@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 from trt_otel.capture.bootstrap import _trt_otel_recorder as recorder
 from trt_otel.core.durations import parse_positive_duration
 from trt_otel.core.events import Outcome
+from trt_otel.core.files import FileKindError, regular_file_or_absent
+from trt_otel.core.journal import journal_in_use
 
 if TYPE_CHECKING:
     from trt_otel.app.config import SessionConfig
@@ -49,6 +51,18 @@ __all__ = ["InstrumentSettings", "Instrumentation", "instrument", "uninstrument"
 
 class InstrumentError(ValueError):
     """A setting that cannot work (a bad duration, an unwritable journal)."""
+
+
+def _check_journal(path: Path) -> None:
+    """A regular file or none yet, that no other build writes: a named pipe would block the
+    program at its first build, a device would swallow the record."""
+    try:
+        regular_file_or_absent(path, "journal")
+    except FileKindError as error:
+        raise InstrumentError(str(error)) from None
+    writer = journal_in_use(path)
+    if writer is not None:
+        raise InstrumentError(f"journal {path} is already being written by {writer}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +103,8 @@ class InstrumentSettings:
             text("journal", "TRT_OTEL_JOURNAL"),
             text("cancel_file", "TRT_OTEL_CANCEL_FILE"),
         )
+        if journal:
+            _check_journal(Path(journal))
 
         def port(key: str, variable: str) -> int | None:
             raw = text(key, variable)

@@ -17,6 +17,14 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from trt_otel.core.files import (
+    FileKindError,
+    file_kind,
+    open_regular_for_reading,
+    regular_file_or_absent,
+)
+from trt_otel.core.journal import journal_in_use
+
 MAX_MODEL_BYTES = 2 * 1024**3
 """The largest ONNX file read (2 GiB): protobuf's own limit for one serialized message, so no
 valid ONNX file is larger (bigger models keep their weights in external data files)."""
@@ -29,22 +37,21 @@ class PreflightError(Exception):
 def read_model(path: Path, *, max_bytes: int = MAX_MODEL_BYTES) -> bytes:
     """The model's bytes: only from a regular, non-empty file of at most ``max_bytes``."""
     try:
-        # O_NONBLOCK: a FIFO swapped in after a check must not block the open.
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        # Opened without blocking and checked on its descriptor: a FIFO, a device or a
+        # directory (swapped in after any check) is refused, never read.
+        handle = open_regular_for_reading(path, "model")
     except FileNotFoundError:
         raise PreflightError(f"model not found: {path}") from None
-    except IsADirectoryError:
-        raise PreflightError(f"model path is a directory: {path}") from None
+    except FileKindError as error:
+        if error.is_directory:
+            raise PreflightError(f"model path is a directory: {path}") from None
+        raise PreflightError(
+            f"model {path} is not a regular file ({error.kind}); give the model's file"
+        ) from None
     except OSError as error:
         raise PreflightError(f"cannot read model {path}: {error.strerror}") from None
-    with os.fdopen(descriptor, "rb") as handle:
-        info = os.fstat(descriptor)
-        if stat.S_ISDIR(info.st_mode):
-            raise PreflightError(f"model path is a directory: {path}")
-        if not stat.S_ISREG(info.st_mode):
-            raise PreflightError(
-                f"model {path} is not a regular file ({_kind(info.st_mode)}); give the model's file"
-            )
+    with handle:
+        info = os.fstat(handle.fileno())
         if info.st_size > max_bytes:
             raise PreflightError(
                 f"model {path} is {info.st_size:,} bytes, over the limit of {max_bytes:,} "
@@ -75,7 +82,7 @@ def check_writable_file(path: Path, option: str) -> None:
             raise PreflightError(f"{option} {path} is a directory; give a file name")
         if not stat.S_ISREG(info.st_mode):
             raise PreflightError(
-                f"{option} {path} is not a regular file ({_kind(info.st_mode)}); "
+                f"{option} {path} is not a regular file ({file_kind(info.st_mode)}); "
                 "it would be replaced"
             )
     directory = path.parent if str(path.parent) else Path(".")
@@ -109,6 +116,19 @@ def check_distinct(
                 )
 
 
+def check_journal_file(path: Path) -> None:
+    """The journal is written in place, so it must be a regular file or not yet there (a named
+    pipe would block the build before it starts, a device would swallow the record), and no
+    other build may be writing it (each would cut the other's record)."""
+    try:
+        regular_file_or_absent(path, "--journal")
+    except FileKindError as error:
+        raise PreflightError(str(error)) from None
+    writer = journal_in_use(path)
+    if writer is not None:
+        raise PreflightError(f"--journal {path} is already being written by {writer}")
+
+
 def check_cancel_file(path: Path) -> None:
     """A cancel file must not exist when the build starts: left from an earlier run, it would
     cancel this build at once, and no one meant that."""
@@ -138,6 +158,8 @@ def check_build_files(
         inputs=[("model", model), ("--trace", trace)],
         outputs=[("-o", engine), ("--journal", journal), ("--timing-cache", timing_cache)],
     )
+    if journal is not None:
+        check_journal_file(journal)
     if engine is not None:
         check_writable_file(engine, "-o")
     if timing_cache is not None:
@@ -151,13 +173,3 @@ def _same_file(a: Path, b: Path) -> bool:
         return os.path.samefile(a, b)  # hard links and symlinks alike, when both exist
     except OSError:
         return os.path.realpath(a) == os.path.realpath(b)
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISFIFO(mode):
-        return "a named pipe"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a file"

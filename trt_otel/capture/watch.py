@@ -20,7 +20,9 @@ from pathlib import Path
 from trt_otel.capture.liveness import DEFAULT_LOST_AFTER_S, Liveness
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import BuildFinished, Event
+from trt_otel.core.files import open_regular_for_reading
 from trt_otel.core.journal import (
+    MAX_HEADER_BYTES,
     CorruptLineError,
     JournalError,
     JournalProblem,
@@ -240,7 +242,8 @@ def follow_journal(
     in its place: a dead writer is then expected, and the end is awaited (for ``lost_after_s``).
     """
     try:
-        handle = open(path, "rb")  # noqa: SIM115 - closed below, kept open while it grows
+        # Closed below, kept open while it grows; only a regular file (a named pipe would block).
+        handle = open_regular_for_reading(path, "journal")
     except OSError as error:
         raise JournalError(f"cannot read journal {str(path)!r}: {error.strerror}") from None
     with handle:
@@ -284,9 +287,9 @@ def follow_journal(
 def _complete_line(handle: object, poll_s: float) -> bytes:
     """The journal's first line, waiting for a writer that has only just created the file."""
     read = handle.readline  # type: ignore[attr-defined]
-    line: bytes = read()
+    line: bytes = read(MAX_HEADER_BYTES)
     deadline = time.monotonic() + 10.0
-    while not line.endswith(b"\n") and time.monotonic() < deadline:
+    while not line.endswith(b"\n") and len(line) < MAX_HEADER_BYTES and time.monotonic() < deadline:
         time.sleep(poll_s)
-        line += read()
+        line += read(MAX_HEADER_BYTES - len(line))
     return line

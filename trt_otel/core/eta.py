@@ -142,12 +142,18 @@ class History:
 
     @classmethod
     def load(cls, directory: Path, model_sha256: str | None = None) -> History:
+        """The builds of the journals (``*.jsonl``) in ``directory``. Each is read only if it
+        is a regular file (a named pipe, a device, a directory is skipped, and said so), a
+        bounded piece at a time (:func:`~trt_otel.core.journal.read_journal`)."""
         builds, skipped = [], []
         for path in sorted(directory.glob("*.jsonl")):
             try:
                 journal = read_journal(path)
             except JournalError as error:
                 skipped.append(f"{path.name}: {error}")
+                continue
+            if any(problem.kind == "nul_prefix" for problem in journal.problems):
+                skipped.append(f"{path.name}: truncated in place; its start is lost")
                 continue
             past = past_build(journal.events, path.name)
             if past is None:

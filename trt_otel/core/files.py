@@ -1,11 +1,15 @@
 """Files written for another reader, never seen half written: an engine, a build's control
-file, the URL of its HTTP view."""
+file, the URL of its HTTP view; and files from outside (a journal, a trace), checked for what
+they are before they are opened."""
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
+from typing import BinaryIO
 
 
 def write_atomically(path: Path, data: bytes) -> None:
@@ -23,4 +27,69 @@ def write_atomically(path: Path, data: bytes) -> None:
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+# -- files from outside: checked for what they are before they are opened ------------------------
+
+MAX_LINE_BYTES = 16 * 1024 * 1024
+"""The longest line read from a journal or trace (16 MiB, far over any event's): a file with no
+newline (a device, a file of NULs) is read a bounded piece at a time, never whole."""
+
+
+class FileKindError(OSError):
+    """A path that is there but is not a regular file (a directory, a named pipe, a device, a
+    socket). An :class:`OSError`, so a caller that reports ``error.strerror`` says what it is."""
+
+    def __init__(self, path: str | os.PathLike[str], purpose: str, mode: int) -> None:
+        self.kind = file_kind(mode)
+        super().__init__(errno.EINVAL, f"{self.kind}, not a regular file", os.fspath(path))
+        self.purpose = purpose
+        self.is_directory = stat.S_ISDIR(mode)
+
+    def __str__(self) -> str:
+        return f"{self.purpose} {self.filename} is {self.kind}, not a regular file"
+
+
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a file"
+
+
+def regular_file_or_absent(path: str | os.PathLike[str], purpose: str) -> None:
+    """Raise :class:`FileKindError` unless ``path`` is a regular file (a link to one counts) or
+    is not there: a file about to be created or written. Other errors (a permission, a missing
+    directory) are left for the open to report."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return
+    if not stat.S_ISREG(info.st_mode):
+        raise FileKindError(path, purpose, info.st_mode)
+
+
+def open_regular_for_reading(path: str | os.PathLike[str], purpose: str) -> BinaryIO:
+    """``path`` opened for reading, only if it is a regular file (else :class:`FileKindError`).
+
+    Opened without blocking and checked on the open descriptor: a named pipe with no writer
+    neither blocks the open nor is read, and a path swapped after a check is still caught. The
+    caller reads it a bounded piece at a time (see :data:`MAX_LINE_BYTES`).
+    """
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            raise FileKindError(path, purpose, mode)
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
         raise

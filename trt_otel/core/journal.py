@@ -25,7 +25,11 @@ repeated ``seq`` (a duplicated line, skipped so nothing counts twice), and carri
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import os
+import stat
 import threading
 import time
 from collections import deque
@@ -49,6 +53,12 @@ from trt_otel.core.events import (
     PhaseStarted,
     ProcessSample,
     StepCompleted,
+)
+from trt_otel.core.files import (
+    MAX_LINE_BYTES,
+    FileKindError,
+    open_regular_for_reading,
+    regular_file_or_absent,
 )
 from trt_otel.core.version import __version__
 from trt_otel.core.writer import Toucher, writer_fields
@@ -175,7 +185,7 @@ class JournalWriter:
         if self.path.parent and not self.path.parent.exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
         # Batch-sized writes, our own flushes: the file is a prefix of the log at any kill.
-        self._file: IO[bytes] = open(self.path, "wb")  # noqa: SIM115
+        self._file: IO[bytes] = _open_for_writing(self.path)
         header = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
@@ -252,6 +262,75 @@ class JournalWriter:
             self._file.close()
 
 
+class JournalBusyError(OSError):
+    """The journal is being written by another writer (it holds the file's lock)."""
+
+
+def _open_for_writing(path: Path) -> IO[bytes]:
+    """The journal opened for writing, emptied, and locked for this writer's life.
+
+    Only a regular file is written: a named pipe would block the open (with no reader) and a
+    device is no journal, so either is an error (:class:`~trt_otel.core.files.FileKindError`)
+    before the build starts. The file is locked (``flock``, advisory, released when it is
+    closed or its writer dies) before it is truncated: a second build given the same journal
+    is refused (:class:`JournalBusyError`, naming the writer from the header) rather than
+    cutting the first one's journal in two."""
+    regular_file_or_absent(path, "journal")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    descriptor = os.open(path, flags, 0o666)
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):  # swapped in after the check above
+            raise FileKindError(path, "journal", mode)
+        os.set_blocking(descriptor, True)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise JournalBusyError(
+                errno.EBUSY, f"already being written by {_writer_of(path)}", os.fspath(path)
+            ) from None
+        os.ftruncate(descriptor, 0)
+        return os.fdopen(descriptor, "wb")
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
+def _writer_of(path: Path) -> str:
+    """Who writes the journal at ``path``, as its header says."""
+    header: Any = None
+    with (
+        contextlib.suppress(OSError, msgspec.DecodeError, RecursionError),
+        open_regular_for_reading(path, "journal") as handle,
+    ):
+        header = msgspec.json.decode(handle.readline(MAX_HEADER_BYTES))
+    if not is_journal_header(header):
+        return "another trt-otel"
+    pid, host = header.get("writer_pid"), header.get("writer_host")
+    where = f" on host {host!s:.64}" if host is not None else ""
+    return f"trt-otel pid {pid!s:.20}{where} (give each build its own journal)"
+
+
+def journal_in_use(path: str | os.PathLike[str]) -> str | None:
+    """Who writes the journal at ``path`` now (see :func:`_open_for_writing`), or None when
+    no one does (or it is not there, or not a regular file): a check before a build starts;
+    the writer's own lock is what settles it."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return None
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _writer_of(Path(path))
+        return None
+    finally:
+        os.close(descriptor)  # and with it the lock, if it was taken
+
+
 # -- reading -------------------------------------------------------------------------------------
 
 
@@ -260,7 +339,7 @@ class JournalProblem:
     """Something in a journal that was skipped; ``line`` is 1-based."""
 
     line: int
-    kind: str  # torn_tail, corrupt_line, unknown_type, seq_gap, seq_repeat
+    kind: str  # torn_tail, corrupt_line, long_line, unknown_type, seq_gap, seq_repeat, nul_prefix
     message: str
 
     def __str__(self) -> str:
@@ -286,12 +365,22 @@ class LineReader:
         self._expected_seq = -1
         self._skipped = 0
         self._first: Event | None = None
+        self._discarding = False
+        """Within a line over :data:`MAX_LINE_BYTES`, reported and skipped up to its newline."""
 
     def feed(self, chunk: bytes) -> list[Event | JournalProblem]:
+        if self._discarding:
+            cut = chunk.find(b"\n")
+            if cut < 0:
+                return []
+            chunk, self._discarding = chunk[cut + 1 :], False
         data = self._pending + chunk if self._pending else chunk
         lines = data.split(b"\n")
         self._pending = lines.pop()
         out: list[Event | JournalProblem] = []
+        overlong = len(self._pending) > MAX_LINE_BYTES  # no newline in sight: never held whole
+        if overlong:
+            self._pending, self._discarding = b"", True
         decode = _DECODER.decode
         append = out.append
         for raw in lines:
@@ -309,11 +398,17 @@ class LineReader:
                 self._skipped = 0
             self._expected_seq = seq + 1
             append(event)
+        if overlong:
+            self.line_no += 1
+            self._skipped += 1
+            over = f"a line over {MAX_LINE_BYTES:,} bytes"
+            append(JournalProblem(self.line_no, "long_line", over))
         return out
 
     def finish(self) -> list[Event | JournalProblem]:
         """Read the last line if it has no newline; the reader is then at the end."""
         pending, self._pending = self._pending, b""
+        self._discarding = False
         if not pending.strip():
             return []
         out = self.feed(pending + b"\n")
@@ -390,17 +485,117 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
 
 
 def iter_journal(path: str | os.PathLike[str]) -> Iterator[dict[str, Any] | Event | JournalProblem]:
-    """Yield the header (a dict), then each event or problem, reading the file in chunks."""
+    """Yield the header (a dict), then each event or problem, reading the file in chunks.
+
+    Only a regular file is read (a named pipe or a device is a :class:`JournalError`, never a
+    hang), a bounded piece at a time. A journal truncated in place while it was written (as
+    logrotate's ``copytruncate`` does) starts with a run of NUL bytes where its header and
+    first events were: the run is reported, as a problem on line 1, and what follows is read.
+    """
     try:
-        handle = open(path, "rb")  # noqa: SIM115
+        handle = open_regular_for_reading(path, "journal")
     except OSError as error:
         raise JournalError(f"cannot read journal {os.fspath(path)!r}: {error.strerror}") from None
     with handle:
-        yield parse_header(handle.readline(), path)
-        reader = LineReader()
-        while chunk := handle.read(_READ_CHUNK_BYTES):
-            yield from reader.feed(chunk)
-        yield from reader.finish()
+        nuls = skip_nul_prefix(handle)
+        first = handle.readline(MAX_HEADER_BYTES)
+        if not nuls:
+            yield parse_header(first, path)
+            yield from _body(handle, LineReader())
+            return
+        header = _header_after_nuls(first)
+        yield dict(header)
+        yield JournalProblem(1, "nul_prefix", nul_prefix_message(nuls))
+        if header is not _NO_HEADER:
+            yield from _body(handle, LineReader())
+            return
+        reader = LineReader()  # no header left: the first line is an event's, after the NULs
+        reader.line_no = 0
+        yield from _after_cut(_body(handle, reader, first))
+
+
+def _body(
+    handle: IO[bytes], reader: LineReader, first: bytes = b""
+) -> Iterator[Event | JournalProblem]:
+    """The events and problems of the rest of the file, a chunk at a time."""
+    if first:
+        yield from reader.feed(first)
+    while chunk := handle.read(_READ_CHUNK_BYTES):
+        yield from reader.feed(chunk)
+    yield from reader.finish()
+
+
+TRUNCATED_ATTRIBUTE = "trt_otel.journal.truncated"
+"""Set on the stand-in ``build_start`` of a build whose start was cut away."""
+
+
+def _after_cut(items: Iterator[Event | JournalProblem]) -> Iterator[Event | JournalProblem]:
+    """What is left of a journal truncated in place, led by a stand-in for the ``build_start``
+    that was cut away (marked :data:`TRUNCATED_ATTRIBUTE`, its times those of the first event
+    left), so the phases left are folded and shown as a build's."""
+    for item in items:
+        if isinstance(item, Event) and type(item) is not BuildStarted:
+            yield BuildStarted(
+                seq=max(0, item.seq - 1),
+                wall_ns=item.wall_ns,
+                mono_ns=item.mono_ns,
+                thread=item.thread,
+                build_id="unknown (its start was cut away)",
+                attributes={TRUNCATED_ATTRIBUTE: True},
+            )
+            yield item
+            break
+        yield item
+        if isinstance(item, Event):
+            break
+    yield from items
+
+
+MAX_HEADER_BYTES = 64 * 1024
+"""The longest header line read (a header is a few hundred bytes)."""
+
+_NO_HEADER: dict[str, Any] = {"format": FORMAT_NAME, "version": FORMAT_VERSION}
+
+
+def _header_after_nuls(first: bytes) -> dict[str, Any]:
+    """The header on the first line after a NUL run, if it is one (a writer that started over),
+    else a stand-in (the header was in what was cut away)."""
+    try:
+        record = msgspec.json.decode(first)
+    except (msgspec.DecodeError, RecursionError):
+        return _NO_HEADER
+    return record if is_journal_header(record) else _NO_HEADER
+
+
+def skip_nul_prefix(handle: IO[bytes]) -> int:
+    """Move ``handle`` past the NUL bytes it starts with; how many there were.
+
+    A file truncated in place while its writer goes on writing at its own offset (logrotate's
+    ``copytruncate``) has a hole there: it is skipped with ``SEEK_DATA`` where the filesystem
+    keeps holes, and read a bounded chunk at a time where it does not."""
+    start = handle.tell()
+    descriptor = handle.fileno()
+    try:
+        handle.seek(os.lseek(descriptor, start, os.SEEK_DATA))
+    except OSError as error:
+        if error.errno == errno.ENXIO:  # a hole to the end: nothing but NULs
+            handle.seek(0, os.SEEK_END)
+            return handle.tell() - start
+        # no SEEK_DATA on this filesystem: read on
+    while True:
+        at = handle.tell()
+        chunk = handle.read(_READ_CHUNK_BYTES)
+        stripped = chunk.lstrip(b"\0")
+        if stripped or not chunk:
+            handle.seek(at + len(chunk) - len(stripped))
+            return handle.tell() - start
+
+
+def nul_prefix_message(count: int) -> str:
+    return (
+        f"starts with {count:,} NUL bytes (truncated in place while written, as logrotate's "
+        "copytruncate does): its header and first events are lost; reading what follows"
+    )
 
 
 def parse_header(first: bytes, path: str | os.PathLike[str]) -> dict[str, Any]:

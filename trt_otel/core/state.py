@@ -301,19 +301,26 @@ class BuildState:
             self._drop(phase.id)
 
     def _drop(self, phase_id: int) -> None:
-        phase = self.phases.get(phase_id)
-        if phase is None:
-            return
-        for child_id in phase.children:
-            self._drop(child_id)
-        phase.children = []
-        self._first_finished.pop(phase_id, None)
-        if self._on_forget is not None:
-            self._on_forget(phase_id)
-        if self.latest_by_name.get(phase.name) == phase_id:
-            self._kept_as_latest.add(phase_id)  # out of the tree, still read by the gauges
-        else:
-            del self.phases[phase_id]
+        """Drop a phase and everything under it (children before their parent), with a stack
+        of its own rather than recursion: a journal may nest phases as deep as it likes."""
+        stack: list[tuple[int, bool]] = [(phase_id, False)]
+        while stack:
+            current_id, children_done = stack.pop()
+            phase = self.phases.get(current_id)
+            if phase is None:
+                continue
+            if not children_done:
+                stack.append((current_id, True))
+                stack.extend((child_id, False) for child_id in reversed(phase.children))
+                continue
+            phase.children = []
+            self._first_finished.pop(current_id, None)
+            if self._on_forget is not None:
+                self._on_forget(current_id)
+            if self.latest_by_name.get(phase.name) == current_id:
+                self._kept_as_latest.add(current_id)  # out of the tree, still read by the gauges
+            else:
+                del self.phases[current_id]
 
     def _progressed(self, event: Event) -> None:
         self.last_progress_wall_ns = event.wall_ns
@@ -362,18 +369,32 @@ class BuildState:
 
     def phase_progress(self, phase_id: int) -> float:
         """Fraction of a phase done: its completed steps plus the progress of its open child,
-        over its step count. TensorRT reports the index of each completed step."""
-        phase = self.phases[phase_id]
-        if phase.status is PhaseStatus.FINISHED:
-            return 1.0
-        # An aborted phase (a cancelled or failed build) counts what it had done, not 100%.
-        done = float(phase.last_step + 1)
-        for child_id in reversed(phase.children):
-            child = self.phases[child_id]
-            if child.status is phase.status:  # its open child; or, aborted, its aborted one
-                done += self.phase_progress(child_id)
+        over its step count. TensorRT reports the index of each completed step.
+
+        Walked down the chain of open children, then summed back up, without recursion: a
+        journal may nest phases as deep as it likes."""
+        chain: list[Phase] = []
+        phase: Phase | None = self.phases[phase_id]
+        while phase is not None:
+            chain.append(phase)
+            if phase.status is PhaseStatus.FINISHED:
                 break
-        return min(1.0, done / phase.num_steps) if phase.num_steps > 0 else 0.0
+            below = None
+            for child_id in reversed(phase.children):
+                child = self.phases[child_id]
+                if child.status is phase.status:  # its open child; or, aborted, its aborted one
+                    below = child
+                    break
+            phase = below
+        progress = 0.0
+        for phase in reversed(chain):
+            if phase.status is PhaseStatus.FINISHED:
+                progress = 1.0
+                continue
+            # An aborted phase (a cancelled or failed build) counts what it had done, not 100%.
+            done = float(phase.last_step + 1) + progress
+            progress = min(1.0, done / phase.num_steps) if phase.num_steps > 0 else 0.0
+        return progress
 
     def progress_ratio(self) -> float:
         """Overall progress in [0, 1], read off the root phases (1 once the build succeeded).

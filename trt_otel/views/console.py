@@ -34,6 +34,7 @@ from trt_otel.core.events import (
     CancelRequested,
     Event,
     GpuSample,
+    LogMessage,
     Outcome,
     PhaseFinished,
     PhaseStarted,
@@ -71,6 +72,7 @@ def render_build(
     *,
     silent_s: float | None = None,
     never_ended: bool = False,
+    builder_error: str | None = None,
 ) -> RenderableType:
     """The build as a header line and a tree of phases (hold the model's lock, or own it).
 
@@ -78,7 +80,8 @@ def render_build(
     (:meth:`~trt_otel.core.readmodel.ReadModel.tree`) into one line with a count and their total
     time.
     ``silent_s``: how long TensorRT has made no callback, said once it is long
-    (:data:`SILENCE_SHOWN_S`); ``never_ended``: a record that stops before the build's end.
+    (:data:`SILENCE_SHOWN_S`); ``never_ended``: a record that stops before the build's end;
+    ``builder_error``: the builder's own reason for a failure (:class:`BuilderErrors`).
     """
     state = model.state
     now = _now_ns(state, now_mono_ns)
@@ -97,7 +100,7 @@ def render_build(
             header.append(f": {printable(liveness)}", "green" if working else "bold red")
     tree = Tree(header, guide_style="dim")
     _add_nodes(tree, model, None, now)
-    footer = _footer(state)
+    footer = _footer(state, builder_error)
     return Group(tree, footer) if footer is not None else tree
 
 
@@ -141,7 +144,32 @@ def _gpu_text(sample: GpuSample) -> str:
     return " ".join(parts) or "sampled"
 
 
-def _footer(state: BuildState) -> Text | None:
+MAX_BUILDER_ERROR = 1000
+"""The most of a builder error shown on the terminal (the journal keeps it whole)."""
+
+
+class BuilderErrors:
+    """The builder logger's last ERROR or INTERNAL_ERROR message of the current build: when
+    TensorRT returns no engine, its own reason, which the failure line then shows."""
+
+    def __init__(self) -> None:
+        self.last: str | None = None
+
+    def saw(self, event: Event) -> None:
+        if type(event) is BuildStarted:
+            self.last = None  # a journal of several builds: only this one's
+        elif type(event) is LogMessage and event.severity.upper() in ("ERROR", "INTERNAL_ERROR"):
+            self.last = event.message
+
+    def said(self, detail: str) -> str | None:
+        """The last error, unless ``detail`` (the build's end) already says it."""
+        if self.last is None or self.last in detail:
+            return None
+        text = self.last.strip()
+        return text if len(text) <= MAX_BUILDER_ERROR else text[: MAX_BUILDER_ERROR - 1] + "…"
+
+
+def _footer(state: BuildState, builder_error: str | None = None) -> Text | None:
     if state.cancel is not None:
         cancel = state.cancel
         text = Text(
@@ -154,7 +182,10 @@ def _footer(state: BuildState) -> Text | None:
             text.append(f"\nended: {printable(detail)}", "yellow")
         return text
     if state.outcome is Outcome.FAILURE and state.outcome_detail:
-        return Text(f"failed: {printable(state.outcome_detail)}", "red")
+        text = Text(f"failed: {printable(state.outcome_detail)}", "red")
+        if builder_error is not None:
+            text.append(f"\nTensorRT: {printable(builder_error)}", "red")
+        return text
     return None
 
 
@@ -272,12 +303,19 @@ class LiveConsole:
             redirect_stderr=True,
         )
         self._started = False
+        self._errors = BuilderErrors()
 
     def _renderable(self) -> RenderableType:
         now = self._clock.mono_ns()
         with self.model.reading() as model:
+            state = model.state
+            error = self._errors.said(state.outcome_detail or "")
             return render_build(
-                model, now, model.estimate_locked(now).build, silent_s=self._silence.silent_s()
+                model,
+                now,
+                model.estimate_locked(now).build,
+                silent_s=self._silence.silent_s(),
+                builder_error=error if state.outcome is Outcome.FAILURE else None,
             )
 
     def on_steps(self, last: StepCompleted) -> None:
@@ -285,6 +323,7 @@ class LiveConsole:
 
     def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
         self._silence.saw(event, self.model.state.start_mono_ns)
+        self._errors.saw(event)
         if not self._started:
             self._started = True
             self._live.start()
@@ -332,6 +371,7 @@ class PlainLines:
         self._heartbeat_s = heartbeat_s
         self._stop = threading.Event()
         self._beats: threading.Thread | None = None
+        self._errors = BuilderErrors()
 
     def on_steps(self, last: StepCompleted) -> None:
         self._silence.saw(last, self.model.state.start_mono_ns)
@@ -341,6 +381,7 @@ class PlainLines:
 
     def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
         self._silence.saw(event, self.model.state.start_mono_ns)
+        self._errors.saw(event)
         line = self._line_for(event, closed)
         if line is not None:
             self._write(line)  # a line is rare (a shallow phase, or every 10s at most)
@@ -421,6 +462,9 @@ class PlainLines:
         if isinstance(event, BuildFinished):
             took = format_duration((event.mono_ns - (state.start_mono_ns or event.mono_ns)) / 1e9)
             detail = f": {event.detail}" if event.detail else ""
+            said = self._errors.said(event.detail)
+            if event.outcome is Outcome.FAILURE and said is not None:
+                detail += f"; TensorRT: {said}"  # its own reason (_write escapes it)
             return (
                 f"{self._stamp(event)} build {event.outcome.value} in {took} "
                 f"({_count(state.steps_completed_total, 'step')}, "

@@ -19,6 +19,7 @@ from typing import Literal, NoReturn, overload
 import msgspec
 
 from trt_otel.core.events import PhaseFinished, PhaseStarted, StepCompleted
+from trt_otel.core.files import MAX_LINE_BYTES, open_regular_for_reading
 from trt_otel.core.journal import JournalError, is_journal_header, read_journal
 
 CallbackKind = Literal["phase_start", "step_complete", "phase_finish"]
@@ -113,8 +114,8 @@ def load_trace(path: str | os.PathLike[str]) -> Sequence[Callback]:
     carry their own delay, as a list."""
     where = Path(path)
     try:
-        with open(where, "rb") as handle:
-            first = handle.readline()
+        with open_regular_for_reading(where, "trace") as handle:
+            first = handle.readline(MAX_LINE_BYTES)
     except OSError as error:
         raise TraceError(f"cannot read trace {os.fspath(path)!r}: {error.strerror}") from None
     try:
@@ -152,11 +153,18 @@ def _trace_records(path: Path) -> Iterator[_TracePhaseStart | _TraceStep | _Trac
     """The trace's records, decoded a few MiB of whole lines at a time (one call each); a
     chunk that does not decode is read again line by line, to say which line is wrong."""
     lines_before, tail = 0, b""
-    with open(path, "rb") as handle:
+    try:
+        handle = open_regular_for_reading(path, "trace")
+    except OSError as error:
+        raise TraceError(f"cannot read trace {os.fspath(path)!r}: {error.strerror}") from None
+    with handle:
         while data := handle.read(_CHUNK_BYTES):
             buffer = tail + data
             cut = buffer.rfind(b"\n") + 1
             chunk, tail = buffer[:cut], buffer[cut:]
+            if len(tail) > MAX_LINE_BYTES:  # no newline in sight: never held whole
+                line_no = lines_before + chunk.count(b"\n") + 1
+                raise TraceError(f"{path}:{line_no}: a line over {MAX_LINE_BYTES:,} bytes")
             yield from _decoded(path, chunk, lines_before)
             lines_before += chunk.count(b"\n")
     yield from _decoded(path, tail, lines_before)  # a last line without its newline
