@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import io
 import itertools
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from rich.console import Console
 
+from rtx_builds import import_rtx, write_conv
 from trt_otel import read_journal
-from trt_otel.core.events import Event, PhaseFinished, PhaseStarted, StepCompleted
+from trt_otel.capture.monitor import BuildMonitor
+from trt_otel.core.events import Event, LogMessage, PhaseFinished, PhaseStarted, StepCompleted
 from trt_otel.core.readmodel import ReadModel
-from trt_otel.views.console import PlainLines, render_build
+from trt_otel.views.console import LiveConsole, PlainLines, render_build
 
 DATA = Path(__file__).parent / "data"
 SUCCESS = DATA / "rtx-residual400-success.jsonl"
@@ -70,3 +74,47 @@ def test_plain_lines_keep_a_heartbeat_through_the_real_silent_step() -> None:
     model.close()
     beat = next(line for line in stream.getvalue().splitlines() if "… silent for" in line)
     assert f" in {SILENT_PHASE} (" in beat
+
+
+def test_tensorrt_s_own_error_is_on_the_failure_line_of_a_real_failed_build(
+    tmp_path: Path,
+) -> None:
+    """A real TensorRT-RTX build that returns no engine: shapes for 3 channels on a model of 8
+    (the parser takes them, the builder refuses them). Its logger's error, recorded in the
+    journal, is the reason the terminal gives, in the plain lines and in the live view."""
+    import_rtx()
+    model, journal = write_conv(tmp_path / "conv.onnx"), tmp_path / "conv.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "trt_otel.app.cli", "build", str(model), "-o",
+         str(tmp_path / "conv.engine"), "--journal", str(journal), "--no-progress", "--no-gpu",
+         "--shapes", "input:1x3x16x16,1x3x16x16,1x3x16x16"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 4, done.stderr
+    events = recorded(journal)
+    errors = [e.message for e in events if isinstance(e, LogMessage) and e.severity == "ERROR"]
+    assert errors and "Dimension mismatch for tensor input" in errors[-1], errors
+    failure = next(line for line in done.stderr.splitlines() if "build failure in" in line)
+    assert failure.endswith(f"TensorRT returned no engine; TensorRT: {errors[-1]}"), failure
+
+    model_ = ReadModel()
+    out = io.StringIO()
+    model_.subscribe(LiveConsole(model_, Console(file=out, width=400, color_system=None)))
+    model_.handle(events)
+    model_.close()
+    assert f"TensorRT: {errors[-1]}" in out.getvalue(), out.getvalue()
+
+
+def test_a_builder_error_reaches_the_terminal_escaped() -> None:
+    monitor = BuildMonitor()
+    monitor.start()
+    monitor.log_message("ERROR", "\x1b[2J\x1b[1;32mbuild success\x1b[0m\nFAKE: all done")
+    monitor.end_with_result(None)
+    model = ReadModel()
+    out = io.StringIO()
+    model.subscribe(PlainLines(model, out, heartbeat_s=None))
+    model.handle(monitor.log.recent())
+    model.close()
+    text = out.getvalue()
+    assert "\x1b" not in text and "\nFAKE" not in text, text
+    assert "TensorRT: \\x1b[2J\\x1b[1;32mbuild success" in text, text

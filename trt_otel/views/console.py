@@ -293,6 +293,7 @@ class LiveConsole:
         self.console = console or Console(stderr=True)
         self._clock = clock
         self._silence = SilenceClock(clock)
+        self._errors = BuilderErrors()
         self._live = Live(
             get_renderable=self._renderable,
             console=self.console,
@@ -303,7 +304,6 @@ class LiveConsole:
             redirect_stderr=True,
         )
         self._started = False
-        self._errors = BuilderErrors()
 
     def _renderable(self) -> RenderableType:
         now = self._clock.mono_ns()
