@@ -34,10 +34,16 @@ from rtx_builds import (  # noqa: E402
     write_conv,
     write_residual,
 )
+from trt_otel import BuildMonitor, JournalWriter, Outcome, read_journal  # noqa: E402
 from trt_otel.app.commands import build_parser  # noqa: E402
-from trt_otel.app.fleet import Fleet, FleetError  # noqa: E402
+from trt_otel.app.fleet import (  # noqa: E402
+    Fleet,
+    FleetError,
+    JournalFold,
+)
 from trt_otel.app.mcp_server import MAX_LOG_CHARS, bound_log_lines  # noqa: E402
 from trt_otel.builder.onnx_models import demo_model_bytes  # noqa: E402
+from trt_otel.core.state import BuildState  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -586,3 +592,41 @@ def wait_until_gone(path: Path, timeout_s: float = 30) -> None:
     while path.exists():
         assert time.monotonic() < deadline, f"{path} is still there"
         time.sleep(0.05)
+
+
+def test_a_builds_journal_is_folded_as_it_grows(tmp_path: Path) -> None:
+    """The fleet's status reads only what a journal gained since it last looked, and starts
+    again on a journal that was replaced."""
+    path = tmp_path / "journal.jsonl"
+    fold = JournalFold(path)
+    assert fold.update().build_id is None, "no journal yet"
+    monitor = BuildMonitor()
+    journal = JournalWriter(path)
+    monitor.log.follow(journal)
+    monitor.start()
+    monitor.phase_start("Building engine", None, 3)
+    monitor.step_complete("Building engine", 0)
+    monitor.log.flush()
+    seen = fold.update()
+    assert seen.build_id == monitor.build_id and seen.steps_completed_total == 1
+    read = path.stat().st_size
+    monitor.step_complete("Building engine", 1)
+    monitor.phase_finish("Building engine")
+    monitor.end()
+    monitor.close()
+    assert fold.update().steps_completed_total == 2
+    assert fold.update().outcome is Outcome.SUCCESS
+    assert fold._offset == path.stat().st_size > read, "each byte read once"
+    whole = BuildState()
+    for event in read_journal(path).events:
+        whole.apply(event)
+    assert fold.state.progress_ratio() == whole.progress_ratio()
+    # Replaced (a new build in the same place): read again from its start.
+    replacement = tmp_path / "new.jsonl"
+    other = BuildMonitor()
+    other.log.follow(JournalWriter(replacement))
+    other.start()
+    other.close()
+    replacement.replace(path)
+    assert fold.update().build_id == other.build_id
+    assert fold.state.outcome is None and fold.state.steps_completed_total == 0

@@ -48,7 +48,14 @@ from trt_otel.app.session import exit_code_of
 from trt_otel.control.policies import MAX_REASON
 from trt_otel.control.stopping import process_running
 from trt_otel.core.events import Event
-from trt_otel.core.journal import JournalError, event_to_dict, read_journal
+from trt_otel.core.files import open_regular_for_reading
+from trt_otel.core.journal import (
+    MAX_HEADER_BYTES,
+    JournalError,
+    LineReader,
+    event_to_dict,
+    read_journal,
+)
 from trt_otel.core.state import BuildState
 
 KINDS = ("build", "demo")
@@ -116,6 +123,8 @@ class Fleet:
         and the working directory."""
         self.python = python
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._folds: dict[str, JournalFold] = {}
+        """Each build's journal, folded as it grows (status is asked for often)."""
         """Processes started by this one, to reap them (the folders are what counts)."""
 
     # -- starting --------------------------------------------------------------------------
@@ -302,7 +311,10 @@ class Fleet:
         folder = self.folder(build_id)
         record = self._record(build_id)
         alive = self._alive(record)
-        state, _ = _fold_journal(folder / "journal.jsonl")
+        fold = self._folds.get(build_id)
+        if fold is None:
+            fold = self._folds[build_id] = JournalFold(folder / "journal.jsonl")
+        state = fold.update()
         url = self._url(folder)
         document: dict[str, Any] = {
             "id": build_id,
@@ -564,6 +576,49 @@ def _read_regular(path: Path, limit: int) -> str:
         if not stat.S_ISREG(os.fstat(descriptor).st_mode):
             raise OSError(f"{path} is not a regular file")
         return file.read(limit).decode("utf-8", "replace")
+
+
+class JournalFold:
+    """A build's journal folded as it grows: each call reads only what was added since the
+    last (``wait_build`` asks for the status every 250 ms, and a journal can hold millions of
+    steps). Starts again when the file is replaced or shrinks."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._start()
+
+    def _start(self) -> None:
+        self.state = BuildState(forget_closed=True)
+        self._reader = LineReader()
+        self._offset = 0
+        self._identity: tuple[int, int] | None = None
+        self._header_read = False
+
+    def update(self) -> BuildState:
+        """The state with every complete line of the journal folded in."""
+        try:
+            handle = open_regular_for_reading(self.path, "journal")
+        except OSError:
+            return self.state  # not written yet (or not a journal): what was read stands
+        with handle:
+            info = os.fstat(handle.fileno())
+            identity = (info.st_dev, info.st_ino)
+            if identity != self._identity or info.st_size < self._offset:
+                self._start()
+                self._identity = identity
+            handle.seek(self._offset)
+            if not self._header_read:
+                first = handle.readline(MAX_HEADER_BYTES)
+                if not first.endswith(b"\n"):
+                    return self.state  # the header is still being written
+                self._offset += len(first)
+                self._header_read = True
+            while chunk := handle.read(1 << 20):
+                self._offset += len(chunk)
+                for item in self._reader.feed(chunk):
+                    if isinstance(item, Event):
+                        self.state.apply(item)
+        return self.state
 
 
 def _fold_journal(path: Path) -> tuple[BuildState, list[Event]]:
