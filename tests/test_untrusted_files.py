@@ -128,6 +128,15 @@ def test_watch_of_a_fifo_with_no_writer_is_refused_at_once(fifo: Path) -> None:
     assert_refused(*trt_otel("watch", fifo), "a named pipe, not a regular file")
 
 
+@pytest.mark.parametrize("kind", ["fifo", "zero"])
+def test_watch_with_a_control_file_of_a_fifo_or_device_is_refused_at_once(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    journal = request.getfixturevalue(kind)
+    code, output = trt_otel("watch", journal, "--control-file", tmp_path / "control")
+    assert_refused(code, output, "not a regular file")
+
+
 def test_demo_trace_of_a_fifo_with_no_writer_is_refused_at_once(fifo: Path) -> None:
     assert_refused(*trt_otel("demo", "--trace", fifo), "a named pipe, not a regular file")
 

@@ -41,7 +41,7 @@ from trt_otel.control.policies import PolicyRunner
 from trt_otel.control.stopping import owned_by_this_user, polling, stop_process
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import BuildFinished, BuildStarted, Event, Outcome, ProcessSample
-from trt_otel.core.files import write_atomically
+from trt_otel.core.files import open_regular_for_reading, write_atomically
 from trt_otel.core.followers import Follower
 from trt_otel.core.journal import (
     JournalError,
@@ -127,7 +127,7 @@ def first_event(
     offset = 0
     while True:
         try:
-            with open(path, "rb") as handle:
+            with open_regular_for_reading(path, "journal") as handle:  # a FIFO must not block
                 handle.seek(offset)
                 chunk = handle.read(1 << 16)
         except FileNotFoundError:
