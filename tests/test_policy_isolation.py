@@ -269,3 +269,49 @@ def test_a_body_sent_after_its_headers_on_a_closing_connection_is_read() -> None
     finally:
         server.shutdown()
         server.server_close()
+
+
+class FailingProbe(Polled):
+    """A probe that fails every time it is asked, after ``release`` is set."""
+
+    source = "url"
+
+    def __init__(self, *, stuck_after_s: float = 30.0) -> None:
+        super().__init__(interval_s=0.05, stuck_after_s=stuck_after_s, fail_closed=True)
+        self.release = threading.Event()
+        self.release.set()
+
+    def describe(self) -> str:
+        return "url(http://flags.invalid/stop)"
+
+    def probe(self) -> Decision | None:
+        self.release.wait(30)
+        raise OSError("connection refused")
+
+
+def test_failing_closed_takes_three_errors_in_a_row_not_more_not_fewer() -> None:
+    policy = FailingProbe()
+    for _ in range(2):
+        policy.poll_once()
+        assert policy.check(None) is None, "fewer than 3 errors in a row must not decide"  # type: ignore[arg-type]
+    policy.poll_once()
+    decision = policy.check(None)  # type: ignore[arg-type]
+    assert decision is not None, "the third error in a row must fail closed"
+    assert decision.reason.startswith("url(http://flags.invalid/stop) failed 3 times in a row")
+
+
+def test_a_stuck_probe_that_then_fails_is_one_error_not_two() -> None:
+    policy = FailingProbe(stuck_after_s=0.2)
+    policy.release.clear()
+    probing = threading.Thread(target=policy.poll_once, daemon=True)
+    probing.start()
+    deadline = time.monotonic() + 10
+    while policy.errors == 0 and time.monotonic() < deadline:
+        policy.check(None)  # type: ignore[arg-type]  # counts the overrun once it is due
+        time.sleep(0.02)
+    assert policy.errors == 1, "the stuck probe was never counted"
+    policy.release.set()
+    probing.join(10)
+    assert not probing.is_alive()
+    assert (policy.errors, policy.consecutive_errors) == (1, 1), "one probe counted twice"
+    assert policy.last_error is not None and policy.last_error.startswith("no answer for")
