@@ -229,7 +229,7 @@ class BuildState:
         self._close(self.phases[phase_id], event, None)
 
     def _build_end(self, event: BuildFinished) -> None:
-        for phase_id in reversed(self.open_phase_ids()):
+        for phase_id in self.open_phase_ids():
             self._close(self.phases[phase_id], event, f"build ended: {event.outcome}")
         self.outcome = event.outcome
         self.outcome_detail = event.detail
@@ -357,14 +357,14 @@ class BuildState:
         open_ids = self.open_by_name.values()
         if not open_ids or next(reversed(open_ids)) <= phase_id:
             return []
+        # Every ancestor of an open phase is open (a phase closes with its open descendants),
+        # and starts before it: one pass in start order finds them, however deep they nest.
+        below = {phase_id}
         found = []
         for open_id in open_ids:
-            ancestor = self.phases[open_id].parent_id
-            while ancestor is not None:
-                if ancestor == phase_id:
-                    found.append(open_id)
-                    break
-                ancestor = self.phases[ancestor].parent_id
+            if self.phases[open_id].parent_id in below:
+                below.add(open_id)
+                found.append(open_id)
         return sorted(found, reverse=True)
 
     def phase_progress(self, phase_id: int) -> float:
