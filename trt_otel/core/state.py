@@ -229,7 +229,7 @@ class BuildState:
         self._close(self.phases[phase_id], event, None)
 
     def _build_end(self, event: BuildFinished) -> None:
-        for phase_id in self.open_phase_ids():
+        for phase_id in reversed(self.open_phase_ids()):
             self._close(self.phases[phase_id], event, f"build ended: {event.outcome}")
         self.outcome = event.outcome
         self.outcome_detail = event.detail
