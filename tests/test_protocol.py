@@ -3,11 +3,13 @@ departure the monitor must tolerate and record."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from trt_otel import AnomalyKind, BuildMonitor, ManualClock, Outcome, PhaseStatus
 from trt_otel.builder.simulator import Callback, Driver
-from trt_otel.core.events import Anomaly
+from trt_otel.core.events import Anomaly, CancelRequested
+from trt_otel.core.state import BuildState
 
 
 def start(name: str, parent: str | None, steps: int) -> Callback:
@@ -237,3 +239,45 @@ def test_the_end_closes_open_phases_with_the_outcome() -> None:
         "OutOfMemory",
     )
     assert monitor.end(Outcome.SUCCESS) is Outcome.FAILURE  # the first end stands
+
+
+def test_a_later_cancel_does_not_overwrite_the_first() -> None:
+    monitor = BuildMonitor(clock=ManualClock())
+    monitor.phase_start("A", None, 3)
+    monitor.cancel("first reason", source="timeout", timeout=True)
+    events = monitor.log.recent()
+    first = next(e for e in events if isinstance(e, CancelRequested))
+    # A journal or a follower can carry a second cancel (a supervisor and its worker both
+    # decided): the state keeps the first, as the monitor does.
+    second = msgspec.structs.replace(
+        first, seq=events[-1].seq + 1, reason="second reason", source="user", timeout=False
+    )
+    state = BuildState()
+    for event in [*events, second]:
+        state.apply(event)
+    assert state.cancel is not None
+    assert (state.cancel.reason, state.cancel.source) == ("first reason", "timeout")
+
+
+def test_progress_counts_to_the_last_step_as_tensorrt_skips_steps() -> None:
+    monitor = BuildMonitor(clock=ManualClock())
+    monitor.phase_start("R", None, 9)
+    for index in (0, 1, 2, 3, 6):
+        monitor.step_complete("R", index)
+    state = monitor.state
+    root = state.roots[0]
+    assert state.phases[root].steps_completed == 5
+    assert state.phase_progress(root) == pytest.approx(7 / 9), "steps 4 and 5 were skipped, not due"
+
+
+def test_the_end_closes_open_phases_innermost_first() -> None:
+    monitor = BuildMonitor(clock=ManualClock())
+    monitor.phase_start("A", None, 3)
+    monitor.phase_start("B", "A", 3)
+    monitor.phase_start("C", "B", 3)
+    monitor.end(Outcome.FAILURE, "out of memory")
+    closed: list[str] = []
+    state = BuildState(on_close=lambda phase: closed.append(phase.name))
+    for event in monitor.log.recent():
+        state.apply(event)
+    assert closed == ["C", "B", "A"]

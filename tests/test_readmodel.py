@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from conftest import trace_params
-from trt_otel import BuildMonitor, ManualClock
+from trt_otel import BuildMonitor, ManualClock, Outcome, PhaseStatus
 from trt_otel.app.cli import main
 from trt_otel.builder.simulator import Driver, generate_plan, load_trace
 from trt_otel.core.eta import estimate
@@ -336,3 +336,18 @@ def test_forgetting_closed_phases_changes_nothing_a_view_shows(trace: Path) -> N
     ]
     assert documents[0] == documents[1]
     assert max(kept) < 100 < len(remembering.state.phases) / 10
+
+
+def test_an_aborted_phase_is_not_counted_into_its_finished_siblings() -> None:
+    monitor = BuildMonitor(clock=ManualClock())
+    monitor.phase_start("root", None, 3)
+    for _ in range(2):
+        monitor.phase_start("timing", "root", 1)
+        monitor.phase_finish("timing")
+    monitor.phase_start("timing", "root", 1)
+    monitor.end(Outcome.FAILURE, "out of memory")  # aborts the third
+    model = model_of(monitor.log.recent())
+    nodes = model.tree(model.state.roots[0])
+    assert isinstance(nodes[0], SiblingGroup) and nodes[0].count == 2, "only finished ones count"
+    assert isinstance(nodes[1], Phase) and nodes[1].status is PhaseStatus.ABORTED
+    assert len(nodes) == 2
