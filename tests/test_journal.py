@@ -98,6 +98,25 @@ def test_a_torn_last_line_is_reported_and_skipped(tmp_path: Path) -> None:
     assert [e.seq for e in journal.events] == list(range(len(journal.events)))
 
 
+def test_a_whole_last_line_without_its_newline_is_an_event_not_torn(tmp_path: Path) -> None:
+    path = tmp_path / "unterminated.jsonl"
+    record(path)
+    data = path.read_bytes()
+    assert data.endswith(b"\n")
+    path.write_bytes(data[:-1])  # the writer stopped just before the newline
+    journal = read_journal(path)
+    assert journal.problems == []
+    assert len(journal.events) == data.count(b"\n") - 1
+
+
+def test_a_corrupt_last_line_with_its_newline_is_corrupt_not_torn(tmp_path: Path) -> None:
+    path = tmp_path / "corrupt-end.jsonl"
+    record(path)
+    path.write_bytes(path.read_bytes() + b"{not json\n")
+    journal = read_journal(path)
+    assert [p.kind for p in journal.problems] == ["corrupt_line"]
+
+
 def test_corrupt_lines_unknown_types_and_gaps_are_reported(tmp_path: Path) -> None:
     path = tmp_path / "damaged.jsonl"
     record(path)
@@ -119,6 +138,8 @@ def test_corrupt_lines_unknown_types_and_gaps_are_reported(tmp_path: Path) -> No
         (b"", "not a trt-otel journal"),
         (b'{"cb": "phase_start"}\n', "not a trt-otel journal"),
         (b'{"format": "trt-otel-journal", "version": 99}\n', "upgrade trt-otel"),
+        (b'{"format": "trt-otel-journal", "version": "1"}\n', "journal version '1'"),
+        (b'{"format": "trt-otel-journal", "version": null}\n', "journal version None"),
     ],
 )
 def test_files_that_are_not_readable_journals_fail_clearly(
@@ -424,3 +445,23 @@ def test_lines_encoded_ahead_are_written_once_in_order_whatever_reaches_the_writ
     assert writer.lines_written == len(delivered)
     if arrive % ahead == 0 and dropped % ahead == 0:  # as a supervisor's frames arrive
         assert writer.lines_encoded_ahead == len(delivered), "every line was encoded ahead"
+
+
+def test_lines_encoded_ahead_are_not_written_across_a_gap_in_what_arrives(tmp_path: Path) -> None:
+    """The queue dropped two events in the middle of a chunk encoded ahead: the chunk is not
+    the next events any more, so what arrives is encoded as it is (the dropped stay dropped)."""
+    monitor = BuildMonitor()
+    Driver(speed=0).run(monitor, generate_plan(3))
+    monitor.end()
+    events = monitor.log.recent()
+    assert len(events) >= 40
+    path = tmp_path / "gap.jsonl"
+    writer = JournalWriter(path)
+    for start in range(0, 40, 10):
+        writer.encode_ahead(events[start : start + 10])
+    delivered = events[:10] + events[12:]
+    writer.handle(delivered)
+    writer.close()
+    lines = path.read_bytes().split(b"\n", 1)[1]
+    assert lines == encode_events(delivered)
+    assert [e.seq for e in read_journal(path).events] == [e.seq for e in delivered]
