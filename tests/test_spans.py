@@ -25,7 +25,7 @@ from otlp_receiver import (
     dead_port,
     hanging_collector,
 )
-from trt_otel import BuildMonitor
+from trt_otel import BuildMonitor, Outcome
 from trt_otel.app.cli import main
 from trt_otel.builder.simulator import Callback, Driver, generate_plan, load_trace
 from trt_otel.core.journal import read_journal
@@ -38,7 +38,13 @@ from trt_otel.views.otlp import (
     OtlpSettings,
     OtlpSpanExport,
 )
-from trt_otel.views.spans import UNFINISHED, SpanProjection, parse_traceparent
+from trt_otel.views.spans import (
+    TRACEPARENT_ATTRIBUTE,
+    UNFINISHED,
+    SpanProjection,
+    SpanRecord,
+    parse_traceparent,
+)
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 STATUS_ERROR = 2
@@ -658,3 +664,66 @@ def test_a_failing_collector_is_retried_with_growing_pauses() -> None:
     assert 3 <= calls <= 6, calls
     assert len(warnings) == 1 and "Connection refused" in warnings[0]
     assert health.exported == 0 and health.failed + health.dropped == phases + 1
+
+
+def projected(monitor: BuildMonitor) -> tuple[SpanProjection, list[SpanRecord]]:
+    projection = SpanProjection()
+    spans = [span for event in monitor.log.recent() for span in projection.apply(event)]
+    return projection, spans
+
+
+def test_a_build_span_under_a_traceparent_has_a_remote_parent() -> None:
+    monitor = BuildMonitor()
+    monitor.start(
+        **{TRACEPARENT_ATTRIBUTE: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    )
+    monitor.phase_start("A", None, 1)
+    monitor.phase_finish("A")
+    monitor.end()
+    _, spans = projected(monitor)
+    phase, build = spans
+    assert build.parent_span_id == 0xB7AD6B7169203331 and build.parent_is_remote
+    assert phase.parent_span_id == build.span_id and not phase.parent_is_remote
+    plain = BuildMonitor()
+    plain.end()
+    (alone,) = projected(plain)[1]
+    assert alone.parent_span_id is None and not alone.parent_is_remote
+
+
+def test_a_timed_out_build_is_an_error_span() -> None:
+    monitor = BuildMonitor()
+    monitor.phase_start("A", None, 3)
+    monitor.cancel("over its 10 s limit", source="timeout", timeout=True)
+    monitor.end()
+    _, spans = projected(monitor)
+    build = spans[-1]
+    assert monitor.state.outcome is Outcome.TIMEOUT
+    assert build.error is not None
+    assert build.attributes["error.type"] == "timeout"
+    assert build.attributes["cicd.pipeline.result"] == "timeout"
+
+
+def test_the_spans_a_log_left_open_end_innermost_first() -> None:
+    monitor = BuildMonitor()
+    monitor.phase_start("A", None, 3)
+    monitor.phase_start("B", "A", 3)
+    monitor.phase_start("C", "B", 3)
+    projection, spans = projected(monitor)
+    assert spans == []
+    ended = projection.finish()
+    assert [span.name for span in ended] == ["C", "B", "A", "build"]
+    assert ended[-1].error is not None and ended[-1].attributes["error.type"] == UNFINISHED
+
+
+def test_span_ids_are_a_function_of_the_build() -> None:
+    monitor = BuildMonitor()
+    Driver(speed=0).run(monitor, generate_plan(3))
+    monitor.end()
+    live, first = projected(monitor)
+    replay, second = projected(monitor)  # both held: two projections at once
+    assert live is not replay
+    assert [s.span_id for s in first] == [s.span_id for s in second], "a replay gives the same ids"
+    other = BuildMonitor()
+    Driver(speed=0).run(other, generate_plan(3))
+    other.end()
+    assert {s.span_id for s in projected(other)[1]}.isdisjoint(s.span_id for s in first)
