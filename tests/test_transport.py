@@ -196,3 +196,19 @@ def test_the_workers_callbacks_are_counted_and_timed_but_not_its_log_lines() -> 
     assert any(isinstance(e, LogMessage) for e in events), "the build logged: not callbacks"
     assert monitor.callbacks_total == sum(isinstance(e, CALLBACKS) for e in events)
     assert 0 < monitor.callback_ns_total < monitor.callbacks_total * 1_000_000
+
+
+def test_a_build_cancelled_before_its_worker_starts_does_not_build(tmp_path: Path) -> None:
+    monitor = BuildMonitor()
+    monitor.start()
+    assert monitor.cancel("stopped before it began", source="user")
+    job = BuildJob(
+        model_path=Path("m.onnx"),
+        model=demo_model_bytes(),
+        engine_path=tmp_path / "m.engine",
+        simulator=SimulatorSettings(speed=0),
+    )
+    result = run_isolated(run_build_job, job, monitor=monitor)
+    assert result.returned and monitor.state.outcome is Outcome.CANCELLATION
+    assert monitor.state.steps_completed_total <= 1, "the first step was answered: stop"
+    assert not (tmp_path / "m.engine").exists(), "a cancelled build saved an engine"
