@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from trt_otel.app.cli import main
 from trt_otel.core.durations import (
     MAX_DURATION_S,
     DurationError,
+    format_duration,
     parse_duration,
     parse_positive_duration,
 )
@@ -88,3 +91,19 @@ def test_the_command_refuses_them_with_exit_2_before_a_build(
     err = capsys.readouterr().err
     assert message in err
     assert "Traceback" not in err and "expected one argument" not in err
+
+
+@pytest.mark.parametrize("text", ["-0", "-0s", "-0ms", "-0.0", "-0m0s", "+0"])
+def test_minus_zero_is_zero_where_zero_is_allowed(text: str) -> None:
+    seconds = parse_duration(text)
+    assert seconds == 0 and math.copysign(1.0, seconds) == 1.0, "0, not -0.0"
+    with pytest.raises(DurationError, match="must be longer than 0s"):
+        parse_positive_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(59.94, "59.9s"), (60, "1m00s"), (60.4, "1m00s"), (119.9, "1m59s"), (3599.9, "59m59s")],
+)
+def test_format_duration_around_the_minute(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
