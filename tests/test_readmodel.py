@@ -47,7 +47,9 @@ def console_nodes(model: ReadModel) -> list[tuple[int, str, int]]:
     Console(file=out, width=400, force_terminal=False, color_system=None).print(render_build(model))
     nodes = []
     for line in out.getvalue().splitlines()[1:]:
-        match = re.match(r"^([ │├└─]*)[✓✗▶] (.+?)(?: ×(\d+)| (?:━|╺|─)*\s*\d+/\d+)", line)
+        # A group (×N), an open phase's bar (3/6), a closed one's count ((5 of 6 steps)).
+        shape = r"(?: ×(\d+)| (?:━|╺|─)*\s*\d+/\d+| \(\d+(?: of \d+)? steps?\))"
+        match = re.match(r"^([ │├└─]*)[✓✗▶] (.+?)" + shape, line)
         if match is not None:
             depth = len(match.group(1)) // 4 - 1  # the header is the root of the tree
             nodes.append((depth, match.group(2), int(match.group(3) or 1)))
