@@ -16,7 +16,12 @@ from pathlib import Path
 import pytest
 
 from trt_otel import Outcome, read_journal
-from trt_otel.builder.preflight import PreflightError, read_model
+from trt_otel.builder.preflight import (
+    PreflightError,
+    check_cancel_file,
+    check_writable_file,
+    read_model,
+)
 from trt_otel.core.events import BuildFinished
 from waiting import wait_for_text
 
@@ -108,6 +113,41 @@ def test_a_model_over_the_limit_or_not_a_file_is_refused(tmp_path: Path) -> None
     with pytest.raises(PreflightError, match="named pipe"):
         read_model(fifo)
     assert time.monotonic() - began < 1, "opening the FIFO blocked"
+
+
+def test_an_empty_model_is_refused_and_a_symlinked_one_is_read(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    with pytest.raises(PreflightError, match=r"model file is empty: .*empty\.onnx"):
+        read_model(empty)
+    (tmp_path / "m.onnx").write_bytes(b"model")
+    (tmp_path / "link.onnx").symlink_to("m.onnx")
+    assert read_model(tmp_path / "link.onnx") == b"model"
+    (tmp_path / "empty-link.onnx").symlink_to("empty.onnx")
+    with pytest.raises(PreflightError, match="model file is empty"):
+        read_model(tmp_path / "empty-link.onnx")
+
+
+def test_outputs_are_judged_by_what_a_symlink_points_at(tmp_path: Path) -> None:
+    (tmp_path / "old.engine").write_bytes(b"old")
+    (tmp_path / "link.engine").symlink_to("old.engine")
+    check_writable_file(tmp_path / "link.engine", "-o")  # a link to a regular file is one
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "dir-link").symlink_to("adir")
+    with pytest.raises(PreflightError, match="dir-link is a directory; give a file name"):
+        check_writable_file(tmp_path / "dir-link", "-o")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "fifo-link").symlink_to("fifo")
+    with pytest.raises(PreflightError, match=r"not a regular file \(a named pipe\)"):
+        check_writable_file(tmp_path / "fifo-link", "-o")
+
+
+def test_a_cancel_file_that_is_a_dangling_symlink_is_already_there(tmp_path: Path) -> None:
+    dangling = tmp_path / "stop"
+    dangling.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(PreflightError, match=r"--cancel-file .*stop already exists"):
+        check_cancel_file(dangling)
+    check_cancel_file(tmp_path / "absent")
 
 
 # -- a write that fails after the build ----------------------------------------------------
