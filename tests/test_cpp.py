@@ -1059,3 +1059,128 @@ def test_watch_stops_a_build_silent_past_its_cancel_from_outside(
     )
     assert not state.open_by_name
     assert spans_of(events)[-1].attributes["cicd.pipeline.result"] == "timeout"
+
+
+CANCEL_PROGRAM = r"""
+#include <trt_otel/progress_monitor.h>
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <string>
+#include <thread>
+
+// argv: JOURNAL CANCEL_FILE ("" for none). Prints one word on stdout:
+// "flushed" when the cancel reached the journal well before the next poll (a minute away).
+static bool journalHas(char const* path, char const* text)
+{
+    std::ifstream in(path);
+    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return all.find(text) != std::string::npos;
+}
+
+int main(int argc, char** argv)
+{
+    if (argc != 3)
+        return 2;
+    trt_otel::Options options;
+    options.journal = argv[1];
+    options.cancel_file = argv[2];
+    options.poll_interval = std::chrono::milliseconds(std::string(argv[2]).empty() ? 60000 : 10);
+    trt_otel::ProgressMonitor monitor(options);
+    monitor.start();
+    monitor.phaseStart("Building engine", nullptr, 1000);
+    if (std::string(argv[2]).empty())
+    {
+        bool const first = monitor.cancel("the first reason", "user");
+        bool const second = monitor.cancel("a second reason", "timeout", true);
+        if (!first || second)
+            return 3;
+        auto const deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (!journalHas(argv[1], "\"cancel\"") && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        std::cout << (journalHas(argv[1], "\"cancel\"") ? "flushed" : "late") << "\n";
+    }
+    else
+    {
+        auto const deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        int32_t step = 0;
+        while (monitor.stepComplete("Building engine", step % 1000)
+            && std::chrono::steady_clock::now() < deadline)
+        {
+            ++step;
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        std::cout << (monitor.cancelled() ? "cancelled" : "never") << "\n";
+    }
+    monitor.phaseFinish("Building engine");
+    monitor.end(false);
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def cancel_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("cancel-program")
+    unit, binary = directory / "cancel.cpp", directory / "cancel"
+    unit.write_text(CANCEL_PROGRAM)
+    command = ["g++", "-std=c++17", *WARNINGS, "-O1", *include_flags(), str(unit)]
+    done = subprocess.run(
+        [*command, "-o", str(binary), "-pthread"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return binary
+
+
+def test_only_the_first_cancel_is_an_event_and_it_is_written_at_once(
+    cancel_program: Path, tmp_path: Path
+) -> None:
+    journal = tmp_path / "build.jsonl"
+    done = subprocess.run(
+        [str(cancel_program), str(journal), ""],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert done.stdout.split() == ["flushed"], "the cancel waited for the next poll (a minute)"
+    cancel = cancel_event(read_clean(journal).events)  # exactly one
+    assert (cancel["reason"], cancel["source"], cancel["timeout"]) == (
+        "the first reason",
+        "user",
+        False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "recorded"),
+    [
+        ("stall", "stall"),
+        ("made-up", "file"),
+        ("x" * 300, "file"),
+        ('user"} {"injected', "file"),
+        ("", "file"),
+    ],
+)
+def test_a_control_files_source_is_one_of_the_known_kinds(
+    cancel_program: Path, tmp_path: Path, source: str, recorded: str
+) -> None:
+    journal, control = tmp_path / "build.jsonl", tmp_path / "control"
+    control.write_text(json.dumps({"reason": "stop it", "source": source}) + "\n")
+    done = subprocess.run(
+        [str(cancel_program), str(journal), str(control)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert done.stdout.split() == ["cancelled"]
+    cancel = cancel_event(read_clean(journal).events)
+    assert (cancel["reason"], cancel["source"]) == ("stop it", recorded)
