@@ -47,7 +47,7 @@ def console_nodes(model: ReadModel) -> list[tuple[int, str, int]]:
     Console(file=out, width=400, force_terminal=False, color_system=None).print(render_build(model))
     nodes = []
     for line in out.getvalue().splitlines()[1:]:
-        # A group (×N), an open phase's bar (3/6), a closed one's count ((5 of 6 steps)).
+        # A group (xN), an open phase's bar (3/6), a closed one's count ((5 of 6 steps)).
         shape = r"(?: ×(\d+)| (?:━|╺|─)*\s*\d+/\d+| \(\d+(?: of \d+)? steps?\))"
         match = re.match(r"^([ │├└─]*)[✓✗▶] (.+?)" + shape, line)
         if match is not None:
