@@ -103,7 +103,14 @@ def test_minus_zero_is_zero_where_zero_is_allowed(text: str) -> None:
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(59.94, "59.9s"), (60, "1m00s"), (60.4, "1m00s"), (119.9, "1m59s"), (3599.9, "59m59s")],
+    [
+        (59.94, "59.9s"),
+        (59.96, "1m00s"),
+        (60, "1m00s"),
+        (60.4, "1m00s"),
+        (119.9, "1m59s"),
+        (3599.9, "59m59s"),
+    ],
 )
 def test_format_duration_around_the_minute(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text

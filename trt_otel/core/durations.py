@@ -61,9 +61,9 @@ def parse_positive_duration(text: str) -> float:
 
 def format_duration(seconds: float) -> str:
     """``0.4s``, ``12.3s``, ``4m05s``, ``2h03m``."""
-    if seconds < 60:
+    if round(seconds, 1) < 60:  # 59.96 s would read "60.0s": it is a minute
         return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(seconds), 60)
+    minutes, secs = divmod(max(60, int(seconds)), 60)
     if minutes < 60:
         return f"{minutes}m{secs:02d}s"
     hours, minutes = divmod(minutes, 60)
