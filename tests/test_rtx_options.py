@@ -66,13 +66,15 @@ def test_options_reach_the_real_builder_config(rtx: Any, tmp_path: Path) -> None
     [
         (["--fp16"], "--fp16: TensorRT-RTX"),
         (["--int8", "--bf16"], "--int8: TensorRT-RTX"),
-        (["--timing-cache", "cache.bin"], "--timing-cache: TensorRT-RTX"),
+        (["--timing-cache", "{tmp}/cache.bin"], "--timing-cache: TensorRT-RTX"),
         (["--mem-pool-size", "dlaSRAM:1M"], "--mem-pool-size dlaSRAM: TensorRT-RTX"),
     ],
 )
 def test_options_tensorrt_rtx_lacks_are_refused_before_the_build(
     rtx: Any, tmp_path: Path, options: list[str], refused: str
 ) -> None:
+    # Paths in the build's own folder: a refusal that wrote anything would be seen there.
+    options = [option.replace("{tmp}", str(tmp_path)) for option in options]
     result, engine, journal = build(tmp_path, "--shapes", CONV_SHAPES, *options)
     assert result.returncode == 2, result.stderr
     assert refused in result.stderr and rtx.__version__ in result.stderr
