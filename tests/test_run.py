@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from trt_otel import read_journal
+from trt_otel import ProcessSample, read_journal
 from trt_otel.builder.onnx_models import demo_model_bytes, residual_net_bytes
 from trt_otel.core.events import BuildFinished, BuildStarted, CancelRequested, Event, PhaseStarted
 
@@ -189,6 +189,11 @@ def test_three_builds_in_a_row_are_three_builds_of_one_journal(mnist: Path, tmp_
         names = [e.name for e in build if isinstance(e, PhaseStarted)]
         assert names[: len(RTX_PHASES)] == RTX_PHASES
         assert sum(isinstance(e, BuildStarted | BuildFinished) for e in build) == 2
+    # The program's process is sampled while it builds (never after a build's end: each build's
+    # last event is its end), and the samples name it.
+    samples = [(b, e) for b in builds for e in b if isinstance(e, ProcessSample)]
+    assert samples, "the process that builds is sampled"
+    assert all(e.pid == starts(b).attributes["program.pid"] for b, e in samples)
     assert "3 builds: 3 success" in result.stderr
     # Each build's summary line counts that build's phases, not the run's so far.
     assert result.stderr.count(" steps, 12 phases)") == 3

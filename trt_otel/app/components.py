@@ -33,8 +33,9 @@ from trt_otel.app.config import (
     SpanConfig,
     UsageError,
 )
-from trt_otel.capture.gpu import GpuReader, open_reader
+from trt_otel.capture.gpu import GpuReader, GpuSampler, open_reader
 from trt_otel.capture.monitor import BuildMonitor
+from trt_otel.capture.process import ProcessSampler
 from trt_otel.control.policies import PolicyRunner
 from trt_otel.core.eta import History
 from trt_otel.core.files import write_atomically
@@ -146,6 +147,36 @@ def check_memory_history(
         warn(f"memory: {said}")
     else:
         say(f"memory: {said}")
+
+
+@contextlib.contextmanager
+def sampling(
+    monitor: BuildMonitor, gpu: GpuReader | None, interval_s: float
+) -> Iterator[Callable[[int], None]]:
+    """The builder's process (and its GPU, where there is one) sampled every ``interval_s``
+    until the build ends (no sample follows its end); yields what to tell of the process that
+    builds, once it runs."""
+
+    def build_open() -> bool:
+        return monitor.state.outcome is None
+
+    with contextlib.ExitStack() as stack:
+        samplers: list[ProcessSampler | GpuSampler] = []
+        if gpu is not None:
+            gpu_sampler = GpuSampler(
+                monitor.log, gpu, interval_s=interval_s, warn=warn, build_open=build_open
+            )
+            samplers.append(stack.enter_context(gpu_sampler))
+        builder = ProcessSampler(
+            monitor.log, interval_s=interval_s, warn=warn, build_open=build_open
+        )
+        samplers.append(stack.enter_context(builder))
+
+        def watch(pid: int) -> None:
+            for sampler in samplers:
+                sampler.watch(pid)
+
+        yield watch
 
 
 # -- sinks with a shutdown of their own ----------------------------------------------------------

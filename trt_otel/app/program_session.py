@@ -22,12 +22,12 @@ from trt_otel.app.components import (
     build_context,
     following,
     open_journal,
+    sampling,
 )
 from trt_otel.app.config import SessionConfig
 from trt_otel.app.run import resolve_command, run_program
-from trt_otel.capture.gpu import GpuReader, GpuSampler
+from trt_otel.capture.gpu import GpuReader
 from trt_otel.capture.monitor import BuildMonitor
-from trt_otel.capture.process import ProcessSampler
 from trt_otel.capture.program import CurrentBuild, ProgramBuilds, RunCollector
 from trt_otel.core.followers import Follower
 from trt_otel.core.log import EventLog
@@ -102,26 +102,8 @@ def _sample_while_building(
     """Sample the process that builds (and the GPU, where there is one) while a build runs."""
 
     def start(monitor: BuildMonitor, pid: int) -> Callable[[], None]:
-        interval_s = config.observe.sample_interval_s
-
-        def build_open() -> bool:
-            return monitor.state.outcome is None
-
-        process = ProcessSampler(
-            monitor.log, interval_s=interval_s, warn=warn, pid=pid, build_open=build_open
-        ).start()
-        if gpu is None:
-            return process.stop
-        sampler = GpuSampler(
-            monitor.log, gpu, interval_s=interval_s, warn=warn, build_open=build_open
-        )
-        sampler.watch(pid)
-        sampler.start()
-
-        def stop() -> None:
-            sampler.stop()
-            process.stop()
-
-        return stop
+        stack = contextlib.ExitStack()
+        stack.enter_context(sampling(monitor, gpu, config.observe.sample_interval_s))(pid)
+        return stack.close
 
     return start

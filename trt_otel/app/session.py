@@ -28,12 +28,11 @@ from trt_otel.app.components import (
     console_view,
     following,
     open_journal,
+    sampling,
 )
 from trt_otel.app.config import ObservabilityConfig, SessionConfig, UsageError
 from trt_otel.builder.build import BuildJob, BuildResult, partial_files, run_build_job
-from trt_otel.capture.gpu import GpuReader, GpuSampler
 from trt_otel.capture.monitor import BuildMonitor
-from trt_otel.capture.process import ProcessSampler
 from trt_otel.capture.supervisor import IsolatedResult, StopNow, run_isolated
 from trt_otel.control.policies import PolicyRunner
 from trt_otel.control.signals import handling_interrupts
@@ -94,7 +93,7 @@ def run_session(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]
         monitor.start()
         if runner is not None:
             stack.enter_context(runner)
-        watch = _sample(stack, monitor, gpu, observe)
+        watch = stack.enter_context(sampling(monitor, gpu, observe.sample_interval_s))
         signals = stack.enter_context(_cancel_on_signals(monitor))
         result, interrupted = _build(monitor, job, config, watch)
         interrupted = interrupted or signals.interrupted
@@ -135,35 +134,6 @@ def _follow(
         else:
             followers.append((http.feed, DEEP_QUEUE))
     stack.enter_context(following(monitor.log, followers, model, inline=inline))
-
-
-def _sample(
-    stack: contextlib.ExitStack[Any],
-    monitor: BuildMonitor,
-    gpu: GpuReader | None,
-    observe: ObservabilityConfig,
-) -> Callable[[int], None]:
-    """The builder's process (and its GPU, where there is one) sampled until the build ends;
-    returns what to tell of the process that builds, once it runs."""
-
-    def build_open() -> bool:
-        return monitor.state.outcome is None
-
-    interval_s = observe.sample_interval_s
-    samplers: list[ProcessSampler | GpuSampler] = []
-    if gpu is not None:
-        gpu_sampler = GpuSampler(
-            monitor.log, gpu, interval_s=interval_s, warn=warn, build_open=build_open
-        )
-        samplers.append(stack.enter_context(gpu_sampler))
-    builder = ProcessSampler(monitor.log, interval_s=interval_s, warn=warn, build_open=build_open)
-    samplers.append(stack.enter_context(builder))
-
-    def watch(pid: int) -> None:
-        for sampler in samplers:
-            sampler.watch(pid)
-
-    return watch
 
 
 def _announce(
