@@ -487,7 +487,7 @@ class Fleet:
         """The build's HTTP view, as the build wrote it (``--http-url-file``): a loopback URL, or
         None until it serves (and for anything else)."""
         try:
-            with open(folder / URL_FILE, "rb") as written:
+            with open_regular_for_reading(folder / URL_FILE, "URL file") as written:
                 text = written.read(256).decode("ascii", "replace").strip()
         except OSError:
             return None
