@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from trt_otel import Anomaly, BuildMonitor, JournalWriter, read_journal
 from trt_otel.app.cli import main
+from trt_otel.capture.binding import ProgressMonitorBase
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.state import BuildState, PhaseStatus
 from trt_otel.testing import CollectingFollower
@@ -42,7 +43,7 @@ CALLS = st.lists(
 )
 
 
-def play(monitor: BuildMonitor, calls: list[tuple[Any, ...]]) -> list[object]:
+def play(monitor: ProgressMonitorBase, calls: list[tuple[Any, ...]]) -> list[object]:
     answers: list[object] = []
     for call in calls:
         if call[0] == "start":

@@ -42,6 +42,7 @@ from trt_otel.core.files import write_atomically
 from trt_otel.core.followers import Follower, FollowerWorker
 from trt_otel.core.journal import JournalWriter
 from trt_otel.core.log import EventLog
+from trt_otel.core.observed import ObservedBuild
 from trt_otel.core.readmodel import ReadModel, Subscriber
 from trt_otel.core.sizes import format_bytes
 from trt_otel.views.console import LiveConsole, PlainLines
@@ -212,7 +213,7 @@ def span_export(config: SpanConfig, model: ReadModel) -> Iterator[OtlpSpanExport
 
 
 def metric_sources(
-    monitor: BuildMonitor,
+    monitor: ObservedBuild,
     config: MetricsConfig,
     *,
     spans: OtlpSpanExport | None,
@@ -228,7 +229,7 @@ def metric_sources(
     )
 
 
-def _eta_seconds(model: ReadModel, monitor: BuildMonitor) -> Callable[[], float | None]:
+def _eta_seconds(model: ReadModel, monitor: ObservedBuild) -> Callable[[], float | None]:
     return lambda: model.estimate(monitor.log.clock.mono_ns()).build.seconds
 
 
@@ -277,7 +278,7 @@ def _publish_final_values(
 
 @contextlib.contextmanager
 def status_server(
-    monitor: BuildMonitor,
+    monitor: ObservedBuild,
     config: HttpConfig,
     *,
     model: ReadModel,
@@ -344,7 +345,7 @@ class Views:
 
 def attach_views(
     stack: contextlib.ExitStack[Any],
-    monitor: BuildMonitor,
+    monitor: ObservedBuild,
     observe: ObservabilityConfig,
     *,
     runner: PolicyRunner | None,

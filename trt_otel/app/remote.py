@@ -34,7 +34,6 @@ from trt_otel.app.components import (
 )
 from trt_otel.app.config import SessionConfig, UsageError
 from trt_otel.capture.liveness import DEFAULT_LOST_AFTER_S, Writer
-from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.process import ProcessSampler
 from trt_otel.capture.watch import follow_journal
 from trt_otel.control.policies import PolicyRunner
@@ -50,23 +49,36 @@ from trt_otel.core.journal import (
     encode_events,
     parse_header,
 )
+from trt_otel.core.log import EventLog
 from trt_otel.core.readmodel import ReadModel
+from trt_otel.core.state import BuildState
 from trt_otel.views.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent, trace_id_for
 from trt_otel.views.terminal import say, warn
 
 FIRST_EVENT_TIMEOUT_S = 30.0
 
 
-class RemoteBuild(BuildMonitor):
-    """The monitor of a build in another process, as seen through its journal.
+class RemoteBuild:
+    """A build in another process, as seen through its journal: what the views and policies read
+    of a build (:class:`~trt_otel.core.observed.ObservedBuild`), and its cancel.
 
-    Its log receives the build's own events (see :meth:`feed`); it records nothing itself.
-    :meth:`cancel` hands the decision to the build through ``control_file``.
+    Its log receives the build's own events (see :meth:`feed`), folded once, by ``model``; it
+    records nothing itself. :meth:`cancel` hands the decision to the build through
+    ``control_file``.
     """
 
-    def __init__(self, control_file: Path | None, *, started: BuildStarted) -> None:
-        super().__init__(build_id=started.build_id, attributes=started.attributes)
+    def __init__(
+        self, control_file: Path | None, *, started: BuildStarted, model: ReadModel
+    ) -> None:
+        self.log = EventLog()
+        model.fold_of(self.log)
+        self.model = model
+        self.build_id = started.build_id
         self.control_file = control_file
+        # The callbacks' own cost is the build's process's to count, not this watch's.
+        self.callbacks_total = 0
+        self.callback_ns_total = 0
+        self.internal_errors = 0
         self._requested = False
         self._request_lock = threading.Lock()
         self.requested = threading.Event()
@@ -75,8 +87,9 @@ class RemoteBuild(BuildMonitor):
         """Why a cancel decided here could not be written to the control file (then the build
         was not stopped, and watch exits 4), or None."""
 
-    def start(self, **attributes: Any) -> None:
-        """The build's own ``build_start`` comes from its journal."""
+    @property
+    def state(self) -> BuildState:
+        return self.model.state
 
     @property
     def cancelled(self) -> bool:
@@ -282,9 +295,9 @@ def _sample_the_writer(
             seq=-1, wall_ns=clock.wall_ns(), mono_ns=clock.mono_ns(), thread="trt-otel-process",
             pid=pid, **fields,  # type: ignore[arg-type]
         )  # fmt: skip
-        for state, lock in ((monitor.state, monitor.log.lock), (model.state, model.lock)):
-            with lock:
-                state.activity.sample(sample, state.last_progress_mono_ns, state.gpu)
+        state = model.state
+        with monitor.log.lock:  # the model is the log's fold
+            state.activity.sample(sample, state.last_progress_mono_ns, state.gpu)
         return sample
 
     interval_s = config.observe.sample_interval_s
@@ -353,9 +366,9 @@ def watch_and_supervise(
     with contextlib.ExitStack() as stack:
         attributes = dict(started.attributes)
         history = load_history(observe.history, attributes)
-        monitor = RemoteBuild(control_file, started=started)
-        runner = PolicyRunner(monitor, policy, warn=warn) if policy is not None else None
         model = ReadModel(history)  # the build folded once, for every view below
+        monitor = RemoteBuild(control_file, started=started, model=model)
+        runner = PolicyRunner(monitor, policy, warn=warn) if policy is not None else None
 
         # As run_session attaches them to a build run here.
         views = attach_views(stack, monitor, observe, runner=runner, model=model)
@@ -367,7 +380,7 @@ def watch_and_supervise(
         if runner is not None:
             say(f"policy: {runner.policy.describe()} (through {control_file})")
 
-        followers: list[tuple[Follower, int]] = [(model, DEEP_QUEUE)]
+        followers: list[tuple[Follower, int]] = []
         if http is not None:
             followers.append((http.feed, DEEP_QUEUE))
         stack.enter_context(following(monitor.log, followers, model))

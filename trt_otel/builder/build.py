@@ -21,7 +21,7 @@ from trt_otel.builder.options import BuildOptions, ShapeRange, unsupported_optio
 from trt_otel.builder.saving import save_build
 from trt_otel.capture import backends
 from trt_otel.capture.backends import Backend
-from trt_otel.capture.monitor import BuildMonitor
+from trt_otel.capture.binding import ProgressMonitorBase
 from trt_otel.core.events import Outcome
 
 _SEVERITY_RANK = {"internal_error": 0, "error": 1, "warning": 2, "info": 3, "verbose": 4}
@@ -104,7 +104,7 @@ def check_builder_options(trt: Any, options: BuildOptions) -> None:
         raise BuildSetupError("; ".join(problems))
 
 
-def run_build_job(monitor: BuildMonitor, job: BuildJob) -> BuildResult:
+def run_build_job(monitor: ProgressMonitorBase, job: BuildJob) -> BuildResult:
     """Run ``job`` with ``monitor`` attached: the body of a build's worker process, and of an
     in-process build alike."""
     if job.simulator is None:
@@ -153,7 +153,7 @@ def run_build(
     trt: Any,
     model_path: Path,
     model: bytes,
-    monitor: BuildMonitor,
+    monitor: ProgressMonitorBase,
     *,
     engine_path: Path | None = None,
     options: BuildOptions | None = None,
@@ -188,7 +188,7 @@ def run_build(
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         outcome = monitor.end_with_result(serialized)
-        return BuildResult(outcome, monitor.state.outcome_detail, None, 0)
+        return BuildResult(outcome, monitor.outcome_detail, None, 0)
     data = memoryview(serialized).tobytes()
     cache_data = None
     if timing_cache is not None and options.timing_cache is not None:
@@ -223,7 +223,7 @@ def _configure(trt: Any, config: Any, options: BuildOptions) -> None:
 
 
 def _add_profile(
-    builder: Any, config: Any, network: Any, options: BuildOptions, monitor: BuildMonitor
+    builder: Any, config: Any, network: Any, options: BuildOptions, monitor: ProgressMonitorBase
 ) -> tuple[Any, list[str]]:
     """One optimization profile: the given shapes, and for a dynamic input given none, its
     dynamic dimensions set to 1 (as trtexec does), said in a log event."""
@@ -281,7 +281,7 @@ def _config_summary(trt: Any, builder: Any, config: Any, profile: Any, inputs: l
     return "builder config: " + ", ".join(parts)
 
 
-def _attachable(trt: Any, monitor: BuildMonitor) -> Any:
+def _attachable(trt: Any, monitor: ProgressMonitorBase) -> Any:
     """``monitor`` as the library's ``IProgressMonitor``: itself when it is one (the usual
     case), else a forwarder that is (a monitor bound to the other library, where both are
     installed: the build's worker creates its monitor before it knows the library)."""
@@ -305,7 +305,7 @@ def _attachable(trt: Any, monitor: BuildMonitor) -> Any:
     return Forwarder()
 
 
-def _load_timing_cache(config: Any, path: Path | None, monitor: BuildMonitor) -> Any:
+def _load_timing_cache(config: Any, path: Path | None, monitor: ProgressMonitorBase) -> Any:
     """The timing cache from ``path`` (a new one if it does not exist or cannot be used)."""
     if path is None:
         return None
@@ -339,7 +339,7 @@ def _describe_parser_error(error: Any) -> str:
     return f"{where}: {error.desc()}"
 
 
-def _event_logger(trt: Any, monitor: BuildMonitor, level: str = "info") -> Any:
+def _event_logger(trt: Any, monitor: ProgressMonitorBase, level: str = "info") -> Any:
     """A TensorRT logger that records the builder's messages, ``level`` and more severe, as
     log events."""
     least = _SEVERITY_RANK[level]

@@ -31,9 +31,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, ClassVar, Self
+from typing import Any, Self
 
-from trt_otel.capture import backends
+from trt_otel.capture.binding import BackendChoice, ProgressMonitorBase
 from trt_otel.core.clock import SYSTEM_CLOCK, Clock
 from trt_otel.core.events import (
     Anomaly,
@@ -60,38 +60,7 @@ CallbackRecord = tuple[Any, ...]
 ``end``), wall and monotonic time, thread, then its arguments."""
 
 
-BackendChoice = object
-"""A backend's name (``tensorrt``, ``tensorrt-rtx``, or ``none`` for a plain monitor) or its
-module (``tensorrt_rtx``)."""
-PLAIN = "none"
-
-
-def _native_base_for(backend: BackendChoice | None) -> tuple[type | None, str | None]:
-    """The ``IProgressMonitor`` class of the chosen library, and the library's backend name;
-    ``(None, None)`` for a plain monitor."""
-    if backend == PLAIN:
-        return None, None
-    if backend is None:
-        chosen = backends.default_backend()
-        if chosen is None:
-            return None, None
-        try:
-            module: Any = backends.import_module(chosen)
-        except Exception:  # a broken install must not stop the simulator path
-            _logger.warning("%s is installed but does not import; a plain monitor", chosen.title)
-            return None, None
-    elif isinstance(backend, str):
-        module = backends.import_module(backends.backend_named(backend))
-    else:
-        module = backend
-    base = getattr(module, "IProgressMonitor", None)
-    if not isinstance(base, type):
-        return None, None  # the simulator, or anything else that takes any object
-    known = backends.backend_of_module(module)
-    return base, (known.name if known is not None else getattr(module, "__name__", None))
-
-
-class BuildMonitor:
+class BuildMonitor(ProgressMonitorBase):
     """A progress monitor whose every callback is an event in its :class:`EventLog`.
 
     ``BuildMonitor()`` with no arguments is a working monitor: read :attr:`state` during or after
@@ -99,55 +68,6 @@ class BuildMonitor:
 
     The callbacks are called by TensorRT's builder threads; they never block and never raise.
     """
-
-    _bound_subclasses: ClassVar[dict[tuple[type, type], type]] = {}
-    _native_base: ClassVar[type | None] = None
-    _backend_name: ClassVar[str | None] = None
-
-    def __new__(cls, *args: Any, backend: BackendChoice | None = None, **kwargs: Any) -> Self:
-        target: type = cls
-        if cls._native_base is None or backend is not None:  # a class from bound_to is bound
-            target = cls.bound_to(backend)
-        # super(BuildMonitor, target) reaches the library's pybind11 __new__ for a bound class.
-        instance: Self = super(BuildMonitor, target).__new__(target)  # type: ignore[misc]
-        return instance
-
-    @classmethod
-    def bound_to(cls, backend: BackendChoice | None = None) -> type[Self]:
-        """This class, bound to the ``IProgressMonitor`` of ``backend`` (a module or a name;
-        None: the default library); the class itself when there is no such base."""
-        base, name = _native_base_for(backend)
-        if base is None:
-            return cls  # a plain monitor
-        if cls._native_base is not None:
-            if issubclass(cls, base):
-                return cls
-            # Two pybind11 bases cannot share one instance.
-            raise TypeError(
-                f"{cls.__qualname__} is an IProgressMonitor of {cls._backend_name}; it cannot "
-                f"be one of {name} too (bind the class you derived it from instead)"
-            )
-        key = (cls, base)
-        bound = BuildMonitor._bound_subclasses.get(key)
-        if bound is None:
-            bound = type(
-                cls.__name__,
-                (cls,) if issubclass(cls, base) else (cls, base),
-                {
-                    "__module__": cls.__module__,
-                    "__qualname__": cls.__qualname__,
-                    "_native_base": base,
-                    "_backend_name": name,
-                },
-            )
-            BuildMonitor._bound_subclasses[key] = bound
-        return bound
-
-    @property
-    def backend(self) -> str | None:
-        """The library this monitor is an ``IProgressMonitor`` of (``tensorrt``,
-        ``tensorrt-rtx``), or None for a plain monitor."""
-        return type(self)._backend_name
 
     def __init__(
         self,
@@ -164,9 +84,7 @@ class BuildMonitor:
         ``model``: a read model to be this monitor's fold, for a monitor that replays
         callbacks made elsewhere (see :class:`~trt_otel.core.readmodel.ReadModel`); its state is
         then :attr:`state`, and ``forget_closed`` is the model's choice."""
-        native_base = type(self)._native_base
-        if native_base is not None:
-            native_base.__init__(self)  # type: ignore[misc]  # pybind11 requires it when __init__ is overridden
+        self._init_native()
         self.log = log if log is not None else EventLog(clock=clock)
         # Only this build's events: the log may already hold earlier builds (``trt-otel run``).
         if model is None:
@@ -176,9 +94,7 @@ class BuildMonitor:
             self.log.add_fold(self.state.apply, replay_retained=False)
         else:
             self.state = model.state
-            model.is_fold = True
-            self.log.add_fold(model.fold, replay_retained=False)
-            self.log.add_batch_consumer(lambda _events: model.end_batch())
+            model.fold_of(self.log)
         self.model = model
         """The read model that is this monitor's fold, if any."""
         self.build_id = build_id or uuid.uuid4().hex
@@ -241,18 +157,9 @@ class BuildMonitor:
         self._ended = True
         return outcome
 
-    def end_with_result(self, engine: object | None, failure_detail: str = "") -> Outcome:
-        """Record the end from what ``build_serialized_network`` returned: ``None`` is a cancel
-        when one was requested and a failure otherwise."""
-        if engine is not None:
-            return self.end(Outcome.SUCCESS)
-        if self.cancelled:
-            return self.end()
-        return self.end(
-            Outcome.FAILURE,
-            failure_detail or "TensorRT returned no engine",
-            error_type="BuildFailed",
-        )
+    @property
+    def outcome_detail(self) -> str:
+        return self.state.outcome_detail
 
     def close(self, timeout_s: float = 5.0) -> bool:
         """Flush and stop every follower of the log; True if they all finished in time."""

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
+from trt_otel.capture.binding import ProgressMonitorBase
 from trt_otel.capture.monitor import BuildMonitor, CallbackRecord
 from trt_otel.capture.transport import (
     MAX_RECORDS_PER_FRAME,
@@ -146,7 +147,7 @@ def _plain(value: object) -> object:
     return value if type(value) in _PLAIN else OddArgument(type(value).__name__, repr(value))
 
 
-class RecordingMonitor(BuildMonitor):
+class RecordingMonitor(ProgressMonitorBase):
     """The monitor in the build's worker: each callback is a tuple appended to a deque, no
     more (an append is atomic, so no lock either). Everything the monitor does with a callback,
     protocol checks and the fold included, happens in the supervisor, which replays the
@@ -156,8 +157,9 @@ class RecordingMonitor(BuildMonitor):
     """
 
     def __init__(self, flag: Any, note: Any, *, backend: str | None = None) -> None:
-        """``backend``: the library to be an ``IProgressMonitor`` of (see BuildMonitor)."""
-        super().__init__()
+        """``backend``: the library to be an ``IProgressMonitor`` of (see
+        :mod:`~trt_otel.capture.binding`)."""
+        self._init_native()
         self._flag = flag
         self._note = note
         self.records: deque[CallbackRecord] = deque()
@@ -166,6 +168,12 @@ class RecordingMonitor(BuildMonitor):
         """Records that are not callbacks (log messages, the end): the forwarder counts the
         callbacks from the records, so that a callback need not."""
         self._heap_frozen = False
+        self._ended = False
+        self._outcome_detail = ""
+        self.internal_errors = 0
+        self.callbacks_total = 0
+        """Counted by the forwarder, from the records (see :func:`_forward`)."""
+        self.callback_ns_total = 0
 
     def _record(self, kind: str, *arguments: Any) -> None:
         self._append((kind, _wall_ns(), _mono_ns(), current_thread_name(), *arguments))
@@ -239,8 +247,8 @@ class RecordingMonitor(BuildMonitor):
 
     @property
     def cancelled(self) -> bool:
-        """Whether the supervisor asked for a cancel (so ``end_with_result(None)``, inherited,
-        ends the build as a cancel rather than a failure)."""
+        """Whether the supervisor asked for a cancel (so ``end_with_result(None)`` ends the
+        build as a cancel rather than a failure)."""
         return bool(self._flag.value)
 
     def end(
@@ -251,7 +259,12 @@ class RecordingMonitor(BuildMonitor):
         self._record("end", outcome.value, detail, error_type)
         self.not_callbacks += 1
         self._ended = True
+        self._outcome_detail = detail
         return outcome
+
+    @property
+    def outcome_detail(self) -> str:
+        return self._outcome_detail
 
     def _cancel_outcome(self) -> Outcome:
         try:

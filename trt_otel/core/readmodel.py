@@ -28,6 +28,7 @@ from typing import Protocol
 from trt_otel.core.eta import BoundaryTracker, BuildEta, History, estimate
 from trt_otel.core.events import BuildStarted, Event, StepCompleted
 from trt_otel.core.followers import FollowerHealth
+from trt_otel.core.log import EventLog
 from trt_otel.core.state import BuildState, Phase, PhaseStatus
 
 _logger = logging.getLogger(__name__)
@@ -151,6 +152,13 @@ class ReadModel:
     def _forget_groups(self, phase_id: int) -> None:
         """The state forgot what was under ``phase_id``: so do its summaries."""
         self._groups.pop(phase_id, None)
+
+    def fold_of(self, log: EventLog) -> None:
+        """Be ``log``'s fold (the build folded once, on the appending thread), for a log that
+        holds only this build's events; then :meth:`close` is its owner's to call."""
+        self.is_fold = True
+        log.add_fold(self.fold, replay_retained=False)
+        log.add_batch_consumer(lambda _events: self.end_batch())
 
     def handle(self, events: Sequence[Event]) -> None:
         """As a follower: fold a batch in, and tell the subscribers."""

@@ -411,9 +411,12 @@ def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
                 accept, encoding = self.headers.get("Accept"), self.headers.get("Accept-Encoding")
                 self._send(200, *exposition(server.registry, accept, encoding))
             elif path == "/healthz":
+                # Read once, before answering: the build may end while the answer is sent,
+                # and only an answer that said so has served its end.
                 build = server.monitor.state
-                self._json(200, {"status": "ok", "build": build.status.value})
-                if build.outcome is not None and not self.head_only:
+                status, ended = build.status.value, build.outcome is not None
+                self._json(200, {"status": "ok", "build": status})
+                if ended and not self.head_only:
                     server.final_served.set()
             elif path == "/cancel":
                 self._json(405, {"error": "use POST"}, {"Allow": "POST"})
