@@ -414,8 +414,8 @@ def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
                 # Read once, before answering: the build may end while the answer is sent,
                 # and only an answer that said so has served its end.
                 build = server.monitor.state
-                status, ended = build.status.value, build.outcome is not None
-                self._json(200, {"status": "ok", "build": status})
+                build_status, ended = build.status.value, build.outcome is not None
+                self._json(200, {"status": "ok", "build": build_status})
                 if ended and not self.head_only:
                     server.final_served.set()
             elif path == "/cancel":
