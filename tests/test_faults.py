@@ -271,12 +271,12 @@ def test_callbacks_recorded_in_a_worker_replay_into_the_same_events(
     replayed = BuildMonitor()
     replayed.start()
     for record in recorder.records:
-        replayed.replay(record)
+        replayed.record([record])
     # As the supervisor replays: a frame at once, into a monitor whose fold is the read model.
     model = ReadModel()
     supervising = BuildMonitor(model=model)
     supervising.start()
-    supervising.replay_many(recorder.records)
+    supervising.record(recorder.records)
     expected = without_stamps(direct.log.recent())
     for monitor in (replayed, supervising):
         assert monitor.internal_errors == 0

@@ -478,6 +478,8 @@ def test_the_http_view_answers_metrics_as_the_prometheus_endpoint_does(
     monitor.start()
     Driver(speed=0).run(monitor, generate_plan(2))
     monitor.end()
+    # The followers' own counters are in the exposition: both scrapes see them settled.
+    assert monitor.log.flush(30.0)
     endpoint = MetricsServer(server.registry, 0)
     try:
         for headers in (

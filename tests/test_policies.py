@@ -303,7 +303,9 @@ def test_a_stall_in_a_silent_window_is_stopped_from_outside(
     )  # fmt: skip
     took = time.monotonic() - began
     assert result.returncode == 3, result.stderr
-    assert took < 30, f"took {took:.1f}s"
+    # Far less than the 10-minute silence: stopped from outside, not waited out (the bound is
+    # loose, for a loaded machine, and still tells the two apart).
+    assert took < 120, f"took {took:.1f}s"
     state = final_state(journal)
     assert state.outcome is Outcome.CANCELLATION
     assert "stopped with SIGTERM" in state.outcome_detail

@@ -171,7 +171,7 @@ def test_a_supervisor_replaying_its_workers_callbacks_finds_the_same(
     assert Driver(speed=0).run(recorder, plan).completed
     recorder.end()
     supervising = BuildMonitor(model=ReadModel(forget_closed=False))
-    supervising.replay_many(recorder.records)
+    supervising.record(recorder.records)
     direct = run(plan)
     direct.end()
     assert anomalies(supervising) == anomalies(direct) == expected

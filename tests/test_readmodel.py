@@ -201,7 +201,7 @@ def test_as_the_logs_fold_quiet_steps_ending_a_replayed_frame_are_told_at_its_en
     model.subscribe(told)
     monitor = BuildMonitor(model=model)
     monitor.start()
-    monitor.replay_many(records[: last_step + 1])
+    monitor.record(records[: last_step + 1])
     (last,) = [e for e in monitor.log.recent() if isinstance(e, StepCompleted)][-1:]
     assert told.seqs[-1] == last.seq, "the frame's last quiet step, at its end"
 

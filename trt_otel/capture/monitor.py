@@ -261,15 +261,33 @@ class BuildMonitor(ProgressMonitorBase):
 
     # -- TensorRT's callbacks (builder threads) -------------------------------------------------
 
+    # Each is a record (its kind, the time and thread it was made at, its arguments), taken
+    # under the log's lock by the one way in, :meth:`_take_locked`, as a record made elsewhere
+    # is (:meth:`record`). The clock is read under the lock: the log's order is the time's.
+
     def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
         """TensorRT callback, on a builder thread: a phase began. Never raises."""
         began_ns = time.perf_counter_ns()
         try:
-            with self.log.lock:
-                self._phase_start_locked(phase_name, parent_phase, num_steps)
+            log = self.log
+            with log.lock:
+                clock = log.clock
+                error = self._take_locked(
+                    (
+                        "phase_start",
+                        clock.wall_ns(),
+                        clock.mono_ns(),
+                        current_thread_name(),
+                        phase_name,
+                        parent_phase,
+                        num_steps,
+                    )
+                )
                 self.callbacks_total += 1
                 self.callback_ns_total += time.perf_counter_ns() - began_ns
-        except BaseException as error:
+        except BaseException as caught:
+            error = caught
+        if error is not None:
             self._internal_error("phase_start", error)
 
     def step_complete(self, phase_name: str, step: int) -> bool:
@@ -280,11 +298,24 @@ class BuildMonitor(ProgressMonitorBase):
         """
         began_ns = time.perf_counter_ns()
         try:
-            with self.log.lock:
-                self._step_locked(phase_name, step)
+            log = self.log
+            with log.lock:
+                clock = log.clock
+                error = self._take_locked(
+                    (
+                        "step",
+                        clock.wall_ns(),
+                        clock.mono_ns(),
+                        current_thread_name(),
+                        phase_name,
+                        step,
+                    )
+                )
                 self.callbacks_total += 1
                 self.callback_ns_total += time.perf_counter_ns() - began_ns
-        except BaseException as error:
+        except BaseException as caught:
+            error = caught
+        if error is not None:
             self._internal_error("step_complete", error)
         return not self._cancelled
 
@@ -292,91 +323,88 @@ class BuildMonitor(ProgressMonitorBase):
         """TensorRT callback, on a builder thread: a phase ended. Never raises."""
         began_ns = time.perf_counter_ns()
         try:
-            with self.log.lock:
-                self._phase_finish_locked(phase_name)
+            log = self.log
+            with log.lock:
+                clock = log.clock
+                error = self._take_locked(
+                    (
+                        "phase_finish",
+                        clock.wall_ns(),
+                        clock.mono_ns(),
+                        current_thread_name(),
+                        phase_name,
+                    )
+                )
                 self.callbacks_total += 1
                 self.callback_ns_total += time.perf_counter_ns() - began_ns
-        except BaseException as error:
+        except BaseException as caught:
+            error = caught
+        if error is not None:
             self._internal_error("phase_finish", error)
 
     def log_message(self, severity: str, message: str) -> None:
-        """Record a message of the builder's logger (any thread)."""
+        """Record a message of the builder's logger (any thread). Never raises."""
         try:
-            self.log.append(LogMessage, severity=str(severity), message=str(message))
-        except Exception as error:
+            log = self.log
+            with log.lock:
+                clock = log.clock
+                error = self._take_locked(
+                    (
+                        "log",
+                        clock.wall_ns(),
+                        clock.mono_ns(),
+                        current_thread_name(),
+                        severity,
+                        message,
+                    )
+                )
+        except BaseException as caught:
+            error = caught
+        if error is not None:
             self._internal_error("log_message", error)
 
-    # -- the callbacks' bodies: under the log's lock, also for callbacks made elsewhere ----------
+    # -- the one way in --------------------------------------------------------------------------
 
-    def _phase_start_locked(
-        self, phase_name: object, parent_phase: object, num_steps: object
-    ) -> None:
-        self._before_callback()
-        name = self._text(phase_name, "phase_name")
-        parent = None if parent_phase is None else self._text(parent_phase, "parent_phase")
-        steps = self._count(num_steps, "num_steps", name)
-        for kind, detail in self.state.check_phase_start(name, parent):
-            self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
-        self.log.append_made(PhaseStarted, name, parent, steps)
-
-    def _step_locked(self, phase_name: object, step: object) -> None:
-        state = self.state
-        if type(phase_name) is str and type(step) is int and not self._ended:
-            name, number = phase_name, step  # the usual case: nothing to check or coerce
-            if state.build_id is None:
-                self._start_locked()
-        else:
-            self._before_callback()
-            name = self._text(phase_name, "phase_name")
-            number = self._count(step, "step", name, minimum=None)
-        for kind, detail in state.check_step(name, number):
-            self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
-        self.log.append_made(StepCompleted, name, number)
-
-    def _phase_finish_locked(self, phase_name: object) -> None:
-        self._before_callback()
-        name = self._text(phase_name, "phase_name")
-        for kind, detail in self.state.check_phase_finish(name):
-            self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
-        self.log.append_made(PhaseFinished, name)
-
-    def replay(self, record: CallbackRecord) -> None:
-        """Record a callback made elsewhere (in a build's worker process), at the time and on
-        the thread where it was made, exactly as if it had been made here. Never raises."""
-        self.replay_many((record,))
-
-    def replay_many(self, records: Iterable[CallbackRecord]) -> None:
-        """:meth:`replay` each record in turn, in one batch of the log (the followers get them
-        together); a held cancel (see :attr:`hold_cancels`) goes into the log before the first
+    def record(self, records: Iterable[CallbackRecord]) -> None:
+        """Take callbacks made elsewhere (a build's worker, a program ``trt-otel run``
+        instruments, a recorded trace), each at the time and on the thread where it was made,
+        exactly as if it had been made here, in one batch of the log (the followers get them
+        together). A held cancel (see :attr:`hold_cancels`) goes into the log before the first
         callback made after it was decided. Never raises."""
         interrupted = False
         log = self.log
-        append_at = log.append_at
+        take = self._take_locked
         with log.batch():
-            try:
-                for record in records:
-                    held = self._held_cancel
-                    if held is not None and record[2] > held.mono_ns:
-                        self._release_cancel_locked()
-                    make = self._plain_event(record)
-                    if make is not None:
-                        append_at(make, *record[1:])
-                        continue
-                    error = self._replay_locked(record)
-                    if error is not None:
-                        log.stamp = None
-                        interrupted |= self._internal_error_locked(str(record[0]), error)
-            finally:
-                log.stamp = None
+            for record in records:
+                held = self._held_cancel
+                if held is not None and record[2] > held.mono_ns:
+                    self._release_cancel_locked()
+                error = take(record)
+                if error is not None:
+                    interrupted |= self._internal_error_locked(str(record[0]), error)
         if interrupted:
             # Ctrl-C landed inside the replay: honour it as a graceful cancel, not a crash.
             self.cancel("interrupted by the user", source="signal")
+
+    def _take_locked(self, record: CallbackRecord) -> BaseException | None:
+        """The one way a callback enters the log, whichever capture made it: checked against
+        the protocol once (the state's checks), appended with its time and thread, folded.
+        Under the log's lock; returns the error it raised (for the caller to record outside
+        TensorRT's call), if any."""
+        make = self._plain_event(record)
+        if make is not None:
+            try:
+                self.log.append_at(make, *record[1:])
+            except BaseException as caught:
+                return caught
+            return None
+        return self._checked_locked(record)
 
     def _plain_event(self, record: CallbackRecord) -> Callable[..., Event] | None:
         """The event class of ``record`` when the log can take it as it is: its arguments of
         the right types, the build started and not ended, and none of the anomalies the
         state's checks look for (most records, by far); None when it goes the long way
-        (:meth:`_replay_locked`), which records what is wrong. Under the log's lock."""
+        (:meth:`_checked_locked`), which records what is wrong."""
         state = self.state
         if self._ended or state.build_id is None:
             return None
@@ -401,11 +429,13 @@ class BuildMonitor(ProgressMonitorBase):
                 return PhaseFinished
         return None
 
-    def _replay_locked(self, record: CallbackRecord) -> BaseException | None:
-        """One record, under the log's lock; the error it raised, if any."""
+    def _checked_locked(self, record: CallbackRecord) -> BaseException | None:
+        """A record the fast path did not take: its arguments checked and coerced, what is
+        wrong recorded as anomalies, every event stamped with the record's time and thread."""
+        log = self.log
         try:
             kind, wall_ns, mono_ns, thread, *arguments = record
-            self.log.stamp = (wall_ns, mono_ns, thread)
+            log.stamp = (wall_ns, mono_ns, thread)
             if kind == "step":
                 self._step_locked(*arguments)
             elif kind == "phase_start":
@@ -414,13 +444,41 @@ class BuildMonitor(ProgressMonitorBase):
                 self._phase_finish_locked(*arguments)
             elif kind == "log":
                 severity, message = arguments
-                self.log.append_locked(LogMessage, severity=str(severity), message=str(message))
+                log.append_locked(LogMessage, severity=str(severity), message=str(message))
             elif kind == "end":
                 outcome, detail, error_type = arguments
                 self._end_locked(Outcome(outcome), detail, error_type)
         except BaseException as caught:
             return caught
+        finally:
+            log.stamp = None
         return None
+
+    def _phase_start_locked(
+        self, phase_name: object, parent_phase: object, num_steps: object
+    ) -> None:
+        self._before_callback()
+        name = self._text(phase_name, "phase_name")
+        parent = None if parent_phase is None else self._text(parent_phase, "parent_phase")
+        steps = self._count(num_steps, "num_steps", name)
+        for kind, detail in self.state.check_phase_start(name, parent):
+            self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
+        self.log.append_made(PhaseStarted, name, parent, steps)
+
+    def _step_locked(self, phase_name: object, step: object) -> None:
+        self._before_callback()
+        name = self._text(phase_name, "phase_name")
+        number = self._count(step, "step", name, minimum=None)
+        for kind, detail in self.state.check_step(name, number):
+            self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
+        self.log.append_made(StepCompleted, name, number)
+
+    def _phase_finish_locked(self, phase_name: object) -> None:
+        self._before_callback()
+        name = self._text(phase_name, "phase_name")
+        for kind, detail in self.state.check_phase_finish(name):
+            self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
+        self.log.append_made(PhaseFinished, name)
 
     # -- helpers (called with the log's lock held) ---------------------------------------------
 

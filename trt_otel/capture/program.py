@@ -226,18 +226,23 @@ class ProgramBuilds:
         if message[0] != "records":
             return
         _, _, records, callbacks, callback_ns = message
+        callbacks_run: list[tuple[Any, ...]] = []  # taken together, in one batch of the log
         for record in records:
             kind = record[0]
+            if kind not in ("own_cancel", "interrupt", "done"):
+                callbacks_run.append(record)
+                continue
+            monitor.record(callbacks_run)
+            callbacks_run = []
             if kind == "own_cancel":
                 monitor.cancel(
                     f"the program's own progress monitor {record[4]}", source=PROGRAM_SOURCE
                 )
             elif kind == "interrupt":
                 monitor.cancel("the program was interrupted (SIGINT)", source="signal")
-            elif kind == "done":
-                self._end(build, record)
             else:
-                monitor.replay(record)
+                self._end(build, record)
+        monitor.record(callbacks_run)
         # The cost that matters is the callbacks' own, in the program.
         monitor.callbacks_total, monitor.callback_ns_total = callbacks, callback_ns
 
@@ -259,7 +264,7 @@ class ProgramBuilds:
                 "TensorRT returned no engine",
                 "BuildFailed",
             )
-        monitor.replay(("end", wall_ns, mono_ns, thread, outcome.value, detail, error_type))
+        monitor.record([("end", wall_ns, mono_ns, thread, outcome.value, detail, error_type)])
         self._finish(build)
 
     def _finish(self, build: ProgramBuild) -> None:

@@ -10,7 +10,7 @@ How the two processes talk:
 - The worker's monitor (:class:`RecordingMonitor`) only records each callback, as a tuple with
   its time and thread, and a thread appends them in compact frames to a spool file
   (:mod:`trt_otel.capture.transport`: why a file). This process reads the frames at its own pace and
-  replays them into its own monitor (:meth:`BuildMonitor.replay`): the protocol checks, the
+  replays them into its own monitor (:meth:`BuildMonitor.record`): the protocol checks, the
   events and every projection happen here, as if the callbacks had been made here, at the times
   they were made. ``CLOCK_MONOTONIC`` is system-wide, so the worker's times and this process's
   policies agree. The builder's process does nothing per callback but an append, never waits
@@ -151,7 +151,7 @@ class RecordingMonitor(ProgressMonitorBase):
     """The monitor in the build's worker: each callback is a tuple appended to a deque, no
     more (an append is atomic, so no lock either). Everything the monitor does with a callback,
     protocol checks and the fold included, happens in the supervisor, which replays the
-    records into its own monitor with their times and threads (:meth:`BuildMonitor.replay`).
+    records into its own monitor with their times and threads (:meth:`BuildMonitor.record`).
 
     ``step_complete`` answers False once the supervisor's flag is up: a memory read.
     """
@@ -444,7 +444,7 @@ class _Replay:
                 frames = self.reader.read(max_frames=1)  # each replayed as soon as decoded
                 for frame in frames:
                     self._wait_for_room()
-                    monitor.replay_many(frame.records)
+                    monitor.record(frame.records)
                     # The cost that matters is the callbacks' own, in the worker.
                     monitor.callbacks_total = frame.callbacks_total
                     monitor.callback_ns_total = frame.callback_ns_total
