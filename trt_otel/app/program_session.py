@@ -14,7 +14,7 @@ import shlex
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, cast
+from typing import Any
 
 from trt_otel.app.components import (
     DEEP_QUEUE,
@@ -68,13 +68,12 @@ def observed_builds(
         builds = ProgramBuilds(
             log, attributes=attributes, policy=config.policy.policy, warn=warn, say=say
         )
+        # What the one-build views read of a build (ObservedBuild): the current one's.
         current = CurrentBuild(builds, uuid.uuid4().hex)
-        # What the one-build views read of a monitor, CurrentBuild has (see its docstring).
-        monitor = cast(BuildMonitor, current)
         model = ReadModel(history)  # the builds folded once, for every view below
 
         http = attach_views(
-            stack, monitor, observe, runner=None, model=model, collectors=[RunCollector(builds)]
+            stack, current, observe, runner=None, model=model, collectors=[RunCollector(builds)]
         ).http
         if progress:
             # Plain lines even on a terminal: a live tree redraws lines the program writes.

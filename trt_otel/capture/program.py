@@ -189,7 +189,9 @@ class ProgramBuilds:
 
     def _start(self, build: ProgramBuild) -> None:
         self.active = build
-        monitor = BuildMonitor(log=self.log, attributes=build.attributes)
+        # forget_closed: the monitor keeps what its checks and answers read (the open phases,
+        # the cancel, the end), not every phase a long run makes; the views' model keeps theirs.
+        monitor = BuildMonitor(log=self.log, attributes=build.attributes, forget_closed=True)
         build.monitor = monitor
         with self.log.lock:
             # The build began when the program called it, not when its message arrived.
@@ -440,7 +442,7 @@ class CurrentBuild:
     def __init__(self, builds: ProgramBuilds, run_id: str) -> None:
         self.builds = builds
         self.log = builds.log
-        self.state = BuildState()
+        self.state = BuildState(forget_closed=True)  # what the gauges read, not every phase
         self.log.add_fold(self.state.apply)
         self._run_id = run_id
 
