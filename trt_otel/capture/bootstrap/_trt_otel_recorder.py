@@ -177,7 +177,7 @@ def recorder_class(library: ModuleType) -> type:
         called as TensorRT would call it, so what it raises or answers has its usual effect.
         """
 
-        def __init__(self, build: RemoteBuild, own: Any) -> None:
+        def __init__(self, build: ForwardedBuild, own: Any) -> None:
             base.__init__(self)
             self._build = build
             self._records = build.records
@@ -278,7 +278,7 @@ def recorder_class(library: ModuleType) -> type:
     return Recorder
 
 
-class RemoteBuild:
+class ForwardedBuild:
     """A build whose records go to the ``trt-otel`` process."""
 
     def __init__(self, sink: RemoteSink, number: int) -> None:
@@ -362,7 +362,7 @@ class RemoteSink:
         self._describe = describe
         self._connection: Any = None
         self._broken = False
-        self._builds: dict[int, RemoteBuild] = {}
+        self._builds: dict[int, ForwardedBuild] = {}
         self._numbers = 0
         self._lock = threading.Lock()
         """Serialises sends (the forwarder thread and a build's end) and the build table."""
@@ -373,7 +373,7 @@ class RemoteSink:
             if not self._connect():
                 return None
             self._numbers += 1
-            build = RemoteBuild(self, self._numbers)
+            build = ForwardedBuild(self, self._numbers)
             self._builds[build.number] = build
             if not self._send(("begin", build.number, attributes, _wall_ns(), _mono_ns())):
                 return None
