@@ -46,7 +46,7 @@ def per_callback_ns(monitor: object) -> float:
 
 def run_recorder(library: Any) -> object:
     sink = recorder.RemoteSink(lambda: None, "nowhere")  # type: ignore[arg-type,return-value]
-    build = recorder.RemoteBuild(sink, 1)
+    build = recorder.ForwardedBuild(sink, 1)
     return recorder.recorder_class(library)(build, None)
 
 
