@@ -136,3 +136,32 @@ def test_no_function_is_long_without_a_reason_beside_it() -> None:
             if length > MAX_FUNCTION_LINES and not any(a.startswith(LONG) for a in above):
                 long.append(f"{name}.{node.name}: {length} lines")
     assert long == []
+
+
+def test_a_builds_worker_and_import_trt_otel_load_only_what_they_use() -> None:
+    """The worker of ``trt-otel build`` imports its target's module and the recorder: none of
+    the monitor's fold, the views, their libraries or ``importlib.metadata`` (a tenth of a
+    second each, paid by every build). ``import trt_otel`` alone is lighter still."""
+    import subprocess
+    import sys
+
+    heavy = [
+        "trt_otel.capture.monitor",
+        "trt_otel.core.readmodel",
+        "trt_otel.views",
+        "trt_otel.app",
+        "opentelemetry",
+        "prometheus_client",
+        "rich",
+        "importlib.metadata",
+    ]
+    for imports in ("trt_otel.builder.build, trt_otel.capture.supervisor", "trt_otel"):
+        code = (
+            f"import sys, {imports}\n"
+            f"print(sorted({{m for m in sys.modules for h in {heavy!r}"
+            " if m == h or m.startswith(h + '.')}))"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        )
+        assert result.stdout.strip() == "[]", (imports, result.stdout)

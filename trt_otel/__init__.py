@@ -9,31 +9,71 @@ Exceptions: :class:`~trt_otel.core.journal.JournalError` (a journal that cannot 
 TensorRT).
 """
 
+import importlib as _importlib
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
-from trt_otel.capture.monitor import BuildMonitor
-from trt_otel.core.clock import Clock, ManualClock, SystemClock
-from trt_otel.core.events import (
-    Anomaly,
-    AnomalyKind,
-    BuildFinished,
-    BuildStarted,
-    CancelRequested,
-    Event,
-    GpuSample,
-    LogMessage,
-    Outcome,
-    PhaseFinished,
-    PhaseStarted,
-    ProcessSample,
-    StepCompleted,
-)
-from trt_otel.core.followers import Follower, FollowerHealth
-from trt_otel.core.journal import Journal, JournalError, JournalWriter, read_journal
-from trt_otel.core.log import EventLog
-from trt_otel.core.state import BuildState, BuildStatus, Phase, PhaseStatus
 from trt_otel.core.version import __version__
+
+if _TYPE_CHECKING:
+    from trt_otel.app.instrumentation import instrument, uninstrument
+    from trt_otel.capture.monitor import BuildMonitor
+    from trt_otel.core.clock import Clock, ManualClock, SystemClock
+    from trt_otel.core.events import (
+        Anomaly,
+        AnomalyKind,
+        BuildFinished,
+        BuildStarted,
+        CancelRequested,
+        Event,
+        GpuSample,
+        LogMessage,
+        Outcome,
+        PhaseFinished,
+        PhaseStarted,
+        ProcessSample,
+        StepCompleted,
+    )
+    from trt_otel.core.followers import Follower, FollowerHealth
+    from trt_otel.core.journal import Journal, JournalError, JournalWriter, read_journal
+    from trt_otel.core.log import EventLog
+    from trt_otel.core.state import BuildState, BuildStatus, Phase, PhaseStatus
+
+_FACE = {
+    "Anomaly": "trt_otel.core.events",
+    "AnomalyKind": "trt_otel.core.events",
+    "BuildFinished": "trt_otel.core.events",
+    "BuildMonitor": "trt_otel.capture.monitor",
+    "BuildStarted": "trt_otel.core.events",
+    "BuildState": "trt_otel.core.state",
+    "BuildStatus": "trt_otel.core.state",
+    "CancelRequested": "trt_otel.core.events",
+    "Clock": "trt_otel.core.clock",
+    "Event": "trt_otel.core.events",
+    "EventLog": "trt_otel.core.log",
+    "Follower": "trt_otel.core.followers",
+    "FollowerHealth": "trt_otel.core.followers",
+    "GpuSample": "trt_otel.core.events",
+    "Journal": "trt_otel.core.journal",
+    "JournalError": "trt_otel.core.journal",
+    "JournalWriter": "trt_otel.core.journal",
+    "LogMessage": "trt_otel.core.events",
+    "ManualClock": "trt_otel.core.clock",
+    "Outcome": "trt_otel.core.events",
+    "Phase": "trt_otel.core.state",
+    "PhaseFinished": "trt_otel.core.events",
+    "PhaseStarted": "trt_otel.core.events",
+    "PhaseStatus": "trt_otel.core.state",
+    "ProcessSample": "trt_otel.core.events",
+    "StepCompleted": "trt_otel.core.events",
+    "SystemClock": "trt_otel.core.clock",
+    "read_journal": "trt_otel.core.journal",
+    "instrument": "trt_otel.app.instrumentation",
+    "uninstrument": "trt_otel.app.instrumentation",
+}
+"""Where each name of the package's face lives. Each is imported when first asked for, so that
+``import trt_otel`` (a build's worker among its users) costs only what is used: ``instrument()``
+brings a whole session (exporters, views, policies), ``BuildMonitor`` the log and its fold."""
 
 __all__ = [
     "Anomaly",
@@ -69,19 +109,15 @@ __all__ = [
     "uninstrument",
 ]
 
-if _TYPE_CHECKING:
-    from trt_otel.app.instrumentation import instrument, uninstrument
-
 
 def __getattr__(name: str) -> _Any:
-    # instrument() brings a whole session (exporters, views, policies): imported when first
-    # asked for, so that `import trt_otel` (a build's worker among its users) stays light.
-    if name in ("instrument", "uninstrument"):
-        from trt_otel.app import instrumentation
-
-        return getattr(instrumentation, name)
-    raise AttributeError(f"module 'trt_otel' has no attribute {name!r}")
+    module = _FACE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trt_otel' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value  # asked once
+    return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), "instrument", "uninstrument"})
+    return sorted({*globals(), *_FACE})

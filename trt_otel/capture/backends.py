@@ -18,7 +18,6 @@ This module only finds and describes backends; importing ``trt_otel`` imports ne
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import importlib.util
 import sys
 from dataclasses import dataclass
@@ -126,10 +125,12 @@ def version_of(module: Any, backend: Backend | None = None) -> str:
     version = getattr(module, "__version__", None)
     if isinstance(version, str) and version:
         return version
+    from importlib import metadata  # slow to import, and only this needs it
+
     for distribution in backend.distributions if backend is not None else ():
         try:
-            return importlib.metadata.version(distribution)
-        except importlib.metadata.PackageNotFoundError:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
             continue
     return "unknown"
 

@@ -46,10 +46,9 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trt_otel.capture.binding import ProgressMonitorBase
-from trt_otel.capture.monitor import BuildMonitor, CallbackRecord
 from trt_otel.capture.transport import (
     MAX_RECORDS_PER_FRAME,
     SpoolError,
@@ -61,6 +60,10 @@ from trt_otel.control.stopping import stop_process
 from trt_otel.core.events import CancelRequested, Outcome
 from trt_otel.core.followers import FollowerWorker
 from trt_otel.core.log import current_thread_name
+
+if TYPE_CHECKING:
+    # The worker imports this module too: it records, and needs none of the monitor's machinery.
+    from trt_otel.capture.monitor import BuildMonitor, CallbackRecord
 
 _logger = logging.getLogger(__name__)
 
