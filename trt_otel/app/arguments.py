@@ -40,6 +40,7 @@ from trt_otel.builder.options import (
     shape_ranges,
 )
 from trt_otel.capture.supervisor import DEFAULT_GRACE_S
+from trt_otel.control.deadline import DEFAULT_MARGIN
 from trt_otel.control.policies import STALL_ON
 from trt_otel.core import sizes
 from trt_otel.core.durations import DurationError, parse_duration, parse_positive_duration
@@ -74,6 +75,18 @@ def positive_seconds(text: str) -> float:
         return parse_positive_duration(text)
     except DurationError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def share(text: str) -> float:
+    """A share: ``10%``, or a fraction ``0.1``; from 0 to 1000%."""
+    number = text.strip().removesuffix("%")
+    try:
+        value = float(number) / (100 if text.strip().endswith("%") else 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a share (10%, 0.1)") from None
+    if not 0 <= value <= 10:  # also rejects NaN
+        raise argparse.ArgumentTypeError(f"{text!r} must be from 0% to 1000%")
+    return value
 
 
 def size(text: str) -> int:
@@ -341,6 +354,22 @@ def add_policy_options(parser: argparse.ArgumentParser) -> Group:
         "--timeout", type=positive_seconds, metavar="DURATION", help="stop after this long"
     )
     group.add_argument(
+        "--deadline",
+        type=positive_seconds,
+        metavar="DURATION",
+        help="the build must end within this long: stopped as soon as its projection (from "
+        "--history, or from its progress once half done) says it cannot, even with the "
+        "margin; refused before it starts when its history says so; else a --timeout",
+    )
+    group.add_argument(
+        "--deadline-margin",
+        type=share,
+        default=DEFAULT_MARGIN,
+        metavar="PERCENT",
+        help="how far past the deadline the earliest projected end must be before a build is "
+        f"stopped early (default: {DEFAULT_MARGIN:.0%})",
+    )
+    group.add_argument(
         "--stall-timeout",
         type=positive_seconds,
         metavar="DURATION",
@@ -406,6 +435,8 @@ def add_policy_options(parser: argparse.ArgumentParser) -> Group:
 def policy_config(args: argparse.Namespace) -> PolicyConfig:
     return PolicyConfig(
         timeout_s=args.timeout,
+        deadline_s=args.deadline,
+        deadline_margin=args.deadline_margin,
         stall_timeout_s=args.stall_timeout,
         stall_on=args.stall_on,
         max_memory_bytes=args.max_memory,

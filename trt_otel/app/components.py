@@ -115,8 +115,7 @@ def load_history(directory: Path | None, attributes: dict[str, Any]) -> History 
         return None
     if not directory.is_dir():
         raise UsageError(f"--history {directory} is not a directory of journals")
-    model = attributes.get("model.sha256")
-    history = History.load(directory, str(model) if model is not None else None)
+    history = History.load(directory, attributes=attributes)
     say(
         f"history: {len(history.builds)} earlier builds of this model in {directory}"
         + (f" ({len(history.skipped)} journals not used)" if history.skipped else "")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trt_otel.capture.supervisor import DEFAULT_GRACE_S
+from trt_otel.control.deadline import DEFAULT_MARGIN, Deadline, Projector
 from trt_otel.control.policies import (
     CancelFile,
     CancelUrl,
@@ -24,6 +25,8 @@ from trt_otel.control.policies import (
     Timeout,
     any_of,
 )
+from trt_otel.core.eta import History
+from trt_otel.core.projection import before_start
 from trt_otel.views.otlp import OtlpSettings
 from trt_otel.views.spans import DEFAULT_FOLD_UNDER_NS, DEFAULT_SPAN_BUDGET
 
@@ -39,6 +42,10 @@ class PolicyConfig:
     """When to cancel the build, and how long a cancelled build gets before it is stopped."""
 
     timeout_s: float | None = None
+    deadline_s: float | None = None
+    """The build must end within this: stopped as soon as its projection says it cannot
+    (:mod:`trt_otel.control.deadline`), refused when its history says so before it starts."""
+    deadline_margin: float = DEFAULT_MARGIN
     stall_timeout_s: float | None = None
     stall_on: str = "activity"
     """``activity``: a stall is neither progress nor work by the builder's process;
@@ -53,11 +60,24 @@ class PolicyConfig:
     """Time a cancelled build gets to stop at TensorRT's next step before its process is
     stopped from outside."""
 
-    def policy(self) -> Policy | None:
-        """The cancel policy these settings describe (any of them decides), or None."""
+    def policy(
+        self, *, history: History | None = None, project: Projector | None = None
+    ) -> Policy | None:
+        """The cancel policy these settings describe (any of them decides), or None. A
+        deadline projects the build's end from ``history`` and ``project`` (without them it is
+        a timeout)."""
         policies: list[Policy] = []
         if self.timeout_s is not None:
             policies.append(Timeout(self.timeout_s))
+        if self.deadline_s is not None:
+            policies.append(
+                Deadline(
+                    self.deadline_s,
+                    margin=self.deadline_margin,
+                    project=project,
+                    at_start=before_start(history),
+                )
+            )
         if self.stall_timeout_s is not None:
             policies.append(Stall(self.stall_timeout_s, on=self.stall_on))
         if self.max_memory_bytes is not None or self.min_available_bytes is not None:

@@ -66,10 +66,10 @@ EXIT_INTERRUPTED = 130
 def run_session(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]) -> int:
     """Run one build with everything ``config`` asks for attached; returns the exit code."""
     observe = config.observe
-    policy = config.policy.policy()
     with contextlib.ExitStack() as stack:
         gpu, history = build_context(stack, observe, attributes, config.policy.min_available_bytes)
         model = ReadModel(history)  # the build folded once, for every view below
+        policy = config.policy.policy(history=history, project=model.project)
         # Only a build in this process attaches this monitor to a builder library, and keeps
         # the minimum on TensorRT's threads (the model follows); a supervisor's monitor, which
         # replays its worker's callbacks, folds the model itself.
@@ -95,7 +95,13 @@ def run_session(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]
             stack.enter_context(runner)
         watch = stack.enter_context(sampling(monitor, gpu, observe.sample_interval_s))
         signals = stack.enter_context(_cancel_on_signals(monitor))
-        result, interrupted = _build(monitor, job, config, watch)
+        refused = runner.check_before_start() if runner is not None else None
+        result: BuildResult | None
+        if refused is not None:  # nothing is started, so nothing is spent
+            outcome = monitor.end()  # the cancel's: a timeout
+            result, interrupted = BuildResult(outcome, refused.reason, None, 0), False
+        else:
+            result, interrupted = _build(monitor, job, config, watch)
         interrupted = interrupted or signals.interrupted
     if observe.journal is not None:
         say(f"journal: {observe.journal}")

@@ -95,6 +95,11 @@ class Policy:
         """Should the build stop now? Called on the runner's thread; must not block."""
         raise NotImplementedError
 
+    def before_start(self) -> Decision | None:
+        """Should the build not start at all, from what is known already (a deadline that its
+        history says it cannot meet)? Asked once, before the builder starts."""
+        return None
+
     def start(self) -> None:
         """Begin background work (polling), if any."""
 
@@ -582,6 +587,10 @@ class _Composite(Policy):
         for policy in self.policies:
             yield from policy.leaves()
 
+    def before_start(self) -> Decision | None:
+        # Refusing a build is one policy's call, whichever way the others are combined.
+        return next((d for p in self.policies if (d := p.before_start()) is not None), None)
+
 
 class AnyOf(_Composite):
     """Decides when any of its policies does (the first one, in order, gives the reason)."""
@@ -676,9 +685,20 @@ class PolicyRunner:
                 available_bytes=sample.available_bytes if sample is not None else None,
             )
 
+    def check_before_start(self) -> Decision | None:
+        """Ask the policy whether the build should start at all; if not, cancel it (the caller
+        then ends it without starting the builder). Returns the decision."""
+        decision = self.policy.before_start()
+        self._decide(decision)
+        return decision
+
     def check_now(self) -> Decision | None:
         """Ask the policy once; cancel the build if it decides. Returns the decision."""
         decision = self.policy.check(self.view())
+        self._decide(decision)
+        return decision
+
+    def _decide(self, decision: Decision | None) -> None:
         if decision is not None and self.decision is None:
             self.decision = decision
             self.monitor.cancel(
@@ -687,7 +707,6 @@ class PolicyRunner:
                 timeout=decision.timeout,
                 policy=self.policy.describe(),
             )
-        return decision
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

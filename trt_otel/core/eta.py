@@ -18,9 +18,10 @@ The whole-build ETA is the history estimate where there is one, else the progres
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import BuildStarted, Event, Outcome, PhaseFinished
@@ -141,10 +142,21 @@ class History:
     """Why journals in the directory were not used."""
 
     @classmethod
-    def load(cls, directory: Path, model_sha256: str | None = None) -> History:
-        """The builds of the journals (``*.jsonl``) in ``directory``. Each is read only if it
-        is a regular file (a named pipe, a device, a directory is skipped, and said so), a
-        bounded piece at a time (:func:`~trt_otel.core.journal.read_journal`)."""
+    def load(
+        cls,
+        directory: Path,
+        model_sha256: str | None = None,
+        *,
+        attributes: Mapping[str, Any] | None = None,
+    ) -> History:
+        """The builds of the journals (``*.jsonl``) in ``directory`` that are earlier builds of
+        this one (:func:`same_build`: ``attributes`` are this build's, else only its model's
+        ``model_sha256`` is known). Each is read only if it is a regular file (a named pipe, a
+        device, a directory is skipped, and said so), a bounded piece at a time
+        (:func:`~trt_otel.core.journal.read_journal`)."""
+        this = dict(attributes or {})
+        if model_sha256 is not None:
+            this.setdefault("model.sha256", model_sha256)
         builds, skipped = [], []
         for path in sorted(directory.glob("*.jsonl")):
             try:
@@ -158,7 +170,7 @@ class History:
             past = past_build(journal.events, path.name)
             if past is None:
                 skipped.append(f"{path.name}: not a finished, successful build")
-            elif model_sha256 is not None and _model_of(journal.events) != model_sha256:
+            elif not same_build(_start_attributes(journal.events), this):
                 skipped.append(f"{path.name}: another model")
             else:
                 builds.append(past)
@@ -173,23 +185,67 @@ class History:
         """Seconds left after boundary ``key``, passed ``elapsed_s`` into this build."""
         if not self.builds:
             return Estimate(None, "history", "no earlier build of this model")
+        spread = self.remaining_spread(key, elapsed_s)
+        if spread is None:
+            return Estimate(None, "history", "earlier builds did not pass this point")
+        return Estimate(spread.median_s, "history")
+
+    def remaining_spread(self, key: BoundaryKey, elapsed_s: float) -> Remaining | None:
+        """What the earlier builds that passed boundary ``key`` still took from it, scaled to
+        this build's pace (``elapsed_s`` at the boundary), or None when none passed it."""
         at = [(b.boundaries[key], b.total_s) for b in self.builds if key in b.boundaries]
         if not at:
-            return Estimate(None, "history", "earlier builds did not pass this point")
+            return None
         then = statistics.median(t for t, _ in at)
-        left = statistics.median(total - t for t, total in at)
         # This machine may be faster or slower than the earlier ones: scale by how this build
         # compares so far, within reason (early boundaries say little).
         scale = min(4.0, max(0.25, elapsed_s / then)) if then > 1.0 else 1.0
-        return Estimate(left * scale, "history")
+        left = [total - t for t, total in at]
+        return Remaining(
+            len(at),
+            min(left) * scale,
+            statistics.median(left) * scale,
+            max(left) * scale,
+            scale,
+        )
+
+    def totals(self) -> tuple[float, float, float] | None:
+        """(fastest, median, slowest) of the earlier builds' durations, or None."""
+        if not self.builds:
+            return None
+        totals = [b.total_s for b in self.builds]
+        return min(totals), statistics.median(totals), max(totals)
 
 
-def _model_of(events: Sequence[Event]) -> str | None:
+@dataclass(frozen=True, slots=True)
+class Remaining:
+    """What earlier builds still took from one boundary, in this build's pace (seconds)."""
+
+    builds: int
+    fastest_s: float
+    median_s: float
+    slowest_s: float
+    scale: float
+    """This build's pace against theirs so far (2.0: it took twice as long to get here)."""
+
+
+def same_build(earlier: Mapping[str, Any], this: Mapping[str, Any]) -> bool:
+    """Whether a build whose ``build_start`` attributes are ``earlier`` is an earlier build of
+    the one with ``this``: by ``fingerprint`` (what decides the engine) when both builds have
+    one, else by the model's ``model.sha256`` (any build, when this one names no model). The
+    one rule every use of history goes by."""
+    earlier_print, this_print = earlier.get("fingerprint"), this.get("fingerprint")
+    if earlier_print is not None and this_print is not None:
+        return bool(earlier_print == this_print)
+    model = this.get("model.sha256")
+    return model is None or earlier.get("model.sha256") == model
+
+
+def _start_attributes(events: Sequence[Event]) -> Mapping[str, Any]:
     for event in events:
         if isinstance(event, BuildStarted):
-            value = event.attributes.get("model.sha256")
-            return str(value) if value is not None else None
-    return None
+            return event.attributes
+    return {}
 
 
 def past_build(events: Sequence[Event], source: str) -> PastBuild | None:

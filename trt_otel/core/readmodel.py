@@ -29,6 +29,7 @@ from trt_otel.core.eta import BoundaryTracker, BuildEta, History, estimate
 from trt_otel.core.events import BuildStarted, Event, StepCompleted
 from trt_otel.core.followers import FollowerHealth
 from trt_otel.core.log import EventLog
+from trt_otel.core.projection import Projection, project
 from trt_otel.core.state import BuildState, Phase, PhaseStatus
 
 _logger = logging.getLogger(__name__)
@@ -271,3 +272,8 @@ class ReadModel:
         """Every estimate of the time left, at ``now_mono_ns``; from any thread."""
         with self.lock:
             return self.estimate_locked(now_mono_ns)
+
+    def project(self, now_mono_ns: int) -> Projection | None:
+        """When the build is expected to end, for a deadline to decide by; from any thread."""
+        with self.lock:
+            return project(self.state, self.boundaries, now_mono_ns, self.history)

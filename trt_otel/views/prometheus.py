@@ -50,7 +50,7 @@ EtaSource = Callable[[], float | None]
 BUILD_STATES = ("pending", "running", "cancelling", "success", "failure", "cancellation", "timeout")
 """Values of ``trt_build_state{state}``: one is 1, the others 0."""
 
-CANCEL_REASONS = ("timeout", "stall", "memory", "file", "http", "signal", "user")
+CANCEL_REASONS = ("timeout", "deadline", "stall", "memory", "file", "http", "signal", "user")
 """Values of ``trt_build_cancellations_total{reason}`` (the cancel's ``source``), each present
 from the start at 0; a source outside them gets its series when it happens."""
 
