@@ -40,6 +40,8 @@ class ReceivedSpan:
     events: tuple[tuple[str, dict[str, Any]], ...]
     resource: dict[str, Any]
     scope: str
+    links: tuple[tuple[str, str], ...] = ()
+    """(trace id, span id) of each span this one links to."""
 
 
 def _value(value: AnyValue) -> Any:
@@ -74,6 +76,9 @@ def decode(request: trace_service_pb2.ExportTraceServiceRequest) -> list[Receive
                         ),
                         resource=resource,
                         scope=scope_spans.scope.name,
+                        links=tuple(
+                            (link.trace_id.hex(), link.span_id.hex()) for link in span.links
+                        ),
                     )
                 )
     return spans

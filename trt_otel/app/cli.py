@@ -46,6 +46,7 @@ from trt_otel.app.commands import (
 )
 from trt_otel.app.components import console_view, span_export
 from trt_otel.app.config import SessionConfig, UsageError
+from trt_otel.app.ladder import run_ladder
 from trt_otel.app.program_session import run_program_session
 from trt_otel.app.remote import supervises, watch_and_supervise
 from trt_otel.app.run import ProgramNotFoundError
@@ -55,7 +56,6 @@ from trt_otel.app.session import (
     EXIT_OK,
     EXIT_USAGE,
     exit_code_of,
-    run_session,
     warn,
 )
 from trt_otel.builder.build import (
@@ -74,6 +74,7 @@ from trt_otel.capture.backends import record_attributes
 from trt_otel.capture.liveness import Writer
 from trt_otel.capture.supervisor import StopNow
 from trt_otel.capture.watch import WatchError, follow_journal, follow_url
+from trt_otel.core.attempts import attempt_of
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import BuildStarted, Outcome
 from trt_otel.core.journal import JournalError, read_journal
@@ -160,7 +161,7 @@ def demo(command: DemoCommand) -> int:
         simulator=command.simulator,
         plan=plan,
     )
-    return run_session(job, command.session, attributes)
+    return run_ladder(job, command.session, attributes, command.retries)
 
 
 def build(command: BuildCommand) -> int:
@@ -169,7 +170,8 @@ def build(command: BuildCommand) -> int:
     # The library is imported here too (cheap; no CUDA context): its real version goes in the
     # record, and an option it does not have is refused before the build (exit 2).
     backend, module = select_backend(command.backend)
-    check_builder_options(module, command.builder)
+    for options in (command.builder, *(rung.builder for rung in command.retries)):
+        check_builder_options(module, options)
     attributes = {
         **record_attributes(backend, module),
         **model_attributes(command.model, model),
@@ -181,7 +183,7 @@ def build(command: BuildCommand) -> int:
         options=command.builder,
         backend=backend.name,
     )
-    return run_session(job, command.session, attributes)
+    return run_ladder(job, command.session, attributes, command.retries)
 
 
 def preflight(
@@ -240,9 +242,16 @@ def replay(command: ReplayCommand) -> int:
                 said = _no_end(journal.header, model, followed=not last)
                 name = f"build {index + 1} of {len(builds)}: " if len(builds) > 1 else ""
                 print(printable(f"trt-otel: {command.journal}: {name}{said}"), file=sys.stderr)
+            attempt = attempt_of(state.attributes)
+            if attempt is not None:
+                after = f", after {attempt.retry_reason}" if attempt.retry_reason else ""
+                line = printable(f"attempt {attempt.number} of {attempt.of}{after}")
+                out.print(line, markup=False, highlight=False)
             out.print(render_build(model, never_ended=unended))
             outcome = Outcome.FAILURE if state.outcome is None else state.outcome
-            code = max(code, exit_code_of(outcome))
+            # A retry ladder's attempts: the last one's is the ladder's code, as it was live.
+            ended = exit_code_of(outcome)
+            code = ended if attempt is not None else max(code, ended)
     return code
 
 

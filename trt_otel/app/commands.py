@@ -30,6 +30,7 @@ from trt_otel.app.config import (
     default_state_dir,
 )
 from trt_otel.app.remote import supervises
+from trt_otel.app.retries import Rung, add_retry_option, retry_rungs
 from trt_otel.builder.build import SimulatorSettings
 from trt_otel.builder.options import BuildOptions
 from trt_otel.builder.simulator import SHAPES
@@ -90,6 +91,7 @@ def _add_demo(commands: argparse._SubParsersAction[Parser]) -> None:
     demo.add_argument("-o", "--output", type=Path, help="write the simulated engine here")
     add_builder_options(demo)
     add_session_options(demo)
+    add_retry_option(demo)
 
 
 def _add_build(commands: argparse._SubParsersAction[Parser]) -> None:
@@ -108,6 +110,7 @@ def _add_build(commands: argparse._SubParsersAction[Parser]) -> None:
     )
     add_builder_options(build)
     add_session_options(build)
+    add_retry_option(build)
 
 
 def _add_replay(commands: argparse._SubParsersAction[Parser]) -> None:
@@ -209,6 +212,7 @@ class DemoCommand:
     simulator: SimulatorSettings
     model: Path | None = None
     output: Path | None = None
+    retries: tuple[Rung, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +225,7 @@ class BuildCommand:
     output: Path
     backend: str | None = None
     """``tensorrt`` or ``tensorrt-rtx``; None: the one installed."""
+    retries: tuple[Rung, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +279,7 @@ def command_of(args: argparse.Namespace) -> Command:
             ),
             model=args.model,
             output=args.output,
+            retries=retry_rungs(args, threads=args.threads),
         )
     if args.command == "build":
         return BuildCommand(
@@ -282,6 +288,7 @@ def command_of(args: argparse.Namespace) -> Command:
             model=args.model,
             output=args.output,
             backend=args.backend,
+            retries=retry_rungs(args),
         )
     if args.command == "run":
         program = args.program[1:] if args.program[:1] == ["--"] else args.program

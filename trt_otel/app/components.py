@@ -387,9 +387,9 @@ def _cancel_token(given: str | None, build_id: str) -> tuple[str, Path | None]:
 # -- the log's followers -------------------------------------------------------------------------
 
 
-def open_journal(path: Path) -> JournalWriter:
+def open_journal(path: Path, *, append: bool = False) -> JournalWriter:
     try:
-        return JournalWriter(path)
+        return JournalWriter(path, append=append)
     except OSError as error:
         raise UsageError(f"cannot write journal {path}: {error.strerror or error}") from None
 

@@ -186,6 +186,9 @@ class ObservabilityConfig:
     """Everything that watches a build without deciding anything about it."""
 
     journal: Path | None = None
+    journal_append: bool = False
+    """Go on after what the journal holds (a retried build's later attempts), rather than start
+    it afresh."""
     history: Path | None = None
     """Journals of earlier builds of the model, for an ETA from how long they took."""
     spans: SpanConfig = field(default_factory=SpanConfig)

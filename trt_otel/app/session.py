@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -50,8 +51,10 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_USAGE",
+    "Ended",
     "UsageError",
     "exit_code_of",
+    "run_build",
     "run_session",
     "warn",
 ]
@@ -63,8 +66,26 @@ EXIT_FAILED = 4
 EXIT_INTERRUPTED = 130
 
 
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """How one build ended, for what comes after it (a retry ladder's next rung)."""
+
+    exit_code: int
+    build_id: str
+    outcome: Outcome | None
+    """None when the user interrupted it."""
+    cancel_source: str | None
+    error_type: str | None
+    detail: str
+
+
 def run_session(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]) -> int:
     """Run one build with everything ``config`` asks for attached; returns the exit code."""
+    return run_build(job, config, attributes).exit_code
+
+
+def run_build(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]) -> Ended:
+    """Run one build with everything ``config`` asks for attached; how it ended."""
     observe = config.observe
     with contextlib.ExitStack() as stack:
         gpu, history = build_context(stack, observe, attributes, config.policy.min_available_bytes)
@@ -105,14 +126,17 @@ def run_session(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]
         interrupted = interrupted or signals.interrupted
     if observe.journal is not None:
         say(f"journal: {observe.journal}")
+    state = monitor.state
+    cancel_source = state.cancel.source if state.cancel is not None else None
     if interrupted:
-        return EXIT_INTERRUPTED
+        return Ended(EXIT_INTERRUPTED, monitor.build_id, None, cancel_source, None, "")
     assert result is not None
     if result.outcome is Outcome.SUCCESS and result.engine_path is not None:
         say(f"engine: {result.engine_path} ({result.engine_bytes:,} bytes)")
-    if monitor.state.error_type == "BuildSetupError":  # found only where the build runs
-        return EXIT_USAGE
-    return exit_code_of(result.outcome)
+    # A setup error is found only where the build runs.
+    code = EXIT_USAGE if state.error_type == "BuildSetupError" else exit_code_of(result.outcome)
+    detail = result.detail or state.outcome_detail or ""
+    return Ended(code, monitor.build_id, result.outcome, cancel_source, state.error_type, detail)
 
 
 def _follow(
@@ -127,7 +151,7 @@ def _follow(
     each frame's events are)."""
     followers: list[tuple[Follower, int]] = []
     if observe.journal is not None:
-        journal = open_journal(observe.journal)
+        journal = open_journal(observe.journal, append=observe.journal_append)
         followers.append((journal, DEEP_QUEUE))
         if model.is_fold:
             monitor.log.add_batch_consumer(journal.encode_ahead)

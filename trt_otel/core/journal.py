@@ -180,21 +180,25 @@ class JournalWriter:
 
     name = "journal"
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, append: bool = False) -> None:
+        """``append``: go on after what the journal holds (the next attempt of a retried
+        build: its log starts at ``seq`` 0 again, which a reader takes as a new log), rather
+        than start it afresh."""
         self.path = Path(path)
         if self.path.parent and not self.path.parent.exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
         # Batch-sized writes, our own flushes: the file is a prefix of the log at any kill.
-        self._file: IO[bytes] = _open_for_writing(self.path)
-        header = {
-            "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
-            "created_wall_ns": time.time_ns(),
-            "producer": f"trt-otel {__version__}",
-            **writer_fields(),
-        }
-        self._file.write(_ENCODER.encode(header) + b"\n")
-        self._file.flush()
+        self._file: IO[bytes] = _open_for_writing(self.path, append=append)
+        if self._file.tell() == 0:
+            header = {
+                "format": FORMAT_NAME,
+                "version": FORMAT_VERSION,
+                "created_wall_ns": time.time_ns(),
+                "producer": f"trt-otel {__version__}",
+                **writer_fields(),
+            }
+            self._file.write(_ENCODER.encode(header) + b"\n")
+            self._file.flush()
         self.lines_written = 0
         self.lines_encoded_ahead = 0
         """Of :attr:`lines_written`, those encoded ahead (see :meth:`encode_ahead`)."""
@@ -266,7 +270,7 @@ class JournalBusyError(OSError):
     """The journal is being written by another writer (it holds the file's lock)."""
 
 
-def _open_for_writing(path: Path) -> IO[bytes]:
+def _open_for_writing(path: Path, *, append: bool = False) -> IO[bytes]:
     """The journal opened for writing, emptied, and locked for this writer's life.
 
     Only a regular file is written: a named pipe would block the open (with no reader) and a
@@ -289,7 +293,10 @@ def _open_for_writing(path: Path) -> IO[bytes]:
             raise JournalBusyError(
                 errno.EBUSY, f"already being written by {_writer_of(path)}", os.fspath(path)
             ) from None
-        os.ftruncate(descriptor, 0)
+        if append:
+            os.lseek(descriptor, 0, os.SEEK_END)
+        else:
+            os.ftruncate(descriptor, 0)
         return os.fdopen(descriptor, "wb")
     except BaseException:
         os.close(descriptor)

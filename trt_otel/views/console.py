@@ -24,6 +24,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from trt_otel.core.activity import Verdict
+from trt_otel.core.attempts import attempt_of
 from trt_otel.core.clock import SYSTEM_CLOCK, Clock
 from trt_otel.core.durations import format_duration
 from trt_otel.core.eta import Estimate, format_eta
@@ -435,7 +436,9 @@ class PlainLines:
             return None
         state = self.model.state
         if isinstance(event, BuildStarted):
-            return f"{self._stamp(event)} build started ({event.build_id})"
+            attempt = attempt_of(event.attributes)
+            of = f"; attempt {attempt.number} of {attempt.of}" if attempt is not None else ""
+            return f"{self._stamp(event)} build started ({event.build_id}{of})"
         if isinstance(event, PhaseStarted):
             phase = state.phases[event.seq]
             if phase.depth <= self.max_depth:

@@ -21,6 +21,7 @@ the log's lock. A slow client only fills its own socket, and is dropped after a 
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import ipaddress
 import json
@@ -36,11 +37,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from trt_otel.core.attempts import attempt_of
 from trt_otel.core.clock import SYSTEM_CLOCK, Clock
 from trt_otel.core.eta import BuildEta, Estimate
 from trt_otel.core.events import BuildFinished, Event
 from trt_otel.core.journal import encode_event, event_to_dict
 from trt_otel.core.observed import CancellableBuild
+from trt_otel.core.projection import project
 from trt_otel.core.readmodel import ReadModel, SiblingGroup
 from trt_otel.core.state import BuildState, Phase
 from trt_otel.views import web
@@ -157,8 +160,22 @@ def status_document(model: ReadModel, eta: BuildEta, now_mono_ns: int) -> dict[s
         "gpu": _gpu_json(state),
         "builder": state.activity.as_json(),
         "attributes": state.attributes,
+        "attempt": _attempt_json(state.attributes),
+        "projection": _projection_json(model, now_mono_ns),
         "phases": _nodes_json(model, None, eta, now_mono_ns),
     }
+
+
+def _attempt_json(attributes: dict[str, Any]) -> dict[str, Any] | None:
+    """The attempt of a retry ladder this build is, or None outside one."""
+    attempt = attempt_of(attributes)
+    return dataclasses.asdict(attempt) if attempt is not None else None
+
+
+def _projection_json(model: ReadModel, now_mono_ns: int) -> dict[str, Any] | None:
+    """When the open build is expected to end (a deadline's projection), or None."""
+    projection = project(model.state, model.boundaries, now_mono_ns, model.history)
+    return dataclasses.asdict(projection) if projection is not None else None
 
 
 def _gpu_json(state: BuildState) -> dict[str, Any] | None:

@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace import Event as SdkEvent
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
 from trt_otel.core.events import BuildStarted, Event, StepCompleted
@@ -447,6 +447,10 @@ class SpanEmitter:
             start_time=record.start_ns,
             end_time=record.end_ns,
             instrumentation_scope=self._scope,
+            links=[
+                Link(SpanContext(trace_id, span_id, False, _SAMPLED))
+                for trace_id, span_id in record.links
+            ],
         )
         self._processor.on_end(span)
 

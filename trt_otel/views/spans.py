@@ -33,6 +33,7 @@ from typing import Any
 from opentelemetry.trace import get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from trt_otel.core.attempts import attempt_of
 from trt_otel.core.events import (
     Anomaly,
     BuildFinished,
@@ -87,6 +88,8 @@ class SpanRecord:
     """False when the job that started the build chose not to sample its trace."""
     error: str | None = None
     """The status description when the span's status is Error; None leaves it unset."""
+    links: tuple[tuple[int, int], ...] = ()
+    """(trace id, span id) of spans this one follows from: a retried build's previous attempt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +124,13 @@ def trace_id_for(build_id: str, remote: RemoteParent | None = None) -> int:
     if len(build_id) == 32 and all(c in "0123456789abcdef" for c in build_id):
         return int(build_id, 16) or 1
     return derived_id(128, build_id)
+
+
+def build_span_context(build_id: str, remote: RemoteParent | None = None) -> tuple[int, int]:
+    """The (trace id, span id) of a build's own span: a pure function of its id (and of the
+    traced job it joined), so a later attempt can link to it from the id alone."""
+    trace_id = trace_id_for(build_id, remote)
+    return trace_id, derived_id(64, trace_id, build_id, "build")
 
 
 def derived_id(bits: int, *parts: object) -> int:
@@ -365,8 +375,7 @@ class SpanProjection:
         remote = parse_traceparent(str(attributes.get(TRACEPARENT_ATTRIBUTE, "")))
         self._remote = remote
         self._sampled = remote.sampled if remote is not None else True
-        self._trace_id = trace_id_for(build_id, remote)
-        self._build_span_id = derived_id(64, self._trace_id, build_id, "build")
+        self._trace_id, self._build_span_id = build_span_context(build_id, remote)
         self._build_key = build_id
 
     def _span_time(self, mono_ns: int) -> int:
@@ -503,6 +512,7 @@ class SpanProjection:
         start_mono = state.start_mono_ns if state.start_mono_ns is not None else self._mono_base_ns
         remote = self._remote
         return SpanRecord(
+            links=_retry_links(state.attributes, remote),
             name=_build_span_name(state.attributes),
             trace_id=self._trace_id,
             span_id=self._build_span_id,
@@ -515,6 +525,17 @@ class SpanProjection:
             sampled=self._sampled,
             error=error,
         )
+
+
+def _retry_links(
+    attributes: dict[str, Any], remote: RemoteParent | None
+) -> tuple[tuple[int, int], ...]:
+    """A retried build's link to its previous attempt's span (OpenTelemetry's convention for
+    a retry: a span link, with the attempt's number among the attributes)."""
+    attempt = attempt_of(attributes)
+    if attempt is None or attempt.previous_build_id is None:
+        return ()
+    return (build_span_context(attempt.previous_build_id, remote),)
 
 
 def _build_span_name(attributes: dict[str, Any]) -> str:

@@ -311,7 +311,12 @@ class Builder:
             plan = generate_rtx_plan(network.num_layers, num_profiles=profiles)
             silence_at = silent_step_index(plan)  # where TensorRT-RTX goes silent
         else:
-            plan = generate_plan(network.num_layers, num_profiles=profiles, seed=simulation.seed)
+            plan = generate_plan(
+                network.num_layers,
+                num_profiles=profiles,
+                seed=simulation.seed,
+                optimization_level=config.builder_optimization_level,
+            )
         monitor = config.progress_monitor or NoOpMonitor()
         result = simulation.driver(self.max_threads, silence_at).run(monitor, plan)
         if not result.completed:
