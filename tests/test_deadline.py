@@ -229,3 +229,12 @@ def test_a_bad_margin_is_a_usage_error(margin: str) -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "--deadline-margin" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("command", ["build", "demo", "run"])
+def test_the_help_names_the_deadline_and_its_margin(command: str) -> None:
+    done = subprocess.run(
+        [*CLI, command, "--help"], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--deadline DURATION" in done.stdout and "(default: 10%)" in done.stdout

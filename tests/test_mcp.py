@@ -143,6 +143,7 @@ def test_tools_are_listed_with_their_inputs(tmp_path: Path) -> None:
                 "build_events",
                 "wait_build",
                 "cancel_build",
+                "will_it_fit",
             }
             start = tools["start_build"].input_schema
             assert start["required"] == ["kind"]

@@ -367,7 +367,7 @@ def add_policy_options(parser: argparse.ArgumentParser) -> Group:
         default=DEFAULT_MARGIN,
         metavar="PERCENT",
         help="how far past the deadline the earliest projected end must be before a build is "
-        f"stopped early (default: {DEFAULT_MARGIN:.0%})",
+        f"stopped early (default: {DEFAULT_MARGIN * 100:.0f}%%)",
     )
     group.add_argument(
         "--stall-timeout",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -44,10 +45,15 @@ import psutil
 
 from trt_otel.app.commands import build_parser, command_of
 from trt_otel.app.config import UsageError
+from trt_otel.app.retries import MAX_RUNG_CHARS, MAX_RUNGS, rung_paths
 from trt_otel.app.session import exit_code_of
+from trt_otel.control.deadline import would_fit
 from trt_otel.control.policies import MAX_REASON
 from trt_otel.control.stopping import process_running
-from trt_otel.core.events import Event
+from trt_otel.core.attempts import attempt_of
+from trt_otel.core.durations import DurationError, parse_positive_duration
+from trt_otel.core.eta import History
+from trt_otel.core.events import BuildFinished, BuildStarted, CancelRequested, Event
 from trt_otel.core.files import open_regular_for_reading
 from trt_otel.core.journal import (
     MAX_HEADER_BYTES,
@@ -85,6 +91,7 @@ MAX_OPTIONS = 64
 MAX_OPTION_CHARS = 4096
 MAX_REASON_CHARS = MAX_REASON
 MAX_EVENTS = 1000
+MAX_DURATION_CHARS = 32
 """The bounds on what a caller sends: the length of each string, the number of options, the
 events one call returns."""
 _SHOWN_CHARS = 40
@@ -137,11 +144,14 @@ class Fleet:
         output: str | None = None,
         options: Sequence[str] = (),
         overwrite: bool = False,
+        deadline: str | None = None,
+        retries: Sequence[str] = (),
     ) -> dict[str, Any]:
         """Check the request as the command line would, start the build, and return its
         status once its process has announced its HTTP view (or has stopped). The model, the
-        output and every path option must lie inside a root; an output that exists is
-        replaced only with ``overwrite``."""
+        output and every path option (a retry's too) must lie inside a root; an output that
+        exists is replaced only with ``overwrite``. ``deadline`` and ``retries`` are
+        ``--deadline`` and the ``--retry`` rungs."""
         # The bounds first: nothing else looks at a request that breaks them.
         check_text("kind", kind, max(map(len, KINDS)))
         if model is not None:
@@ -149,6 +159,7 @@ class Fleet:
         if output is not None:
             check_text("output", output, MAX_PATH_CHARS)
         check_options(options)
+        options = [*options, *_ladder_options(deadline, retries)]
         if kind not in KINDS:
             raise FleetError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
         model_path = self._model_path(model) if model is not None else None
@@ -185,6 +196,9 @@ class Fleet:
             value = getattr(theirs, dest, None)
             if dest not in RESERVED_SETTINGS and dest != "model" and value is not None:
                 self._inside(option, Path(value).absolute())
+        for rung in getattr(theirs, "retry", None) or ():
+            for option, path in _rung_paths(rung):
+                self._inside(f"--retry {option}", path.absolute())
         journal, url_file = folder / "journal.jsonl", folder / URL_FILE
         argv += [*options, "--no-progress", "--http-port", "0", "--journal", str(journal)]
         argv += ["--http-url-file", str(url_file)]
@@ -193,6 +207,41 @@ class Fleet:
             return self._launch(build_id, kind, argv, model_path, engine)
         except OSError as error:  # an unwritable state directory, a full disk
             raise FleetError(f"cannot start a build in {folder}: {error}") from None
+
+    def fit(self, model: str, deadline: str, history: str) -> dict[str, Any]:
+        """Whether a build of ``model`` would end within ``deadline``, from the journals of
+        earlier builds in ``history`` (both inside a root): ``--deadline``'s own rule, and
+        nothing is built."""
+        check_text("model", model, MAX_PATH_CHARS)
+        check_text("deadline", deadline, MAX_DURATION_CHARS)
+        check_text("history", history, MAX_PATH_CHARS)
+        try:
+            limit_s = parse_positive_duration(deadline)
+        except DurationError as error:
+            raise FleetError(f"deadline: {error}") from None
+        model_path = self._model_path(model)
+        folder = self._inside("history", Path(history).expanduser().absolute())
+        if not folder.is_dir():
+            raise FleetError(f"history is not a directory of journals: {folder}")
+        try:
+            with open_regular_for_reading(model_path, "model") as handle:
+                hasher = hashlib.sha256()
+                while chunk := handle.read(1 << 20):
+                    hasher.update(chunk)
+                digest = hasher.hexdigest()
+        except OSError as error:
+            raise FleetError(f"model {model_path}: {error.strerror or error}") from None
+        earlier = History.load(folder, attributes={"model.sha256": digest})
+        fit = would_fit(earlier, limit_s)
+        return {
+            "answer": fit.answer,
+            "reason": fit.reason,
+            "deadline_s": limit_s,
+            "builds": fit.builds,
+            "within": fit.within,
+            "journals_not_used": len(earlier.skipped),
+            "projection": dataclasses.asdict(fit.projection) if fit.projection else None,
+        }
 
     def _model_path(self, model: str) -> Path:
         path = self._inside("model", Path(model).expanduser().absolute())
@@ -336,10 +385,13 @@ class Fleet:
             if state.cancel is None
             else {"reason": state.cancel.reason, "source": state.cancel.source},
             "builder": state.activity.as_json(),
+            "attempts": fold.attempts,
         }
         if state.start_mono_ns is not None and state.end_mono_ns is not None:
             document["elapsed_s"] = (state.end_mono_ns - state.start_mono_ns) / 1e9
-        if state.outcome is not None:
+        if state.outcome is not None and alive and _more_attempts(fold.attempts):
+            document["state"] = "retrying"  # a ladder's attempt ended; the next may follow
+        elif state.outcome is not None:
             document["state"] = "finished"
         elif alive:
             document["state"] = "cancelling" if state.cancel is not None else "running"
@@ -363,6 +415,7 @@ class Fleet:
                     open_phases=_open_path(view.get("phases") or []),
                     gpu=view.get("gpu"),
                     builder=view.get("builder"),
+                    projection=view.get("projection"),
                 )
         return document
 
@@ -494,6 +547,37 @@ class Fleet:
         return text if _URL.fullmatch(text) else None
 
 
+def _more_attempts(attempts: list[dict[str, Any]]) -> bool:
+    """Whether a retry ladder's latest attempt, ended, may have one after it."""
+    return bool(attempts) and attempts[-1]["number"] < attempts[-1]["of"]
+
+
+def _ladder_options(deadline: str | None, retries: Sequence[str]) -> list[str]:
+    """``--deadline`` and the ``--retry`` rungs of a request, bounded and checked here (the
+    command line checks them again with the rest)."""
+    added: list[str] = []
+    if deadline is not None:
+        check_text("deadline", deadline, MAX_DURATION_CHARS)
+        try:
+            parse_positive_duration(deadline)
+        except DurationError as error:
+            raise FleetError(f"deadline: {error}") from None
+        added += ["--deadline", deadline]
+    if len(retries) > MAX_RUNGS:
+        raise FleetError(f"retries has {len(retries):,} rungs; at most {MAX_RUNGS}")
+    for index, rung in enumerate(retries):
+        check_text(f"retries[{index}]", rung, MAX_RUNG_CHARS)
+        added.append(f"--retry={rung}")  # one token: a rung of one flag is no option of ours
+    return added
+
+
+def _rung_paths(rung: str) -> list[tuple[str, Path]]:
+    try:
+        return rung_paths(rung)
+    except UsageError as error:
+        raise FleetError(str(error)) from None
+
+
 def check_command_line(argv: Sequence[str]) -> argparse.Namespace:
     """Check a ``trt-otel`` command line with the command's own parser and checks: a bad one
     raises :class:`FleetError` with the command's message, and nothing is started. Returns what
@@ -589,6 +673,8 @@ class JournalFold:
 
     def _start(self) -> None:
         self.state = BuildState(forget_closed=True)
+        self.attempts: list[dict[str, Any]] = []
+        """A retry ladder's attempts so far (none outside one): each with how it ended."""
         self._reader = LineReader()
         self._offset = 0
         self._identity: tuple[int, int] | None = None
@@ -618,7 +704,23 @@ class JournalFold:
                 for item in self._reader.feed(chunk):
                     if isinstance(item, Event):
                         self.state.apply(item)
+                        self._follow_attempts(item)
         return self.state
+
+    def _follow_attempts(self, event: Event) -> None:
+        if isinstance(event, BuildStarted):
+            attempt = attempt_of(event.attributes)
+            if attempt is not None:
+                self.attempts.append({"build_id": event.build_id, **dataclasses.asdict(attempt)})
+        elif self.attempts and self.attempts[-1]["build_id"] == self.state.build_id:
+            if isinstance(event, CancelRequested):
+                self.attempts[-1]["cancel"] = {"reason": event.reason, "source": event.source}
+            elif isinstance(event, BuildFinished):
+                self.attempts[-1].update(
+                    outcome=event.outcome.value,
+                    exit_code=exit_code_of(event.outcome),
+                    detail=event.detail or None,
+                )
 
 
 def _fold_journal(path: Path) -> tuple[BuildState, list[Event]]:

@@ -24,6 +24,7 @@ from mcp.types import CallToolResult, TextContent
 from pydantic import Field
 
 from trt_otel.app.fleet import (
+    MAX_DURATION_CHARS,
     MAX_EVENTS,
     MAX_ID_CHARS,
     MAX_OPTION_CHARS,
@@ -33,6 +34,7 @@ from trt_otel.app.fleet import (
     Fleet,
     FleetError,
 )
+from trt_otel.app.retries import MAX_RUNG_CHARS, MAX_RUNGS
 from trt_otel.core.version import __version__
 
 T = TypeVar("T")
@@ -80,8 +82,9 @@ def create_server(fleet: Fleet) -> MCPServer:
         json_schema_extra={"maxLength": MAX_ID_CHARS},
     )
 
+    # The tool's parameters are its JSON schema; MCP passes them by name.
     @server.tool()
-    def start_build(
+    def start_build(  # noqa: PLR0917
         kind: Annotated[
             Literal["build", "demo"],
             Field(description="'build': a real engine from an ONNX model; 'demo': simulated"),
@@ -119,15 +122,73 @@ def create_server(fleet: Fleet) -> MCPServer:
             bool,
             Field(description="replace the output if it exists (default: refuse to)"),
         ] = False,
+        deadline: Annotated[
+            str | None,
+            Field(
+                description="the build must end within this ('20m', '1h30m'): stopped as soon "
+                "as its projection (its history, --history in options; its progress) says it "
+                "cannot, refused before it starts when its history says so (exit 3); over "
+                "every retry",
+                json_schema_extra={"maxLength": MAX_DURATION_CHARS},
+            ),
+        ] = None,
+        retries: Annotated[
+            list[Annotated[str, Field(json_schema_extra={"maxLength": MAX_RUNG_CHARS})]] | None,
+            Field(
+                description="a retry ladder: after a timeout, deadline, stall, memory limit or "
+                "dead worker, build again with each rung's options laid over the original's, "
+                "in order, e.g. ['--builder-optimization-level 2', '--builder-optimization-level "
+                f"0 --workspace 1G --timeout 1h']; builder options, --timeout, --stall-timeout; "
+                f"at most {MAX_RUNGS} rungs of {MAX_RUNG_CHARS} characters; a path {inside}",
+                json_schema_extra={"maxItems": MAX_RUNGS},
+            ),
+        ] = None,
     ) -> dict[str, Any]:
         """Start a build in a process of its own; returns its status (with its id) as soon as
         it is running. Paths are confined to the server's roots, and an existing output is
         replaced only with overwrite: true."""
         return _call(
             lambda: fleet.start(
-                kind, model=model, output=output, options=options or (), overwrite=overwrite
+                kind,
+                model=model,
+                output=output,
+                options=options or (),
+                overwrite=overwrite,
+                deadline=deadline,
+                retries=retries or (),
             )
         )
+
+    @server.tool()
+    def will_it_fit(
+        model: Annotated[
+            str,
+            Field(
+                description=f"path of the ONNX model; it {inside}",
+                json_schema_extra={"maxLength": MAX_PATH_CHARS},
+            ),
+        ],
+        deadline: Annotated[
+            str,
+            Field(
+                description="the time the build must end within: '20m', '1h30m'",
+                json_schema_extra={"maxLength": MAX_DURATION_CHARS},
+            ),
+        ],
+        history: Annotated[
+            str,
+            Field(
+                description="a directory of journals of earlier builds (of any model: those of "
+                f"this one are used); it {inside}",
+                json_schema_extra={"maxLength": MAX_PATH_CHARS},
+            ),
+        ],
+    ) -> dict[str, Any]:
+        """Would a build of this model end within the deadline? Answers from the earlier
+        builds' journals without building: 'yes' (all of them did), 'no' (start_build with
+        this deadline would refuse it), 'maybe' (some did), 'unknown' (none of this model),
+        with the projection and the reason."""
+        return _call(lambda: fleet.fit(model, deadline, history))
 
     @server.tool()
     def list_builds() -> dict[str, Any]:
@@ -137,7 +198,9 @@ def create_server(fleet: Fleet) -> MCPServer:
     @server.tool()
     def build_status(id: Annotated[str, id_field]) -> dict[str, Any]:
         """A build's state, progress, time left (with its basis), open phases, cancel and
-        outcome (with the exit code)."""
+        outcome (with the exit code); while it runs, the projection a deadline decides by
+        (expected_s, earliest_s, basis, evidence); in a retry ladder, every attempt so far
+        (number, build_id, options, retry_reason, outcome, cancel)."""
         return _call(lambda: fleet.status(id))
 
     @server.tool()

@@ -15,6 +15,7 @@ import argparse
 import copy
 import shlex
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, NoReturn
 
 from trt_otel.app.arguments import Parser, add_builder_options, builder_options, positive_seconds
@@ -98,3 +99,18 @@ def parse_rung(args: argparse.Namespace, text: str, *, threads: int | None = Non
     except UsageError as error:
         raise UsageError(f"--retry {shown!r}: {error}") from None
     return Rung(" ".join(tokens), builder, laid.timeout, laid.stall_timeout)
+
+
+def rung_paths(text: str) -> list[tuple[str, Path]]:
+    """The paths a rung names (``--timing-cache``), with their options: a caller that confines
+    paths (the MCP server) checks these as it checks the command line's own."""
+    try:
+        laid = _rung_parser().parse_args(shlex.split(text))
+    except (UsageError, ValueError) as error:
+        raise UsageError(f"--retry: {error}") from None
+    found = []
+    for action in _rung_parser()._actions:
+        value = getattr(laid, action.dest, None)
+        if action.type is Path and action.option_strings and value is not None:
+            found.append((action.option_strings[0], Path(value)))
+    return found

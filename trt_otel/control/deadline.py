@@ -19,10 +19,12 @@ does. A build whose history says before it starts that it cannot fit is refused
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from trt_otel.control.policies import BuildView, Decision, Policy
 from trt_otel.core.durations import format_duration
-from trt_otel.core.projection import Projection
+from trt_otel.core.eta import History
+from trt_otel.core.projection import Projection, before_start
 
 DEFAULT_MARGIN = 0.1
 
@@ -86,3 +88,33 @@ class Deadline(Policy):
 
     def _said(self, projection: Projection) -> str:
         return f"{projection.describe()}, after the {format_duration(self.limit_ns / 1e9)} deadline"
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """Whether a build would end within a deadline, from its history alone (nothing built)."""
+
+    answer: str
+    """``yes`` (every earlier build did), ``no`` (the margin rule would refuse it), ``maybe``
+    (some did, some did not), ``unknown`` (no earlier build)."""
+    reason: str
+    within: int
+    """Earlier builds that ended within the deadline."""
+    builds: int
+    projection: Projection | None
+
+
+def would_fit(history: History | None, seconds: float, *, margin: float = DEFAULT_MARGIN) -> Fit:
+    """What ``--deadline seconds`` would make of a build with ``history``, before it starts."""
+    limit = format_duration(seconds)
+    projection = before_start(history)
+    if history is None or projection is None:
+        return Fit("unknown", "no earlier build of this model to go by", 0, 0, None)
+    within = sum(1 for build in history.builds if build.total_s <= seconds)
+    count = len(history.builds)
+    said = f"{projection.describe()}; {within} of {count} ended within {limit}"
+    deadline = Deadline(seconds, margin=margin, at_start=projection)
+    if deadline.before_start() is not None:
+        return Fit("no", f"{said}: --deadline {limit} would refuse it", within, count, projection)
+    answer = "yes" if within == count else "maybe"
+    return Fit(answer, said, within, count, projection)
