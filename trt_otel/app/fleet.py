@@ -389,20 +389,7 @@ class Fleet:
         }
         if state.start_mono_ns is not None and state.end_mono_ns is not None:
             document["elapsed_s"] = (state.end_mono_ns - state.start_mono_ns) / 1e9
-        if state.outcome is not None and alive and _more_attempts(fold.attempts):
-            document["state"] = "retrying"  # a ladder's attempt ended; the next may follow
-        elif state.outcome is not None:
-            document["state"] = "finished"
-        elif alive:
-            document["state"] = "cancelling" if state.cancel is not None else "running"
-            if state.build_id is None and url is None:
-                document["state"] = "starting"
-        elif state.build_id is None:
-            document["state"] = "failed_to_start"
-            document["error"] = _last_error(folder / "output.log")
-        else:
-            document["state"] = "lost"
-            document["error"] = "the build's process ended before its journal recorded an end"
+        document.update(_lifecycle(state, alive, url, fold.attempts, folder))
         if live and alive and url is not None and state.outcome is None:
             view = _get_json(f"{url}/status")
             if view is not None:
@@ -545,6 +532,25 @@ class Fleet:
         except OSError:
             return None
         return text if _URL.fullmatch(text) else None
+
+
+def _lifecycle(
+    state: BuildState, alive: bool, url: str | None, attempts: list[dict[str, Any]], folder: Path
+) -> dict[str, Any]:
+    """Where a build is in its life (``state``), from its journal and its process, and the
+    error of one that stopped without an end."""
+    if state.outcome is not None and alive and _more_attempts(attempts):
+        return {"state": "retrying"}  # a ladder's attempt ended; the next may follow
+    if state.outcome is not None:
+        return {"state": "finished"}
+    if alive:
+        if state.build_id is None and url is None:
+            return {"state": "starting"}
+        return {"state": "cancelling" if state.cancel is not None else "running"}
+    if state.build_id is None:
+        return {"state": "failed_to_start", "error": _last_error(folder / "output.log")}
+    error = "the build's process ended before its journal recorded an end"
+    return {"state": "lost", "error": error}
 
 
 def _more_attempts(attempts: list[dict[str, Any]]) -> bool:

@@ -112,11 +112,12 @@ def run_build(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]) 
 
         # Things that act during the build: policies, the samplers, signal handlers.
         monitor.start()
-        if runner is not None:
+        # Asked before the runner starts, so the refusal is the first decision, not a check's.
+        refused = runner.check_before_start() if runner is not None else None
+        if runner is not None and refused is None:
             stack.enter_context(runner)
         watch = stack.enter_context(sampling(monitor, gpu, observe.sample_interval_s))
         signals = stack.enter_context(_cancel_on_signals(monitor))
-        refused = runner.check_before_start() if runner is not None else None
         result: BuildResult | None
         if refused is not None:  # nothing is started, so nothing is spent
             outcome = monitor.end()  # the cancel's: a timeout
