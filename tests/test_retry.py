@@ -139,3 +139,11 @@ def test_the_simulators_build_time_answers_to_the_optimization_level() -> None:
     totals = [TimeModel().total_s(generate_plan(13, optimization_level=n)) for n in range(6)]
     assert totals == sorted(totals) and totals[0] < totals[3] / 1.5 < totals[5] / 2
     assert generate_plan(13) == generate_plan(13, optimization_level=3)
+
+
+def test_attempt_attributes_from_a_file_are_read_only_when_they_hold_together() -> None:
+    assert attempt_of({"trt.attempt": 2, "trt.attempts": 3}) is not None
+    for number, of in ((True, 3), ("2", 3), (2.0, 3), (4, 3), (0, 3), (2, None)):
+        assert attempt_of({"trt.attempt": number, "trt.attempts": of}) is None, (number, of)
+    first = attempt_of({"trt.attempt": 1, "trt.attempts": 2, "trt.retry.previous_build_id": "x"})
+    assert first is not None and first.previous_build_id is None  # a first attempt has none

@@ -37,8 +37,8 @@ def attempt_of(attributes: Mapping[str, Any]) -> Attempt | None:
     """The attempt a build's attributes describe, or None for a build outside a ladder (or
     attributes that do not hold together: they come from a file)."""
     number, of = attributes.get(ATTEMPT), attributes.get(ATTEMPTS)
-    if not isinstance(number, int) or not isinstance(of, int) or not 1 <= number <= of:
-        return None
+    if type(number) is not int or type(of) is not int or not 1 <= number <= of:
+        return None  # a bool is no number, nor a text, nor a float
     previous = attributes.get(PREVIOUS_BUILD_ID)
     reason = attributes.get(RETRY_REASON)
     options = attributes.get(RUNG)
