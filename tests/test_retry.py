@@ -147,3 +147,40 @@ def test_attempt_attributes_from_a_file_are_read_only_when_they_hold_together() 
         assert attempt_of({"trt.attempt": number, "trt.attempts": of}) is None, (number, of)
     first = attempt_of({"trt.attempt": 1, "trt.attempts": 2, "trt.retry.previous_build_id": "x"})
     assert first is not None and first.previous_build_id is None  # a first attempt has none
+
+
+def test_watch_follows_a_ladder_to_its_last_attempt(tmp_path: Path) -> None:
+    journal = tmp_path / "ladder.jsonl"
+    build = subprocess.Popen(
+        [*CLI, "demo", "--no-progress", "--no-gpu", *SLOW_THEN_FAST, "--journal", str(journal)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    wait_for_text(journal, b'"build_start"')
+    watched = subprocess.run(
+        [*CLI, "watch", str(journal), "--no-progress"],
+        check=False, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert build.wait(timeout=60) == 0
+    assert watched.returncode == 0, watched.stderr  # the second attempt's end, not the first's
+    assert "attempt 1 of 2" in watched.stderr and "attempt 2 of 2" in watched.stderr
+    assert "build timeout" in watched.stderr and "build success" in watched.stderr
+
+
+def test_watch_ends_with_a_ladder_that_stops_retrying(tmp_path: Path) -> None:
+    journal, stop = tmp_path / "ladder.jsonl", tmp_path / "stop"
+    build = subprocess.Popen(
+        [*CLI, "demo", "--no-progress", "--no-gpu", "--speed", "1", "--journal", str(journal),
+         "--cancel-file", str(stop), "--retry", "--builder-optimization-level 0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    wait_for_text(journal, b'"build_start"')
+    watcher = subprocess.Popen(
+        [*CLI, "watch", str(journal), "--no-progress"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    wait_for_text(journal, b'"phase_start"')
+    stop.write_text("enough\n")
+    _, err = watcher.communicate(timeout=120)
+    assert build.wait(timeout=60) == 3
+    assert watcher.returncode == 3, err  # a user's cancel is not retried: that is the end
+    assert "lost" not in err

@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from trt_otel.capture.liveness import DEFAULT_LOST_AFTER_S, Liveness
+from trt_otel.core.attempts import Attempt, attempt_of
 from trt_otel.core.durations import format_duration
-from trt_otel.core.events import BuildFinished, Event
+from trt_otel.core.events import BuildFinished, BuildStarted, Event
 from trt_otel.core.files import open_regular_for_reading
 from trt_otel.core.journal import (
     MAX_HEADER_BYTES,
@@ -236,6 +237,10 @@ def follow_journal(
 ) -> BuildFinished | None:
     """Feed ``sink`` the events of the journal at ``path`` as it grows, until the build's end.
 
+    The end of a retry ladder's attempt that may have another after it (:mod:`attempts`) is not
+    yet the end: the next attempt is followed in the same journal, and that end is returned once
+    the writer goes away without starting one.
+
     A journal that stops growing is followed while its writer shows signs of life (a silent
     build is not a lost one); :class:`BuildLostError` says when it has none (:mod:`liveness`).
     Once ``ending`` is set, the caller has stopped the writer itself and appends the build's end
@@ -252,10 +257,15 @@ def follow_journal(
         reader = LineReader()  # the reader replay uses, fed as the file grows
         quiet_since = time.monotonic()
         noticed = False
+        attempt: Attempt | None = None
+        retried: BuildFinished | None = None
+        """A ladder's attempt's end, while the next attempt may still start."""
         while True:
             chunk = handle.read(1 << 20)
             if not chunk:
                 lost = liveness.lost()
+                if lost is not None and retried is not None:
+                    return retried  # the ladder ended without another attempt
                 if lost is not None and ending is not None and ending.is_set():
                     if time.monotonic() - quiet_since > lost_after_s:
                         raise BuildLostError(f"{lost}, and no end was appended in its place")
@@ -280,8 +290,13 @@ def follow_journal(
             if batch:
                 sink(batch)
                 for event in batch:
-                    if isinstance(event, BuildFinished):
-                        return event
+                    if isinstance(event, BuildStarted):
+                        attempt, retried = attempt_of(event.attributes), None
+                    elif isinstance(event, BuildFinished):
+                        stopping = ending is not None and ending.is_set()
+                        if attempt is None or attempt.number == attempt.of or stopping:
+                            return event
+                        retried = event
 
 
 def _complete_line(handle: object, poll_s: float) -> bytes:
