@@ -40,6 +40,9 @@ class ReceivedSpan:
     events: tuple[tuple[str, dict[str, Any]], ...]
     resource: dict[str, Any]
     scope: str
+    kind: int = 0
+    """``opentelemetry.proto.trace.v1.Span.SpanKind``: 1 internal, 2 server."""
+    scope_schema_url: str = ""
 
 
 def _value(value: AnyValue) -> Any:
@@ -74,6 +77,8 @@ def decode(request: trace_service_pb2.ExportTraceServiceRequest) -> list[Receive
                         ),
                         resource=resource,
                         scope=scope_spans.scope.name,
+                        kind=span.kind,
+                        scope_schema_url=scope_spans.schema_url,
                     )
                 )
     return spans

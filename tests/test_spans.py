@@ -139,7 +139,7 @@ def test_each_recorded_trace_arrives_as_its_phase_tree(
     assert (health.exported, health.failed, health.dropped, warnings) == (phases + 1, 0, 0, [])
     assert len(spans) == phases + 1
     root, children = tree_of(spans)
-    assert root.name == "build mnist.onnx"
+    assert root.name == "BUILD mnist.onnx"
     assert root.trace_id == monitor.build_id, "the build id is the trace id"
     assert root.attributes["cicd.pipeline.result"] == "success"
     assert root.attributes["trt.build.phases_started"] == phases
@@ -490,7 +490,7 @@ def test_a_build_inside_a_traced_job_joins_its_trace(receiver: OtlpReceiver) -> 
     spans = receiver.wait_for(DEMO_SPANS)
     assert {s.trace_id for s in spans} == {"0af7651916cd43dd8448eb211c80319c"}
     roots = [s for s in spans if s.parent_span_id == "b7ad6b7169203331"]
-    assert [s.name for s in roots] == ["build trt-otel-demo-mnist.onnx"]
+    assert [s.name for s in roots] == ["BUILD trt-otel-demo-mnist.onnx"]
 
 
 def test_standard_environment_variables_configure_the_export(receiver: OtlpReceiver) -> None:
@@ -711,7 +711,7 @@ def test_the_spans_a_log_left_open_end_innermost_first() -> None:
     projection, spans = projected(monitor)
     assert spans == []
     ended = projection.finish()
-    assert [span.name for span in ended] == ["C", "B", "A", "build"]
+    assert [span.name for span in ended] == ["C", "B", "A", "BUILD"]
     assert ended[-1].error is not None and ended[-1].attributes["error.type"] == UNFINISHED
 
 

@@ -36,6 +36,7 @@ from trt_otel.core.events import BuildStarted, Event, StepCompleted
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.state import Phase
 from trt_otel.core.version import __version__
+from trt_otel.views.conventions import SCHEMA_URL
 from trt_otel.views.spans import (
     DEFAULT_FOLD_UNDER_NS,
     DEFAULT_SPAN_BUDGET,
@@ -420,7 +421,7 @@ class SpanEmitter:
     def __init__(self, processor: SpanProcessor, resource: Resource | None = None) -> None:
         self._processor = processor
         self._resource = resource or default_resource()
-        self._scope = InstrumentationScope("trt_otel", __version__)
+        self._scope = InstrumentationScope("trt_otel", __version__, SCHEMA_URL)
 
     def emit(self, record: SpanRecord) -> None:
         if not record.sampled:
@@ -442,7 +443,7 @@ class SpanEmitter:
             events=[
                 SdkEvent(event.name, event.attributes, event.time_ns) for event in record.events
             ],
-            kind=SpanKind.INTERNAL,
+            kind=SpanKind.SERVER if record.server else SpanKind.INTERNAL,
             status=_UNSET if record.error is None else Status(StatusCode.ERROR, record.error),
             start_time=record.start_ns,
             end_time=record.end_ns,

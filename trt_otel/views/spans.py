@@ -16,6 +16,11 @@ parent's span, which then carries how many were folded, their total and their lo
 Phases with children and long phases are always emitted, so the trace stays a tree and nothing
 slow is hidden; the budget is therefore a soft one.
 
+The spans follow OpenTelemetry's CI/CD conventions (:mod:`trt_otel.views.conventions`): the
+build's span is a pipeline run (``BUILD model.onnx``, kind SERVER, ``cicd.pipeline.*``), each
+phase's a task run (named as the phase, kind INTERNAL, ``cicd.pipeline.task.*``), beside the
+``trt.*`` attributes.
+
 Phases cut short are marked: ``trt.phase.cancelled`` on those open when the monitor refused a step
 (TensorRT then finishes them itself, innermost first), and ``trt.phase.status=aborted`` with
 ``trt.phase.close_reason`` on those that never got a ``phase_finish`` (the build ended, failed, or
@@ -40,13 +45,22 @@ from trt_otel.core.events import (
     Event,
     GpuSample,
     LogMessage,
-    Outcome,
     PhaseStarted,
     ProcessSample,
     StepCompleted,
 )
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.state import BuildState, Phase, PhaseStatus
+from trt_otel.views.conventions import (
+    ERROR,
+    is_failed,
+    pipeline_name,
+    pipeline_result,
+    pipeline_run_attributes,
+    pipeline_span_name,
+    task_run_attributes,
+    task_run_result,
+)
 
 DEFAULT_SPAN_BUDGET = 10_000
 DEFAULT_FOLD_UNDER_NS = 1_000_000_000
@@ -58,6 +72,9 @@ TRACEPARENT_ATTRIBUTE = "trace.parent"
 
 UNFINISHED = "unfinished"
 """``error.type`` of a build whose log ends without a ``build_end`` (the process died)."""
+
+_LOG_ENDED = "the log ended before the build did"
+"""``trt.phase.close_reason`` of the phases a log left open (the builder's process died)."""
 
 # Build attributes that steer the projection but are not worth a span attribute.
 _HIDDEN_BUILD_ATTRIBUTES = frozenset({TRACEPARENT_ATTRIBUTE})
@@ -87,6 +104,9 @@ class SpanRecord:
     """False when the job that started the build chose not to sample its trace."""
     error: str | None = None
     """The status description when the span's status is Error; None leaves it unset."""
+    server: bool = False
+    """The span's kind is SERVER (the build: a pipeline run, as the CI/CD conventions say)
+    rather than INTERNAL (a phase: a task run)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,7 +366,7 @@ class SpanProjection:
                 state.phases[phase_id],
                 last_mono,
                 PhaseStatus.ABORTED,
-                "the log ended before the build did",
+                _LOG_ENDED,
             )
             if span is not None:
                 spans.append(span)
@@ -427,8 +447,10 @@ class SpanProjection:
             attributes["trt.phase.skipped_steps"] = phase.skipped_steps
         if close_reason is not None:
             attributes["trt.phase.close_reason"] = close_reason
-        if phase.id in self._refused:
+        refused = phase.id in self._refused
+        if refused:
             attributes["trt.phase.cancelled"] = True
+        error = self._task_run(phase, status, close_reason, refused, attributes)
         events: tuple[SpanEvent, ...] = ()
         if notes is not None:
             attributes["trt.phase.anomalies"] = notes.anomalies
@@ -454,7 +476,45 @@ class SpanProjection:
             attributes=attributes,
             events=events,
             sampled=self._sampled,
+            error=error,
         )
+
+    def _task_run(
+        self,
+        phase: Phase,
+        status: PhaseStatus,
+        close_reason: str | None,
+        refused: bool,
+        attributes: dict[str, Any],
+    ) -> str | None:
+        """Add the phase's task-run attributes; the span's error, if its result is a failed
+        one."""
+        state = self.model.state
+        log_ended = close_reason == _LOG_ENDED
+        result = task_run_result(
+            finished=status is PhaseStatus.FINISHED,
+            refused=refused,
+            cancel_timeout=state.cancel is not None and state.cancel.timeout,
+            build_outcome=None if log_ended else state.outcome,
+        )
+        error_type = UNFINISHED if log_ended else state.error_type
+        attributes.update(task_run_attributes(phase.name, phase.id, result, error_type))
+        return (close_reason or result) if is_failed(result) else None
+
+    def _pipeline_run(self, unfinished: bool, attributes: dict[str, Any]) -> str | None:
+        """Add the build's pipeline-run attributes; the span's error, if it failed."""
+        state = self.model.state
+        name = pipeline_name(state.attributes)
+        if unfinished:
+            attributes.update(pipeline_run_attributes(self._build_key, name, ERROR, UNFINISHED))
+            return "the build's log ends before the build did (its process stopped)"
+        outcome = state.outcome
+        assert outcome is not None
+        result = pipeline_result(outcome)
+        attributes.update(pipeline_run_attributes(self._build_key, name, result, state.error_type))
+        if state.outcome_detail:
+            attributes["trt.build.outcome_detail"] = state.outcome_detail
+        return (state.outcome_detail or outcome.value) if is_failed(result) else None
 
     def _build_span(self, end_ns: int, *, unfinished: bool = False) -> SpanRecord:
         state = self.model.state
@@ -475,20 +535,7 @@ class SpanProjection:
         if state.cancel is not None:
             attributes["trt.cancel.reason"] = state.cancel.reason
             attributes["trt.cancel.source"] = state.cancel.source
-        error: str | None = None
-        if unfinished:
-            attributes["cicd.pipeline.result"] = "error"
-            attributes["error.type"] = UNFINISHED
-            error = "the build's log ends before the build did (its process stopped)"
-        else:
-            outcome = state.outcome
-            assert outcome is not None
-            attributes["cicd.pipeline.result"] = outcome.value
-            if state.outcome_detail:
-                attributes["trt.build.outcome_detail"] = state.outcome_detail
-            if outcome in (Outcome.FAILURE, Outcome.TIMEOUT):
-                attributes["error.type"] = state.error_type or outcome.value
-                error = state.outcome_detail or outcome.value
+        error = self._pipeline_run(unfinished, attributes)
         fold = self._folds.pop(None, None)
         if fold is not None:
             attributes.update(fold.attributes())
@@ -503,7 +550,7 @@ class SpanProjection:
         start_mono = state.start_mono_ns if state.start_mono_ns is not None else self._mono_base_ns
         remote = self._remote
         return SpanRecord(
-            name=_build_span_name(state.attributes),
+            name=pipeline_span_name(pipeline_name(state.attributes)),
             trace_id=self._trace_id,
             span_id=self._build_span_id,
             parent_span_id=remote.span_id if remote is not None else None,
@@ -514,12 +561,8 @@ class SpanProjection:
             events=events,
             sampled=self._sampled,
             error=error,
+            server=True,
         )
-
-
-def _build_span_name(attributes: dict[str, Any]) -> str:
-    model = str(attributes.get("model.path", "")).rsplit("/", 1)[-1]
-    return f"build {model}" if model else "build"
 
 
 def _attribute_value(value: Any) -> Any:
