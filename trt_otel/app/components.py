@@ -15,12 +15,13 @@ import secrets
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
+from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
@@ -54,6 +55,7 @@ from trt_otel.views.prometheus import (
     metrics_registry,
     push_build_metrics,
 )
+from trt_otel.views.resource import detect_resource
 from trt_otel.views.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent
 from trt_otel.views.terminal import say, warn
 
@@ -184,14 +186,17 @@ def sampling(
 
 
 @contextlib.contextmanager
-def span_export(config: SpanConfig, model: ReadModel) -> Iterator[OtlpSpanExport | None]:
+def span_export(
+    config: SpanConfig, model: ReadModel, resource: Resource | None = None
+) -> Iterator[OtlpSpanExport | None]:
     """Spans to an OTLP collector, if one is configured, projected from ``model`` (they
-    subscribe to it); flushed within the deadline on exit."""
+    subscribe to it) and produced by ``resource`` (None: one detected now); flushed within
+    the deadline on exit."""
     settings = config.settings()
     if settings is None:
         yield None
         return
-    export = OtlpSpanExport(settings, warn=warn, model=model)
+    export = OtlpSpanExport(settings, warn=warn, model=model, resource=resource)
     model.subscribe(export)
     say(f"spans: {settings.endpoint} ({settings.protocol})")
     completed = False
@@ -351,12 +356,15 @@ def attach_views(
     runner: PolicyRunner | None,
     model: ReadModel,
     collectors: Sequence[Collector] = (),
+    attributes: Mapping[str, Any] | None = None,
 ) -> Views:
     """The sinks ``trt-otel build``, ``run`` and ``watch`` attach alike, entered on ``stack``:
     spans, then one registry (with ``collectors`` added) for scrapes, the HTTP view and the
     push, then the scrape endpoint and the HTTP view. Each stops after the log's followers
-    have drained into it."""
-    spans = stack.enter_context(span_export(observe.spans, model))
+    have drained into it. The OpenTelemetry exports share one resource, detected once (the
+    build's ``attributes`` name its GPU)."""
+    resource = telemetry_resource(observe.spans, attributes)
+    spans = stack.enter_context(span_export(observe.spans, model, resource))
     sources = metric_sources(monitor, observe.metrics, spans=spans, runner=runner, model=model)
     registry = metrics_registry(sources)  # one registry: scrapes, the HTTP view, the push
     for collector in collectors:
@@ -364,6 +372,14 @@ def attach_views(
     stack.enter_context(metrics_endpoint(registry, observe.metrics))
     http = stack.enter_context(status_server(monitor, observe.http, model=model, registry=registry))
     return Views(spans, registry, http)
+
+
+def telemetry_resource(spans: SpanConfig, attributes: Mapping[str, Any] | None) -> Resource | None:
+    """The resource of the session's OpenTelemetry exports, detected once; None when none is
+    configured (nothing to detect it for)."""
+    if spans.settings() is None:
+        return None
+    return detect_resource(attributes, warn=warn)
 
 
 def _cancel_token(given: str | None, build_id: str) -> tuple[str, Path | None]:

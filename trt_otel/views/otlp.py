@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event as SdkEvent
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -37,6 +37,7 @@ from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.state import Phase
 from trt_otel.core.version import __version__
 from trt_otel.views.conventions import SCHEMA_URL
+from trt_otel.views.resource import detect_resource
 from trt_otel.views.spans import (
     DEFAULT_FOLD_UNDER_NS,
     DEFAULT_SPAN_BUDGET,
@@ -141,17 +142,6 @@ class OtlpSettings:
         )
 
         return HttpSpanExporter(endpoint=self.endpoint, timeout=self.request_timeout_s)
-
-
-def default_resource() -> Resource:
-    """The service resource from ``OTEL_SERVICE_NAME``/``OTEL_RESOURCE_ATTRIBUTES``, named
-    ``trt-otel`` unless they name it."""
-    resource = Resource.create()
-    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
-        resource = resource.merge(Resource({SERVICE_NAME: "trt-otel"}))
-    if SERVICE_VERSION not in resource.attributes:
-        resource = resource.merge(Resource({SERVICE_VERSION: __version__}))
-    return resource
 
 
 # -- export queue ------------------------------------------------------------------------------
@@ -420,7 +410,7 @@ class SpanEmitter:
 
     def __init__(self, processor: SpanProcessor, resource: Resource | None = None) -> None:
         self._processor = processor
-        self._resource = resource or default_resource()
+        self._resource = resource or detect_resource()
         self._scope = InstrumentationScope("trt_otel", __version__, SCHEMA_URL)
 
     def emit(self, record: SpanRecord) -> None:
