@@ -74,8 +74,16 @@ def test_the_budget_is_exact_until_the_first_fold() -> None:
     assert projection.emitted + projection.folded == monitor.state.phases_started_total + 1
 
 
-def export_to(url: str, protocol: str, warnings: list[str], **settings: int) -> OtlpSpanExport:
-    resolved = OtlpSettings.resolve(url, protocol, environ={}, **settings)
+def export_to(
+    url: str,
+    protocol: str,
+    warnings: list[str],
+    span_budget: int = 10_000,
+    fold_under_ns: int = 1_000_000_000,
+) -> OtlpSpanExport:
+    resolved = OtlpSettings.resolve(
+        url, protocol, environ={}, span_budget=span_budget, fold_under_ns=fold_under_ns
+    )
     assert resolved is not None
     return OtlpSpanExport(resolved, warn=warnings.append)
 
@@ -203,10 +211,16 @@ def test_replay_exports_exactly_the_live_spans(
 
 
 def comparable(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
+    """The spans, less what describes the process that sent them (its instance, its pid)."""
     return sorted(
         (
             dataclasses.replace(
-                s, resource={k: v for k, v in s.resource.items() if k != "service.instance.id"}
+                s,
+                resource={
+                    k: v
+                    for k, v in s.resource.items()
+                    if k != "service.instance.id" and not k.startswith("process.")
+                },
             )
             for s in spans
         ),

@@ -48,7 +48,8 @@ from trt_otel.core.readmodel import ReadModel, Subscriber
 from trt_otel.core.sizes import format_bytes
 from trt_otel.views.console import LiveConsole, PlainLines
 from trt_otel.views.http import StatusServer
-from trt_otel.views.otlp import OtlpSpanExport
+from trt_otel.views.otlp import LOGS, OtlpSpanExport
+from trt_otel.views.otlp_logs import OtlpLogExport
 from trt_otel.views.prometheus import (
     MetricSources,
     MetricsServer,
@@ -217,6 +218,32 @@ def span_export(
             say(f"spans: {health.exported:,} exported")
 
 
+@contextlib.contextmanager
+def log_export(
+    config: SpanConfig, model: ReadModel, resource: Resource | None = None
+) -> Iterator[OtlpLogExport | None]:
+    """The builder's messages as OTLP log records, if logs are wanted and an endpoint is
+    configured; they subscribe to ``model``, and are flushed within the deadline on exit."""
+    settings = config.settings(signal=LOGS)
+    if settings is None or config.logs_level is None:
+        yield None
+        return
+    export = OtlpLogExport(settings, config.logs_level, model=model, resource=resource)
+    model.subscribe(export)
+    say(f"logs: {settings.endpoint} ({settings.protocol}), {config.logs_level} and above")
+    completed = False
+    try:
+        yield export
+        completed = True
+    finally:
+        health = export.shutdown(config.flush_timeout_s if completed else 0.0)
+    lost = health.emitted - health.exported
+    if completed and lost:
+        warn(f"{lost:,} of {health.emitted:,} log records not exported ({health.reason})")
+    elif completed and health.emitted:
+        say(f"logs: {health.exported:,} records exported")
+
+
 def metric_sources(
     monitor: ObservedBuild,
     config: MetricsConfig,
@@ -364,7 +391,12 @@ def attach_views(
     have drained into it. The OpenTelemetry exports share one resource, detected once (the
     build's ``attributes`` name its GPU)."""
     resource = telemetry_resource(observe.spans, attributes)
+    # The log records' export ends after the spans' but begins its final flush before them:
+    # the two flush at once, within the one deadline.
+    logs = stack.enter_context(log_export(observe.spans, model, resource))
     spans = stack.enter_context(span_export(observe.spans, model, resource))
+    if logs is not None:
+        stack.callback(logs.begin_shutdown, observe.spans.flush_timeout_s)
     sources = metric_sources(monitor, observe.metrics, spans=spans, runner=runner, model=model)
     registry = metrics_registry(sources)  # one registry: scrapes, the HTTP view, the push
     for collector in collectors:

@@ -49,7 +49,10 @@ GRPC = "grpc"
 HTTP_PROTOBUF = "http/protobuf"
 PROTOCOLS = (GRPC, HTTP_PROTOBUF)
 DEFAULT_REQUEST_TIMEOUT_S = 5.0
-TRACES_PATH = "/v1/traces"
+TRACES = "traces"
+LOGS = "logs"
+METRICS = "metrics"
+TRACES_PATH = f"/v1/{TRACES}"
 
 Warn = Callable[[str], None]
 
@@ -68,6 +71,9 @@ class OtlpSettings:
     """None leaves the exporter to ``OTEL_EXPORTER_OTLP_TIMEOUT``."""
     span_budget: int = DEFAULT_SPAN_BUDGET
     fold_under_ns: int = DEFAULT_FOLD_UNDER_NS
+    logs_level: str | None = None
+    """The least severe builder message exported as a log record, None when none is: such
+    messages keep their phase's span from being folded, and are no span events."""
 
     @classmethod
     def resolve(
@@ -78,22 +84,27 @@ class OtlpSettings:
         environ: Mapping[str, str] | None = None,
         span_budget: int = DEFAULT_SPAN_BUDGET,
         fold_under_ns: int = DEFAULT_FOLD_UNDER_NS,
+        signal: str = TRACES,
+        logs_level: str | None = None,
     ) -> OtlpSettings | None:
-        """Settings from the options and the environment; None when spans are not wanted (no
-        endpoint anywhere, ``OTEL_SDK_DISABLED=true`` or ``OTEL_TRACES_EXPORTER=none``)."""
+        """Settings from the options and the environment; None when the ``signal`` (``traces``,
+        ``logs`` or ``metrics``) is not wanted (no endpoint anywhere, ``OTEL_SDK_DISABLED=true``
+        or ``OTEL_TRACES_EXPORTER=none``, ``OTEL_LOGS_EXPORTER``, ...). The signal's own
+        variables (``OTEL_EXPORTER_OTLP_LOGS_ENDPOINT``) win over the general ones."""
         env = os.environ if environ is None else environ
+        upper = signal.upper()
         if endpoint is None:
             if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
                 return None
-            if env.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+            if env.get(f"OTEL_{upper}_EXPORTER", "").strip().lower() == "none":
                 return None
-        signal_endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+        signal_endpoint = env.get(f"OTEL_EXPORTER_OTLP_{upper}_ENDPOINT", "").strip()
         base_endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
         if endpoint is not None:
             url, is_signal_url, origin = endpoint.strip(), False, "--otlp-endpoint"
         elif signal_endpoint:
             url, is_signal_url = signal_endpoint, True
-            origin = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+            origin = f"OTEL_EXPORTER_OTLP_{upper}_ENDPOINT"
         elif base_endpoint:
             url, is_signal_url, origin = base_endpoint, False, "OTEL_EXPORTER_OTLP_ENDPOINT"
         else:
@@ -107,7 +118,7 @@ class OtlpSettings:
             raise OtlpConfigError(f"{origin} {url!r} is not an http:// or https:// URL")
         chosen = (
             protocol
-            or env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "").strip()
+            or env.get(f"OTEL_EXPORTER_OTLP_{upper}_PROTOCOL", "").strip()
             or env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "").strip()
         )
         if not chosen:
@@ -119,8 +130,8 @@ class OtlpSettings:
                 f"OTLP protocol {chosen!r} is not supported; use {' or '.join(PROTOCOLS)}"
             )
         if chosen == HTTP_PROTOBUF and not is_signal_url:
-            url = url.rstrip("/") + TRACES_PATH
-        timeout_variables = ("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
+            url = url.rstrip("/") + f"/v1/{signal}"
+        timeout_variables = ("OTEL_EXPORTER_OTLP_TIMEOUT", f"OTEL_EXPORTER_OTLP_{upper}_TIMEOUT")
         timeout_set = any(env.get(name) for name in timeout_variables)
         return cls(
             endpoint=url,
@@ -128,6 +139,7 @@ class OtlpSettings:
             request_timeout_s=None if timeout_set else DEFAULT_REQUEST_TIMEOUT_S,
             span_budget=span_budget,
             fold_under_ns=fold_under_ns,
+            logs_level=logs_level,
         )
 
     def make_exporter(self) -> SpanExporter:
@@ -471,9 +483,7 @@ class OtlpSpanExport:
     ) -> None:
         """``interval_s`` and ``retry_after_s`` tune the :class:`SpanExportQueue`."""
         self.settings = settings
-        self.projection = SpanProjection(
-            span_budget=settings.span_budget, fold_under_ns=settings.fold_under_ns, model=model
-        )
+        self.projection = self._projection(model)
         self.queue = SpanExportQueue(
             exporter or settings.make_exporter(),
             describe=f"{settings.endpoint} ({settings.protocol})",
@@ -518,6 +528,8 @@ class OtlpSpanExport:
             span_budget=self.settings.span_budget,
             fold_under_ns=self.settings.fold_under_ns,
             model=model,
+            keep_logged_from=self.settings.logs_level,
+            log_events=self.settings.logs_level is None,
         )
 
     def close(self) -> None:

@@ -48,6 +48,7 @@ from trt_otel.core.events import (
     PhaseStarted,
     ProcessSample,
     StepCompleted,
+    severity_rank,
 )
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.state import BuildState, Phase, PhaseStatus
@@ -62,6 +63,9 @@ from trt_otel.views.conventions import (
     task_run_result,
 )
 
+DEFAULT_LOGS_LEVEL = "warning"
+"""The least severe of the builder's messages exported as log records, by default."""
+WARNING_RANK = severity_rank("warning")
 DEFAULT_SPAN_BUDGET = 10_000
 DEFAULT_FOLD_UNDER_NS = 1_000_000_000
 MAX_SPAN_EVENTS = 32
@@ -148,6 +152,22 @@ def derived_id(bits: int, *parts: object) -> int:
     text = "/".join(str(part) for part in parts).encode()
     value = int.from_bytes(hashlib.blake2b(text, digest_size=bits // 8).digest(), "big")
     return value or 1
+
+
+def build_span_id(trace_id: int, build_id: str) -> int:
+    """The span id of the build's own span."""
+    return derived_id(64, trace_id, build_id, "build")
+
+
+def phase_span_id(trace_id: int, build_id: str, phase_id: int) -> int:
+    """The span id of a phase's span (the phase's id is its ``phase_start``'s seq)."""
+    return derived_id(64, trace_id, build_id, phase_id)
+
+
+def build_trace_id(attributes: dict[str, Any], build_id: str) -> tuple[int, RemoteParent | None]:
+    """The build's trace id from its ``build_start`` attributes, and the traced job it joins."""
+    remote = parse_traceparent(str(attributes.get(TRACEPARENT_ATTRIBUTE, "")))
+    return trace_id_for(build_id, remote), remote
 
 
 @dataclass(slots=True)
@@ -263,11 +283,21 @@ class SpanProjection:
         span_budget: int = DEFAULT_SPAN_BUDGET,
         fold_under_ns: int = DEFAULT_FOLD_UNDER_NS,
         model: ReadModel | None = None,
+        keep_logged_from: str | None = None,
+        log_events: bool = True,
     ) -> None:
+        """``keep_logged_from``: a phase in which the builder logged a message this severe (or
+        more) is never folded, so the log record exported for it points at a span that exists
+        (None: no message keeps a phase). ``log_events``: TensorRT's errors and warnings are
+        also span events of the build's span (for an export without log records: OpenTelemetry
+        is moving events from spans to logs)."""
         if span_budget < 1:
             raise ValueError("the span budget must allow at least the build's own span")
         self.span_budget = span_budget
         self.fold_under_ns = fold_under_ns
+        self._keep_rank = -1 if keep_logged_from is None else severity_rank(keep_logged_from)
+        self._kept: set[int] = set()
+        self._log_events = log_events
         self.model = model if model is not None else ReadModel()
         self.emitted = 0
         self.folded = 0
@@ -382,11 +412,10 @@ class SpanProjection:
         self._mono_base_ns = event.mono_ns
         build_id = event.build_id if isinstance(event, BuildStarted) else f"seq0-{event.wall_ns}"
         attributes = event.attributes if isinstance(event, BuildStarted) else {}
-        remote = parse_traceparent(str(attributes.get(TRACEPARENT_ATTRIBUTE, "")))
+        self._trace_id, remote = build_trace_id(attributes, build_id)
         self._remote = remote
         self._sampled = remote.sampled if remote is not None else True
-        self._trace_id = trace_id_for(build_id, remote)
-        self._build_span_id = derived_id(64, self._trace_id, build_id, "build")
+        self._build_span_id = build_span_id(self._trace_id, build_id)
         self._build_key = build_id
 
     def _span_time(self, mono_ns: int) -> int:
@@ -401,7 +430,7 @@ class SpanProjection:
         return span_id
 
     def _span_id(self, phase_id: int) -> int:
-        return derived_id(64, self._trace_id, self._build_key, phase_id)
+        return phase_span_id(self._trace_id, self._build_key, phase_id)
 
     def _note(self, event: Anomaly | LogMessage) -> None:
         time_ns = self._span_time(event.mono_ns)
@@ -411,8 +440,14 @@ class SpanProjection:
             notes.anomalies += 1
             attributes = {"trt.anomaly.kind": event.kind.value, "trt.anomaly.detail": event.detail}
             notes.add(SpanEvent("trt.anomaly", time_ns, attributes))
-        elif event.severity.lower() in ("internal_error", "error", "warning"):
-            # Build-level log lines of note (TensorRT's errors and warnings) go on the build span.
+            return
+        rank = severity_rank(event.severity)
+        if rank <= self._keep_rank:
+            owner = self.state.open_by_name.get(self.state.innermost_open() or "")
+            if owner is not None:
+                self._kept.add(owner)
+        if self._log_events and rank <= WARNING_RANK:
+            # Without log records, TensorRT's errors and warnings go on the build span.
             attributes = {"log.severity": event.severity, "log.message": event.message}
             self._notes.setdefault(None, _Notes()).add(SpanEvent("trt.log", time_ns, attributes))
 
@@ -428,6 +463,7 @@ class SpanProjection:
         if (
             is_leaf
             and notes is None
+            and not self._was_kept(phase.id)
             and self.emitted >= self.span_budget - 1
             and duration < self.fold_under_ns
         ):
@@ -478,6 +514,13 @@ class SpanProjection:
             sampled=self._sampled,
             error=error,
         )
+
+    def _was_kept(self, phase_id: int) -> bool:
+        """Whether a log record names the phase's span (so it must not be folded)."""
+        if phase_id in self._kept:
+            self._kept.discard(phase_id)
+            return True
+        return False
 
     def _task_run(
         self,
