@@ -492,13 +492,17 @@ def test_the_push_carries_the_same_series_as_a_scrape() -> None:
 
 
 def series(text: str) -> dict[str, frozenset[tuple[str, str]]]:
-    """Every sample's name and labels in an exposition (values aside)."""
+    """Every sample's name and labels in an exposition (values aside; a bucket's bound as the
+    number it is: the Pushgateway writes 1.0 as 1)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     found: dict[str, set[tuple[str, str]]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            found.setdefault(sample.name, set()).update(sample.labels.items())
+            labels = dict(sample.labels)
+            if "le" in labels:
+                labels["le"] = repr(float(labels["le"]))
+            found.setdefault(sample.name, set()).update(labels.items())
     return {name: frozenset(labels) for name, labels in found.items()}
 
 
