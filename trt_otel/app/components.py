@@ -48,8 +48,9 @@ from trt_otel.core.readmodel import ReadModel, Subscriber
 from trt_otel.core.sizes import format_bytes
 from trt_otel.views.console import LiveConsole, PlainLines
 from trt_otel.views.http import StatusServer
-from trt_otel.views.otlp import LOGS, OtlpSpanExport
+from trt_otel.views.otlp import LOGS, METRICS, OtlpSpanExport
 from trt_otel.views.otlp_logs import OtlpLogExport
+from trt_otel.views.otlp_metrics import OtlpMetricsExport
 from trt_otel.views.prometheus import (
     MetricSources,
     MetricsServer,
@@ -244,6 +245,32 @@ def log_export(
         say(f"logs: {health.exported:,} records exported")
 
 
+@contextlib.contextmanager
+def otlp_metrics(
+    config: SpanConfig, registry: CollectorRegistry, resource: Resource | None = None
+) -> Iterator[OtlpMetricsExport | None]:
+    """``registry``'s series pushed over OTLP (``--otlp-metrics``) every interval, and once
+    more on exit, within the flush deadline."""
+    settings = config.settings(signal=METRICS)
+    if settings is None:
+        yield None
+        return
+    export = OtlpMetricsExport(
+        settings, registry, interval_s=config.metrics_interval_s, resource=resource
+    )
+    say(f"metrics: {settings.endpoint} ({settings.protocol}), every {config.metrics_interval_s:g}s")
+    completed = False
+    try:
+        yield export
+        completed = True
+    finally:
+        health = export.shutdown(config.flush_timeout_s if completed else 0.0)
+    if completed and health.reason is not None:
+        warn(f"the final metrics were not exported over OTLP ({health.reason})")
+    elif completed and health.failed:
+        warn(f"{health.failed:,} of {health.exported + health.failed:,} OTLP metric exports failed")
+
+
 def metric_sources(
     monitor: ObservedBuild,
     config: MetricsConfig,
@@ -402,6 +429,7 @@ def attach_views(
     for collector in collectors:
         registry.register(collector)
     stack.enter_context(metrics_endpoint(registry, observe.metrics))
+    stack.enter_context(otlp_metrics(observe.spans, registry, resource))
     http = stack.enter_context(status_server(monitor, observe.http, model=model, registry=registry))
     return Views(spans, registry, http)
 
