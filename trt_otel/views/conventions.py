@@ -44,6 +44,7 @@ __all__ = [
     "CICD_PIPELINE_TASK_RUN_ID",
     "CICD_PIPELINE_TASK_RUN_RESULT",
     "ERROR_TYPE",
+    "RUN_ACTION",
     "SCHEMA_URL",
     "SEMCONV_VERSION",
     "pipeline_name",
@@ -56,6 +57,8 @@ __all__ = [
 
 BUILD_ACTION = CicdPipelineActionNameValues.BUILD.value
 """``cicd.pipeline.action.name`` of every build: ``BUILD``."""
+RUN_ACTION = CicdPipelineActionNameValues.RUN.value
+"""``cicd.pipeline.action.name`` of ``trt-otel run``'s program: ``RUN``."""
 
 
 def _schema_version(schema: Schemas) -> tuple[int, ...]:

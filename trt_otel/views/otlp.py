@@ -518,6 +518,10 @@ class OtlpSpanExport:
     def on_steps(self, last: StepCompleted) -> None:
         """Quiet steps complete no span."""
 
+    def emit(self, record: SpanRecord) -> None:
+        """Export a span made outside the projection (``run``'s own)."""
+        self._emitter.emit(record)
+
     def _next_build(self) -> None:
         for record in self.projection.finish():
             self._emitter.emit(record)
