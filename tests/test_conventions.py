@@ -6,6 +6,7 @@ OTLP wire by a real receiver."""
 from __future__ import annotations
 
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +30,7 @@ from opentelemetry.semconv.schemas import Schemas
 from otlp_receiver import OtlpReceiver, ReceivedSpan
 from trt_otel import BuildMonitor
 from trt_otel.builder.simulator import Driver, generate_plan
+from trt_otel.views.conventions import SEMCONV_VERSION
 from trt_otel.views.otlp import GRPC, OtlpSettings, OtlpSpanExport
 from trt_otel.views.spans import UNFINISHED, SpanProjection, SpanRecord
 
@@ -177,3 +179,9 @@ def test_a_log_that_ends_early_is_an_errored_run_of_errored_tasks() -> None:
     assert spans[-1].attributes[CICD_PIPELINE_RESULT] == error
     assert spans[-1].name == CicdPipelineActionNameValues.BUILD.value, "no model: {action} alone"
     assert_in_registry(spans)
+
+
+def test_the_docs_name_the_version_of_the_conventions_followed() -> None:
+    repo = Path(__file__).resolve().parents[1]
+    for page in ("README.md", "docs/spans.md"):
+        assert f"semantic conventions {SEMCONV_VERSION}" in (repo / page).read_text(), page

@@ -13,6 +13,7 @@ import pytest
 from opentelemetry._logs import SeverityNumber
 
 from otlp_receiver import OtlpReceiver, ReceivedLog
+from prometheus_server import free_port
 from rtx_builds import CONV_SHAPES, import_rtx, write_conv
 from trt_otel import BuildMonitor
 from trt_otel.app.cli import main
@@ -166,3 +167,25 @@ def test_tensorrts_severities_map_to_opentelemetrys(severity: str, number: Any) 
     quiet = LogProjection("warning")
     kept = [r for e in monitor.log.recent() if (r := quiet.apply(e)) is not None]
     assert bool(kept) == (number.value >= SeverityNumber.WARN.value)
+
+
+def test_trt_otels_own_warnings_are_records_in_the_builds_span(
+    tmp_path: Path, receiver: OtlpReceiver
+) -> None:
+    dead = free_port()  # a Pushgateway that is not there: its warning comes at the end
+    journal = tmp_path / "demo.jsonl"
+    result = subprocess.run(
+        [*CLI, "demo", "--no-progress", "--speed", "0", "--journal", str(journal),
+         "--pushgateway", f"http://127.0.0.1:{dead}",
+         "--otlp-endpoint", f"http://127.0.0.1:{receiver.grpc_port}", "--otlp-protocol", "grpc"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "cannot push metrics" in result.stderr
+    records = receiver.wait_for_logs(1)
+    (warning,) = [r for r in records if r.event_name == "trt_otel.warning"]
+    assert "cannot push metrics" in warning.body
+    assert warning.severity_number == SeverityNumber.WARN.value
+    build_id = build_id_of(journal)
+    (build_span,) = [s for s in receiver.wait_for(2) if not s.parent_span_id]
+    assert (warning.trace_id, warning.span_id) == (build_id, build_span.span_id)

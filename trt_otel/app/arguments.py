@@ -44,8 +44,8 @@ from trt_otel.capture.supervisor import DEFAULT_GRACE_S
 from trt_otel.control.policies import STALL_ON
 from trt_otel.core import sizes
 from trt_otel.core.durations import DurationError, parse_duration, parse_positive_duration
+from trt_otel.core.events import TENSORRT_SEVERITIES
 from trt_otel.views.otlp import PROTOCOLS
-from trt_otel.views.otlp_logs import LEVELS
 from trt_otel.views.spans import DEFAULT_FOLD_UNDER_NS, DEFAULT_LOGS_LEVEL, DEFAULT_SPAN_BUDGET
 
 Group = argparse._ArgumentGroup  # what add_argument_group returns; argparse names it privately
@@ -210,15 +210,20 @@ def add_span_options(
     return group
 
 
+LOGS_LEVELS = (*TENSORRT_SEVERITIES, "off")
+"""``--otlp-logs-level`` choices: TensorRT's severities, or ``off``."""
+
+
 def _add_signal_options(group: Group, *, metrics: bool) -> None:
     """Log records and (``metrics``) metrics over OTLP, to the spans' endpoint."""
     group.add_argument(
         "--otlp-logs-level",
-        choices=LEVELS,
+        choices=LOGS_LEVELS,
         default=DEFAULT_LOGS_LEVEL,
         metavar="LEVEL",
         help="export TensorRT's messages this severe and more as OTLP log records, in the "
-        f"trace of the phase they came in: {', '.join(LEVELS)} (default: {DEFAULT_LOGS_LEVEL})",
+        f"trace of the phase they came in: {', '.join(LOGS_LEVELS)} (default: "
+        f"{DEFAULT_LOGS_LEVEL})",
     )
     if metrics:
         group.add_argument(

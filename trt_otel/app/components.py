@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 from opentelemetry.sdk.resources import Resource
@@ -49,8 +49,6 @@ from trt_otel.core.sizes import format_bytes
 from trt_otel.views.console import LiveConsole, PlainLines
 from trt_otel.views.http import StatusServer
 from trt_otel.views.otlp import LOGS, METRICS, OtlpSpanExport
-from trt_otel.views.otlp_logs import OtlpLogExport
-from trt_otel.views.otlp_metrics import OtlpMetricsExport
 from trt_otel.views.prometheus import (
     MetricSources,
     MetricsServer,
@@ -59,7 +57,11 @@ from trt_otel.views.prometheus import (
 )
 from trt_otel.views.resource import detect_resource
 from trt_otel.views.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent
-from trt_otel.views.terminal import say, warn
+from trt_otel.views.terminal import say, warn, warnings_heard_by
+
+if TYPE_CHECKING:  # imported when asked for: most builds export neither (start-up time)
+    from trt_otel.views.otlp_logs import OtlpLogExport
+    from trt_otel.views.otlp_metrics import OtlpMetricsExport
 
 DEEP_QUEUE = 1_000_000
 """Followers that must not lose an event (a lost event misshapes a tree) and do no I/O on the
@@ -229,12 +231,15 @@ def log_export(
     if settings is None or config.logs_level is None:
         yield None
         return
+    from trt_otel.views.otlp_logs import OtlpLogExport
+
     export = OtlpLogExport(settings, config.logs_level, model=model, resource=resource)
     model.subscribe(export)
     say(f"logs: {settings.endpoint} ({settings.protocol}), {config.logs_level} and above")
     completed = False
     try:
-        yield export
+        with warnings_heard_by(export.warning):  # trt-otel's own warnings are records too
+            yield export
         completed = True
     finally:
         health = export.shutdown(config.flush_timeout_s if completed else 0.0)
@@ -255,6 +260,8 @@ def otlp_metrics(
     if settings is None:
         yield None
         return
+    from trt_otel.views.otlp_metrics import OtlpMetricsExport
+
     export = OtlpMetricsExport(
         settings, registry, interval_s=config.metrics_interval_s, resource=resource
     )

@@ -33,7 +33,6 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
 
 from trt_otel.core.events import (
-    TENSORRT_SEVERITIES,
     Anomaly,
     BuildStarted,
     CancelRequested,
@@ -49,9 +48,6 @@ from trt_otel.views.conventions import SCHEMA_URL
 from trt_otel.views.otlp import GRPC, OtlpSettings, unreachable_because
 from trt_otel.views.resource import detect_resource
 from trt_otel.views.spans import build_span_id, build_trace_id, phase_span_id
-
-LEVELS = (*TENSORRT_SEVERITIES, "off")
-"""``--otlp-logs-level`` choices: TensorRT's severities, or ``off``."""
 
 SEVERITY_NUMBERS = {
     "internal_error": SeverityNumber.FATAL,
@@ -140,6 +136,21 @@ class LogProjection:
                 attributes=attributes,
             )
         return None
+
+    def warning(self, message: str, time_ns: int) -> LogItem:
+        """A warning of trt-otel's own, in the build's span when a build has begun."""
+        started = self._wall_base_ns is not None
+        return LogItem(
+            time_ns=time_ns,
+            trace_id=self._trace_id if started else 0,
+            span_id=build_span_id(self._trace_id, self._build_id) if started else 0,
+            sampled=self._sampled,
+            severity="WARNING",
+            severity_number=SeverityNumber.WARN,
+            body=message[:MAX_BODY_CHARS],
+            attributes={"trt.build.id": self._build_id} if started else {},
+            event_name="trt_otel.warning",
+        )
 
     def _begin(self, event: Event) -> None:
         self._wall_base_ns, self._mono_base_ns = event.wall_ns, event.mono_ns
@@ -292,12 +303,15 @@ class OtlpLogExport:
     def emit(self, item: LogItem) -> None:
         if not item.sampled:
             return  # the traced job chose not to record this trace
-        flags = TraceFlags(TraceFlags.SAMPLED)
-        span = NonRecordingSpan(SpanContext(item.trace_id, item.span_id, False, flags))
+        context = None
+        if item.trace_id:
+            flags = TraceFlags(TraceFlags.SAMPLED)
+            span = NonRecordingSpan(SpanContext(item.trace_id, item.span_id, False, flags))
+            context = set_span_in_context(span)
         self._logger.emit(
             timestamp=item.time_ns,
             observed_timestamp=item.time_ns,
-            context=set_span_in_context(span),
+            context=context,
             severity_number=item.severity_number,
             severity_text=item.severity,
             body=item.body,
@@ -326,6 +340,13 @@ class OtlpLogExport:
         self._deadline = time.monotonic() + max(timeout_s, 0.0)
         self._stopping = threading.Thread(target=stop, name="trt-otel-logs-stop", daemon=True)
         self._stopping.start()
+
+    def warning(self, message: str) -> None:
+        """One of trt-otel's own warnings (a sink that failed, a value ignored) as a record, in
+        the current build's trace; from any thread. None once the export is stopping."""
+        if self._stopping is not None:
+            return
+        self.emit(self.projection.warning(message, time.time_ns()))
 
     def shutdown(self, timeout_s: float) -> LogExportHealth:
         """Flush within ``timeout_s`` (from :meth:`begin_shutdown`, if it was called) and stop;
