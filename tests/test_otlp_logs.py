@@ -189,3 +189,31 @@ def test_trt_otels_own_warnings_are_records_in_the_builds_span(
     build_id = build_id_of(journal)
     (build_span,) = [s for s in receiver.wait_for(2) if not s.parent_span_id]
     assert (warning.trace_id, warning.span_id) == (build_id, build_span.span_id)
+
+
+def test_each_signal_has_its_path_and_its_own_variables() -> None:
+    from trt_otel.app.config import SpanConfig
+    from trt_otel.views.otlp import HTTP_PROTOBUF, LOGS, METRICS, TRACES
+
+    base = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/"}
+    endpoints = {
+        signal: SpanConfig(metrics=True).settings(base, signal)
+        for signal in (TRACES, LOGS, METRICS)
+    }
+    assert {s: (v.endpoint, v.protocol) for s, v in endpoints.items() if v is not None} == {
+        TRACES: ("http://collector:4318/v1/traces", HTTP_PROTOBUF),
+        LOGS: ("http://collector:4318/v1/logs", HTTP_PROTOBUF),
+        METRICS: ("http://collector:4318/v1/metrics", HTTP_PROTOBUF),
+    }
+    own = {**base, "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": "http://loki:3100/otlp/v1/logs"}
+    logs = SpanConfig().settings(own, LOGS)
+    assert logs is not None and logs.endpoint == "http://loki:3100/otlp/v1/logs"
+    assert SpanConfig().settings({**base, "OTEL_LOGS_EXPORTER": "none"}, LOGS) is None
+    assert SpanConfig().settings(base, METRICS) is None, "metrics only with --otlp-metrics"
+    # Without log records, the span projection keeps TensorRT's warnings as span events.
+    quiet = SpanConfig(logs_level=None)
+    traces = quiet.settings(base, TRACES)
+    assert quiet.settings(base, LOGS) is None and traces is not None
+    assert traces.logs_level is None
+    spans = SpanConfig().settings(base, TRACES)
+    assert spans is not None and spans.logs_level == "warning"
