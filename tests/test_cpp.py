@@ -765,7 +765,11 @@ def received_shape(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
                 s,
                 start_ns=0,
                 end_ns=0,
-                resource={k: v for k, v in s.resource.items() if k != "service.instance.id"},
+                resource={
+                    k: v
+                    for k, v in s.resource.items()
+                    if k != "service.instance.id" and not k.startswith("process.")
+                },
             )
             for s in spans
         ),
