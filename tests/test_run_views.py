@@ -1,5 +1,6 @@
-"""The views of a run of several builds: spans (a trace per build), the HTTP view (the current
-build, a cancel of it, one event stream across builds) and the metrics (builds by outcome)."""
+"""The views of a run of several builds: spans (one trace: the run's span, its builds under it),
+the HTTP view (the current build, a cancel of it, one event stream across builds) and the
+metrics (builds by outcome)."""
 
 from __future__ import annotations
 

@@ -500,7 +500,7 @@ class OtlpSpanExport:
         """As a follower of the log: fold each event into the projection's own model."""
         for event in events:
             if isinstance(event, BuildStarted) and self.projection.started:
-                # A log of several builds (``trt-otel run``): each is a trace of its own.
+                # A log of several builds (``trt-otel run``): each build is a tree of its own.
                 self._next_build()
             for record in self.projection.apply(event):
                 self._emitter.emit(record)
