@@ -4,6 +4,7 @@ the names, the duration histogram with the build's trace id as its exemplar."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -108,3 +109,17 @@ def test_a_real_build_pushes_its_metrics_with_no_prometheus_scraping(
     assert {tuple(sorted(p.resource.items())) for p in points} == {
         tuple(sorted(spans[0].resource.items()))
     }, "the spans' resource"
+
+
+def test_otlp_metrics_without_an_endpoint_is_a_usage_error() -> None:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    result = subprocess.run(
+        [*CLI, "demo", "--no-progress", "--speed", "0", "--otlp-metrics"],
+        capture_output=True, text=True, timeout=60, check=False, env=environment,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "trt-otel: error: --otlp-metrics needs an OTLP endpoint: --otlp-endpoint URL or "
+        "OTEL_EXPORTER_OTLP_ENDPOINT (and not OTEL_METRICS_EXPORTER=none)"
+    )
+    assert "Traceback" not in result.stderr and "build started" not in result.stderr

@@ -258,6 +258,11 @@ def otlp_metrics(
     more on exit, within the flush deadline."""
     settings = config.settings(signal=METRICS)
     if settings is None:
+        if config.metrics:  # asked for, with nowhere to go: before anything starts
+            raise UsageError(
+                "--otlp-metrics needs an OTLP endpoint: --otlp-endpoint URL or "
+                "OTEL_EXPORTER_OTLP_ENDPOINT (and not OTEL_METRICS_EXPORTER=none)"
+            )
         yield None
         return
     from trt_otel.views.otlp_metrics import OtlpMetricsExport
