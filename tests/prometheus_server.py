@@ -22,7 +22,8 @@ def free_port() -> int:
 class PrometheusServer:
     """Starts ``prometheus`` scraping ``target`` every second; ``query`` reads its HTTP API."""
 
-    def __init__(self, workdir: Path, target: str) -> None:
+    def __init__(self, workdir: Path, target: str, features: tuple[str, ...] = ()) -> None:
+        """``features``: for ``--enable-feature`` (``exemplar-storage``)."""
         binary = shutil.which("prometheus")
         if binary is None:
             raise FileNotFoundError("prometheus is not installed (apt-get install prometheus)")
@@ -43,6 +44,7 @@ class PrometheusServer:
                 f"--storage.tsdb.path={workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--log.level=warn",
+                *(f"--enable-feature={feature}" for feature in features),
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -78,6 +80,15 @@ class PrometheusServer:
             if result or time.monotonic() > deadline:
                 return result
             time.sleep(0.25)
+
+    def exemplars(self, expression: str, start_s: float, end_s: float) -> list[dict[str, Any]]:
+        """``/api/v1/query_exemplars``: the exemplars of the series ``expression`` selects."""
+        query = urllib.parse.urlencode({"query": expression, "start": start_s, "end": end_s})
+        with urllib.request.urlopen(f"{self.url}/api/v1/query_exemplars?{query}", timeout=5) as r:
+            body = json.load(r)
+        assert body["status"] == "success", body
+        result: list[dict[str, Any]] = body["data"]
+        return result
 
     def close(self) -> None:
         self.process.terminate()

@@ -482,7 +482,7 @@ def test_watch_exports_a_real_cpp_builds_spans_as_a_python_builds(
     assert {s.trace_id for s in cpp_spans} == {events[0].build_id}  # type: ignore[attr-defined]
     cpp_root = next(s for s in cpp_spans if not s.parent_span_id)
     python_root = next(s for s in python_spans if not s.parent_span_id)
-    assert cpp_root.name == python_root.name == f"build {small_residual.name}"
+    assert cpp_root.name == python_root.name == f"BUILD {small_residual.name}"
     for key in ("trt.backend", "trt.version", "cicd.pipeline.result"):
         assert cpp_root.attributes[key] == python_root.attributes[key], key
     assert cpp_root.attributes["trt.header_version"] == header_version()

@@ -301,7 +301,7 @@ def test_the_compose_file_is_valid_and_names_the_stack() -> None:
     assert result.returncode == 0, result.stderr
     config = yaml.safe_load(result.stdout)
     services = config["services"]
-    assert set(services) == {"jaeger", "prometheus", "grafana", "demo"}
+    assert set(services) == {"otel-collector", "jaeger", "prometheus", "grafana", "demo"}
     published = {
         name: {
             str(p["published"]) if isinstance(p, dict) else str(p).split(":")[0]
@@ -309,13 +309,42 @@ def test_the_compose_file_is_valid_and_names_the_stack() -> None:
         }
         for name, s in services.items()
     }
-    assert {"16686", "4317", "4318"} <= published["jaeger"]
+    assert "16686" in published["jaeger"]
+    assert {"4317", "4318"} <= published["otel-collector"], "OTLP goes to the collector"
     assert "9090" in published["prometheus"]
     assert "3000" in published["grafana"]
-    for name in ("jaeger", "prometheus", "grafana", "demo"):
+    for name in services:
         image = services[name]["image"]
         assert ":" in image and not image.endswith(":latest"), f"{name} image is not pinned"
-    assert "trt-otel demo" in " ".join(services["demo"]["command"])
+    demo = " ".join(services["demo"]["command"])
+    assert "trt-otel demo" in demo and "--otlp-metrics" in demo
+    assert services["demo"]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == (
+        "http://otel-collector:4318"
+    )
+    prometheus_flags = services["prometheus"]["command"]
+    assert "--web.enable-otlp-receiver" in prometheus_flags
+    assert "--enable-feature=exemplar-storage" in prometheus_flags
+
+
+def test_the_collector_forwards_each_signal_to_its_backend() -> None:
+    """The collector's own configuration: every pipeline names parts it defines; spans reach
+    Jaeger, metrics Prometheus's OTLP receiver, log records an exporter."""
+    config = yaml.safe_load((REPO / "deploy" / "otel-collector" / "config.yaml").read_text())
+    pipelines = config["service"]["pipelines"]
+    assert set(pipelines) == {"traces", "metrics", "logs"}
+    for pipeline in pipelines.values():
+        assert set(pipeline["receivers"]) <= set(config["receivers"])
+        assert set(pipeline.get("processors", [])) <= set(config["processors"])
+        assert set(pipeline["exporters"]) <= set(config["exporters"])
+    exporters = config["exporters"]
+    (traces,) = pipelines["traces"]["exporters"]
+    assert exporters[traces]["endpoint"] == "jaeger:4317"
+    (metrics,) = pipelines["metrics"]["exporters"]
+    assert exporters[metrics]["metrics_endpoint"] == "http://prometheus:9090/api/v1/otlp/v1/metrics"
+    assert pipelines["logs"]["exporters"]
+    protocols = config["receivers"]["otlp"]["protocols"]
+    assert protocols["grpc"]["endpoint"].endswith(":4317")
+    assert protocols["http"]["endpoint"].endswith(":4318")
 
 
 @pytest.mark.skipif(
@@ -492,13 +521,17 @@ def test_the_push_carries_the_same_series_as_a_scrape() -> None:
 
 
 def series(text: str) -> dict[str, frozenset[tuple[str, str]]]:
-    """Every sample's name and labels in an exposition (values aside)."""
+    """Every sample's name and labels in an exposition (values aside; a bucket's bound as the
+    number it is: the Pushgateway writes 1.0 as 1)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     found: dict[str, set[tuple[str, str]]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            found.setdefault(sample.name, set()).update(sample.labels.items())
+            labels = dict(sample.labels)
+            if "le" in labels:
+                labels["le"] = repr(float(labels["le"]))
+            found.setdefault(sample.name, set()).update(labels.items())
     return {name: frozenset(labels) for name, labels in found.items()}
 
 

@@ -48,7 +48,7 @@ def test_a_ladders_second_rung_builds_after_the_first_timed_out_linked_in_one_tr
                     "--otlp-endpoint", f"http://127.0.0.1:{receiver.grpc_port}",
                     "--otlp-protocol", "grpc")  # fmt: skip
         assert done.returncode == 0, done.stderr
-        builds = [s for s in receiver.wait_for(2, timeout_s=30) if s.name.startswith("build")]
+        builds = [s for s in receiver.wait_for(2, timeout_s=30) if s.name.startswith("BUILD ")]
     assert "built by attempt 2 of 2 (--builder-optimization-level 0 --timeout 2m)" in done.stderr
     first, second = starts(journal)
     ends = [e for e in read_journal(journal).events if isinstance(e, BuildFinished)]

@@ -1,10 +1,11 @@
-"""The views of a run of several builds: spans (a trace per build), the HTTP view (the current
-build, a cancel of it, one event stream across builds) and the metrics (builds by outcome)."""
+"""The views of a run of several builds: spans (one trace: the run's span, its builds under it),
+the HTTP view (the current build, a cancel of it, one event stream across builds) and the
+metrics (builds by outcome)."""
 
 from __future__ import annotations
 
-import collections
 import json
+import os
 import re
 import subprocess
 import sys
@@ -26,31 +27,42 @@ CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 TOKEN = "run-views-token"
 
 
-def test_each_build_of_a_run_is_a_trace_of_its_own(
+def test_the_builds_of_a_run_are_children_of_its_span_in_the_jobs_trace(
     mnist: Path, tmp_path: Path, receiver: OtlpReceiver
 ) -> None:
-    journal = tmp_path / "run.jsonl"
+    journal, seen = tmp_path / "run.jsonl", tmp_path / "traceparent"
+    job_trace, job_span = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
     result = subprocess.run(
         [*CLI, "run", "--journal", str(journal), "--otlp-endpoint",
          f"http://127.0.0.1:{receiver.http_port}", "--", PYTHON,
-         str(PROGRAMS / "plain_build.py"), str(mnist), str(mnist), str(mnist)],
+         str(PROGRAMS / "traced_build.py"), str(seen), str(mnist), str(mnist), str(mnist)],
         capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "TRACEPARENT": f"00-{job_trace}-{job_span}-01",
+             "TRACESTATE": "ci=github"},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     builds = builds_in(read_journal(journal).events)
-    spans = receiver.spans
-    traces = collections.defaultdict(list)
-    for span in spans:
-        traces[span.trace_id].append(span)
-    assert len(traces) == 3
-    for trace in traces.values():
-        (root,) = [s for s in trace if s.parent_span_id == ""]
-        (engine,) = [s for s in trace if s.name == "Building engine"]
-        assert engine.parent_span_id == root.span_id
-        assert len(trace) == 1 + 12  # the build's span and its twelve phases
-    roots = sorted((s for s in spans if s.parent_span_id == ""), key=lambda s: s.start_ns)
+    spans = receiver.wait_for(1 + 3 * 13)
+    assert {s.trace_id for s in spans} == {job_trace}, "one trace: the CI job's"
+    (run_span,) = [s for s in spans if s.name.startswith("RUN ")]
+    assert run_span.kind == 2, "SERVER: a pipeline run"
+    assert run_span.parent_span_id == job_span
+    assert run_span.attributes["cicd.pipeline.action.name"] == "RUN"
+    assert run_span.attributes["cicd.pipeline.result"] == "success"
+    roots = sorted(
+        (s for s in spans if s.parent_span_id == run_span.span_id), key=lambda s: s.start_ns
+    )
     assert [r.attributes["network.name"] for r in roots] == ["net1", "net2", "net3"]
-    assert [f"{int(r.trace_id, 16):032x}" for r in roots] == [starts(b).build_id for b in builds]
+    assert [r.attributes["trt.build.id"] for r in roots] == [starts(b).build_id for b in builds]
+    for root in roots:
+        (engine,) = [
+            s for s in spans if s.name == "Building engine" and s.parent_span_id == root.span_id
+        ]
+        assert engine.start_ns >= root.start_ns
+    # The program was handed the run's span as its parent, and the job's trace state.
+    traceparent, tracestate = seen.read_text().splitlines()
+    assert traceparent == f"00-{job_trace}-{run_span.span_id}-01"
+    assert tracestate == "ci=github"
 
 
 def _get(url: str) -> str:

@@ -74,8 +74,16 @@ def test_the_budget_is_exact_until_the_first_fold() -> None:
     assert projection.emitted + projection.folded == monitor.state.phases_started_total + 1
 
 
-def export_to(url: str, protocol: str, warnings: list[str], **settings: int) -> OtlpSpanExport:
-    resolved = OtlpSettings.resolve(url, protocol, environ={}, **settings)
+def export_to(
+    url: str,
+    protocol: str,
+    warnings: list[str],
+    span_budget: int = 10_000,
+    fold_under_ns: int = 1_000_000_000,
+) -> OtlpSpanExport:
+    resolved = OtlpSettings.resolve(
+        url, protocol, environ={}, span_budget=span_budget, fold_under_ns=fold_under_ns
+    )
     assert resolved is not None
     return OtlpSpanExport(resolved, warn=warnings.append)
 
@@ -139,7 +147,7 @@ def test_each_recorded_trace_arrives_as_its_phase_tree(
     assert (health.exported, health.failed, health.dropped, warnings) == (phases + 1, 0, 0, [])
     assert len(spans) == phases + 1
     root, children = tree_of(spans)
-    assert root.name == "build mnist.onnx"
+    assert root.name == "BUILD mnist.onnx"
     assert root.trace_id == monitor.build_id, "the build id is the trace id"
     assert root.attributes["cicd.pipeline.result"] == "success"
     assert root.attributes["trt.build.phases_started"] == phases
@@ -203,10 +211,16 @@ def test_replay_exports_exactly_the_live_spans(
 
 
 def comparable(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
+    """The spans, less what describes the process that sent them (its instance, its pid)."""
     return sorted(
         (
             dataclasses.replace(
-                s, resource={k: v for k, v in s.resource.items() if k != "service.instance.id"}
+                s,
+                resource={
+                    k: v
+                    for k, v in s.resource.items()
+                    if k != "service.instance.id" and not k.startswith("process.")
+                },
             )
             for s in spans
         ),
@@ -414,6 +428,12 @@ def trace_files_or_plan() -> list[Path]:
 
 @pytest.mark.parametrize("collector", ["down", "hanging"])
 def test_the_cli_exits_promptly_when_the_collector_is_unreachable(collector: str) -> None:
+    # The same demo with no export, timed in the same run: what is measured is what the
+    # collector adds, which the 2 s flush timeout bounds (an exporter waiting out its own
+    # timeouts and retries would add half a minute and more).
+    began = time.monotonic()
+    assert run_demo("--speed", "0").returncode == 0
+    baseline = time.monotonic() - began
     with hanging_collector() as hanging_port:
         port = dead_port() if collector == "down" else hanging_port
         began = time.monotonic()
@@ -428,7 +448,9 @@ def test_the_cli_exits_promptly_when_the_collector_is_unreachable(collector: str
     assert result.stderr.count("OTLP export to") == 1
     assert result.stderr.count("spans not exported") == 1, "the loss is said once"
     assert "Traceback" not in result.stderr
-    assert took < 15.0, f"the demo took {took:.1f}s with the collector {collector}"
+    assert took - baseline < 10.0, (
+        f"{took:.1f}s with the collector {collector}, {baseline:.1f}s alone"
+    )
 
 
 def test_a_build_over_the_budget_folds_short_leaves_and_the_totals_add_up(
@@ -490,7 +512,7 @@ def test_a_build_inside_a_traced_job_joins_its_trace(receiver: OtlpReceiver) -> 
     spans = receiver.wait_for(DEMO_SPANS)
     assert {s.trace_id for s in spans} == {"0af7651916cd43dd8448eb211c80319c"}
     roots = [s for s in spans if s.parent_span_id == "b7ad6b7169203331"]
-    assert [s.name for s in roots] == ["build trt-otel-demo-mnist.onnx"]
+    assert [s.name for s in roots] == ["BUILD trt-otel-demo-mnist.onnx"]
 
 
 def test_standard_environment_variables_configure_the_export(receiver: OtlpReceiver) -> None:
@@ -711,7 +733,7 @@ def test_the_spans_a_log_left_open_end_innermost_first() -> None:
     projection, spans = projected(monitor)
     assert spans == []
     ended = projection.finish()
-    assert [span.name for span in ended] == ["C", "B", "A", "build"]
+    assert [span.name for span in ended] == ["C", "B", "A", "BUILD"]
     assert ended[-1].error is not None and ended[-1].attributes["error.type"] == UNFINISHED
 
 

@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 from trt_otel.app.config import (
     DEFAULT_HTTP_LINGER_S,
+    DEFAULT_METRICS_INTERVAL_S,
     ConsoleConfig,
     GpuConfig,
     HttpConfig,
@@ -44,8 +45,9 @@ from trt_otel.control.deadline import DEFAULT_MARGIN
 from trt_otel.control.policies import STALL_ON
 from trt_otel.core import sizes
 from trt_otel.core.durations import DurationError, parse_duration, parse_positive_duration
+from trt_otel.core.events import TENSORRT_SEVERITIES
 from trt_otel.views.otlp import PROTOCOLS
-from trt_otel.views.spans import DEFAULT_FOLD_UNDER_NS, DEFAULT_SPAN_BUDGET
+from trt_otel.views.spans import DEFAULT_FOLD_UNDER_NS, DEFAULT_LOGS_LEVEL, DEFAULT_SPAN_BUDGET
 
 Group = argparse._ArgumentGroup  # what add_argument_group returns; argparse names it privately
 
@@ -175,7 +177,10 @@ def positive_int(text: str) -> int:
 # -- spans ---------------------------------------------------------------------------------------
 
 
-def add_span_options(parser: argparse.ArgumentParser, *, flush_timeout_s: float = 3.0) -> Group:
+def add_span_options(
+    parser: argparse.ArgumentParser, *, flush_timeout_s: float = 3.0, metrics: bool = True
+) -> Group:
+    """The OpenTelemetry exports: spans, log records and (``metrics``) metrics over OTLP."""
     group = parser.add_argument_group(
         "spans (OTEL_EXPORTER_OTLP_*, OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES honoured)"
     )
@@ -214,16 +219,52 @@ def add_span_options(parser: argparse.ArgumentParser, *, flush_timeout_s: float 
         help="at the end, wait at most this long for the last spans to be exported "
         f"(default: {flush_timeout_s:g}s)",
     )
+    _add_signal_options(group, metrics=metrics)
     return group
 
 
+LOGS_LEVELS = (*TENSORRT_SEVERITIES, "off")
+"""``--otlp-logs-level`` choices: TensorRT's severities, or ``off``."""
+
+
+def _add_signal_options(group: Group, *, metrics: bool) -> None:
+    """Log records and (``metrics``) metrics over OTLP, to the spans' endpoint."""
+    group.add_argument(
+        "--otlp-logs-level",
+        choices=LOGS_LEVELS,
+        default=DEFAULT_LOGS_LEVEL,
+        metavar="LEVEL",
+        help="export TensorRT's messages this severe and more as OTLP log records, in the "
+        f"trace of the phase they came in: {', '.join(LOGS_LEVELS)} (default: "
+        f"{DEFAULT_LOGS_LEVEL})",
+    )
+    if metrics:
+        group.add_argument(
+            "--otlp-metrics",
+            action="store_true",
+            help="push the build's metrics (the names and labels of /metrics) to the OTLP "
+            "endpoint too, every --otlp-metrics-interval and once at the end",
+        )
+        group.add_argument(
+            "--otlp-metrics-interval",
+            type=positive_seconds,
+            default=DEFAULT_METRICS_INTERVAL_S,
+            metavar="DURATION",
+            help=f"how often --otlp-metrics pushes (default: {DEFAULT_METRICS_INTERVAL_S:g}s)",
+        )
+
+
 def span_config(args: argparse.Namespace) -> SpanConfig:
+    level = args.otlp_logs_level
     return SpanConfig(
         endpoint=args.otlp_endpoint,
         protocol=args.otlp_protocol,
         span_budget=args.span_budget,
         fold_under_s=args.span_fold_under,
         flush_timeout_s=args.otlp_flush_timeout,
+        logs_level=None if level == "off" else level,
+        metrics=bool(getattr(args, "otlp_metrics", False)),
+        metrics_interval_s=getattr(args, "otlp_metrics_interval", DEFAULT_METRICS_INTERVAL_S),
     )
 
 

@@ -44,7 +44,12 @@ from trt_otel.app.commands import (
     build_parser,
     command_of,
 )
-from trt_otel.app.components import console_view, span_export
+from trt_otel.app.components import (
+    console_view,
+    log_export,
+    span_export,
+    telemetry_resource,
+)
 from trt_otel.app.config import SessionConfig, UsageError
 from trt_otel.app.ladder import run_ladder
 from trt_otel.app.program_session import run_program_session
@@ -228,7 +233,10 @@ def replay(command: ReplayCommand) -> int:
     model = ReadModel()
     out = Console(file=PipeSafeStream(sys.stdout))  # type: ignore[arg-type]
     code = EXIT_OK
-    with span_export(command.spans, model):
+    # The resource of where it is replayed, and of the GPU the journal says the build had.
+    first = next((e for e in journal.events if type(e) is BuildStarted), None)
+    resource = telemetry_resource(command.spans, first.attributes if first else None)
+    with span_export(command.spans, model, resource), log_export(command.spans, model, resource):
         # The same model and projections as the live run, fed the same events: the same tree
         # and the same spans.
         for index, events in enumerate(builds):

@@ -121,7 +121,7 @@ def _add_replay(commands: argparse._SubParsersAction[Parser]) -> None:
         "spans the live build did (same ids, times and attributes).",
     )
     replay.add_argument("journal", type=Path)
-    add_span_options(replay, flush_timeout_s=30.0)
+    add_span_options(replay, flush_timeout_s=30.0, metrics=False)
 
 
 def _add_run(commands: argparse._SubParsersAction[Parser]) -> None:

@@ -15,12 +15,13 @@ import secrets
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
+from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
@@ -47,15 +48,20 @@ from trt_otel.core.readmodel import ReadModel, Subscriber
 from trt_otel.core.sizes import format_bytes
 from trt_otel.views.console import LiveConsole, PlainLines
 from trt_otel.views.http import StatusServer
-from trt_otel.views.otlp import OtlpSpanExport
+from trt_otel.views.otlp import LOGS, METRICS, OtlpSpanExport
 from trt_otel.views.prometheus import (
     MetricSources,
     MetricsServer,
     metrics_registry,
     push_build_metrics,
 )
+from trt_otel.views.resource import detect_resource
 from trt_otel.views.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent
-from trt_otel.views.terminal import say, warn
+from trt_otel.views.terminal import say, warn, warnings_heard_by
+
+if TYPE_CHECKING:  # imported when asked for: most builds export neither (start-up time)
+    from trt_otel.views.otlp_logs import OtlpLogExport
+    from trt_otel.views.otlp_metrics import OtlpMetricsExport
 
 DEEP_QUEUE = 1_000_000
 """Followers that must not lose an event (a lost event misshapes a tree) and do no I/O on the
@@ -183,14 +189,17 @@ def sampling(
 
 
 @contextlib.contextmanager
-def span_export(config: SpanConfig, model: ReadModel) -> Iterator[OtlpSpanExport | None]:
+def span_export(
+    config: SpanConfig, model: ReadModel, resource: Resource | None = None
+) -> Iterator[OtlpSpanExport | None]:
     """Spans to an OTLP collector, if one is configured, projected from ``model`` (they
-    subscribe to it); flushed within the deadline on exit."""
+    subscribe to it) and produced by ``resource`` (None: one detected now); flushed within
+    the deadline on exit."""
     settings = config.settings()
     if settings is None:
         yield None
         return
-    export = OtlpSpanExport(settings, warn=warn, model=model)
+    export = OtlpSpanExport(settings, warn=warn, model=model, resource=resource)
     model.subscribe(export)
     say(f"spans: {settings.endpoint} ({settings.protocol})")
     completed = False
@@ -209,6 +218,68 @@ def span_export(config: SpanConfig, model: ReadModel) -> Iterator[OtlpSpanExport
             )
         else:
             say(f"spans: {health.exported:,} exported")
+
+
+@contextlib.contextmanager
+def log_export(
+    config: SpanConfig, model: ReadModel, resource: Resource | None = None
+) -> Iterator[OtlpLogExport | None]:
+    """The builder's messages as OTLP log records, if logs are wanted and an endpoint is
+    configured; they subscribe to ``model``, and are flushed within the deadline on exit."""
+    settings = config.settings(signal=LOGS)
+    if settings is None or config.logs_level is None:
+        yield None
+        return
+    from trt_otel.views.otlp_logs import OtlpLogExport
+
+    export = OtlpLogExport(settings, config.logs_level, model=model, resource=resource)
+    model.subscribe(export)
+    say(f"logs: {settings.endpoint} ({settings.protocol}), {config.logs_level} and above")
+    completed = False
+    try:
+        with warnings_heard_by(export.warning):  # trt-otel's own warnings are records too
+            yield export
+        completed = True
+    finally:
+        health = export.shutdown(config.flush_timeout_s if completed else 0.0)
+    lost = health.emitted - health.exported
+    if completed and lost:
+        warn(f"{lost:,} of {health.emitted:,} log records not exported ({health.reason})")
+    elif completed and health.emitted:
+        say(f"logs: {health.exported:,} records exported")
+
+
+@contextlib.contextmanager
+def otlp_metrics(
+    config: SpanConfig, registry: CollectorRegistry, resource: Resource | None = None
+) -> Iterator[OtlpMetricsExport | None]:
+    """``registry``'s series pushed over OTLP (``--otlp-metrics``) every interval, and once
+    more on exit, within the flush deadline."""
+    settings = config.settings(signal=METRICS)
+    if settings is None:
+        if config.metrics:  # asked for, with nowhere to go: before anything starts
+            raise UsageError(
+                "--otlp-metrics needs an OTLP endpoint: --otlp-endpoint URL or "
+                "OTEL_EXPORTER_OTLP_ENDPOINT (and not OTEL_METRICS_EXPORTER=none)"
+            )
+        yield None
+        return
+    from trt_otel.views.otlp_metrics import OtlpMetricsExport
+
+    export = OtlpMetricsExport(
+        settings, registry, interval_s=config.metrics_interval_s, resource=resource
+    )
+    say(f"metrics: {settings.endpoint} ({settings.protocol}), every {config.metrics_interval_s:g}s")
+    completed = False
+    try:
+        yield export
+        completed = True
+    finally:
+        health = export.shutdown(config.flush_timeout_s if completed else 0.0)
+    if completed and health.reason is not None:
+        warn(f"the final metrics were not exported over OTLP ({health.reason})")
+    elif completed and health.failed:
+        warn(f"{health.failed:,} of {health.exported + health.failed:,} OTLP metric exports failed")
 
 
 def metric_sources(
@@ -350,19 +421,36 @@ def attach_views(
     runner: PolicyRunner | None,
     model: ReadModel,
     collectors: Sequence[Collector] = (),
+    attributes: Mapping[str, Any] | None = None,
 ) -> Views:
     """The sinks ``trt-otel build``, ``run`` and ``watch`` attach alike, entered on ``stack``:
     spans, then one registry (with ``collectors`` added) for scrapes, the HTTP view and the
     push, then the scrape endpoint and the HTTP view. Each stops after the log's followers
-    have drained into it."""
-    spans = stack.enter_context(span_export(observe.spans, model))
+    have drained into it. The OpenTelemetry exports share one resource, detected once (the
+    build's ``attributes`` name its GPU)."""
+    resource = telemetry_resource(observe.spans, attributes)
+    # The log records' export ends after the spans' but begins its final flush before them:
+    # the two flush at once, within the one deadline.
+    logs = stack.enter_context(log_export(observe.spans, model, resource))
+    spans = stack.enter_context(span_export(observe.spans, model, resource))
+    if logs is not None:
+        stack.callback(logs.begin_shutdown, observe.spans.flush_timeout_s)
     sources = metric_sources(monitor, observe.metrics, spans=spans, runner=runner, model=model)
     registry = metrics_registry(sources)  # one registry: scrapes, the HTTP view, the push
     for collector in collectors:
         registry.register(collector)
     stack.enter_context(metrics_endpoint(registry, observe.metrics))
+    stack.enter_context(otlp_metrics(observe.spans, registry, resource))
     http = stack.enter_context(status_server(monitor, observe.http, model=model, registry=registry))
     return Views(spans, registry, http)
+
+
+def telemetry_resource(spans: SpanConfig, attributes: Mapping[str, Any] | None) -> Resource | None:
+    """The resource of the session's OpenTelemetry exports, detected once; None when none is
+    configured (nothing to detect it for)."""
+    if spans.settings() is None:
+        return None
+    return detect_resource(attributes, warn=warn)
 
 
 def _cancel_token(given: str | None, build_id: str) -> tuple[str, Path | None]:

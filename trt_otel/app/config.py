@@ -27,10 +27,12 @@ from trt_otel.control.policies import (
 )
 from trt_otel.core.eta import History
 from trt_otel.core.projection import before_start
-from trt_otel.views.otlp import OtlpSettings
-from trt_otel.views.spans import DEFAULT_FOLD_UNDER_NS, DEFAULT_SPAN_BUDGET
+from trt_otel.views.otlp import LOGS, METRICS, TRACES, OtlpSettings
+from trt_otel.views.spans import DEFAULT_FOLD_UNDER_NS, DEFAULT_LOGS_LEVEL, DEFAULT_SPAN_BUDGET
 
 LOOPBACK = "127.0.0.1"
+DEFAULT_METRICS_INTERVAL_S = 10.0
+"""How often ``--otlp-metrics`` pushes, by default."""
 
 
 class UsageError(Exception):
@@ -110,17 +112,34 @@ class SpanConfig:
     fold_under_s: float = DEFAULT_FOLD_UNDER_NS / 1e9
     flush_timeout_s: float = 3.0
     """At the end, how long to wait for the last spans to be exported."""
+    logs_level: str | None = DEFAULT_LOGS_LEVEL
+    """The least severe of the builder's messages exported as OTLP log records; None: none."""
+    metrics: bool = False
+    """Push the build's metrics to the OTLP endpoint too (``--otlp-metrics``)."""
+    metrics_interval_s: float = DEFAULT_METRICS_INTERVAL_S
 
-    def settings(self, environ: Mapping[str, str] | None = None) -> OtlpSettings | None:
-        """Where and how spans go, or None when no endpoint is configured anywhere.
+    def settings(
+        self, environ: Mapping[str, str] | None = None, signal: str = TRACES
+    ) -> OtlpSettings | None:
+        """Where and how the ``signal`` (spans by default, ``logs``, ``metrics``) goes, or None
+        when it is not wanted (no endpoint configured anywhere, or the signal turned off).
 
         Raises :class:`~trt_otel.views.otlp.OtlpConfigError` for settings that cannot work."""
+        if signal == LOGS and self.logs_level is None:
+            return None
+        if signal == METRICS and not self.metrics:
+            return None
+        logs = None
+        if signal == TRACES and self.settings(environ, LOGS) is not None:
+            logs = self.logs_level
         return OtlpSettings.resolve(
             self.endpoint,
             self.protocol,
             environ=environ,
             span_budget=self.span_budget,
             fold_under_ns=round(self.fold_under_s * 1e9),
+            signal=signal,
+            logs_level=logs,
         )
 
 

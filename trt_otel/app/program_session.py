@@ -10,6 +10,7 @@ the builds by outcome. The GPU is sampled while a build is being made.
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 import sys
 import uuid
@@ -26,6 +27,7 @@ from trt_otel.app.components import (
 )
 from trt_otel.app.config import SessionConfig
 from trt_otel.app.run import resolve_command, run_program
+from trt_otel.app.run_span import RunSpan
 from trt_otel.capture.gpu import GpuReader
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.program import CurrentBuild, ProgramBuilds, RunCollector
@@ -35,6 +37,7 @@ from trt_otel.core.readmodel import ReadModel
 from trt_otel.views import terminal
 from trt_otel.views.console import PlainLines
 from trt_otel.views.http import EventFeed
+from trt_otel.views.spans import TRACEPARENT_ATTRIBUTE
 from trt_otel.views.terminal import warn
 
 
@@ -46,8 +49,11 @@ def say(message: str) -> None:
 def run_program_session(command: Sequence[str], config: SessionConfig) -> int:
     """Run ``command`` with its builds observed as ``config`` asks; returns the exit code."""
     argv = resolve_command(command)  # a usage error before anything starts
-    with observed_builds(config, {"program.command": shlex.join(argv)}) as builds:
-        ended = run_program(argv, builds, grace_s=config.policy.grace_s, say=say)
+    run_span = RunSpan.start(argv)
+    with observed_builds(config, {"program.command": shlex.join(argv)}, run=run_span) as builds:
+        env = run_span.environment(os.environ)  # the program joins the run's trace
+        ended = run_program(argv, builds, grace_s=config.policy.grace_s, say=say, env=env)
+        run_span.exit_code = ended.exit_code
     if config.observe.journal is not None:
         say(f"journal: {config.observe.journal}")
     say(ended.summary)
@@ -56,25 +62,41 @@ def run_program_session(command: Sequence[str], config: SessionConfig) -> int:
 
 @contextlib.contextmanager
 def observed_builds(
-    config: SessionConfig, attributes: dict[str, Any], *, progress: bool = True
+    config: SessionConfig,
+    attributes: dict[str, Any],
+    *,
+    progress: bool = True,
+    run: RunSpan | None = None,
 ) -> Iterator[ProgramBuilds]:
     """Builds on one log with everything ``config`` asks for attached, for as long as the
     context lasts: ``trt-otel run``'s, and ``trt_otel.instrument()``'s. ``progress``: plain
-    lines on stderr."""
+    lines on stderr. ``run``: the run's span, every build's parent, exported at the end."""
     observe = config.observe
     with contextlib.ExitStack() as stack:
         gpu, history = build_context(stack, observe, attributes, config.policy.min_available_bytes)
+        if run is not None:  # inside the traced job's trace (build_context read TRACEPARENT)
+            attributes[TRACEPARENT_ATTRIBUTE] = run.traceparent
         log = EventLog()
         builds = ProgramBuilds(
             log, attributes=attributes, policy=config.policy.policy, warn=warn, say=say
         )
         # What the one-build views read of a build (ObservedBuild): the current one's.
-        current = CurrentBuild(builds, uuid.uuid4().hex)
+        run_id = uuid.uuid4().hex
+        current = CurrentBuild(builds, run_id)
         model = ReadModel(history)  # the builds folded once, for every view below
 
-        http = attach_views(
-            stack, current, observe, runner=None, model=model, collectors=[RunCollector(builds)]
-        ).http
+        views = attach_views(
+            stack,
+            current,
+            observe,
+            runner=None,
+            model=model,
+            collectors=[RunCollector(builds)],
+            attributes=attributes,
+        )
+        http = views.http
+        if run is not None and views.spans is not None:
+            say(f"trace: {run.trace_id:032x}")
         if progress:
             # Plain lines even on a terminal: a live tree redraws lines the program writes.
             model.subscribe(PlainLines(model, sys.stderr))
@@ -93,6 +115,8 @@ def observed_builds(
         stack.enter_context(following(log, followers, model))
         builds.listeners = (_sample_while_building(gpu, config),)
         yield builds
+        if run is not None and views.spans is not None:
+            views.spans.emit(run.record(run_id, run.exit_code))
 
 
 def _sample_while_building(

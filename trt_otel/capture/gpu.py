@@ -143,6 +143,9 @@ class NvmlReader:
             attributes["gpu.name"] = name.decode() if isinstance(name, bytes) else str(name)
         if memory is not None:
             attributes["gpu.memory_total_bytes"] = int(memory.total)
+        uuid = self._get("nvmlDeviceGetUUID")
+        if uuid is not None:  # the GPU's identity on the host: the resource's hw.id
+            attributes["gpu.uuid"] = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
         try:
             driver = self._nvml.nvmlSystemGetDriverVersion()
             attributes["gpu.driver"] = driver.decode() if isinstance(driver, bytes) else driver

@@ -133,6 +133,17 @@ class Anomaly(Event, frozen=True, tag="anomaly"):
     phase: str | None = None
 
 
+TENSORRT_SEVERITIES = ("internal_error", "error", "warning", "info", "verbose")
+"""TensorRT's ``ILogger.Severity`` names, most severe first."""
+
+
+def severity_rank(severity: str) -> int:
+    """A severity's place in :data:`TENSORRT_SEVERITIES` (0 most severe); an unknown name ranks
+    as ``info``."""
+    name = severity.lower()
+    return TENSORRT_SEVERITIES.index(name) if name in TENSORRT_SEVERITIES else 3
+
+
 class LogMessage(Event, frozen=True, tag="log"):
     """A message from the builder's logger (severity as TensorRT names it)."""
 

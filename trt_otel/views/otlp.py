@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event as SdkEvent
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -36,6 +36,8 @@ from trt_otel.core.events import BuildStarted, Event, StepCompleted
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.state import Phase
 from trt_otel.core.version import __version__
+from trt_otel.views.conventions import SCHEMA_URL
+from trt_otel.views.resource import detect_resource
 from trt_otel.views.spans import (
     DEFAULT_FOLD_UNDER_NS,
     DEFAULT_SPAN_BUDGET,
@@ -47,7 +49,10 @@ GRPC = "grpc"
 HTTP_PROTOBUF = "http/protobuf"
 PROTOCOLS = (GRPC, HTTP_PROTOBUF)
 DEFAULT_REQUEST_TIMEOUT_S = 5.0
-TRACES_PATH = "/v1/traces"
+TRACES = "traces"
+LOGS = "logs"
+METRICS = "metrics"
+TRACES_PATH = f"/v1/{TRACES}"
 
 Warn = Callable[[str], None]
 
@@ -66,6 +71,9 @@ class OtlpSettings:
     """None leaves the exporter to ``OTEL_EXPORTER_OTLP_TIMEOUT``."""
     span_budget: int = DEFAULT_SPAN_BUDGET
     fold_under_ns: int = DEFAULT_FOLD_UNDER_NS
+    logs_level: str | None = None
+    """The least severe builder message exported as a log record, None when none is: such
+    messages keep their phase's span from being folded, and are no span events."""
 
     @classmethod
     def resolve(
@@ -76,22 +84,27 @@ class OtlpSettings:
         environ: Mapping[str, str] | None = None,
         span_budget: int = DEFAULT_SPAN_BUDGET,
         fold_under_ns: int = DEFAULT_FOLD_UNDER_NS,
+        signal: str = TRACES,
+        logs_level: str | None = None,
     ) -> OtlpSettings | None:
-        """Settings from the options and the environment; None when spans are not wanted (no
-        endpoint anywhere, ``OTEL_SDK_DISABLED=true`` or ``OTEL_TRACES_EXPORTER=none``)."""
+        """Settings from the options and the environment; None when the ``signal`` (``traces``,
+        ``logs`` or ``metrics``) is not wanted (no endpoint anywhere, ``OTEL_SDK_DISABLED=true``
+        or ``OTEL_TRACES_EXPORTER=none``, ``OTEL_LOGS_EXPORTER``, ...). The signal's own
+        variables (``OTEL_EXPORTER_OTLP_LOGS_ENDPOINT``) win over the general ones."""
         env = os.environ if environ is None else environ
+        upper = signal.upper()
         if endpoint is None:
             if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
                 return None
-            if env.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+            if env.get(f"OTEL_{upper}_EXPORTER", "").strip().lower() == "none":
                 return None
-        signal_endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+        signal_endpoint = env.get(f"OTEL_EXPORTER_OTLP_{upper}_ENDPOINT", "").strip()
         base_endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
         if endpoint is not None:
             url, is_signal_url, origin = endpoint.strip(), False, "--otlp-endpoint"
         elif signal_endpoint:
             url, is_signal_url = signal_endpoint, True
-            origin = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+            origin = f"OTEL_EXPORTER_OTLP_{upper}_ENDPOINT"
         elif base_endpoint:
             url, is_signal_url, origin = base_endpoint, False, "OTEL_EXPORTER_OTLP_ENDPOINT"
         else:
@@ -105,7 +118,7 @@ class OtlpSettings:
             raise OtlpConfigError(f"{origin} {url!r} is not an http:// or https:// URL")
         chosen = (
             protocol
-            or env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "").strip()
+            or env.get(f"OTEL_EXPORTER_OTLP_{upper}_PROTOCOL", "").strip()
             or env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "").strip()
         )
         if not chosen:
@@ -117,8 +130,8 @@ class OtlpSettings:
                 f"OTLP protocol {chosen!r} is not supported; use {' or '.join(PROTOCOLS)}"
             )
         if chosen == HTTP_PROTOBUF and not is_signal_url:
-            url = url.rstrip("/") + TRACES_PATH
-        timeout_variables = ("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
+            url = url.rstrip("/") + f"/v1/{signal}"
+        timeout_variables = ("OTEL_EXPORTER_OTLP_TIMEOUT", f"OTEL_EXPORTER_OTLP_{upper}_TIMEOUT")
         timeout_set = any(env.get(name) for name in timeout_variables)
         return cls(
             endpoint=url,
@@ -126,6 +139,7 @@ class OtlpSettings:
             request_timeout_s=None if timeout_set else DEFAULT_REQUEST_TIMEOUT_S,
             span_budget=span_budget,
             fold_under_ns=fold_under_ns,
+            logs_level=logs_level,
         )
 
     def make_exporter(self) -> SpanExporter:
@@ -140,17 +154,6 @@ class OtlpSettings:
         )
 
         return HttpSpanExporter(endpoint=self.endpoint, timeout=self.request_timeout_s)
-
-
-def default_resource() -> Resource:
-    """The service resource from ``OTEL_SERVICE_NAME``/``OTEL_RESOURCE_ATTRIBUTES``, named
-    ``trt-otel`` unless they name it."""
-    resource = Resource.create()
-    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
-        resource = resource.merge(Resource({SERVICE_NAME: "trt-otel"}))
-    if SERVICE_VERSION not in resource.attributes:
-        resource = resource.merge(Resource({SERVICE_VERSION: __version__}))
-    return resource
 
 
 # -- export queue ------------------------------------------------------------------------------
@@ -419,8 +422,8 @@ class SpanEmitter:
 
     def __init__(self, processor: SpanProcessor, resource: Resource | None = None) -> None:
         self._processor = processor
-        self._resource = resource or default_resource()
-        self._scope = InstrumentationScope("trt_otel", __version__)
+        self._resource = resource or detect_resource()
+        self._scope = InstrumentationScope("trt_otel", __version__, SCHEMA_URL)
 
     def emit(self, record: SpanRecord) -> None:
         if not record.sampled:
@@ -442,7 +445,7 @@ class SpanEmitter:
             events=[
                 SdkEvent(event.name, event.attributes, event.time_ns) for event in record.events
             ],
-            kind=SpanKind.INTERNAL,
+            kind=SpanKind.SERVER if record.server else SpanKind.INTERNAL,
             status=_UNSET if record.error is None else Status(StatusCode.ERROR, record.error),
             start_time=record.start_ns,
             end_time=record.end_ns,
@@ -484,9 +487,7 @@ class OtlpSpanExport:
     ) -> None:
         """``interval_s`` and ``retry_after_s`` tune the :class:`SpanExportQueue`."""
         self.settings = settings
-        self.projection = SpanProjection(
-            span_budget=settings.span_budget, fold_under_ns=settings.fold_under_ns, model=model
-        )
+        self.projection = self._projection(model)
         self.queue = SpanExportQueue(
             exporter or settings.make_exporter(),
             describe=f"{settings.endpoint} ({settings.protocol})",
@@ -503,7 +504,7 @@ class OtlpSpanExport:
         """As a follower of the log: fold each event into the projection's own model."""
         for event in events:
             if isinstance(event, BuildStarted) and self.projection.started:
-                # A log of several builds (``trt-otel run``): each is a trace of its own.
+                # A log of several builds (``trt-otel run``): each build is a tree of its own.
                 self._next_build()
             for record in self.projection.apply(event):
                 self._emitter.emit(record)
@@ -521,6 +522,10 @@ class OtlpSpanExport:
     def on_steps(self, last: StepCompleted) -> None:
         """Quiet steps complete no span."""
 
+    def emit(self, record: SpanRecord) -> None:
+        """Export a span made outside the projection (``run``'s own)."""
+        self._emitter.emit(record)
+
     def _next_build(self) -> None:
         for record in self.projection.finish():
             self._emitter.emit(record)
@@ -531,6 +536,8 @@ class OtlpSpanExport:
             span_budget=self.settings.span_budget,
             fold_under_ns=self.settings.fold_under_ns,
             model=model,
+            keep_logged_from=self.settings.logs_level,
+            log_events=self.settings.logs_level is None,
         )
 
     def close(self) -> None:

@@ -29,18 +29,22 @@ from prometheus_client import CollectorRegistry, make_wsgi_app, push_to_gateway
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     InfoMetricFamily,
     Metric,
 )
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar
 
 from trt_otel.control.policies import PolicyHealth
 from trt_otel.core.activity import Verdict
 from trt_otel.core.events import AnomalyKind, GpuSample, ProcessSample
 from trt_otel.core.followers import FollowerHealth
 from trt_otel.core.observed import ObservedBuild
+from trt_otel.core.state import BuildState
 from trt_otel.views.otlp import SpanExportHealth
+from trt_otel.views.spans import build_trace_id
 
 SpanHealthSource = Callable[[], SpanExportHealth]
 PolicyHealthSource = Callable[[], Sequence[PolicyHealth]]
@@ -97,6 +101,11 @@ class BuildSample:
     builder: ProcessSample | None = None
     builder_peak_rss_bytes: int | None = None
     liveness: str | None = None
+    duration_s: float | None = None
+    """How long the build took, once it ended."""
+    backend: str = ""
+    trace_id: str | None = None
+    """The build's trace id (32 hex digits), for the duration's exemplar."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +166,7 @@ def sample_build(sources: MetricSources) -> BuildSample:
             "fold_errors": monitor.log.fold_errors,
         }
         attributes = dict(state.attributes)
+        sample_values.update(_duration(state, attributes))
         gpu = state.gpu
         activity = state.activity
         builder, peak_rss = activity.last_sample, activity.peak_rss_bytes
@@ -174,6 +184,7 @@ def sample_build(sources: MetricSources) -> BuildSample:
     spans = span_health() if span_health is not None else None
     policies = tuple(policy_health()) if policy_health is not None else ()
     return BuildSample(
+        backend=str(attributes.get("trt.backend", "")),
         phases=phases,
         followers=followers,
         info=info,
@@ -186,6 +197,17 @@ def sample_build(sources: MetricSources) -> BuildSample:
         liveness=liveness,
         **sample_values,
     )
+
+
+def _duration(state: BuildState, attributes: dict[str, Any]) -> dict[str, Any]:
+    """How long the build took, and its trace id, once it ended."""
+    if state.outcome is None or state.end_mono_ns is None or state.start_mono_ns is None:
+        return {}
+    trace_id, _ = build_trace_id(attributes, state.build_id or "")
+    return {
+        "duration_s": (state.end_mono_ns - state.start_mono_ns) / 1e9,
+        "trace_id": f"{trace_id:032x}",
+    }
 
 
 def _seconds(ns: int | None) -> float | None:
@@ -269,6 +291,8 @@ def build_metrics(sample: BuildSample) -> Iterable[Metric]:
     for reason, count in reasons.items():
         cancellations.add_metric([reason], count)
     yield cancellations
+    if sample.duration_s is not None:
+        yield duration_histogram(sample)
     if sample.info:
         yield InfoMetricFamily(
             "trt_build", "What was built, and with what", value=dict(sample.info)
@@ -348,6 +372,39 @@ def health_metrics(sample: BuildSample) -> Iterable[Metric]:
             stuck.add_metric([policy.source], policy.stuck_s or 0.0)
         yield policy_errors
         yield stuck
+
+
+DURATION_BUCKETS_S = (1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 28800)
+"""``trt_build_duration_seconds``'s buckets: engine builds take seconds to hours."""
+
+
+def duration_histogram(sample: BuildSample) -> Metric:
+    """``trt_build_duration_seconds{backend,outcome}``: the build, once it ended, as one
+    observation, with the build's trace id as the exemplar of its bucket (OpenMetrics only),
+    so a dashboard's slow build opens its trace."""
+    assert sample.duration_s is not None
+    duration = sample.duration_s
+    histogram = HistogramMetricFamily(
+        "trt_build_duration_seconds",
+        "How long builds took, by builder library and outcome",
+        labels=["backend", "outcome"],
+    )
+    exemplar = None
+    if sample.trace_id is not None:
+        exemplar = Exemplar({"trace_id": sample.trace_id}, duration, sample.end_s)
+    buckets: list[Any] = []
+    placed = False
+    for bound in (*DURATION_BUCKETS_S, float("inf")):
+        inside = duration <= bound
+        le = "+Inf" if bound == float("inf") else repr(float(bound))
+        bucket: tuple[Any, ...] = (le, 1.0 if inside else 0.0)
+        if inside and not placed:
+            placed = True
+            if exemplar is not None:
+                bucket = (*bucket, exemplar)
+        buckets.append(bucket)
+    histogram.add_metric([sample.backend, sample.state], buckets=buckets, sum_value=duration)
+    return histogram
 
 
 _GPU_GAUGES = (

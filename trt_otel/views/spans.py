@@ -16,6 +16,11 @@ parent's span, which then carries how many were folded, their total and their lo
 Phases with children and long phases are always emitted, so the trace stays a tree and nothing
 slow is hidden; the budget is therefore a soft one.
 
+The spans follow OpenTelemetry's CI/CD conventions (:mod:`trt_otel.views.conventions`): the
+build's span is a pipeline run (``BUILD model.onnx``, kind SERVER, ``cicd.pipeline.*``), each
+phase's a task run (named as the phase, kind INTERNAL, ``cicd.pipeline.task.*``), beside the
+``trt.*`` attributes.
+
 Phases cut short are marked: ``trt.phase.cancelled`` on those open when the monitor refused a step
 (TensorRT then finishes them itself, innermost first), and ``trt.phase.status=aborted`` with
 ``trt.phase.close_reason`` on those that never got a ``phase_finish`` (the build ended, failed, or
@@ -41,14 +46,27 @@ from trt_otel.core.events import (
     Event,
     GpuSample,
     LogMessage,
-    Outcome,
     PhaseStarted,
     ProcessSample,
     StepCompleted,
+    severity_rank,
 )
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.state import BuildState, Phase, PhaseStatus
+from trt_otel.views.conventions import (
+    ERROR,
+    is_failed,
+    pipeline_name,
+    pipeline_result,
+    pipeline_run_attributes,
+    pipeline_span_name,
+    task_run_attributes,
+    task_run_result,
+)
 
+DEFAULT_LOGS_LEVEL = "warning"
+"""The least severe of the builder's messages exported as log records, by default."""
+WARNING_RANK = severity_rank("warning")
 DEFAULT_SPAN_BUDGET = 10_000
 DEFAULT_FOLD_UNDER_NS = 1_000_000_000
 MAX_SPAN_EVENTS = 32
@@ -59,6 +77,9 @@ TRACEPARENT_ATTRIBUTE = "trace.parent"
 
 UNFINISHED = "unfinished"
 """``error.type`` of a build whose log ends without a ``build_end`` (the process died)."""
+
+_LOG_ENDED = "the log ended before the build did"
+"""``trt.phase.close_reason`` of the phases a log left open (the builder's process died)."""
 
 # Build attributes that steer the projection but are not worth a span attribute.
 _HIDDEN_BUILD_ATTRIBUTES = frozenset({TRACEPARENT_ATTRIBUTE})
@@ -90,6 +111,9 @@ class SpanRecord:
     """The status description when the span's status is Error; None leaves it unset."""
     links: tuple[tuple[int, int], ...] = ()
     """(trace id, span id) of spans this one follows from: a retried build's previous attempt."""
+    server: bool = False
+    """The span's kind is SERVER (the build: a pipeline run, as the CI/CD conventions say)
+    rather than INTERNAL (a phase: a task run)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +162,22 @@ def derived_id(bits: int, *parts: object) -> int:
     text = "/".join(str(part) for part in parts).encode()
     value = int.from_bytes(hashlib.blake2b(text, digest_size=bits // 8).digest(), "big")
     return value or 1
+
+
+def build_span_id(trace_id: int, build_id: str) -> int:
+    """The span id of the build's own span."""
+    return derived_id(64, trace_id, build_id, "build")
+
+
+def phase_span_id(trace_id: int, build_id: str, phase_id: int) -> int:
+    """The span id of a phase's span (the phase's id is its ``phase_start``'s seq)."""
+    return derived_id(64, trace_id, build_id, phase_id)
+
+
+def build_trace_id(attributes: dict[str, Any], build_id: str) -> tuple[int, RemoteParent | None]:
+    """The build's trace id from its ``build_start`` attributes, and the traced job it joins."""
+    remote = parse_traceparent(str(attributes.get(TRACEPARENT_ATTRIBUTE, "")))
+    return trace_id_for(build_id, remote), remote
 
 
 @dataclass(slots=True)
@@ -253,11 +293,21 @@ class SpanProjection:
         span_budget: int = DEFAULT_SPAN_BUDGET,
         fold_under_ns: int = DEFAULT_FOLD_UNDER_NS,
         model: ReadModel | None = None,
+        keep_logged_from: str | None = None,
+        log_events: bool = True,
     ) -> None:
+        """``keep_logged_from``: a phase in which the builder logged a message this severe (or
+        more) is never folded, so the log record exported for it points at a span that exists
+        (None: no message keeps a phase). ``log_events``: TensorRT's errors and warnings are
+        also span events of the build's span (for an export without log records: OpenTelemetry
+        is moving events from spans to logs)."""
         if span_budget < 1:
             raise ValueError("the span budget must allow at least the build's own span")
         self.span_budget = span_budget
         self.fold_under_ns = fold_under_ns
+        self._keep_rank = -1 if keep_logged_from is None else severity_rank(keep_logged_from)
+        self._kept: set[int] = set()
+        self._log_events = log_events
         self.model = model if model is not None else ReadModel()
         self.emitted = 0
         self.folded = 0
@@ -356,7 +406,7 @@ class SpanProjection:
                 state.phases[phase_id],
                 last_mono,
                 PhaseStatus.ABORTED,
-                "the log ended before the build did",
+                _LOG_ENDED,
             )
             if span is not None:
                 spans.append(span)
@@ -372,10 +422,10 @@ class SpanProjection:
         self._mono_base_ns = event.mono_ns
         build_id = event.build_id if isinstance(event, BuildStarted) else f"seq0-{event.wall_ns}"
         attributes = event.attributes if isinstance(event, BuildStarted) else {}
-        remote = parse_traceparent(str(attributes.get(TRACEPARENT_ATTRIBUTE, "")))
+        self._trace_id, remote = build_trace_id(attributes, build_id)
         self._remote = remote
         self._sampled = remote.sampled if remote is not None else True
-        self._trace_id, self._build_span_id = build_span_context(build_id, remote)
+        self._build_span_id = build_span_id(self._trace_id, build_id)
         self._build_key = build_id
 
     def _span_time(self, mono_ns: int) -> int:
@@ -390,7 +440,7 @@ class SpanProjection:
         return span_id
 
     def _span_id(self, phase_id: int) -> int:
-        return derived_id(64, self._trace_id, self._build_key, phase_id)
+        return phase_span_id(self._trace_id, self._build_key, phase_id)
 
     def _note(self, event: Anomaly | LogMessage) -> None:
         time_ns = self._span_time(event.mono_ns)
@@ -400,8 +450,14 @@ class SpanProjection:
             notes.anomalies += 1
             attributes = {"trt.anomaly.kind": event.kind.value, "trt.anomaly.detail": event.detail}
             notes.add(SpanEvent("trt.anomaly", time_ns, attributes))
-        elif event.severity.lower() in ("internal_error", "error", "warning"):
-            # Build-level log lines of note (TensorRT's errors and warnings) go on the build span.
+            return
+        rank = severity_rank(event.severity)
+        if rank <= self._keep_rank:
+            owner = self.state.open_by_name.get(self.state.innermost_open() or "")
+            if owner is not None:
+                self._kept.add(owner)
+        if self._log_events and rank <= WARNING_RANK:
+            # Without log records, TensorRT's errors and warnings go on the build span.
             attributes = {"log.severity": event.severity, "log.message": event.message}
             self._notes.setdefault(None, _Notes()).add(SpanEvent("trt.log", time_ns, attributes))
 
@@ -417,6 +473,7 @@ class SpanProjection:
         if (
             is_leaf
             and notes is None
+            and not self._was_kept(phase.id)
             and self.emitted >= self.span_budget - 1
             and duration < self.fold_under_ns
         ):
@@ -436,8 +493,10 @@ class SpanProjection:
             attributes["trt.phase.skipped_steps"] = phase.skipped_steps
         if close_reason is not None:
             attributes["trt.phase.close_reason"] = close_reason
-        if phase.id in self._refused:
+        refused = phase.id in self._refused
+        if refused:
             attributes["trt.phase.cancelled"] = True
+        error = self._task_run(phase, status, close_reason, refused, attributes)
         events: tuple[SpanEvent, ...] = ()
         if notes is not None:
             attributes["trt.phase.anomalies"] = notes.anomalies
@@ -463,7 +522,52 @@ class SpanProjection:
             attributes=attributes,
             events=events,
             sampled=self._sampled,
+            error=error,
         )
+
+    def _was_kept(self, phase_id: int) -> bool:
+        """Whether a log record names the phase's span (so it must not be folded)."""
+        if phase_id in self._kept:
+            self._kept.discard(phase_id)
+            return True
+        return False
+
+    def _task_run(
+        self,
+        phase: Phase,
+        status: PhaseStatus,
+        close_reason: str | None,
+        refused: bool,
+        attributes: dict[str, Any],
+    ) -> str | None:
+        """Add the phase's task-run attributes; the span's error, if its result is a failed
+        one."""
+        state = self.model.state
+        log_ended = close_reason == _LOG_ENDED
+        result = task_run_result(
+            finished=status is PhaseStatus.FINISHED,
+            refused=refused,
+            cancel_timeout=state.cancel is not None and state.cancel.timeout,
+            build_outcome=None if log_ended else state.outcome,
+        )
+        error_type = UNFINISHED if log_ended else state.error_type
+        attributes.update(task_run_attributes(phase.name, phase.id, result, error_type))
+        return (close_reason or result) if is_failed(result) else None
+
+    def _pipeline_run(self, unfinished: bool, attributes: dict[str, Any]) -> str | None:
+        """Add the build's pipeline-run attributes; the span's error, if it failed."""
+        state = self.model.state
+        name = pipeline_name(state.attributes)
+        if unfinished:
+            attributes.update(pipeline_run_attributes(self._build_key, name, ERROR, UNFINISHED))
+            return "the build's log ends before the build did (its process stopped)"
+        outcome = state.outcome
+        assert outcome is not None
+        result = pipeline_result(outcome)
+        attributes.update(pipeline_run_attributes(self._build_key, name, result, state.error_type))
+        if state.outcome_detail:
+            attributes["trt.build.outcome_detail"] = state.outcome_detail
+        return (state.outcome_detail or outcome.value) if is_failed(result) else None
 
     def _build_span(self, end_ns: int, *, unfinished: bool = False) -> SpanRecord:
         state = self.model.state
@@ -484,20 +588,7 @@ class SpanProjection:
         if state.cancel is not None:
             attributes["trt.cancel.reason"] = state.cancel.reason
             attributes["trt.cancel.source"] = state.cancel.source
-        error: str | None = None
-        if unfinished:
-            attributes["cicd.pipeline.result"] = "error"
-            attributes["error.type"] = UNFINISHED
-            error = "the build's log ends before the build did (its process stopped)"
-        else:
-            outcome = state.outcome
-            assert outcome is not None
-            attributes["cicd.pipeline.result"] = outcome.value
-            if state.outcome_detail:
-                attributes["trt.build.outcome_detail"] = state.outcome_detail
-            if outcome in (Outcome.FAILURE, Outcome.TIMEOUT):
-                attributes["error.type"] = state.error_type or outcome.value
-                error = state.outcome_detail or outcome.value
+        error = self._pipeline_run(unfinished, attributes)
         fold = self._folds.pop(None, None)
         if fold is not None:
             attributes.update(fold.attributes())
@@ -513,7 +604,7 @@ class SpanProjection:
         remote = self._remote
         return SpanRecord(
             links=_retry_links(state.attributes, remote),
-            name=_build_span_name(state.attributes),
+            name=pipeline_span_name(pipeline_name(state.attributes)),
             trace_id=self._trace_id,
             span_id=self._build_span_id,
             parent_span_id=remote.span_id if remote is not None else None,
@@ -524,6 +615,7 @@ class SpanProjection:
             events=events,
             sampled=self._sampled,
             error=error,
+            server=True,
         )
 
 
@@ -536,11 +628,6 @@ def _retry_links(
     if attempt is None or attempt.previous_build_id is None:
         return ()
     return (build_span_context(attempt.previous_build_id, remote),)
-
-
-def _build_span_name(attributes: dict[str, Any]) -> str:
-    model = str(attributes.get("model.path", "")).rsplit("/", 1)[-1]
-    return f"build {model}" if model else "build"
 
 
 def _attribute_value(value: Any) -> Any:

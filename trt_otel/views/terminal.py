@@ -19,7 +19,7 @@ import contextlib
 import os
 import sys
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 
@@ -42,9 +42,29 @@ def say(message: str, *, tagged: bool = False) -> None:
     sys.stderr.flush()
 
 
+_WARNING_LISTENERS: tuple[Callable[[str], None], ...] = ()
+"""Who else hears trt-otel's warnings (the OTLP log export): a tuple replaced, never changed,
+so :func:`warn` reads it without a lock."""
+
+
 def warn(message: str) -> None:
-    """A warning line: something did not work, and the build goes on."""
+    """A warning line: something did not work, and the build goes on. The listeners of
+    :func:`warnings_heard_by` hear it too; one that fails is ignored."""
     say(f"warning: {message}", tagged=True)
+    for listener in _WARNING_LISTENERS:
+        with contextlib.suppress(Exception):
+            listener(message)
+
+
+@contextlib.contextmanager
+def warnings_heard_by(listener: Callable[[str], None]) -> Iterator[None]:
+    """``listener`` is told each warning, for the duration (from any thread)."""
+    global _WARNING_LISTENERS  # noqa: PLW0603 - replaced whole: readers need no lock
+    _WARNING_LISTENERS = (*_WARNING_LISTENERS, listener)
+    try:
+        yield
+    finally:
+        _WARNING_LISTENERS = tuple(x for x in _WARNING_LISTENERS if x is not listener)
 
 
 class PipeSafeStream:

@@ -1,0 +1,125 @@
+"""``--otlp-metrics``: the series of ``/metrics`` pushed over OTLP (the SDK's periodic reader and a
+final export), decoded from the wire by a real receiver: the same names and labels, units from
+the names, the duration histogram with the build's trace id as its exemplar."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from otlp_receiver import OtlpReceiver, ReceivedPoint
+from rtx_builds import CONV_SHAPES, import_rtx, write_conv
+from trt_otel import BuildMonitor, read_journal
+from trt_otel.builder.simulator import Driver, generate_plan
+from trt_otel.core.events import BuildStarted
+from trt_otel.views.otlp import GRPC, METRICS, OtlpSettings
+from trt_otel.views.otlp_metrics import OtlpMetricsExport
+from trt_otel.views.prometheus import MetricSources, metrics_registry
+
+CLI = [sys.executable, "-m", "trt_otel.app.cli"]
+
+
+def exposition_series(text: str) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
+    """The (name, labels) of every sample of a Prometheus text exposition, histograms and
+    ``_created`` samples aside."""
+    found = set()
+    for family in text_string_to_metric_families(text):
+        if family.type == "histogram":
+            continue
+        for sample in family.samples:
+            if not sample.name.endswith("_created"):
+                found.add((sample.name, tuple(sorted(sample.labels.items()))))
+    return found
+
+
+Series = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def last_export(points: list[ReceivedPoint]) -> dict[Series, ReceivedPoint]:
+    """The latest point of each series (an OTLP counter named as its family: ``_total`` added,
+    as OTLP-to-Prometheus translation does)."""
+    latest: dict[Series, ReceivedPoint] = {}
+    for point in sorted(points, key=lambda p: p.time_ns):
+        name = point.metric + ("_total" if point.kind == "sum" and point.monotonic else "")
+        latest[(name, tuple(sorted(point.attributes.items())))] = point
+    return latest
+
+
+def test_the_pushed_series_are_the_scraped_series(receiver: OtlpReceiver) -> None:
+    settings = OtlpSettings.resolve(
+        f"http://127.0.0.1:{receiver.grpc_port}", GRPC, environ={}, signal=METRICS
+    )
+    assert settings is not None
+    monitor = BuildMonitor(attributes={"trt.backend": "simulator", "model.path": "m.onnx"})
+    registry = metrics_registry(MetricSources(monitor))
+    export = OtlpMetricsExport(settings, registry, interval_s=3600.0)  # only the final export
+    Driver(speed=0).run(monitor, generate_plan(3))
+    monitor.end()
+    health = export.shutdown(10.0)
+    assert (health.exported, health.failed, health.reason) == (1, 0, None)
+    points = receiver.wait_for_metric_requests(1)
+
+    scraped = exposition_series(generate_latest(registry).decode())
+    pushed = last_export(points)
+    histogram = {series for series in pushed if series[0] == "trt_build_duration_seconds"}
+    assert set(pushed) - histogram == scraped
+    assert pushed[("trt_build_state", (("state", "success"),))].value == 1
+    steps = pushed[("trt_build_steps_completed_total", ())]
+    assert steps.kind == "sum" and steps.monotonic
+    assert steps.value == monitor.state.steps_completed_total
+    assert pushed[("trt_build_start_timestamp_seconds", ())].unit == "s"
+    assert pushed[("trt_build_progress_ratio", ())].unit == "1"
+    (duration,) = [p for p in points if p.metric == "trt_build_duration_seconds"]
+    assert duration.kind == "histogram" and duration.count == 1 and duration.unit == "s"
+    assert duration.attributes == {"backend": "simulator", "outcome": "success"}
+    assert duration.exemplar_trace_ids == (monitor.build_id,), "the build's trace"
+
+
+@pytest.mark.slow
+def test_a_real_build_pushes_its_metrics_with_no_prometheus_scraping(
+    tmp_path: Path, receiver: OtlpReceiver
+) -> None:
+    import_rtx()
+    model = write_conv(tmp_path / "conv.onnx")
+    journal = tmp_path / "conv.jsonl"
+    built = subprocess.run(
+        [*CLI, "build", str(model), "-o", str(tmp_path / "conv.engine"), "--shapes", CONV_SHAPES,
+         "--journal", str(journal), "--no-progress", "--no-gpu", "--otlp-metrics",
+         "--otlp-endpoint", f"http://127.0.0.1:{receiver.http_port}"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    points = receiver.wait_for_metric_requests(1)
+    pushed = last_export(points)
+    assert pushed[("trt_build_state", (("state", "success"),))].value == 1
+    info = [p for (name, _), p in pushed.items() if name == "trt_build_info"]
+    assert info and info[0].attributes["backend"] == "tensorrt-rtx"
+    build_id = next(e.build_id for e in read_journal(journal).events if isinstance(e, BuildStarted))
+    duration = pushed[
+        ("trt_build_duration_seconds", (("backend", "tensorrt-rtx"), ("outcome", "success")))
+    ]
+    assert duration.count == 1 and duration.exemplar_trace_ids == (build_id,)
+    spans = receiver.wait_for(2)
+    assert {tuple(sorted(p.resource.items())) for p in points} == {
+        tuple(sorted(spans[0].resource.items()))
+    }, "the spans' resource"
+
+
+def test_otlp_metrics_without_an_endpoint_is_a_usage_error() -> None:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    result = subprocess.run(
+        [*CLI, "demo", "--no-progress", "--speed", "0", "--otlp-metrics"],
+        capture_output=True, text=True, timeout=60, check=False, env=environment,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "trt-otel: error: --otlp-metrics needs an OTLP endpoint: --otlp-endpoint URL or "
+        "OTEL_EXPORTER_OTLP_ENDPOINT (and not OTEL_METRICS_EXPORTER=none)"
+    )
+    assert "Traceback" not in result.stderr and "build started" not in result.stderr
