@@ -73,7 +73,13 @@ def observed_builds(
         model = ReadModel(history)  # the builds folded once, for every view below
 
         http = attach_views(
-            stack, current, observe, runner=None, model=model, collectors=[RunCollector(builds)]
+            stack,
+            current,
+            observe,
+            runner=None,
+            model=model,
+            collectors=[RunCollector(builds)],
+            attributes=attributes,
         ).http
         if progress:
             # Plain lines even on a terminal: a live tree redraws lines the program writes.

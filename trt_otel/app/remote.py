@@ -371,7 +371,9 @@ def watch_and_supervise(
         runner = PolicyRunner(monitor, policy, warn=warn) if policy is not None else None
 
         # As run_session attaches them to a build run here.
-        views = attach_views(stack, monitor, observe, runner=runner, model=model)
+        views = attach_views(
+            stack, monitor, observe, runner=runner, model=model, attributes=attributes
+        )
         spans, http = views.spans, views.http
         console_view(observe.console, model)
         if spans is not None:

@@ -82,7 +82,9 @@ def run_session(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]
         runner = PolicyRunner(monitor, policy, warn=warn) if policy is not None else None
 
         # Sinks: each stops after the log's followers have drained into it.
-        views = attach_views(stack, monitor, observe, runner=runner, model=model)
+        views = attach_views(
+            stack, monitor, observe, runner=runner, model=model, attributes=attributes
+        )
         spans, http = views.spans, views.http
         console_view(observe.console, model)
         _announce(monitor.build_id, attributes, spans is not None, runner)
