@@ -181,7 +181,7 @@ class Fleet:
             raise FleetError("the model is start_build's model argument; leave --model out")
         # Every other path the options name (a timing cache, a trace, a cancel file, a
         # history): inside a root too, as the build (in this working directory) will read it.
-        for dest, option in _path_options(kind):
+        for dest, option in path_options(kind):
             value = getattr(theirs, dest, None)
             if dest not in RESERVED_SETTINGS and dest != "model" and value is not None:
                 self._inside(option, Path(value).absolute())
@@ -556,7 +556,7 @@ def _resolved(path: Path) -> Path:
         return path.expanduser().absolute()
 
 
-def _path_options(kind: str) -> list[tuple[str, str]]:
+def path_options(kind: str) -> list[tuple[str, str]]:
     """The options of ``trt-otel KIND`` that name a path: (the parser's name, the option)."""
     for action in build_parser()._actions:
         if isinstance(action, argparse._SubParsersAction) and kind in action.choices:
