@@ -9,8 +9,10 @@ Skipped only where Ray or TensorRT-RTX does not install, with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,8 +25,11 @@ import pytest
 from ray_cluster import RayCluster
 from rtx_builds import CONV_SHAPES, RESIDUAL_SHAPES, import_rtx, write_conv, write_residual
 from trt_otel import Outcome, read_journal
+from trt_otel.app.ray_fleet import RayFleet
+from trt_otel.capture.liveness import Writer
 from trt_otel.core.events import BuildFinished, CancelRequested
 from trt_otel.core.journal import JournalError
+from waiting import wait_for_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
@@ -131,6 +136,37 @@ def test_three_real_builds_on_ray_one_built_one_failed_one_cancelled_with_its_re
         time.sleep(0.5)
     exits = {name: ray_job(ray_cluster, i).driver_exit_code for name, i in ids.items()}
     assert exits == {"built": 0, "cancelled": 3, "failed": 4}
+
+
+def test_a_build_that_outlives_its_grace_period_after_a_cancel_is_stopped_through_ray(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    """trt-otel itself hung (stopped with SIGSTOP) in a silent window: the cancel file cannot
+    land and trt-otel cannot escalate, so the Ray job is stopped, and only after the grace
+    period."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    builds = RayFleet(ray_cluster.address, shared, stop_slack_s=1.0)
+    started = builds.start(
+        "demo", options=["--speed", "0", "--silence", "10m", "--grace", "3s", "--no-gpu"]
+    )
+    journal = Path(started["journal"])
+    wait_for_text(journal, b"Computing profile costs", timeout_s=120)
+    writer = Writer.from_header(read_journal(journal).header)
+    assert writer.pid is not None
+    os.kill(writer.pid, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        answer = builds.cancel(started["id"], REASON, wait=True)
+        waited_s = time.monotonic() - began
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(writer.pid, signal.SIGCONT)
+    status = answer["status"]
+    assert status["ray_status"] == "STOPPED", status
+    assert status["state"] == "lost", "stopped from outside: its journal has no end"
+    assert waited_s >= 3 + 1, "not before the grace period (and the slack) had passed"
+    assert Path(shared / "builds" / started["id"] / "cancel").read_text() == f"{REASON}\n"
 
 
 def test_requests_that_cannot_work_are_refused_before_anything_is_submitted(

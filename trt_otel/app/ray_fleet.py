@@ -96,11 +96,13 @@ class RayFleet:
         *,
         num_gpus: float = 0.0,
         num_cpus: float = 1.0,
+        stop_slack_s: float = STOP_SLACK_S,
         client: Any = None,
     ) -> None:
         """``num_gpus``/``num_cpus``: what Ray reserves for a build when a request says
-        nothing of it."""
+        nothing of it. ``stop_slack_s``: see :data:`STOP_SLACK_S`."""
         self.address = address
+        self.stop_slack_s = stop_slack_s
         self.num_gpus, self.num_cpus = num_gpus, num_cpus
         self.shared_dir = shared_dir.expanduser().resolve()
         self.roots = (self.shared_dir,)
@@ -380,10 +382,10 @@ class RayFleet:
             "first": first,
             "reason": said,
             "note": f"TensorRT stops at its next step; the Ray job is stopped if it still runs "
-            f"{record.grace_s + STOP_SLACK_S:g}s from now.",
+            f"{record.grace_s + self.stop_slack_s:g}s from now.",
         }
         if wait:
-            limit = record.grace_s + STOP_SLACK_S + 60
+            limit = record.grace_s + self.stop_slack_s + 60
             answer["status"] = self.wait(build_id, "end", limit)["status"]
         return answer
 
@@ -396,7 +398,7 @@ class RayFleet:
             asked = Path(record.cancel_file).stat().st_mtime
         except OSError:
             return False
-        if time.time() - asked < record.grace_s + STOP_SLACK_S:
+        if time.time() - asked < record.grace_s + self.stop_slack_s:
             return False
         return self._stop(record)
 
