@@ -196,6 +196,43 @@ def test_requests_that_cannot_work_are_refused_before_anything_is_submitted(
     assert not (shared / "builds").exists() or not any((shared / "builds").iterdir())
 
 
+def test_a_build_record_of_the_shared_folder_is_checked_before_it_is_used(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    """The shared folder is written by others: a record naming a path outside it, of the wrong
+    shape, or that is not a file is refused in one line, and nothing is written or read."""
+    shared = tmp_path / "shared"
+    victim = tmp_path / "victim"
+    victim.write_text("untouched\n")
+    good = {
+        "id": "aaaaaaaaaaaa", "kind": "build", "submission_id": "trt-otel-aaaaaaaaaaaa",
+        "entrypoint": ["trt-otel"], "model": None, "engine": None,
+        "journal": str(shared / "journals" / "aaaaaaaaaaaa.jsonl"), "cancel_file": str(victim),
+        "grace_s": 1.0, "num_gpus": 0.0, "submitted_wall_s": 0.0,
+    }  # fmt: skip
+    inside = str(shared / "c")
+    records = {
+        "aaaaaaaaaaaa": (json.dumps(good), "is outside the shared folder"),
+        "bbbbbbbbbbbb": (json.dumps({**good, "id": "bbbbbbbbbbbb", "grace_s": "x"}), "cannot read"),
+        "cccccccccccc": (json.dumps({**good, "cancel_file": inside}), "is not the record"),
+        "dddddddddddd": (None, "not a regular file"),
+    }  # fmt: skip
+    for build_id, (text, _) in records.items():
+        folder = shared / "builds" / build_id
+        folder.mkdir(parents=True)
+        if text is None:
+            os.mkfifo(folder / "build.json")  # would block a plain open
+        else:
+            (folder / "build.json").write_text(text)
+    for build_id, (_, message) in records.items():
+        for action in ("status", "cancel"):
+            done = fleet(ray_cluster, shared, action, build_id)
+            assert done.returncode == 2, (build_id, done.stderr)
+            assert message in done.stderr, done.stderr
+            assert len(done.stderr.strip().splitlines()) == 1
+    assert victim.read_text() == "untouched\n"
+
+
 def test_bad_ray_settings_are_usage_errors(tmp_path: Path) -> None:
     for arguments, message in (
         (["--ray", "127.0.0.1:8265", "--shared-dir", str(tmp_path)], "is an http:// address"),

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from trt_otel.app.fleet import (
     KINDS,
     MAX_EVENTS,
@@ -417,11 +419,18 @@ class RayFleet:
         path = self.shared_dir / "builds" / build_id / "build.json"
         try:
             with open_regular_for_reading(path, "build record") as file:
-                return RayRecord(**json.loads(file.read(MAX_RECORD_BYTES)))
+                record = msgspec.json.decode(file.read(MAX_RECORD_BYTES), type=RayRecord)
         except FileNotFoundError:
             raise FleetError(f"no build {build_id} in {self.shared_dir}") from None
-        except (OSError, ValueError, TypeError) as error:
+        except (OSError, msgspec.ValidationError, msgspec.DecodeError) as error:
             raise FleetError(f"cannot read {path}: {str(error)[:200]}") from None
+        # The folder is shared: what the record names is read and written only if it is this
+        # build's and lies in the folder.
+        if record.id != build_id or record.submission_id != PREFIX + build_id:
+            raise FleetError(f"{path} is not the record of build {build_id}")
+        for name in ("journal", "cancel_file"):
+            self._inside(f"{path}: {name}", Path(getattr(record, name)))
+        return record
 
     def _job(self, record: RayRecord) -> dict[str, Any]:
         try:
