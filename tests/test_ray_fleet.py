@@ -77,10 +77,31 @@ def ray_job(cluster: RayCluster, build_id: str) -> Any:
     return JobSubmissionClient(cluster.address).get_job_info(f"trt-otel-{build_id}")
 
 
+async def mcp_call(
+    cluster: RayCluster, shared: Path, name: str, arguments: dict[str, Any]
+) -> dict[str, Any]:
+    """One tool call on a new ``trt-otel mcp --ray`` server, which ends after it."""
+    from mcp import Client, StdioServerParameters
+
+    parameters = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "trt_otel.app.cli", "mcp", "--ray", cluster.address,
+              "--shared-dir", str(shared)],
+        env={**os.environ}, cwd=str(shared),
+    )  # fmt: skip
+    async with Client(parameters, read_timeout_seconds=300) as client:
+        result = await client.call_tool(name, arguments)
+        assert not result.is_error, result.content
+        content: dict[str, Any] | None = result.structured_content
+        assert content is not None
+        return content
+
+
 def test_three_real_builds_on_ray_one_built_one_failed_one_cancelled_with_its_reason(
     ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
     import_rtx()
+    pytest.importorskip("mcp")
     shared = tmp_path / "shared"
     shared.mkdir()
     conv = write_conv(shared / "conv.onnx")
@@ -98,6 +119,9 @@ def test_three_real_builds_on_ray_one_built_one_failed_one_cancelled_with_its_re
     ids = {name: status["id"] for name, status in submitted.items()}
     listed = fleet_json(ray_cluster, shared, "list")["builds"]
     assert {build["id"] for build in listed} == set(ids.values())
+    # An MCP server started now (on the same Ray and folder) finds them as they are.
+    seen = anyio.run(mcp_call, ray_cluster, shared, "list_builds", {})
+    assert {build["id"] for build in seen["builds"]} == set(ids.values())
 
     # Followed through its journal while Ray runs it; then cancelled, with a reason.
     running = status_until(
@@ -251,30 +275,14 @@ def test_the_mcp_server_on_ray_restarted_between_calls_loses_nothing(
     ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
     pytest.importorskip("mcp")
-    from mcp import Client, StdioServerParameters
-
     import_rtx()
     shared = tmp_path / "shared"
     shared.mkdir()
     # A long silent window (20-30 s): the build still runs after a few server restarts.
     residual = write_residual(shared / "residual.onnx", blocks=1500)
 
-    def server() -> Client:
-        parameters = StdioServerParameters(
-            command=sys.executable,
-            args=["-m", "trt_otel.app.cli", "mcp", "--ray", ray_cluster.address,
-                  "--shared-dir", str(shared)],
-            env={**os.environ}, cwd=str(tmp_path),
-        )  # fmt: skip
-        return Client(parameters, read_timeout_seconds=300)
-
     async def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        async with server() as client:  # a new server for every call
-            result = await client.call_tool(name, arguments)
-            assert not result.is_error, result.content
-            content: dict[str, Any] | None = result.structured_content
-            assert content is not None
-            return content
+        return await mcp_call(ray_cluster, shared, name, arguments)  # a new server each call
 
     async def scenario() -> None:
         started = await call(
