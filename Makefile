@@ -48,8 +48,9 @@ MKDOCS_BUILD = NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(S
 docs: $(STAMP)
 	$(MKDOCS_BUILD)
 
+# --dist loadgroup: the Ray tests (one xdist group) run on one worker, around one Ray cluster.
 test: lint
-	$(BIN)/pytest -n auto
+	$(BIN)/pytest -n auto --dist loadgroup
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) $(SITE_DIR) .mypy_cache .pytest_cache .ruff_cache .hypothesis

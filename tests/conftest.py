@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from otlp_receiver import OtlpReceiver, otlp_receiver
+from ray_cluster import RayCluster
+from ray_cluster import ray_cluster as start_ray_cluster
 from trt_otel.builder.onnx_models import demo_model_bytes
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -82,3 +84,15 @@ def receiver() -> Iterator[OtlpReceiver]:
     """A real OTLP receiver (gRPC and HTTP) for the test's spans."""
     with otlp_receiver() as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[RayCluster]:
+    """One real Ray cluster (a head and a second node) for every Ray test of the session
+    (they share an xdist group, so one worker runs them all)."""
+    try:
+        import ray.job_submission  # noqa: F401
+    except ImportError as error:
+        pytest.skip(f"Ray does not install here ({error}); the dev extra installs trt-otel[ray]")
+    with start_ray_cluster() as cluster:
+        yield cluster

@@ -20,9 +20,17 @@ def free_port() -> int:
 
 
 class PrometheusServer:
-    """Starts ``prometheus`` scraping ``target`` every second; ``query`` reads its HTTP API."""
+    """Starts ``prometheus`` scraping ``target`` every second, or every target named by the
+    JSON files of ``sd_dir`` (``file_sd_configs``, as a host's Prometheus finds its builds);
+    ``query`` reads its HTTP API."""
 
-    def __init__(self, workdir: Path, target: str, features: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        target: str | None = None,
+        sd_dir: Path | None = None,
+        features: tuple[str, ...] = (),
+    ) -> None:
         """``features``: for ``--enable-feature`` (``exemplar-storage``)."""
         binary = shutil.which("prometheus")
         if binary is None:
@@ -34,7 +42,13 @@ class PrometheusServer:
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
             "scrape_configs:\n  - job_name: trt-otel\n    scrape_interval: 1s\n"
             "    scrape_timeout: 900ms\n"
-            f"    static_configs:\n      - targets: ['{target}']\n"
+            + (f"    static_configs:\n      - targets: ['{target}']\n" if target else "")
+            + (
+                f"    file_sd_configs:\n      - files: ['{sd_dir}/*.json']\n"
+                "        refresh_interval: 1s\n"
+                if sd_dir is not None
+                else ""
+            )
         )
         self._log = open(workdir / "prometheus.log", "wb")  # noqa: SIM115
         self.process = subprocess.Popen(
@@ -89,6 +103,13 @@ class PrometheusServer:
         assert body["status"] == "success", body
         result: list[dict[str, Any]] = body["data"]
         return result
+
+    def active_targets(self) -> list[dict[str, Any]]:
+        """The targets Prometheus scrapes now (``/api/v1/targets``), with their labels."""
+        with urllib.request.urlopen(f"{self.url}/api/v1/targets?state=active", timeout=5) as f:
+            body = json.load(f)
+        targets: list[dict[str, Any]] = body["data"]["activeTargets"]
+        return targets
 
     def close(self) -> None:
         self.process.terminate()

@@ -257,3 +257,18 @@ def test_max_memory_stops_a_real_build_whose_memory_rises_past_it(launch: Launch
     assert build.end().outcome == "cancellation"
     assert "resident memory" in build.stderr
     assert not build.engine.exists()
+
+
+def test_sigterm_cancels_a_real_build_at_its_next_step_and_exits_3(launch: Launcher) -> None:
+    """What a deleted Kubernetes Job does to its build (deploy/k8s/): the kubelet's SIGTERM is
+    a cancel with its reason, landing at TensorRT's next step, not a kill."""
+    build = launch.start("--grace", "5m")
+    build.wait_for_silent_window()
+    build.process.send_signal(signal.SIGTERM)
+    assert build.finish() == 3, build.stderr
+    cancel = next(e for e in read_journal(build.journal).events if isinstance(e, CancelRequested))
+    assert (cancel.source, cancel.reason) == ("signal", "received SIGTERM")
+    end = build.end()
+    assert end.outcome == "cancellation"
+    assert "stopped with" not in end.detail, "TensorRT stopped by itself, at its next step"
+    assert not build.engine.exists()

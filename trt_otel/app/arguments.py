@@ -11,6 +11,7 @@ argparse's own message); those that need several options together raise :class:`
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import urllib.parse
 from collections.abc import Sequence
@@ -613,6 +614,14 @@ def add_observability_options(parser: argparse.ArgumentParser) -> Group:
         help="push the final metrics to this Prometheus Pushgateway when the build ends",
     )
     group.add_argument(
+        "--prometheus-sd-dir",
+        type=Path,
+        metavar="DIR",
+        help="announce the metrics endpoint (--prometheus-port, else --http-port's /metrics) "
+        "to Prometheus: a file_sd_configs target file in DIR, labelled with host, gpu, "
+        "backend and model, written once it serves and removed after its last scrape",
+    )
+    group.add_argument(
         "--metrics-build-id",
         action="store_true",
         help="add the build id as a label of trt_build_info (one series per build)",
@@ -625,6 +634,7 @@ def observability_config(args: argparse.Namespace) -> ObservabilityConfig:
     """Needs the groups of :func:`add_observability_options` and :func:`add_span_options`."""
     if args.history is not None and not args.history.is_dir():
         raise UsageError(f"--history {args.history} is not a directory of journals")
+    check_sd_dir(args)
     return ObservabilityConfig(
         journal=args.journal,
         history=args.history,
@@ -644,11 +654,28 @@ def observability_config(args: argparse.Namespace) -> ObservabilityConfig:
             linger_s=args.prometheus_linger,
             pushgateway=args.pushgateway,
             build_id_label=args.metrics_build_id,
+            sd_dir=args.prometheus_sd_dir,
         ),
         sample_interval_s=args.sample_interval,
         gpu=GpuConfig(enabled=not args.no_gpu, device=args.gpu, interval_s=args.sample_interval),
         console=console_config(args),
     )
+
+
+def check_sd_dir(args: argparse.Namespace) -> None:
+    """``--prometheus-sd-dir`` needs an endpoint to announce and a folder to write in."""
+    directory = args.prometheus_sd_dir
+    if directory is None:
+        return
+    if args.prometheus_port is None and args.http_port is None:
+        raise UsageError(
+            "--prometheus-sd-dir announces a metrics endpoint: give --prometheus-port PORT "
+            "(or --http-port PORT) too"
+        )
+    if not directory.is_dir():
+        raise UsageError(f"--prometheus-sd-dir {directory} is not a directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"--prometheus-sd-dir {directory} is not writable")
 
 
 # -- a whole session -----------------------------------------------------------------------------

@@ -51,6 +51,7 @@ from trt_otel.app.components import (
     telemetry_resource,
 )
 from trt_otel.app.config import SessionConfig, UsageError
+from trt_otel.app.fleet_arguments import FleetCommand
 from trt_otel.app.ladder import run_ladder
 from trt_otel.app.program_session import run_program_session
 from trt_otel.app.remote import supervises, watch_and_supervise
@@ -116,6 +117,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return run_program_session(command.program, command.session)
         if isinstance(command, McpCommand):
             return mcp(command)
+        if isinstance(command, FleetCommand):
+            return fleet(command)
         return replay(command)
     except StopNow:  # a second SIGTERM outside the build: still a cancel
         return EXIT_CANCELLED
@@ -216,8 +219,20 @@ def mcp(command: McpCommand) -> int:
         raise UsageError(
             f"the MCP server needs the mcp package ({error}): pip install 'trt-otel[mcp]'"
         ) from None
+    if command.ray is not None:
+        from trt_otel.app.mcp_server import serve_ray
+
+        serve_ray(*command.ray, num_gpus=command.num_gpus, num_cpus=command.num_cpus)
+        return EXIT_OK
     serve(command.state_dir, command.roots)
     return EXIT_OK
+
+
+def fleet(command: FleetCommand) -> int:
+    """``trt-otel fleet``: builds as Ray jobs (Ray's client is imported only here)."""
+    from trt_otel.app.fleet_command import run_fleet
+
+    return run_fleet(command)
 
 
 def replay(command: ReplayCommand) -> int:

@@ -29,6 +29,14 @@ from trt_otel.app.config import (
     UsageError,
     default_state_dir,
 )
+from trt_otel.app.fleet_arguments import (
+    FleetCommand,
+    add_fleet,
+    add_ray_options,
+    add_resource_options,
+    fleet_command_of,
+    ray_target,
+)
 from trt_otel.app.remote import supervises
 from trt_otel.app.retries import Rung, add_retry_option, retry_rungs
 from trt_otel.builder.build import SimulatorSettings
@@ -46,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"trt-otel {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_demo, _add_build, _add_replay, _add_run, _add_mcp, _add_watch):
+    for add in (_add_demo, _add_build, _add_replay, _add_run, _add_mcp, _add_watch, add_fleet):
         add(commands)
     return parser
 
@@ -160,8 +168,10 @@ def _add_mcp(commands: argparse._SubParsersAction[Parser]) -> None:
         metavar="DIR",
         help="a directory the paths a client names (model, output, path options) must lie "
         "in, symlinks resolved; repeatable (default: the state directory and the working "
-        "directory)",
+        "directory; with --ray, the shared folder alone)",
     )
+    add_ray_options(mcp)
+    add_resource_options(mcp)
 
 
 def _add_watch(commands: argparse._SubParsersAction[Parser]) -> None:
@@ -261,9 +271,21 @@ class McpCommand:
     state_dir: Path
     roots: tuple[Path, ...]
     """Where the paths a client names must lie, resolved."""
+    ray: tuple[str, Path] | None = None
+    """With ``--ray``: Ray's address and the shared folder, where the builds run and lie."""
+    num_gpus: float = 0.0
+    num_cpus: float = 1.0
 
 
-Command = DemoCommand | BuildCommand | ReplayCommand | WatchCommand | RunCommand | McpCommand
+Command = (
+    DemoCommand
+    | BuildCommand
+    | ReplayCommand
+    | WatchCommand
+    | RunCommand
+    | McpCommand
+    | FleetCommand
+)
 
 
 def command_of(args: argparse.Namespace) -> Command:
@@ -310,6 +332,10 @@ def command_of(args: argparse.Namespace) -> Command:
             lost_after_s=args.lost_after,
             terminate_after_s=args.terminate_after,
         )
+    if args.command == "fleet":
+        return fleet_command_of(args)
+    if args.command == "mcp" and (args.ray or args.shared_dir):
+        return _ray_mcp_command(args)
     if args.command == "mcp":
         state_dir = args.state_dir or default_state_dir()
         for root in args.root or ():
@@ -323,3 +349,22 @@ def command_of(args: argparse.Namespace) -> Command:
             raise UsageError(f"--root: {error}") from None
         return McpCommand(state_dir, roots)
     return ReplayCommand(args.journal, span_config(args))
+
+
+def _ray_mcp_command(args: argparse.Namespace) -> McpCommand:
+    """``trt-otel mcp --ray``: the shared folder is the one root (Ray's nodes see nothing
+    else), and a ``--root`` outside it is refused."""
+    address, shared_dir = ray_target(args.ray, args.shared_dir)
+    for root in args.root or ():
+        if not root.expanduser().resolve().is_relative_to(shared_dir):
+            raise UsageError(
+                f"--root {root} is outside --shared-dir {shared_dir}: with --ray, builds "
+                "run on Ray's nodes, which see the shared folder only"
+            )
+    return McpCommand(
+        shared_dir,
+        (shared_dir,),
+        ray=(address, shared_dir),
+        num_gpus=args.num_gpus,
+        num_cpus=args.num_cpus,
+    )

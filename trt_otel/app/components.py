@@ -47,6 +47,7 @@ from trt_otel.core.observed import ObservedBuild
 from trt_otel.core.readmodel import ReadModel, Subscriber
 from trt_otel.core.sizes import format_bytes
 from trt_otel.views.console import LiveConsole, PlainLines
+from trt_otel.views.discovery import ScrapeTarget, discovery_labels
 from trt_otel.views.http import StatusServer
 from trt_otel.views.otlp import LOGS, METRICS, OtlpSpanExport
 from trt_otel.views.prometheus import (
@@ -425,9 +426,10 @@ def attach_views(
 ) -> Views:
     """The sinks ``trt-otel build``, ``run`` and ``watch`` attach alike, entered on ``stack``:
     spans, then one registry (with ``collectors`` added) for scrapes, the HTTP view and the
-    push, then the scrape endpoint and the HTTP view. Each stops after the log's followers
-    have drained into it. The OpenTelemetry exports share one resource, detected once (the
-    build's ``attributes`` name its GPU)."""
+    push, then the scrape endpoint and the HTTP view, announced to Prometheus (labelled from
+    ``attributes``) where asked. Each stops after the log's followers have drained into it.
+    The OpenTelemetry exports share one resource, detected once (the build's ``attributes``
+    name its GPU)."""
     resource = telemetry_resource(observe.spans, attributes)
     # The log records' export ends after the spans' but begins its final flush before them:
     # the two flush at once, within the one deadline.
@@ -439,9 +441,14 @@ def attach_views(
     registry = metrics_registry(sources)  # one registry: scrapes, the HTTP view, the push
     for collector in collectors:
         registry.register(collector)
-    stack.enter_context(metrics_endpoint(registry, observe.metrics))
+    # Entered before the endpoints, so that it is withdrawn after they close: after the last
+    # scrape that brings Prometheus the build's final values.
+    target = stack.enter_context(scrape_target(observe.metrics, attributes or {}, monitor))
+    metrics = stack.enter_context(metrics_endpoint(registry, observe.metrics))
     stack.enter_context(otlp_metrics(observe.spans, registry, resource))
     http = stack.enter_context(status_server(monitor, observe.http, model=model, registry=registry))
+    if target is not None:
+        _announce_target(target, metrics, http)
     return Views(spans, registry, http)
 
 
@@ -451,6 +458,33 @@ def telemetry_resource(spans: SpanConfig, attributes: Mapping[str, Any] | None) 
     if spans.settings() is None:
         return None
     return detect_resource(attributes, warn=warn)
+
+
+@contextlib.contextmanager
+def scrape_target(
+    config: MetricsConfig, attributes: Mapping[str, Any], monitor: ObservedBuild
+) -> Iterator[ScrapeTarget | None]:
+    """The build's file_sd target file (``--prometheus-sd-dir``), removed on exit."""
+    if config.sd_dir is None:
+        yield None
+        return
+    with ScrapeTarget(config.sd_dir, discovery_labels(attributes), monitor.build_id) as target:
+        yield target
+
+
+def _announce_target(
+    target: ScrapeTarget, metrics: MetricsServer | None, http: StatusServer | None
+) -> None:
+    endpoint = metrics or http
+    if endpoint is None:  # the options' check requires one
+        raise UsageError("--prometheus-sd-dir needs --prometheus-port or --http-port")
+    try:
+        target.announce(endpoint.address, endpoint.port)
+    except OSError as error:
+        raise UsageError(
+            f"cannot write to --prometheus-sd-dir {target.directory}: {error.strerror or error}"
+        ) from None
+    say(f"discovery: {target.path}")
 
 
 def _cancel_token(given: str | None, build_id: str) -> tuple[str, Path | None]:

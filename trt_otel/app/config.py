@@ -180,6 +180,9 @@ class MetricsConfig:
     """After the build, how long to wait for a last scrape (only when something scraped)."""
     pushgateway: str | None = None
     build_id_label: bool = False
+    sd_dir: Path | None = None
+    """A folder Prometheus' ``file_sd_configs`` watches: the endpoint is announced there while
+    it serves (``--prometheus-sd-dir``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -159,7 +159,7 @@ class Fleet:
         if output is not None:
             check_text("output", output, MAX_PATH_CHARS)
         check_options(options)
-        options = [*options, *_ladder_options(deadline, retries)]
+        options = [*options, *ladder_options(deadline, retries)]
         if kind not in KINDS:
             raise FleetError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
         model_path = self._model_path(model) if model is not None else None
@@ -192,12 +192,12 @@ class Fleet:
             raise FleetError("the model is start_build's model argument; leave --model out")
         # Every other path the options name (a timing cache, a trace, a cancel file, a
         # history): inside a root too, as the build (in this working directory) will read it.
-        for dest, option in _path_options(kind):
+        for dest, option in path_options(kind):
             value = getattr(theirs, dest, None)
             if dest not in RESERVED_SETTINGS and dest != "model" and value is not None:
                 self._inside(option, Path(value).absolute())
         for rung in getattr(theirs, "retry", None) or ():
-            for option, path in _rung_paths(rung):
+            for option, path in checked_rung_paths(rung):
                 self._inside(f"--retry {option}", path.absolute())
         journal, url_file = folder / "journal.jsonl", folder / URL_FILE
         argv += [*options, "--no-progress", "--http-port", "0", "--journal", str(journal)]
@@ -212,36 +212,7 @@ class Fleet:
         """Whether a build of ``model`` would end within ``deadline``, from the journals of
         earlier builds in ``history`` (both inside a root): ``--deadline``'s own rule, and
         nothing is built."""
-        check_text("model", model, MAX_PATH_CHARS)
-        check_text("deadline", deadline, MAX_DURATION_CHARS)
-        check_text("history", history, MAX_PATH_CHARS)
-        try:
-            limit_s = parse_positive_duration(deadline)
-        except DurationError as error:
-            raise FleetError(f"deadline: {error}") from None
-        model_path = self._model_path(model)
-        folder = self._inside("history", Path(history).expanduser().absolute())
-        if not folder.is_dir():
-            raise FleetError(f"history is not a directory of journals: {folder}")
-        try:
-            with open_regular_for_reading(model_path, "model") as handle:
-                hasher = hashlib.sha256()
-                while chunk := handle.read(1 << 20):
-                    hasher.update(chunk)
-                digest = hasher.hexdigest()
-        except OSError as error:
-            raise FleetError(f"model {model_path}: {error.strerror or error}") from None
-        earlier = History.load(folder, attributes={"model.sha256": digest})
-        fit = would_fit(earlier, limit_s)
-        return {
-            "answer": fit.answer,
-            "reason": fit.reason,
-            "deadline_s": limit_s,
-            "builds": fit.builds,
-            "within": fit.within,
-            "journals_not_used": len(earlier.skipped),
-            "projection": dataclasses.asdict(fit.projection) if fit.projection else None,
-        }
+        return would_it_fit(model, deadline, history, self._model_path, self._inside)
 
     def _model_path(self, model: str) -> Path:
         path = self._inside("model", Path(model).expanduser().absolute())
@@ -558,7 +529,49 @@ def _more_attempts(attempts: list[dict[str, Any]]) -> bool:
     return bool(attempts) and attempts[-1]["number"] < attempts[-1]["of"]
 
 
-def _ladder_options(deadline: str | None, retries: Sequence[str]) -> list[str]:
+def would_it_fit(
+    model: str,
+    deadline: str,
+    history: str,
+    model_path_of: Callable[[str], Path],
+    inside: Callable[[str, Path], Path],
+) -> dict[str, Any]:
+    """MCP's ``will_it_fit`` for a fleet whose ``model_path_of`` and ``inside`` confine the
+    model and the history folder: ``--deadline``'s own rule, from the journals of earlier
+    builds, and nothing is built."""
+    check_text("model", model, MAX_PATH_CHARS)
+    check_text("deadline", deadline, MAX_DURATION_CHARS)
+    check_text("history", history, MAX_PATH_CHARS)
+    try:
+        limit_s = parse_positive_duration(deadline)
+    except DurationError as error:
+        raise FleetError(f"deadline: {error}") from None
+    model_path = model_path_of(model)
+    folder = inside("history", Path(history).expanduser().absolute())
+    if not folder.is_dir():
+        raise FleetError(f"history is not a directory of journals: {folder}")
+    try:
+        with open_regular_for_reading(model_path, "model") as handle:
+            hasher = hashlib.sha256()
+            while chunk := handle.read(1 << 20):
+                hasher.update(chunk)
+            digest = hasher.hexdigest()
+    except OSError as error:
+        raise FleetError(f"model {model_path}: {error.strerror or error}") from None
+    earlier = History.load(folder, attributes={"model.sha256": digest})
+    fit = would_fit(earlier, limit_s)
+    return {
+        "answer": fit.answer,
+        "reason": fit.reason,
+        "deadline_s": limit_s,
+        "builds": fit.builds,
+        "within": fit.within,
+        "journals_not_used": len(earlier.skipped),
+        "projection": dataclasses.asdict(fit.projection) if fit.projection else None,
+    }
+
+
+def ladder_options(deadline: str | None, retries: Sequence[str]) -> list[str]:
     """``--deadline`` and the ``--retry`` rungs of a request, bounded and checked here (the
     command line checks them again with the rest)."""
     added: list[str] = []
@@ -577,7 +590,7 @@ def _ladder_options(deadline: str | None, retries: Sequence[str]) -> list[str]:
     return added
 
 
-def _rung_paths(rung: str) -> list[tuple[str, Path]]:
+def checked_rung_paths(rung: str) -> list[tuple[str, Path]]:
     try:
         return rung_paths(rung)
     except UsageError as error:
@@ -646,7 +659,7 @@ def _resolved(path: Path) -> Path:
         return path.expanduser().absolute()
 
 
-def _path_options(kind: str) -> list[tuple[str, str]]:
+def path_options(kind: str) -> list[tuple[str, str]]:
     """The options of ``trt-otel KIND`` that name a path: (the parser's name, the option)."""
     for action in build_parser()._actions:
         if isinstance(action, argparse._SubParsersAction) and kind in action.choices:

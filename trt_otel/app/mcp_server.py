@@ -23,6 +23,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent
 from pydantic import Field
 
+from trt_otel.app.config import UsageError
 from trt_otel.app.fleet import (
     MAX_DURATION_CHARS,
     MAX_EVENTS,
@@ -34,6 +35,7 @@ from trt_otel.app.fleet import (
     Fleet,
     FleetError,
 )
+from trt_otel.app.ray_fleet import RayFleet
 from trt_otel.app.retries import MAX_RUNG_CHARS, MAX_RUNGS
 from trt_otel.core.version import __version__
 
@@ -60,7 +62,7 @@ MAX_LOG_CHARS = 1000
 
 # Long: the tools are declared where the server is made, each a short function over the
 # fleet; their descriptions (what an agent reads) are most of the lines.
-def create_server(fleet: Fleet) -> MCPServer:
+def create_server(fleet: Fleet | RayFleet) -> MCPServer:
     roots = ", ".join(map(str, fleet.roots))
     instructions = INSTRUCTIONS.format(
         roots=roots,
@@ -313,4 +315,15 @@ def serve(state_dir: Path, roots: Sequence[Path] | None = None) -> None:
     the state directory and the working directory)."""
     server = create_server(Fleet(state_dir, roots=roots))
     bound_log_lines()  # after the server, which sets up the logging
+    server.run("stdio")
+
+
+def serve_ray(address: str, shared_dir: Path, *, num_gpus: float, num_cpus: float) -> None:
+    """Serve over stdio, each build a Ray job (``--ray``); paths confined to ``shared_dir``."""
+    try:
+        fleet = RayFleet(address, shared_dir, num_gpus=num_gpus, num_cpus=num_cpus)
+    except FleetError as error:
+        raise UsageError(str(error)) from None
+    server = create_server(fleet)
+    bound_log_lines()
     server.run("stdio")

@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
+def write_atomically(path: Path, data: bytes, *, mode: int | None = None) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one.
+    ``mode``: the file's permissions (else 0600, the temporary file's), for a file another
+    user's process reads."""
     directory = path.parent if str(path.parent) else Path(".")
     # The pid in the name lets a supervisor that killed this process find what it left.
     handle, temporary = tempfile.mkstemp(
@@ -21,6 +23,8 @@ def write_atomically(path: Path, data: bytes) -> None:
     )
     try:
         with os.fdopen(handle, "wb") as file:
+            if mode is not None:
+                os.fchmod(file.fileno(), mode)
             file.write(data)
             file.flush()
             os.fsync(file.fileno())
