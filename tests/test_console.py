@@ -116,3 +116,26 @@ def test_durations_read_well() -> None:
         "4m05s",
         "2h03m",
     ]
+
+
+def test_a_tree_nested_past_the_limit_shows_its_deeper_phases_as_one_line() -> None:
+    """A journal nesting phases 100,000 deep must not make a tree whose indentation alone is
+    quadratic in the depth: past MAX_TREE_DEPTH levels, one line says there is more."""
+    from trt_otel.views.console import MAX_TREE_DEPTH
+
+    monitor = BuildMonitor(clock=ManualClock())
+    depth = 3 * MAX_TREE_DEPTH
+    parent = None
+    for level in range(depth):
+        monitor.phase_start(f"p{level}", parent, 1)
+        parent = f"p{level}"
+    out = io.StringIO()
+    Console(file=out, width=10_000, force_terminal=False, color_system=None).print(
+        render_build(model_of(monitor))
+    )
+    text = out.getvalue()
+    monitor.close()
+    assert f"p{MAX_TREE_DEPTH - 1} " in text
+    assert f"p{MAX_TREE_DEPTH} " not in text
+    assert f"… phases nested deeper than {MAX_TREE_DEPTH} levels" in text
+    assert len(text.splitlines()) <= MAX_TREE_DEPTH + 5

@@ -202,3 +202,32 @@ def test_a_boundary_is_the_path_of_names_to_the_finished_phase_and_its_occurrenc
         ("Build", "Time"): 1,
         ("Build",): 1,
     }
+
+
+def test_a_boundary_of_a_phase_nested_past_the_limit_is_its_innermost_names() -> None:
+    """A journal may nest phases as deep as it likes (100,000): a boundary's path is at most
+    MAX_PATH_DEPTH names (the innermost, after an ellipsis), so paths and the time to make them
+    stay linear in the depth, and the same phase gets the same path however it is reached."""
+    from trt_otel.core.eta import DEEPER, MAX_PATH_DEPTH
+
+    depth = 3 * MAX_PATH_DEPTH
+    monitor = BuildMonitor(clock=ManualClock())
+    model = ReadModel()
+    monitor.log.follow(model, min_interval_s=0.0)
+    parent = None
+    for level in range(depth):
+        monitor.phase_start(f"p{level}", parent, 1)
+        parent = f"p{level}"
+    seen = []
+    for level in reversed(range(depth)):
+        monitor.phase_finish(f"p{level}")
+        monitor.log.flush()
+        seen.append(model.boundaries.last[0])
+    monitor.close()
+    assert max(map(len, model.boundaries.counts)) == MAX_PATH_DEPTH
+    innermost = seen[0]
+    assert innermost[0] == DEEPER
+    assert innermost[1:] == tuple(f"p{level}" for level in range(depth - MAX_PATH_DEPTH + 1, depth))
+    assert seen[-1] == ("p0",)
+    assert seen[-MAX_PATH_DEPTH] == tuple(f"p{level}" for level in range(MAX_PATH_DEPTH))
+    assert seen[-MAX_PATH_DEPTH - 1][0] == DEEPER

@@ -631,3 +631,18 @@ def test_a_builds_journal_is_folded_as_it_grows(tmp_path: Path) -> None:
     replacement.replace(path)
     assert fold.update().build_id == other.build_id
     assert fold.state.outcome is None and fold.state.steps_completed_total == 0
+
+
+def test_a_build_s_metrics_are_not_served_beyond_loopback(tmp_path: Path) -> None:
+    """--prometheus-address is not the server's to set, but a client may not open the build's
+    metrics (its model's path, its phases) on every interface either, however it is spelt."""
+    fleet = Fleet(tmp_path / "state", roots=[tmp_path])
+    for options in (
+        ["--prometheus-port", "0", "--prometheus-address", "0.0.0.0"],
+        ["--prometheus-port", "0", "--prometheus-address=::"],
+        ["--prometheus-port=0", "--prometheus-address", "192.0.2.7"],
+        ["--prometheus-address", "gpu-box.example"],
+    ):
+        with pytest.raises(FleetError, match="is not a loopback address"):
+            fleet.start("demo", options=options)
+    assert fleet.ids() == []

@@ -83,3 +83,56 @@ def test_a_cancel_that_cannot_be_delivered_is_not_a_success(tmp_path: Path) -> N
     assert "the cancel (enough) could not be delivered: cannot write the control file" in err
     assert "(the build ended: success)" in err
     assert "Traceback" not in err
+
+
+def test_terminate_after_never_signals_a_process_that_does_not_hold_the_journal(
+    tmp_path: Path,
+) -> None:
+    """A crafted journal's header names an unrelated process of this user, started before it:
+    --terminate-after must not stop it, since it is not provably the journal's writer."""
+    import json
+    import os
+    import socket
+    import time
+
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        time.sleep(0.2)
+        journal, control = tmp_path / "crafted.jsonl", tmp_path / "control"
+        now = time.time_ns()
+        header = {
+            "format": "trt-otel-journal", "version": 1, "created_wall_ns": now,
+            "producer": "trt-otel 0.1.0", "writer_pid": bystander.pid,
+            "writer_host": socket.gethostname(), "touch_interval_s": 10.0,
+        }  # fmt: skip
+        start = {
+            "type": "build_start", "seq": 0, "wall_ns": now, "mono_ns": time.monotonic_ns(),
+            "thread": "MainThread", "build_id": "crafted", "attributes": {},
+        }  # fmt: skip
+        journal.write_text(json.dumps(header) + "\n" + json.dumps(start) + "\n")
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "trt_otel.app.cli", "watch", str(journal), "--no-progress",
+             "--control-file", str(control), "--timeout", "1s", "--terminate-after", "1s"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert watch.stderr is not None
+        said = []
+        for line in watch.stderr:  # EOF if watch exits (having stopped the bystander)
+            said.append(line)
+            if "not provably the build's writer" in line:
+                break
+        assert bystander.poll() is None, "".join(said)
+        assert "sending SIGTERM" not in "".join(said)
+        with journal.open("a") as file:  # the build ends: watch goes
+            end = {
+                "type": "build_end", "seq": 1, "wall_ns": time.time_ns(),
+                "mono_ns": time.monotonic_ns(), "thread": "MainThread",
+                "outcome": "cancellation", "detail": "", "error_type": "",
+            }  # fmt: skip
+            file.write(json.dumps(end) + "\n")
+        watch.communicate(timeout=60)
+        assert bystander.poll() is None
+        os.kill(bystander.pid, 0)
+    finally:
+        bystander.kill()
+        bystander.wait()

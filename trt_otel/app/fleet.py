@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import ipaddress
 import json
 import os
 import re
@@ -190,6 +191,7 @@ class Fleet:
                 raise FleetError(f"{option} is set by the server; leave it out")
         if getattr(theirs, "model", None) != getattr(ours, "model", None):
             raise FleetError("the model is start_build's model argument; leave --model out")
+        _check_loopback(theirs)
         # Every other path the options name (a timing cache, a trace, a cancel file, a
         # history): inside a root too, as the build (in this working directory) will read it.
         for dest, option in path_options(kind):
@@ -650,6 +652,27 @@ def _shown(text: str, limit: int = _SHOWN_CHARS) -> str:
     if len(text) <= limit:
         return repr(text)
     return f"{text[:limit]!r}... ({len(text):,} characters)"
+
+
+def _check_loopback(options: argparse.Namespace) -> None:
+    """The server's builds serve on loopback only: their metrics too (what the build is, its
+    model's path and phases), not on an interface a client chose."""
+    address = getattr(options, "prometheus_address", None)
+    if address is not None and not _loopback(address):
+        raise FleetError(
+            f"--prometheus-address {_shown(address)} is not a loopback address: the "
+            "server's builds serve on this machine only (127.0.0.1, ::1 or localhost)"
+        )
+
+
+def _loopback(address: str) -> bool:
+    """Whether ``address`` (an IP literal or ``localhost``) is this machine's loopback."""
+    if address.strip().lower().removesuffix(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _resolved(path: Path) -> Path:

@@ -37,7 +37,7 @@ from trt_otel.capture.liveness import DEFAULT_LOST_AFTER_S, Writer
 from trt_otel.capture.process import ProcessSampler
 from trt_otel.capture.watch import follow_journal
 from trt_otel.control.policies import PolicyRunner
-from trt_otel.control.stopping import owned_by_this_user, polling, stop_process
+from trt_otel.control.stopping import holds_open, owned_by_this_user, polling, stop_process
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import BuildFinished, BuildStarted, Event, Outcome, ProcessSample
 from trt_otel.core.files import open_regular_for_reading, write_atomically
@@ -217,6 +217,13 @@ class Escalation:
             warn(
                 f"the build has not stopped {format_duration(self.after_s)} after its cancel, "
                 f"and its process ({self.writer.describe()}) runs as another user: not stopped"
+            )
+            return
+        if holds_open(pid, self.journal) is not True:
+            warn(
+                f"the build has not stopped {format_duration(self.after_s)} after its cancel, "
+                f"and the process its journal names ({self.writer.describe()}) does not hold "
+                "the journal open: it is not provably the build's writer, so it is not stopped"
             )
             return
         self.stopping_writer.set()

@@ -112,12 +112,24 @@ class BoundaryTracker:
         parent_path = self._paths.get(parent_id)
         if parent_path is None:
             parent_path = self._paths[parent_id] = _path(state, parent_id)
-        return (*parent_path, phase.name)
+        path = (*parent_path, phase.name)
+        if len(path) > MAX_PATH_DEPTH:
+            return (DEEPER, *path[-(MAX_PATH_DEPTH - 1) :])
+        return path
+
+
+MAX_PATH_DEPTH = 64
+"""The most names a boundary's path holds: a phase nested deeper is known by its innermost
+names after :data:`DEEPER`. Real builds nest a handful of levels; a journal nesting 100,000
+would otherwise make the paths (and the time to walk them) quadratic in its depth."""
+DEEPER = "…"
 
 
 def _path(state: BuildState, phase_id: int | None) -> tuple[str, ...]:
-    names = []
+    names: list[str] = []
     while phase_id is not None:
+        if len(names) == MAX_PATH_DEPTH:
+            return (DEEPER, *reversed(names[: MAX_PATH_DEPTH - 1]))
         phase = state.phases[phase_id]
         names.append(phase.name)
         phase_id = phase.parent_id

@@ -259,11 +259,19 @@ def _phase_label(state: BuildState, phase: Phase, now: int | None) -> Text:
     return label
 
 
+MAX_TREE_DEPTH = 64
+"""Phases nested deeper than this are one line of the tree: real builds nest a handful of
+levels, and a journal nesting 100,000 would make the tree's indentation alone quadratic."""
+
+
 def _add_nodes(root: Tree, model: ReadModel, phase_id: int | None, now: int | None) -> None:
     # A stack, not recursion: a journal may nest phases as deep as it likes.
-    stack: list[tuple[Tree, int | None]] = [(root, phase_id)]
+    stack: list[tuple[Tree, int | None, int]] = [(root, phase_id, 0)]
     while stack:
-        parent, under = stack.pop()
+        parent, under, depth = stack.pop()
+        if depth == MAX_TREE_DEPTH:
+            parent.add(Text(f"… phases nested deeper than {MAX_TREE_DEPTH} levels", "dim"))
+            continue
         for node in model.tree(under):
             if isinstance(node, SiblingGroup):
                 label = Text("✓ ", "green")
@@ -273,7 +281,7 @@ def _add_nodes(root: Tree, model: ReadModel, phase_id: int | None, now: int | No
             else:
                 branch = parent.add(_phase_label(model.state, node, now))
                 if node.children:
-                    stack.append((branch, node.id))
+                    stack.append((branch, node.id, depth + 1))
 
 
 class LiveConsole:
