@@ -19,6 +19,7 @@ from trt_otel import Outcome, read_journal
 from trt_otel.builder.preflight import (
     PreflightError,
     check_cancel_file,
+    check_distinct,
     check_writable_file,
     read_model,
 )
@@ -233,3 +234,18 @@ def test_a_disk_that_fills_during_the_build_fails_it_with_the_reason(tmp_path: P
     assert end.outcome is Outcome.FAILURE and end.error_type == "EngineWriteError"
     assert "No space left on device; the built plan was kept at" in end.detail
     assert list(keep.glob("x.engine.unsaved-*"))
+
+
+def test_two_spellings_of_an_output_not_yet_there_are_one_file(tmp_path: Path) -> None:
+    """``sub/../out.engine`` and ``out.engine`` name one file before either exists: the engine
+    and the journal would write over each other."""
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(PreflightError, match="is also the --journal"):
+        check_distinct(
+            inputs=[],
+            outputs=[
+                ("-o", tmp_path / "sub" / ".." / "out.engine"),
+                ("--journal", tmp_path / "out.engine"),
+            ],
+        )
+    assert not (tmp_path / "out.engine").exists()

@@ -659,3 +659,24 @@ def test_an_empty_token_is_refused_when_serving() -> None:
                 StatusServer(monitor, ReadModel(), registry, port=0, cancel_token=token)
     finally:
         monitor.close()
+
+
+def test_a_host_that_only_looks_like_this_servers_name_is_refused(
+    served: tuple[BuildMonitor, StatusServer],
+) -> None:
+    """A name that ends with ``localhost`` is another name, and a port must be a port: none of
+    these names this server."""
+    monitor, server = served
+    monitor.start()
+    for host in [
+        "evil-localhost",
+        "evillocalhost",
+        "localhost:evil",
+        "localhost:",
+        "localhost:80x",
+        "127.0.0.1:1234567",
+        "127.0.0.1:-1",
+    ]:
+        code, body = ask(server, "GET", "/status", {"Host": host})
+        assert code == 421, host
+        assert monitor.build_id not in body.decode(), host

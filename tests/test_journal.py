@@ -34,7 +34,7 @@ from trt_otel.core.events import (
     ProcessSample,
     StepCompleted,
 )
-from trt_otel.core.journal import CorruptLineError, decode_event, encode_events
+from trt_otel.core.journal import FORMAT_VERSION, CorruptLineError, decode_event, encode_events
 from trt_otel.core.state import BuildState
 
 
@@ -465,3 +465,28 @@ def test_lines_encoded_ahead_are_not_written_across_a_gap_in_what_arrives(tmp_pa
     lines = path.read_bytes().split(b"\n", 1)[1]
     assert lines == encode_events(delivered)
     assert [e.seq for e in read_journal(path).events] == [e.seq for e in delivered]
+
+
+def test_a_journal_one_version_ahead_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "next.jsonl"
+    header = {"format": "trt-otel-journal", "version": FORMAT_VERSION + 1}
+    path.write_text(json.dumps(header) + "\n")
+    with pytest.raises(JournalError, match="upgrade trt-otel"):
+        read_journal(path)
+
+
+def test_a_journal_written_over_a_longer_one_holds_only_the_new_build(tmp_path: Path) -> None:
+    """The path of an earlier, longer journal: the new journal replaces it whole, with no tail
+    of the old one after the new build's end."""
+    path = tmp_path / "build.jsonl"
+    record(path)
+    longer = path.stat().st_size
+    short = BuildMonitor()
+    short.log.follow(JournalWriter(path))
+    short.start()
+    short.end()
+    assert short.close(10)
+    assert path.stat().st_size < longer
+    journal = read_journal(path)
+    assert journal.problems == []
+    assert journal.events == short.log.recent()

@@ -646,3 +646,46 @@ def test_a_build_s_metrics_are_not_served_beyond_loopback(tmp_path: Path) -> Non
         with pytest.raises(FleetError, match="is not a loopback address"):
             fleet.start("demo", options=options)
     assert fleet.ids() == []
+
+
+def test_only_a_loopback_url_file_whole_is_a_builds_view(tmp_path: Path) -> None:
+    """A build's ``http.url`` is followed only when it is a loopback URL and nothing more: one
+    that goes on (``@evil.example``, a path) would send its status reads and its cancel, with
+    the token, elsewhere."""
+    state = tmp_path / "state"
+    folder = state / "0123456789ab"
+    folder.mkdir(parents=True)
+    record = {
+        "id": "0123456789ab",
+        "kind": "demo",
+        "argv": ["demo"],
+        "pid": os.getpid(),
+        "started_wall_s": 0.0,
+        "model": None,
+        "engine": None,
+    }
+    (folder / "build.json").write_text(json.dumps(record))
+    fleet = Fleet(state, roots=[tmp_path])
+    for written, followed in [
+        ("http://127.0.0.1:8080", "http://127.0.0.1:8080"),
+        ("http://127.0.0.1:8080@evil.example", None),
+        ("http://localhost:8080.evil.example", None),
+        ("http://[::1]:8080/x", None),
+    ]:
+        (folder / "http.url").write_text(written + "\n")
+        status = fleet.status("0123456789ab", live=False)
+        assert status["url"] == followed, written
+
+
+def test_an_output_that_is_a_dangling_link_is_not_written_through(tmp_path: Path) -> None:
+    """A symlink as the output, to where nothing is yet: it exists, so it is refused like any
+    output that exists (the engine would be written through the link)."""
+    state = tmp_path / "state"
+    link = tmp_path / "engine.link"
+    link.symlink_to(tmp_path / "elsewhere.engine")
+    not_a_trace = tmp_path / "not-a-trace.jsonl"  # were it started, it would stop at once
+    not_a_trace.write_text("this is not JSON\n")
+    fleet = Fleet(state, roots=[tmp_path])
+    with pytest.raises(FleetError, match="exists; it is replaced only when the call says so"):
+        fleet.start("demo", output=str(link), options=["--trace", str(not_a_trace)])
+    assert not (tmp_path / "elsewhere.engine").exists()

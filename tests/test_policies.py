@@ -4,6 +4,7 @@ worker processes and signals."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -25,6 +26,7 @@ from trt_otel import BuildMonitor, ManualClock, Outcome, read_journal
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.capture.supervisor import run_isolated
 from trt_otel.control.policies import (
+    MAX_REASON,
     AllOf,
     AnyOf,
     BuildView,
@@ -36,6 +38,7 @@ from trt_otel.control.policies import (
     Timeout,
     parse_flag,
 )
+from trt_otel.core.activity import Verdict
 from trt_otel.core.events import CancelRequested
 from trt_otel.core.state import BuildState
 from waiting import wait_for_text
@@ -589,3 +592,62 @@ def test_a_cancel_file_that_is_a_dangling_symlink_or_a_loop_cancels(tmp_path: Pa
     assert reasons["dangling"] == f"cancel file {dangling} appeared (a dangling symlink)"
     assert reasons["loop"] == f"cancel file {loop} appeared (a symlink loop)"
     assert reasons["linked"] == "release build needs the GPU"
+
+
+def test_a_stall_names_the_innermost_open_phase() -> None:
+    """Where the build is stuck is the latest phase it started, not the one around it."""
+    clock = ManualClock()
+    monitor = BuildMonitor(clock=clock)
+    runner = PolicyRunner(monitor, Stall(5.0))
+    monitor.phase_start("Building engine", None, 2)
+    monitor.phase_start("Timing graph nodes", "Building engine", 3)
+    clock.advance(6.0)
+    decision = runner.check_now()
+    assert decision is not None
+    assert decision.reason == "no progress for 5.0s in 'Timing graph nodes'"
+
+
+def test_all_of_is_a_timeout_only_when_every_policy_decided_by_timeout() -> None:
+    """The build ends as a timeout (exit 5) only when all the decisions are timeouts."""
+    mixed = AllOf(Timeout(60), Stall(30)).check(view(100, progress_s=10))
+    assert mixed is not None and not mixed.timeout
+    timeouts = AllOf(Timeout(60), Timeout(90)).check(view(100))
+    assert timeouts is not None and timeouts.timeout
+
+
+def test_a_cancel_files_reason_is_cut_to_its_limit(tmp_path: Path) -> None:
+    sentinel = tmp_path / "stop"
+    sentinel.write_text("x" * (MAX_REASON + 50) + "\n")
+    policy = CancelFile(sentinel)
+    policy.poll_once()
+    decision = policy.check(view(1))
+    assert decision is not None and decision.reason == "x" * MAX_REASON
+
+
+def test_a_stall_counts_from_the_latest_sign_of_life() -> None:
+    """No callback for 100 s, but the builder's process worked until 10 s ago: a stall of 30 s
+    has not come, and comes 30 s after that work."""
+    stall = Stall(30)
+    busy_until = BuildView(
+        now_mono_ns=100 * S,
+        start_mono_ns=0,
+        last_progress_mono_ns=5 * S,
+        open_phase="Determining refit engines",
+        verdict=Verdict.IDLE,
+        last_active_mono_ns=90 * S,
+    )
+    assert stall.check(busy_until) is None
+    later = dataclasses.replace(busy_until, now_mono_ns=120 * S)
+    decision = stall.check(later)
+    assert decision is not None and "no activity for 30.0s" in decision.reason
+
+
+def test_a_worker_the_supervisor_stopped_did_not_die_on_its_own() -> None:
+    """``died`` says how a worker ended on its own; one stopped from here after the grace
+    period is reported by ``stopped_with`` alone."""
+    monitor = BuildMonitor()
+    monitor.start()
+    monitor.cancel("enough")  # before the worker starts: the grace period runs from its start
+    result = run_isolated(a_build_that_ignores_cancels, monitor=monitor, grace_s=0.5)
+    assert result.stopped_with == "SIGTERM"
+    assert result.died is None

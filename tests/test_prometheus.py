@@ -558,3 +558,13 @@ def test_builds_pushing_to_one_pushgateway_each_keep_their_own_group(tmp_path: P
     for build_id in ids:
         group = f'build_id="{build_id}",instance="",job="trt_otel"'
         assert f'trt_build_state{{{group},state="success"}} 1' in text
+
+
+def test_the_info_metric_names_the_model_by_its_file_name() -> None:
+    """The model label is the file's name, not its directory (paths differ between hosts)."""
+    monitor = BuildMonitor(attributes={"model.path": "/models/resnet/mnist.onnx"})
+    registry = metrics_registry(MetricSources(monitor))
+    monitor.start()
+    model = registry.get_sample_value("trt_build_info", {"model": "mnist.onnx"})
+    monitor.close()
+    assert model is not None

@@ -281,3 +281,25 @@ def test_the_end_closes_open_phases_innermost_first() -> None:
     for event in monitor.log.recent():
         state.apply(event)
     assert closed == ["C", "B", "A"]
+
+
+def test_a_repeated_step_is_not_counted_as_skipped_steps() -> None:
+    """Step 1 twice: step 0 was skipped, and the repeat neither skips nor undoes a step."""
+    plan, _ = ANOMALIES["step repeated"]
+    (phase,) = run(plan).state.phases.values()
+    assert (phase.last_step, phase.skipped_steps, phase.steps_completed) == (1, 1, 2)
+
+
+def test_only_a_timeout_is_given_the_error_type_timeout() -> None:
+    succeeded = BuildMonitor(clock=ManualClock())
+    succeeded.phase_start("A", None, 1)
+    succeeded.end()
+    assert (succeeded.state.outcome, succeeded.state.error_type) == (Outcome.SUCCESS, None)
+    cancelled = BuildMonitor(clock=ManualClock())
+    cancelled.cancel("enough", source="user")
+    cancelled.end()
+    assert (cancelled.state.outcome, cancelled.state.error_type) == (Outcome.CANCELLATION, None)
+    timed_out = BuildMonitor(clock=ManualClock())
+    timed_out.cancel("too long", source="timeout", timeout=True)
+    timed_out.end()
+    assert (timed_out.state.outcome, timed_out.state.error_type) == (Outcome.TIMEOUT, "timeout")

@@ -353,3 +353,18 @@ def test_an_aborted_phase_is_not_counted_into_its_finished_siblings() -> None:
     assert isinstance(nodes[0], SiblingGroup) and nodes[0].count == 2, "only finished ones count"
     assert isinstance(nodes[1], Phase) and nodes[1].status is PhaseStatus.ABORTED
     assert len(nodes) == 2
+
+
+def test_a_group_keeps_the_total_and_the_longest_of_its_phases() -> None:
+    clock = ManualClock()
+    monitor = BuildMonitor(clock=clock)
+    monitor.phase_start("root", None, 1)
+    for seconds in (1.0, 3.0, 2.0):
+        monitor.phase_start("timing", "root", 1)
+        clock.advance(seconds)
+        monitor.phase_finish("timing")
+    model = model_of(monitor.log.recent())
+    (group,) = model.tree(model.state.roots[0])
+    assert isinstance(group, SiblingGroup)
+    second = 1_000_000_000
+    assert (group.count, group.total_ns, group.longest_ns) == (3, 6 * second, 3 * second)
