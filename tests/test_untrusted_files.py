@@ -414,3 +414,21 @@ def test_two_builds_given_one_journal_the_second_is_refused(
 def test_a_fifo_in_history_replay_header_says_so(fifo: Path) -> None:
     with pytest.raises(JournalError, match="a named pipe, not a regular file"):
         read_journal(fifo)
+
+
+KMSG = Path("/proc/kmsg")
+
+
+@pytest.mark.skipif(not os.access(KMSG, os.R_OK), reason="/proc/kmsg is readable by root only")
+@pytest.mark.parametrize("read_as", ["model", "trace", "journal"])
+def test_a_file_that_says_it_is_regular_but_would_block_is_refused_not_waited_on(
+    read_as: str, tmp_path: Path
+) -> None:
+    """/proc/kmsg passes for a regular file (as a FUSE or network file may) and blocks its
+    reader until the kernel logs something: refused in one line, at once."""
+    args: tuple[str | Path, ...] = {
+        "model": ("build", KMSG, "-o", tmp_path / "kmsg.engine", "--no-progress"),
+        "trace": ("demo", "--speed", "0", "--no-progress", "--trace", KMSG),
+        "journal": ("replay", KMSG),
+    }[read_as]
+    assert_refused(*trt_otel(*args), "/proc/kmsg")

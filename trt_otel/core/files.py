@@ -5,6 +5,7 @@ they are before they are opened."""
 from __future__ import annotations
 
 import errno
+import io
 import os
 import stat
 import tempfile
@@ -80,11 +81,27 @@ def regular_file_or_absent(path: str | os.PathLike[str], purpose: str) -> None:
         raise FileKindError(path, purpose, info.st_mode)
 
 
+class _ReadsWithoutWaiting(io.BufferedReader):
+    """A reader of a non-blocking descriptor whose ``read`` raises, rather than returns None,
+    when there is nothing to read without waiting: callers handle an OSError already."""
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        data = super().read(size)
+        if data is None:
+            raise BlockingIOError(
+                errno.EAGAIN, "nothing to read without waiting (not an ordinary file)"
+            )
+        return data
+
+
 def open_regular_for_reading(path: str | os.PathLike[str], purpose: str) -> BinaryIO:
     """``path`` opened for reading, only if it is a regular file (else :class:`FileKindError`).
 
     Opened without blocking and checked on the open descriptor: a named pipe with no writer
-    neither blocks the open nor is read, and a path swapped after a check is still caught. The
+    neither blocks the open nor is read, and a path swapped after a check is still caught. It
+    stays non-blocking: a file of a kernel or user-space filesystem that says it is regular
+    but has nothing to read (``/proc/kmsg``) raises :class:`BlockingIOError` (an
+    :class:`OSError`) rather than wait for ever. The
     caller reads it a bounded piece at a time (see :data:`MAX_LINE_BYTES`).
     """
     descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
@@ -92,8 +109,9 @@ def open_regular_for_reading(path: str | os.PathLike[str], purpose: str) -> Bina
         mode = os.fstat(descriptor).st_mode
         if not stat.S_ISREG(mode):
             raise FileKindError(path, purpose, mode)
-        os.set_blocking(descriptor, True)
-        return os.fdopen(descriptor, "rb")
+        # Left non-blocking: a regular file's reads never wait anyway, and a file that only
+        # looks regular (/proc/kmsg, a FUSE file) raises BlockingIOError rather than hang.
+        return _ReadsWithoutWaiting(io.FileIO(descriptor, "rb", closefd=True))
     except BaseException:
         os.close(descriptor)
         raise

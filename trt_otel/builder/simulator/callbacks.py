@@ -14,7 +14,7 @@ from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, NoReturn, overload
+from typing import BinaryIO, Literal, NoReturn, overload
 
 import msgspec
 
@@ -158,7 +158,7 @@ def _trace_records(path: Path) -> Iterator[_TracePhaseStart | _TraceStep | _Trac
     except OSError as error:
         raise TraceError(f"cannot read trace {os.fspath(path)!r}: {error.strerror}") from None
     with handle:
-        while data := handle.read(_CHUNK_BYTES):
+        while data := _read_chunk(handle, path):
             buffer = tail + data
             cut = buffer.rfind(b"\n") + 1
             chunk, tail = buffer[:cut], buffer[cut:]
@@ -168,6 +168,13 @@ def _trace_records(path: Path) -> Iterator[_TracePhaseStart | _TraceStep | _Trac
             yield from _decoded(path, chunk, lines_before)
             lines_before += chunk.count(b"\n")
     yield from _decoded(path, tail, lines_before)  # a last line without its newline
+
+
+def _read_chunk(handle: BinaryIO, path: Path) -> bytes:
+    try:
+        return handle.read(_CHUNK_BYTES)
+    except OSError as error:
+        raise TraceError(f"cannot read trace {os.fspath(path)!r}: {error.strerror}") from None
 
 
 def _decoded(
