@@ -55,6 +55,7 @@ from trt_otel.app.fleet_arguments import FleetCommand
 from trt_otel.app.ladder import run_ladder
 from trt_otel.app.program_session import run_program_session
 from trt_otel.app.remote import supervises, watch_and_supervise
+from trt_otel.app.reporting import ReportCommand, report
 from trt_otel.app.run import ProgramNotFoundError
 from trt_otel.app.session import (
     EXIT_CANCELLED,
@@ -119,6 +120,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return mcp(command)
         if isinstance(command, FleetCommand):
             return fleet(command)
+        if isinstance(command, ReportCommand):
+            return report(command)
         return replay(command)
     except StopNow:  # a second SIGTERM outside the build: still a cancel
         return EXIT_CANCELLED

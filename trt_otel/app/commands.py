@@ -38,6 +38,7 @@ from trt_otel.app.fleet_arguments import (
     ray_target,
 )
 from trt_otel.app.remote import supervises
+from trt_otel.app.reporting import FORMATS, ReportCommand
 from trt_otel.app.retries import Rung, add_retry_option, retry_rungs
 from trt_otel.builder.build import SimulatorSettings
 from trt_otel.builder.options import BuildOptions
@@ -54,7 +55,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"trt-otel {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_demo, _add_build, _add_replay, _add_run, _add_mcp, _add_watch, add_fleet):
+    adders = (
+        _add_demo,
+        _add_build,
+        _add_replay,
+        _add_run,
+        _add_mcp,
+        _add_watch,
+        add_fleet,
+        _add_report,
+    )
+    for add in adders:
         add(commands)
     return parser
 
@@ -213,6 +224,24 @@ def _add_watch(commands: argparse._SubParsersAction[Parser]) -> None:
     add_session_options(watch, in_process=False)
 
 
+def _add_report(commands: argparse._SubParsersAction[Parser]) -> None:
+    report = commands.add_parser(
+        "report",
+        help="explain finished builds from their journals: an HTML page, markdown or a trace",
+        description="A self-contained HTML page of each build of the journals (a timeline of "
+        "the phases with the silent windows, the cancel and the outcome; the builder's and "
+        "GPU's resource lines; the phases that took the time; the build's record), or the same "
+        "as markdown (CI summaries) or as a Trace Event Format file (Perfetto, chrome://tracing).",
+    )
+    report.add_argument("journals", nargs="+", type=Path, metavar="JOURNAL")
+    report.add_argument(
+        "-o", "--output", type=Path, metavar="FILE", help="write here (default: standard output)"
+    )
+    report.add_argument(
+        "--format", choices=FORMATS, default="html", help="html (default), markdown or chrome-trace"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class DemoCommand:
     """``trt-otel demo``: a simulated build (a generated plan or a recorded trace)."""
@@ -285,6 +314,7 @@ Command = (
     | RunCommand
     | McpCommand
     | FleetCommand
+    | ReportCommand
 )
 
 
@@ -336,6 +366,8 @@ def command_of(args: argparse.Namespace) -> Command:
         return fleet_command_of(args)
     if args.command == "mcp" and (args.ray or args.shared_dir):
         return _ray_mcp_command(args)
+    if args.command == "report":
+        return ReportCommand(tuple(args.journals), args.output, args.format)
     if args.command == "mcp":
         state_dir = args.state_dir or default_state_dir()
         for root in args.root or ():
