@@ -9,6 +9,7 @@ Exit codes (the contract): 0 built; 2 usage or configuration error, before any b
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -55,7 +56,7 @@ from trt_otel.app.fleet_arguments import FleetCommand
 from trt_otel.app.ladder import run_ladder
 from trt_otel.app.program_session import run_program_session
 from trt_otel.app.remote import supervises, watch_and_supervise
-from trt_otel.app.reporting import ReportCommand, report
+from trt_otel.app.reporting import ReportCommand, report, summarised
 from trt_otel.app.run import ProgramNotFoundError
 from trt_otel.app.session import (
     EXIT_CANCELLED,
@@ -109,13 +110,16 @@ def _main(argv: Sequence[str] | None) -> int:
         args = build_parser().parse_args(argv)
         command = command_of(args)
         if isinstance(command, DemoCommand):
-            return demo(command)
+            with summarised(command.session, command.summary) as session:
+                return demo(dataclasses.replace(command, session=session))
         if isinstance(command, BuildCommand):
-            return build(command)
+            with summarised(command.session, command.summary) as session:
+                return build(dataclasses.replace(command, session=session))
         if isinstance(command, WatchCommand):
             return watch(command)
         if isinstance(command, RunCommand):
-            return run_program_session(command.program, command.session)
+            with summarised(command.session, command.summary) as session:
+                return run_program_session(command.program, session)
         if isinstance(command, McpCommand):
             return mcp(command)
         if isinstance(command, FleetCommand):

@@ -111,6 +111,7 @@ def _add_demo(commands: argparse._SubParsersAction[Parser]) -> None:
     add_builder_options(demo)
     add_session_options(demo)
     add_retry_option(demo)
+    _add_summary_option(demo)
 
 
 def _add_build(commands: argparse._SubParsersAction[Parser]) -> None:
@@ -130,6 +131,7 @@ def _add_build(commands: argparse._SubParsersAction[Parser]) -> None:
     add_builder_options(build)
     add_session_options(build)
     add_retry_option(build)
+    _add_summary_option(build)
 
 
 def _add_replay(commands: argparse._SubParsersAction[Parser]) -> None:
@@ -154,6 +156,7 @@ def _add_run(commands: argparse._SubParsersAction[Parser]) -> None:
         usage="trt-otel run [options] -- COMMAND [ARGS...]",
     )
     add_session_options(run, in_process=False)
+    _add_summary_option(run)
     run.add_argument("program", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
 
@@ -224,6 +227,16 @@ def _add_watch(commands: argparse._SubParsersAction[Parser]) -> None:
     add_session_options(watch, in_process=False)
 
 
+def _add_summary_option(parser: Parser) -> None:
+    parser.add_argument(
+        "--no-summary",
+        dest="summary",
+        action="store_false",
+        help="do not append the build's markdown report to $GITHUB_STEP_SUMMARY (appended "
+        "when that variable is set, as GitHub Actions sets it)",
+    )
+
+
 def _add_report(commands: argparse._SubParsersAction[Parser]) -> None:
     report = commands.add_parser(
         "report",
@@ -252,6 +265,8 @@ class DemoCommand:
     model: Path | None = None
     output: Path | None = None
     retries: tuple[Rung, ...] = ()
+    summary: bool = True
+    """Append the markdown report to ``$GITHUB_STEP_SUMMARY`` when that is set."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +280,7 @@ class BuildCommand:
     backend: str | None = None
     """``tensorrt`` or ``tensorrt-rtx``; None: the one installed."""
     retries: tuple[Rung, ...] = ()
+    summary: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +307,7 @@ class RunCommand:
 
     session: SessionConfig
     program: tuple[str, ...]
+    summary: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +349,7 @@ def command_of(args: argparse.Namespace) -> Command:
             model=args.model,
             output=args.output,
             retries=retry_rungs(args, threads=args.threads),
+            summary=args.summary,
         )
     if args.command == "build":
         return BuildCommand(
@@ -341,12 +359,13 @@ def command_of(args: argparse.Namespace) -> Command:
             output=args.output,
             backend=args.backend,
             retries=retry_rungs(args),
+            summary=args.summary,
         )
     if args.command == "run":
         program = args.program[1:] if args.program[:1] == ["--"] else args.program
         if not program:
             raise UsageError("give the program to run after --, e.g. -- python build.py")
-        return RunCommand(session_config(args), tuple(program))
+        return RunCommand(session_config(args), tuple(program), summary=args.summary)
     if args.command == "watch":
         if (args.watched is None) == (args.url is None):
             raise UsageError("watch takes a journal or --url URL (one of them)")

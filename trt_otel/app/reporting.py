@@ -4,22 +4,26 @@ and the markdown summary a CI job shows (``$GITHUB_STEP_SUMMARY``) when a build 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import sys
-from collections.abc import Sequence
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from trt_otel.app.config import UsageError
+from trt_otel.app.config import SessionConfig, UsageError
 from trt_otel.core.events import Event
 from trt_otel.core.files import FileKindError, regular_file_or_absent, write_atomically
-from trt_otel.core.journal import read_journal
+from trt_otel.core.journal import JournalError, read_journal
 from trt_otel.views.report.chrome_trace import chrome_trace
 from trt_otel.views.report.html import render_html
 from trt_otel.views.report.markdown import render_markdown
 from trt_otel.views.report.model import BuildReport, reports_of
-from trt_otel.views.terminal import PipeSafeStream, printable, say
+from trt_otel.views.terminal import PipeSafeStream, printable, say, warn
 
 FORMATS = ("html", "markdown", "chrome-trace")
 
@@ -47,13 +51,14 @@ def check_output(path: Path | None, what: str = "-o") -> None:
         raise UsageError(f"{what} {path}: no directory {parent}")
 
 
-def build_reports(journals: Sequence[Path]) -> list[BuildReport]:
+def build_reports(journals: Sequence[Path], *, quiet: bool = False) -> list[BuildReport]:
     """Every build of the journals, in order, numbered across them. Problems in a journal
-    (a torn line, a gap) are said on stderr; an unreadable journal is a usage error."""
+    (a torn line, a gap) are said on stderr unless ``quiet``; an unreadable journal is a
+    :class:`JournalError`."""
     events: list[list[Event]] = []
     for path in journals:
         journal = read_journal(path)
-        for problem in journal.problems:
+        for problem in () if quiet else journal.problems:
             print(printable(f"trt-otel: {path}: {problem}"), file=sys.stderr)
         events.append(journal.events)
     reports: list[BuildReport] = []
@@ -90,26 +95,48 @@ MAX_SUMMARY_BYTES = 1024 * 1024
 """GitHub refuses a step summary over 1 MiB; a longer one is not written (and said)."""
 
 
-def append_step_summary(journal: Path | None, events: Sequence[Event] | None = None) -> None:
-    """Append the markdown report of the build(s) just run to ``$GITHUB_STEP_SUMMARY``, where
-    that variable is set: from the journal, or from ``events`` when there is none. A failure is
-    a warning: the build's outcome stands."""
+@contextlib.contextmanager
+def summarised(session: SessionConfig, wanted: bool = True) -> Iterator[SessionConfig]:
+    """Around a build command: when ``$GITHUB_STEP_SUMMARY`` is set (and ``wanted``), the
+    session it should run, with a journal (a kept one in the runner's temporary folder when
+    none was asked for: the summary is made from it, and it stays for an artifact or a diff),
+    and once the command ends, however it ends, its report appended to the summary."""
     target = os.environ.get(STEP_SUMMARY)
-    if not target:
+    if not wanted or not target:
+        yield session
+        return
+    journal = session.observe.journal
+    if journal is None:
+        folder = Path(os.environ.get("RUNNER_TEMP") or tempfile.gettempdir())
+        journal = folder / f"trt-otel-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+        observe = dataclasses.replace(session.observe, journal=journal)
+        session = dataclasses.replace(session, observe=observe)
+    started = time.time()
+    try:
+        yield session
+    finally:
+        append_step_summary(Path(target), journal, since=started)
+
+
+def append_step_summary(target: Path, journal: Path, *, since: float = 0.0) -> None:
+    """Append the markdown report of the journal's builds to ``target``, if the journal was
+    written ``since`` then (a usage error stops a command before it writes one, and a journal
+    left by an earlier command is not this one's). A failure (a target that is not a regular
+    file) is a warning: the build's outcome and exit code stand."""
+    try:
+        if not journal.is_file() or journal.stat().st_mtime < since - 1.0:
+            return
+    except OSError:
         return
     try:
-        if journal is not None:
-            reports = build_reports([journal])
-            title = journal.name
-        else:
-            reports, title = reports_of(events or ()), "build"
-        text = render_markdown(reports, f"TensorRT build: {title}")
+        reports = build_reports([journal], quiet=True)
+        text = render_markdown(reports, f"TensorRT build: {journal.name}")
         data = text.encode("utf-8")
         if len(data) > MAX_SUMMARY_BYTES:
-            say(f"trt-otel: {STEP_SUMMARY}: the summary is over 1 MiB, not written")
+            warn(f"{STEP_SUMMARY}: the report is over 1 MiB, not appended")
             return
         regular_file_or_absent(target, STEP_SUMMARY)
         with open(target, "ab") as summary:
-            summary.write(data)
-    except Exception as error:  # a summary never changes a build's outcome
-        say(f"trt-otel: warning: {STEP_SUMMARY} not written: {error}")
+            summary.write(b"\n" + data)
+    except (OSError, JournalError) as error:  # a summary never changes a build's outcome
+        warn(f"{STEP_SUMMARY} not written: {error}")
