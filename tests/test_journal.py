@@ -24,6 +24,7 @@ from trt_otel.core.events import (
     Anomaly,
     AnomalyKind,
     BuildFinished,
+    BuildOutput,
     BuildStarted,
     CancelRequested,
     Event,
@@ -245,7 +246,8 @@ def every_event_type() -> list[Event]:
         ),
         CancelRequested(seq=7, reason="enough", source="file", timeout=True, policy="p", **stamp),
         PhaseFinished(seq=8, name="Building engine", **stamp),
-        BuildFinished(seq=9, outcome=Outcome.TIMEOUT, detail="d", error_type="E", **stamp),
+        BuildOutput(seq=9, attributes={"engine.sha256": "e" * 64, "engine.bytes": 3}, **stamp),
+        BuildFinished(seq=10, outcome=Outcome.TIMEOUT, detail="d", error_type="E", **stamp),
     ]
 
 

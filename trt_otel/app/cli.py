@@ -77,6 +77,7 @@ from trt_otel.builder.build import (
 from trt_otel.builder.onnx_models import demo_model_bytes
 from trt_otel.builder.options import BuildOptions
 from trt_otel.builder.preflight import PreflightError, check_build_files
+from trt_otel.builder.provenance import provenance_attributes, timing_cache_attributes
 from trt_otel.builder.simulator import SIMULATOR_VERSION, TraceError, load_trace
 from trt_otel.capture.backends import record_attributes
 from trt_otel.capture.liveness import Writer
@@ -162,12 +163,14 @@ def demo(command: DemoCommand) -> int:
         "trt.backend": "simulator",
         "trt.version": SIMULATOR_VERSION,
         **model_attributes(model_path, model),
+        **provenance_attributes(),
     }
     if trace is not None:
         attributes["simulator.trace"] = str(trace)
     else:
         attributes["simulator.shape"] = command.simulator.shape
     attributes.update(command.builder.attributes())
+    attributes.update(timing_cache_attributes(command.builder.timing_cache, "before"))
     job = BuildJob(
         model_path=model_path,
         model=carried,
@@ -191,6 +194,8 @@ def build(command: BuildCommand) -> int:
         **record_attributes(backend, module),
         **model_attributes(command.model, model),
         **command.builder.attributes(),
+        **timing_cache_attributes(command.builder.timing_cache, "before"),
+        **provenance_attributes(backend.name),
     }
     job = BuildJob(
         model_path=command.model,

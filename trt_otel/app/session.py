@@ -33,6 +33,7 @@ from trt_otel.app.components import (
 )
 from trt_otel.app.config import ObservabilityConfig, SessionConfig, UsageError
 from trt_otel.builder.build import BuildJob, BuildResult, partial_files, run_build_job
+from trt_otel.builder.provenance import FINGERPRINT, fingerprint
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.supervisor import IsolatedResult, StopNow, run_isolated
 from trt_otel.control.policies import PolicyRunner
@@ -89,6 +90,7 @@ def run_build(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]) 
     observe = config.observe
     with contextlib.ExitStack() as stack:
         gpu, history = build_context(stack, observe, attributes, config.policy.min_available_bytes)
+        attributes[FINGERPRINT] = fingerprint(attributes)  # the GPU's architecture is known now
         model = ReadModel(history)  # the build folded once, for every view below
         policy = config.policy.policy(history=history, project=model.project)
         # Only a build in this process attaches this monitor to a builder library, and keeps

@@ -18,6 +18,7 @@ from typing import Any
 
 from trt_otel.builder import preflight
 from trt_otel.builder.options import BuildOptions, ShapeRange, unsupported_options
+from trt_otel.builder.provenance import output_attributes
 from trt_otel.builder.saving import save_build
 from trt_otel.capture import backends
 from trt_otel.capture.backends import Backend
@@ -198,6 +199,7 @@ def run_build(
     if failure is not None:
         monitor.end(Outcome.FAILURE, failure.detail, error_type=failure.error_type)
         return BuildResult(Outcome.FAILURE, failure.detail, None, 0)
+    monitor.record_output(output_attributes(data, engine_path, cache_data))
     outcome = monitor.end_with_result(serialized)
     return BuildResult(outcome, "", engine_path, len(data))
 

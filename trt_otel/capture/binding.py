@@ -138,6 +138,10 @@ class ProgressMonitorBase:
         """What the recorded end says of the outcome ("" before the end)."""
         raise NotImplementedError
 
+    def record_output(self, attributes: dict[str, Any]) -> None:
+        """What a successful build produced (``engine.sha256``, ...), recorded before its end."""
+        raise NotImplementedError
+
     def end(
         self, outcome: Outcome | None = None, detail: str = "", error_type: str | None = None
     ) -> Outcome:

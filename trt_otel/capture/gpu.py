@@ -146,6 +146,12 @@ class NvmlReader:
         uuid = self._get("nvmlDeviceGetUUID")
         if uuid is not None:  # the GPU's identity on the host: the resource's hw.id
             attributes["gpu.uuid"] = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+        capability = self._get("nvmlDeviceGetCudaComputeCapability")
+        if capability is not None:
+            attributes["gpu.compute_capability"] = f"{capability[0]}.{capability[1]}"
+        with contextlib.suppress(Exception):
+            version = int(self._nvml.nvmlSystemGetCudaDriverVersion())
+            attributes["cuda.driver.version"] = f"{version // 1000}.{version % 1000 // 10}"
         try:
             driver = self._nvml.nvmlSystemGetDriverVersion()
             attributes["gpu.driver"] = driver.decode() if isinstance(driver, bytes) else driver

@@ -39,6 +39,7 @@ from trt_otel.core.events import (
     Anomaly,
     AnomalyKind,
     BuildFinished,
+    BuildOutput,
     BuildStarted,
     CancelRequested,
     Event,
@@ -160,6 +161,17 @@ class BuildMonitor(ProgressMonitorBase):
     @property
     def outcome_detail(self) -> str:
         return self.state.outcome_detail
+
+    def record_output(self, attributes: dict[str, Any]) -> None:
+        """Record what the build produced (``engine.sha256``, ...), before its end: a
+        :class:`~trt_otel.core.events.BuildOutput` event. Once the build ended, nothing."""
+        with self.log.lock:
+            self._output_locked(attributes)
+
+    def _output_locked(self, attributes: dict[str, Any]) -> None:
+        if self._ended or self.state.build_id is None:
+            return
+        self.log.append_locked(BuildOutput, attributes=dict(attributes))
 
     def close(self, timeout_s: float = 5.0) -> bool:
         """Flush and stop every follower of the log; True if they all finished in time."""
@@ -448,6 +460,10 @@ class BuildMonitor(ProgressMonitorBase):
             elif kind == "end":
                 outcome, detail, error_type = arguments
                 self._end_locked(Outcome(outcome), detail, error_type)
+            elif kind == "output":
+                (attributes,) = arguments
+                if isinstance(attributes, dict):
+                    self._output_locked(attributes)
         except BaseException as caught:
             return caught
         finally:

@@ -254,6 +254,11 @@ class RecordingMonitor(ProgressMonitorBase):
         build as a cancel rather than a failure)."""
         return bool(self._flag.value)
 
+    def record_output(self, attributes: dict[str, Any]) -> None:
+        """What the build produced, for the supervisor's monitor to record before the end."""
+        self._record("output", dict(attributes))
+        self.not_callbacks += 1
+
     def end(
         self, outcome: Outcome | None = None, detail: str = "", error_type: str | None = None
     ) -> Outcome:

@@ -163,6 +163,16 @@ class BuildFinished(Event, frozen=True, tag="build_end"):
     error_type: str | None = None
 
 
+class BuildOutput(Event, frozen=True, tag="output"):
+    """What a successful build produced, recorded just before its end: ``attributes`` such as
+    ``engine.sha256``, ``engine.bytes``, ``engine.path`` and ``trt.timing_cache.sha256.after``
+    (the build record's other half: ``build_start`` says what went in)."""
+
+    type: ClassVar[str] = "output"
+
+    attributes: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
 class GpuSample(Event, frozen=True, tag="gpu"):
     """What the build's GPU looked like at one moment (NVML). A value the device does not
     report is None. Ratios are 0 to 1."""
@@ -220,6 +230,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         BuildFinished,
         GpuSample,
         ProcessSample,
+        BuildOutput,
     )
 }
 """Event classes by their journal ``type``."""

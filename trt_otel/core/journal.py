@@ -44,6 +44,7 @@ from trt_otel.core.events import (
     EVENT_TYPES,
     Anomaly,
     BuildFinished,
+    BuildOutput,
     BuildStarted,
     CancelRequested,
     Event,
@@ -80,6 +81,7 @@ AnyEvent = (
     | BuildFinished
     | GpuSample
     | ProcessSample
+    | BuildOutput
 )
 """Every event type, as the decoder tells them apart (by their ``type`` tag)."""
 

@@ -25,6 +25,7 @@ from trt_otel.core.durations import format_duration
 from trt_otel.core.events import (
     Anomaly,
     BuildFinished,
+    BuildOutput,
     BuildStarted,
     Event,
     GpuSample,
@@ -45,6 +46,7 @@ MAX_POINTS = 2000
 """Points of one resource line (evenly thinned beyond)."""
 MAX_ANOMALY_DETAILS = 20
 MAX_SILENCES = 200
+MAX_ATTRIBUTES = 200
 MAX_TEXT = 500
 """The longest name, value or message kept (a journal could hold megabytes in one)."""
 TOP_PHASES = 12
@@ -217,6 +219,7 @@ def report_of(events: Sequence[Event], index: int = 0) -> BuildReport:
     gpu: list[GpuSample] = []
     anomaly_details: list[str] = []
     builder_error: str | None = None
+    output: dict[str, Any] = {}
     for event in events:
         state.apply(event)
         kind = type(event)
@@ -228,6 +231,8 @@ def report_of(events: Sequence[Event], index: int = 0) -> BuildReport:
             process.append(event)  # type: ignore[arg-type]
         elif kind is GpuSample:
             gpu.append(event)  # type: ignore[arg-type]
+        elif isinstance(event, BuildOutput):
+            output.update(event.attributes)
         elif isinstance(event, Anomaly) and len(anomaly_details) < MAX_ANOMALY_DETAILS:
             anomaly_details.append(clip(f"{event.kind.value}: {event.detail}"))
         elif isinstance(event, LogMessage) and event.severity.upper() in (
@@ -245,7 +250,7 @@ def report_of(events: Sequence[Event], index: int = 0) -> BuildReport:
     return BuildReport(
         index=index,
         build_id=state.build_id or "",
-        attributes={clip(str(k), 200): clip(_text(v)) for k, v in state.attributes.items()},
+        attributes=_record({**state.attributes, **output}),
         start_wall_ns=state.start_wall_ns if state.start_wall_ns is not None else 0,
         duration_s=duration_s,
         outcome=state.outcome,
@@ -269,6 +274,12 @@ def report_of(events: Sequence[Event], index: int = 0) -> BuildReport:
         builder_error=builder_error,
         threads=list(dict.fromkeys(clip(t, 100) for t in threads.values())),
     )
+
+
+def _record(attributes: dict[str, Any]) -> dict[str, str]:
+    """The build's record as text, bounded: ``build_start``'s attributes and ``output``'s."""
+    items = list(attributes.items())[:MAX_ATTRIBUTES]
+    return {clip(str(key), 200): clip(_text(value)) for key, value in items}
 
 
 def _text(value: Any) -> str:
@@ -442,7 +453,14 @@ def outcome_text(report: BuildReport) -> str:
 
 def record_items(report: BuildReport) -> list[tuple[str, str]]:
     """The build's record, in a stable order: what decides the engine first."""
-    first = ("trt.backend", "trt.version", "model.path", "model.sha256", "fingerprint")
+    first = (
+        "trt.backend",
+        "trt.version",
+        "model.path",
+        "model.sha256",
+        "fingerprint",
+        "engine.sha256",
+    )
     attributes = report.attributes
     keys = [k for k in first if k in attributes]
     keys += sorted(k for k in attributes if k not in first)
