@@ -2,7 +2,8 @@
 into typed configuration (:mod:`trt_otel.app.arguments`), and :mod:`trt_otel.app.session` runs.
 
 Exit codes (the contract): 0 built; 2 usage or configuration error, before any build starts;
-3 cancelled; 4 the build failed; 130 interrupted by the user (Ctrl-C).
+3 cancelled; 4 the build failed; 5 slower than ``--fail-if-slower`` allows; 130 interrupted by
+the user (Ctrl-C).
 """
 
 # ruff: noqa: E402 (the imports come after the Ctrl-C handler that covers them)
@@ -52,6 +53,7 @@ from trt_otel.app.components import (
     telemetry_resource,
 )
 from trt_otel.app.config import SessionConfig, UsageError
+from trt_otel.app.diffing import DiffCommand, diff_command, gate
 from trt_otel.app.fleet_arguments import FleetCommand
 from trt_otel.app.ladder import run_ladder
 from trt_otel.app.program_session import run_program_session
@@ -110,12 +112,8 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         args = build_parser().parse_args(argv)
         command = command_of(args)
-        if isinstance(command, DemoCommand):
-            with summarised(command.session, command.summary) as session:
-                return demo(dataclasses.replace(command, session=session))
-        if isinstance(command, BuildCommand):
-            with summarised(command.session, command.summary) as session:
-                return build(dataclasses.replace(command, session=session))
+        if isinstance(command, DemoCommand | BuildCommand):
+            return _build_or_demo(command)
         if isinstance(command, WatchCommand):
             return watch(command)
         if isinstance(command, RunCommand):
@@ -127,6 +125,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return fleet(command)
         if isinstance(command, ReportCommand):
             return report(command)
+        if isinstance(command, DiffCommand):
+            return diff_command(command)
         return replay(command)
     except StopNow:  # a second SIGTERM outside the build: still a cancel
         return EXIT_CANCELLED
@@ -145,6 +145,19 @@ def _main(argv: Sequence[str] | None) -> int:
     ) as error:
         print(f"trt-otel: error: {printable(str(error))}", file=sys.stderr)  # paths, names given
         return EXIT_USAGE
+
+
+def _build_or_demo(command: DemoCommand | BuildCommand) -> int:
+    """The build, its summary for CI (``$GITHUB_STEP_SUMMARY``), and with
+    ``--fail-if-slower``, the gate against its history, which needs a journal of the build."""
+    gated = command.fail_if_slower is not None
+    with summarised(command.session, command.summary, keep_journal=gated) as session:
+        command = dataclasses.replace(command, session=session)
+        code = demo(command) if isinstance(command, DemoCommand) else build(command)
+    if code == EXIT_OK and command.fail_if_slower is not None:
+        observe = command.session.observe
+        return gate(observe.journal, observe.history, command.fail_if_slower)
+    return code
 
 
 def demo(command: DemoCommand) -> int:

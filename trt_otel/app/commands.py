@@ -29,6 +29,7 @@ from trt_otel.app.config import (
     UsageError,
     default_state_dir,
 )
+from trt_otel.app.diffing import DiffCommand
 from trt_otel.app.fleet_arguments import (
     FleetCommand,
     add_fleet,
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_watch,
         add_fleet,
         _add_report,
+        _add_diff,
     )
     for add in adders:
         add(commands)
@@ -112,6 +114,7 @@ def _add_demo(commands: argparse._SubParsersAction[Parser]) -> None:
     add_session_options(demo)
     add_retry_option(demo)
     _add_summary_option(demo)
+    _add_gate_option(demo)
 
 
 def _add_build(commands: argparse._SubParsersAction[Parser]) -> None:
@@ -132,6 +135,7 @@ def _add_build(commands: argparse._SubParsersAction[Parser]) -> None:
     add_session_options(build)
     add_retry_option(build)
     _add_summary_option(build)
+    _add_gate_option(build)
 
 
 def _add_replay(commands: argparse._SubParsersAction[Parser]) -> None:
@@ -237,6 +241,35 @@ def _add_summary_option(parser: Parser) -> None:
     )
 
 
+def _add_gate_option(parser: Parser, *, after_build: bool = True) -> None:
+    parser.add_argument(
+        "--fail-if-slower",
+        type=non_negative_float,
+        metavar="PCT",
+        help="exit 5 when the build is slower than "
+        + ("the median of the matching builds of --history" if after_build else "the baseline")
+        + " by more than PCT percent (a CI gate)",
+    )
+
+
+def _add_diff(commands: argparse._SubParsersAction[Parser]) -> None:
+    diff = commands.add_parser(
+        "diff",
+        help="what changed between two builds: their record, their phases, a verdict",
+        description="Compare the last build of CANDIDATE with the last build of BASELINE, or "
+        "with the median of the matching successful builds in --history DIR (matched by "
+        "fingerprint): what differs in their record, then their phases side by side, the "
+        "largest changes first, then a verdict.",
+        usage="trt-otel diff (BASELINE | --history DIR) CANDIDATE [--fail-if-slower PCT]",
+    )
+    diff.add_argument("journals", nargs="+", type=Path, metavar="JOURNAL")
+    diff.add_argument(
+        "--history", type=Path, metavar="DIR", help="a folder of journals: the baseline is "
+        "the median of its builds that match the candidate",
+    )  # fmt: skip
+    _add_gate_option(diff, after_build=False)
+
+
 def _add_report(commands: argparse._SubParsersAction[Parser]) -> None:
     report = commands.add_parser(
         "report",
@@ -267,6 +300,8 @@ class DemoCommand:
     retries: tuple[Rung, ...] = ()
     summary: bool = True
     """Append the markdown report to ``$GITHUB_STEP_SUMMARY`` when that is set."""
+    fail_if_slower: float | None = None
+    """With ``--history``: exit 5 when slower than the history's median by more (percent)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +316,7 @@ class BuildCommand:
     """``tensorrt`` or ``tensorrt-rtx``; None: the one installed."""
     retries: tuple[Rung, ...] = ()
     summary: bool = True
+    fail_if_slower: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +368,7 @@ Command = (
     | McpCommand
     | FleetCommand
     | ReportCommand
+    | DiffCommand
 )
 
 
@@ -350,6 +387,7 @@ def command_of(args: argparse.Namespace) -> Command:
             output=args.output,
             retries=retry_rungs(args, threads=args.threads),
             summary=args.summary,
+            fail_if_slower=_gate(args),
         )
     if args.command == "build":
         return BuildCommand(
@@ -360,6 +398,7 @@ def command_of(args: argparse.Namespace) -> Command:
             backend=args.backend,
             retries=retry_rungs(args),
             summary=args.summary,
+            fail_if_slower=_gate(args),
         )
     if args.command == "run":
         program = args.program[1:] if args.program[:1] == ["--"] else args.program
@@ -385,8 +424,8 @@ def command_of(args: argparse.Namespace) -> Command:
         return fleet_command_of(args)
     if args.command == "mcp" and (args.ray or args.shared_dir):
         return _ray_mcp_command(args)
-    if args.command == "report":
-        return ReportCommand(tuple(args.journals), args.output, args.format)
+    if args.command in ("diff", "report"):
+        return _explaining(args)
     if args.command == "mcp":
         state_dir = args.state_dir or default_state_dir()
         for root in args.root or ():
@@ -419,3 +458,23 @@ def _ray_mcp_command(args: argparse.Namespace) -> McpCommand:
         num_gpus=args.num_gpus,
         num_cpus=args.num_cpus,
     )
+
+
+def _gate(args: argparse.Namespace) -> float | None:
+    if args.fail_if_slower is not None and args.history is None:
+        raise UsageError("--fail-if-slower needs --history DIR: the builds to compare with")
+    return args.fail_if_slower  # type: ignore[no-any-return]
+
+
+def _explaining(args: argparse.Namespace) -> ReportCommand | DiffCommand:
+    """``report`` and ``diff``: finished builds explained, from their journals."""
+    journals: list[Path] = args.journals
+    if args.command == "report":
+        return ReportCommand(tuple(journals), args.output, args.format)
+    if args.history is not None:
+        if len(journals) != 1:
+            raise UsageError("diff --history DIR takes one journal: the candidate")
+        return DiffCommand(journals[0], history=args.history, fail_if_slower=args.fail_if_slower)
+    if len(journals) != 2:
+        raise UsageError("diff takes two journals, BASELINE CANDIDATE (or --history DIR)")
+    return DiffCommand(journals[1], baseline=journals[0], fail_if_slower=args.fail_if_slower)

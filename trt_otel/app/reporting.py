@@ -96,13 +96,16 @@ MAX_SUMMARY_BYTES = 1024 * 1024
 
 
 @contextlib.contextmanager
-def summarised(session: SessionConfig, wanted: bool = True) -> Iterator[SessionConfig]:
-    """Around a build command: when ``$GITHUB_STEP_SUMMARY`` is set (and ``wanted``), the
-    session it should run, with a journal (a kept one in the runner's temporary folder when
-    none was asked for: the summary is made from it, and it stays for an artifact or a diff),
-    and once the command ends, however it ends, its report appended to the summary."""
-    target = os.environ.get(STEP_SUMMARY)
-    if not wanted or not target:
+def summarised(
+    session: SessionConfig, wanted: bool = True, *, keep_journal: bool = False
+) -> Iterator[SessionConfig]:
+    """Around a build command: when ``$GITHUB_STEP_SUMMARY`` is set (and ``wanted``), or
+    ``keep_journal`` asks for one, the session it should run, with a journal (a kept one in
+    the runner's temporary folder when none was asked for: the summary is made from it, and
+    it stays for an artifact or a diff); once the command ends, however it ends, its report
+    is appended to the summary."""
+    target = os.environ.get(STEP_SUMMARY) if wanted else None
+    if not target and not keep_journal:
         yield session
         return
     journal = session.observe.journal
@@ -115,7 +118,8 @@ def summarised(session: SessionConfig, wanted: bool = True) -> Iterator[SessionC
     try:
         yield session
     finally:
-        append_step_summary(Path(target), journal, since=started)
+        if target:
+            append_step_summary(Path(target), journal, since=started)
 
 
 def append_step_summary(target: Path, journal: Path, *, since: float = 0.0) -> None:
