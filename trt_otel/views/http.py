@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,7 @@ from trt_otel.core.readmodel import ReadModel, SiblingGroup
 from trt_otel.core.state import BuildState, Phase
 from trt_otel.views import web
 from trt_otel.views.prometheus import exposition
+from trt_otel.views.report.live import LiveTimeline
 
 _logger = logging.getLogger(__name__)
 
@@ -60,6 +61,14 @@ KEEPALIVE_S = 15.0
 CLIENT_TIMEOUT_S = 30.0
 
 
+TIMELINE_HEADERS = {
+    # An image: no script runs in it; its own inline style is all it may use.
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+}
+
+
 class EventFeed:
     """The server's follower: the newest events, as SSE frames to any thread that asks.
 
@@ -69,7 +78,15 @@ class EventFeed:
 
     name = "http"
 
-    def __init__(self, retain: int = RETAINED_FRAMES, *, ends_with_build: bool = True) -> None:
+    def __init__(
+        self,
+        retain: int = RETAINED_FRAMES,
+        *,
+        ends_with_build: bool = True,
+        tee: Callable[[Sequence[Event]], None] | None = None,
+    ) -> None:
+        self._tee = tee
+        """Also given every batch (the live timeline), on the follower's thread."""
         self._retain = retain
         self._ends_with_build = ends_with_build
         """False for a log of several builds (``trt-otel run``): the stream ends when the log
@@ -95,6 +112,13 @@ class EventFeed:
             if self._ends_with_build and BuildFinished in set(map(type, events)):
                 self.ended = True
             self._changed.notify_all()
+        if self._tee is not None:
+            try:
+                self._tee(events)
+            except Exception as error:  # the timeline's bug costs the timeline, not the feed
+                self._tee = None
+                _logger.warning("trt-otel: the live timeline stopped (%s: %s)",
+                                type(error).__name__, error)  # fmt: skip
 
     def close(self) -> None:
         with self._changed:
@@ -311,7 +335,9 @@ class StatusServer:
         self.monitor = monitor
         self.model = model
         self.registry = registry
-        self.feed = EventFeed()
+        self.timeline = LiveTimeline(clock)
+        """The build's timeline as ``trt-otel report`` draws it (``/timeline.svg``)."""
+        self.feed = EventFeed(tee=self.timeline.handle)
         self.clock = clock
         self.token_file: Path | None = None
         """Where a generated token was written for the owner (removed with the server)."""
@@ -435,6 +461,9 @@ def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
                 self._json(200, {"status": "ok", "build": build_status})
                 if ended and not self.head_only:
                     server.final_served.set()
+            elif path == "/timeline.svg":
+                picture = server.timeline.svg().encode("utf-8")
+                self._send(200, "image/svg+xml; charset=utf-8", picture, TIMELINE_HEADERS)
             elif path == "/cancel":
                 self._json(405, {"error": "use POST"}, {"Allow": "POST"})
             elif (page := web.asset(path)) is not None:

@@ -35,7 +35,21 @@ ROW_H = 20
 AXIS_H = 34
 SERIES_H = 56
 
-_STYLE = """
+_SVG_STYLE = """
+svg { display: block; font: 12px system-ui, sans-serif; }
+svg text { fill: #1f2328; } svg .muted { fill: #656d76; }
+.bar.finished { fill: #4c78a8; } .bar.aborted { fill: #e45756; } .bar.open { fill: #f58518; }
+.silence { fill: url(#hatch); } .silence-label { fill: #9a6700; font-weight: 600; }
+.cancel-line { stroke: #cf222e; stroke-width: 2; stroke-dasharray: 5 3; }
+.end-line { stroke: #1f2328; stroke-width: 1.5; }
+.grid { stroke: #eaeef2; } .axis { stroke: #d0d7de; }
+.series-line { fill: none; stroke: #8250df; stroke-width: 1.5; }
+.series-line.gpu { stroke: #1a7f37; }
+"""
+"""The drawing's style: in the page, and inside the timeline drawn alone (the live page's)."""
+
+_STYLE = (
+    """
 :root { color-scheme: light; --ink: #1f2328; --muted: #656d76; --line: #d0d7de; }
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: var(--ink);
   margin: 24px auto; max-width: 1240px; padding: 0 16px; background: #fff; }
@@ -45,15 +59,6 @@ h3 { font-size: 15px; margin: 18px 0 6px; }
 .outcome { font-weight: 600; padding: 1px 8px; border-radius: 10px; color: #fff; }
 .success { background: #1a7f37; } .failure, .timeout { background: #cf222e; }
 .cancellation { background: #bf8700; } .never { background: #6e7781; }
-svg { display: block; font: 12px system-ui, sans-serif; }
-svg text { fill: var(--ink); } svg .muted { fill: var(--muted); }
-.bar.finished { fill: #4c78a8; } .bar.aborted { fill: #e45756; } .bar.open { fill: #f58518; }
-.silence { fill: url(#hatch); } .silence-label { fill: #9a6700; font-weight: 600; }
-.cancel-line { stroke: #cf222e; stroke-width: 2; stroke-dasharray: 5 3; }
-.end-line { stroke: var(--ink); stroke-width: 1.5; }
-.grid { stroke: #eaeef2; } .axis { stroke: var(--line); }
-.series-line { fill: none; stroke: #8250df; stroke-width: 1.5; }
-.series-line.gpu { stroke: #1a7f37; }
 .toggle { cursor: pointer; fill: var(--muted); } .row:hover .label { font-weight: 600; }
 table { border-collapse: collapse; margin: 6px 0; font-size: 13px; }
 th, td { border-bottom: 1px solid var(--line); padding: 3px 10px 3px 0; text-align: left;
@@ -63,6 +68,8 @@ td.path { max-width: 560px; overflow-wrap: anywhere; } td.value { overflow-wrap:
 .note { background: #fff8c5; border: 1px solid #d4a72c; border-radius: 6px; padding: 6px 10px; }
 section.build { border-top: 2px solid var(--line); margin-top: 24px; }
 """
+    + _SVG_STYLE
+)
 
 _SCRIPT = """
 (function () {
@@ -201,12 +208,22 @@ def _ticks(duration_s: float) -> list[float]:
     return [i * step for i in range(int(duration_s / step) + 1)]
 
 
-def _timeline(report: BuildReport) -> str:
+def timeline_svg(report: BuildReport) -> str:
+    """The timeline drawn alone, as an SVG document (the live page shows it as an image, which
+    runs no script: its rows do not fold), with the style it needs inside."""
+    return _timeline(report, standalone=True)
+
+
+def _timeline(report: BuildReport, *, standalone: bool = False) -> str:
     duration = report.duration_s
     height = AXIS_H + ROW_H * len(report.rows) + 8
     out = [
-        f'<svg class="timeline" width="{WIDTH}" height="{height}" data-top="{AXIS_H}" '
-        f'data-row-h="{ROW_H}" role="img" aria-label="timeline of the phases">',
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="timeline" width="{WIDTH}" '
+        f'height="{height}" data-top="{AXIS_H}" data-row-h="{ROW_H}" role="img" '
+        'aria-label="timeline of the phases">',
+        f'<style>{_SVG_STYLE}</style><rect width="100%" height="100%" fill="#fff"/>'
+        if standalone
+        else "",
         '<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
         'patternTransform="rotate(45)"><rect width="6" height="6" fill="#fff8c5"/>'
         '<line x1="0" y1="0" x2="0" y2="6" stroke="#d4a72c" stroke-width="2"/></pattern></defs>',
@@ -231,7 +248,7 @@ def _timeline(report: BuildReport) -> str:
     out.extend(_row(row, AXIS_H + i * ROW_H, duration) for i, row in enumerate(report.rows))
     out.append(_marks(report, height))
     out.append("</svg>")
-    if report.rows_left_out:
+    if report.rows_left_out and not standalone:
         out.append(f'<p class="muted">{report.rows_left_out} more phase paths not drawn.</p>')
     return "".join(out)
 

@@ -16,7 +16,6 @@ must not make a report of unbounded size.
 from __future__ import annotations
 
 import bisect
-import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -206,74 +205,131 @@ def reports_of(events: Iterable[Event]) -> list[BuildReport]:
     return [report_of(build, index) for index, build in enumerate(builds_of(events))]
 
 
-_PROGRESS = (BuildStarted, PhaseStarted, StepCompleted, PhaseFinished, BuildFinished)
+_PROGRESS = frozenset({BuildStarted, PhaseStarted, StepCompleted, PhaseFinished, BuildFinished})
+MIN_GAP_NS = 1_000_000_000
+"""Gaps between callbacks kept as candidate silent windows (the threshold, which depends on the
+build's length, is applied when the report is made)."""
+MAX_SAMPLES = 20_000
+"""Samples of each kind kept; beyond, every other one is dropped (a line has 2,000 points)."""
 
 
-# Long: one pass over the events, keeping the few facts each kind of event adds.
 def report_of(events: Sequence[Event], index: int = 0) -> BuildReport:
     """One build's events (``build_start`` first, where there is one) explained."""
-    state = BuildState()
-    threads: dict[int, str] = {}
-    progress_ns: list[int] = []
-    process: list[ProcessSample] = []
-    gpu: list[GpuSample] = []
-    anomaly_details: list[str] = []
-    builder_error: str | None = None
-    output: dict[str, Any] = {}
+    recorder = BuildRecorder(index)
     for event in events:
-        state.apply(event)
+        recorder.apply(event)
+    return recorder.report()
+
+
+class BuildRecorder:
+    """The report's fold: a build's events in, one at a time (a journal read back, or a live
+    build's log, which the HTTP view's timeline follows), and :meth:`report` at any moment.
+    Not thread-safe: a follower that reports from another thread holds a lock around both."""
+
+    def __init__(self, index: int = 0) -> None:
+        self.index = index
+        self.state = BuildState()
+        self._threads: dict[int, str] = {}
+        self._gaps: list[tuple[int, int]] = []
+        self._last_progress_ns: int | None = None
+        self._first_ns: int | None = None
+        self._last_ns: int | None = None
+        self._process: list[ProcessSample] = []
+        self._gpu: list[GpuSample] = []
+        self._anomaly_details: list[str] = []
+        self._builder_error: str | None = None
+        self._output: dict[str, Any] = {}
+
+    def apply(self, event: Event) -> None:
+        self.state.apply(event)
         kind = type(event)
+        if self._first_ns is None:
+            self._first_ns = event.mono_ns
+        self._last_ns = event.mono_ns
         if kind is PhaseStarted:
-            threads[event.seq] = event.thread
+            self._threads[event.seq] = event.thread
         if kind in _PROGRESS:
-            progress_ns.append(event.mono_ns)
+            last = self._last_progress_ns
+            if last is not None and event.mono_ns - last >= MIN_GAP_NS:
+                self._gap(last, event.mono_ns)
+            self._last_progress_ns = event.mono_ns
         elif kind is ProcessSample:
-            process.append(event)  # type: ignore[arg-type]
+            _keep(self._process, event)
         elif kind is GpuSample:
-            gpu.append(event)  # type: ignore[arg-type]
+            _keep(self._gpu, event)
         elif isinstance(event, BuildOutput):
-            output.update(event.attributes)
-        elif isinstance(event, Anomaly) and len(anomaly_details) < MAX_ANOMALY_DETAILS:
-            anomaly_details.append(clip(f"{event.kind.value}: {event.detail}"))
+            self._output.update(event.attributes)
+        elif isinstance(event, Anomaly) and len(self._anomaly_details) < MAX_ANOMALY_DETAILS:
+            self._anomaly_details.append(clip(f"{event.kind.value}: {event.detail}"))
         elif isinstance(event, LogMessage) and event.severity.upper() in (
             "ERROR",
             "INTERNAL_ERROR",
         ):
-            builder_error = clip(event.message)
-    origin = state.start_mono_ns if state.start_mono_ns is not None else _first_ns(events)
-    end_ns = state.end_mono_ns if state.end_mono_ns is not None else _last_ns(events, origin)
-    duration_s = max(0.0, (end_ns - origin) / 1e9)
-    silences = _silences(state, progress_ns, origin, duration_s)
-    rss = [(s.mono_ns, s.rss_bytes) for s in process if s.rss_bytes is not None]
-    rows, left_out = _rows(state, threads, origin, end_ns, silences, rss)
-    cancel = state.cancel
-    return BuildReport(
-        index=index,
-        build_id=state.build_id or "",
-        attributes=_record({**state.attributes, **output}),
-        start_wall_ns=state.start_wall_ns if state.start_wall_ns is not None else 0,
-        duration_s=duration_s,
-        outcome=state.outcome,
-        detail=clip(state.outcome_detail),
-        rows=rows,
-        rows_left_out=left_out,
-        silences=silences,
-        cancel=None
-        if cancel is None
-        else CancelMark(
-            at_s=(cancel.mono_ns - origin) / 1e9,
-            source=clip(cancel.source, 100),
-            reason=clip(cancel.reason),
-            policy=clip(cancel.policy),
-        ),
-        series=_series(process, gpu, origin),
-        steps=state.steps_completed_total,
-        phases=state.phases_started_total,
-        anomalies={kind.value: count for kind, count in sorted(state.anomalies.items())},
-        anomaly_details=anomaly_details,
-        builder_error=builder_error,
-        threads=list(dict.fromkeys(clip(t, 100) for t in threads.values())),
-    )
+            self._builder_error = clip(event.message)
+
+    def _gap(self, start_ns: int, end_ns: int) -> None:
+        """Keep the gap; when :data:`MAX_SILENCES` are kept, the longest of them."""
+        gaps = self._gaps
+        if len(gaps) < MAX_SILENCES:
+            gaps.append((start_ns, end_ns))
+            return
+        shortest = min(range(len(gaps)), key=lambda i: gaps[i][1] - gaps[i][0])
+        if end_ns - start_ns > gaps[shortest][1] - gaps[shortest][0]:
+            del gaps[shortest]
+            gaps.append((start_ns, end_ns))
+
+    def report(self, now_mono_ns: int | None = None) -> BuildReport:
+        """The build so far; ``now_mono_ns``: a build still running is drawn up to then (on
+        the build's own clock), its open phases and its current silence with it."""
+        state = self.state
+        first = self._first_ns or 0
+        origin = state.start_mono_ns if state.start_mono_ns is not None else first
+        end_ns = state.end_mono_ns
+        if end_ns is None:
+            end_ns = max(self._last_ns or origin, now_mono_ns or 0)
+        duration_s = max(0.0, (end_ns - origin) / 1e9)
+        gaps = list(self._gaps)
+        last = self._last_progress_ns
+        if state.end_mono_ns is None and last is not None and end_ns - last >= MIN_GAP_NS:
+            gaps.append((last, end_ns))  # silent now
+        silences = _silences(state, gaps, origin, duration_s)
+        rss = [(s.mono_ns, s.rss_bytes) for s in self._process if s.rss_bytes is not None]
+        rows, left_out = _rows(state, self._threads, origin, end_ns, silences, rss)
+        cancel = state.cancel
+        return BuildReport(
+            index=self.index,
+            build_id=state.build_id or "",
+            attributes=_record({**state.attributes, **self._output}),
+            start_wall_ns=state.start_wall_ns if state.start_wall_ns is not None else 0,
+            duration_s=duration_s,
+            outcome=state.outcome,
+            detail=clip(state.outcome_detail),
+            rows=rows,
+            rows_left_out=left_out,
+            silences=silences,
+            cancel=None
+            if cancel is None
+            else CancelMark(
+                at_s=(cancel.mono_ns - origin) / 1e9,
+                source=clip(cancel.source, 100),
+                reason=clip(cancel.reason),
+                policy=clip(cancel.policy),
+            ),
+            series=_series(self._process, self._gpu, origin, end_ns),
+            steps=state.steps_completed_total,
+            phases=state.phases_started_total,
+            anomalies={kind.value: count for kind, count in sorted(state.anomalies.items())},
+            anomaly_details=list(self._anomaly_details),
+            builder_error=self._builder_error,
+            threads=list(dict.fromkeys(clip(t, 100) for t in self._threads.values())),
+        )
+
+
+def _keep(samples: list[Any], sample: Event) -> None:
+    """Append, halving the list (every other sample) when it is full: bounded, still even."""
+    samples.append(sample)
+    if len(samples) > MAX_SAMPLES:
+        del samples[1::2]
 
 
 def _record(attributes: dict[str, Any]) -> dict[str, str]:
@@ -286,21 +342,13 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else str(value)
 
 
-def _first_ns(events: Sequence[Event]) -> int:
-    return events[0].mono_ns if events else 0
-
-
-def _last_ns(events: Sequence[Event], origin: int) -> int:
-    return max((event.mono_ns for event in events), default=origin)
-
-
 def _silences(
-    state: BuildState, progress_ns: list[int], origin: int, duration_s: float
+    state: BuildState, gaps: list[tuple[int, int]], origin: int, duration_s: float
 ) -> list[Silence]:
     threshold_ns = silence_threshold_s(duration_s) * 1e9
     silences: list[Silence] = []
-    for before, after in itertools.pairwise(progress_ns):
-        if after - before >= threshold_ns and len(silences) < MAX_SILENCES:
+    for before, after in gaps:
+        if after - before >= threshold_ns:
             silences.append(
                 Silence(
                     start_s=(before - origin) / 1e9,
@@ -402,7 +450,13 @@ def _union(intervals: Iterable[tuple[int, int]]) -> int:
     return total
 
 
-def _series(process: list[ProcessSample], gpu: list[GpuSample], origin: int) -> list[Series]:
+def _series(
+    process: list[ProcessSample], gpu: list[GpuSample], origin: int, end_ns: int
+) -> list[Series]:
+    """The resource lines over the build's time (a sampler's last sample may come after the
+    end: it is not the build's)."""
+    process = [s for s in process if s.mono_ns <= end_ns]
+    gpu = [s for s in gpu if s.mono_ns <= end_ns]
     lines = [
         _line("builder CPU", "%", ((s.mono_ns, s.cpu_percent) for s in process), origin),
         _line("builder memory", "bytes", ((s.mono_ns, s.rss_bytes) for s in process), origin),

@@ -9,6 +9,7 @@
   const SILENT_AFTER_S = 5; // TensorRT's ordinary pauses between callbacks are shorter
   const STATUS_EVERY_MS = 500; // at most this often: /status takes the build's read-model lock
   const GPU_SAMPLES_KEPT = 600;
+  const TIMELINE_EVERY_MS = 2000; // the server redraws it at most once a second
   const TOKEN_KEY = "trt-otel-cancel-token";
   const CALLBACKS = ["phase_start", "step", "phase_finish"];
   const EVENT_TYPES = CALLBACKS.concat(["build_start", "cancel", "anomaly", "log", "build_end", "gpu", "process"]);
@@ -130,10 +131,24 @@
     }
   }
 
+  // The timeline is drawn by the server, by the same code as `trt-otel report`: an image,
+  // fetched again every few seconds while the build runs, and once more at its end.
+  function refreshTimeline() {
+    $("timeline").src = "timeline.svg?at=" + Date.now();
+  }
+  const timelineTimer = setInterval(function () {
+    if (view.closed) {
+      clearInterval(timelineTimer);
+    } else {
+      refreshTimeline();
+    }
+  }, TIMELINE_EVERY_MS);
+
   function finish() {
     // One last read of the tree while the build's process still serves it, then let go of
     // the stream (the build waits for its streaming clients before it exits).
     renderEnd();
+    refreshTimeline();
     fetchStatus().then(function () {
       view.closed = true;
       if (view.source !== null) view.source.close();
