@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import importlib.metadata
 import json
 import platform
 import socket
@@ -59,6 +58,8 @@ def provenance_attributes(backend: str | None = None) -> dict[str, Any]:
 
 def _wheel_cuda(backend: str) -> str | None:
     """The CUDA major version in the name of the backend's installed wheel, if one is."""
+    import importlib.metadata  # here: a build's worker imports this module, and not that
+
     for major in ("13", "12", "11"):
         try:
             importlib.metadata.version(f"{backend}-cu{major}")
