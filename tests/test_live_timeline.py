@@ -98,9 +98,23 @@ def test_the_running_build_is_drawn_with_its_current_silence_and_ends_as_the_rep
     assert "default-src 'none'" in headers["Content-Security-Policy"]
 
     def silent_now() -> ElementTree.Element | None:
+        """The picture while TensorRT is silent: the hatched window runs to the drawing's end
+        (now), and the phase is open."""
         _, picture = demo.timeline()
-        said = silences(picture)
-        return picture if any("Determining refit engines" in s for s in said) else None
+        windows = [
+            g
+            for g in picture.iter(f"{SVG}g")
+            if g.get("class") == "silent-window" and "Determining refit" in "".join(g.itertext())
+        ]
+        if not windows:
+            return None
+        window = next(windows[-1].iter(f"{SVG}rect"))
+        rects = list(picture.iter(f"{SVG}rect"))
+        end = next(e for e in picture.iter(f"{SVG}line") if "end-line" in (e.get("class") or ""))
+        reaches_now = abs(float(window.get("x", 0)) + float(window.get("width", 0))
+                          - float(end.get("x1", 0))) < 3  # fmt: skip
+        still_open = any(r.get("class") == "bar open" for r in rects)
+        return picture if reaches_now and still_open else None
 
     during = poll("the current silence drawn", silent_now)
     assert isinstance(during, ElementTree.Element)
