@@ -427,17 +427,7 @@ def command_of(args: argparse.Namespace) -> Command:
     if args.command in ("diff", "report"):
         return _explaining(args)
     if args.command == "mcp":
-        state_dir = args.state_dir or default_state_dir()
-        for root in args.root or ():
-            if not root.expanduser().is_dir():
-                raise UsageError(f"--root {root}: not a directory")
-        try:
-            roots = tuple(
-                root.expanduser().resolve() for root in args.root or [state_dir, Path.cwd()]
-            )
-        except (OSError, RuntimeError) as error:  # a loop of symlinks
-            raise UsageError(f"--root: {error}") from None
-        return McpCommand(state_dir, roots)
+        return _mcp_command(args)
     return ReplayCommand(args.journal, span_config(args))
 
 
@@ -458,6 +448,18 @@ def _ray_mcp_command(args: argparse.Namespace) -> McpCommand:
         num_gpus=args.num_gpus,
         num_cpus=args.num_cpus,
     )
+
+
+def _mcp_command(args: argparse.Namespace) -> McpCommand:
+    state_dir = args.state_dir or default_state_dir()
+    for root in args.root or ():
+        if not root.expanduser().is_dir():
+            raise UsageError(f"--root {root}: not a directory")
+    try:
+        roots = tuple(root.expanduser().resolve() for root in args.root or [state_dir, Path.cwd()])
+    except (OSError, RuntimeError) as error:  # a loop of symlinks
+        raise UsageError(f"--root: {error}") from None
+    return McpCommand(state_dir, roots)
 
 
 def _gate(args: argparse.Namespace) -> float | None:
