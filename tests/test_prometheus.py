@@ -188,6 +188,23 @@ def test_the_step_gauges_read_by_a_scrape_are_the_builds_mid_build_and_at_the_en
     assert values[("trt_build_steps_completed_total", ())] == steps
 
 
+def test_the_event_and_callback_counts_are_the_logs_own() -> None:
+    """``trt_otel_events_total`` is every event the log holds (seq counts from 0), and the
+    callbacks' count is TensorRT's calls, not the events they made."""
+    from prometheus_client import generate_latest
+
+    monitor = BuildMonitor()
+    registry = metrics_registry(MetricSources(monitor))
+    plan = generate_plan(3)
+    Driver(speed=0).run(monitor, plan)
+    monitor.end()
+    values = gauge_values(generate_latest(registry).decode())
+    events = monitor.log.recent()
+    assert events[0].seq == 0
+    assert values[("trt_otel_events_total", ())] == len(events) == events[-1].seq + 1
+    assert values[("trt_otel_callbacks_total", ())] == len(plan)
+
+
 @needs_prometheus
 def test_every_dashboard_expression_returns_data_during_a_build(
     prometheus: PrometheusServer, exporter_port: int, tmp_path: Path

@@ -19,6 +19,7 @@ from trt_otel.builder.simulator import Driver, generate_plan, load_trace
 from trt_otel.core.eta import estimate
 from trt_otel.core.events import Event, PhaseFinished, PhaseStarted, StepCompleted
 from trt_otel.core.journal import read_journal
+from trt_otel.core.log import EventLog
 from trt_otel.core.readmodel import ReadModel, SiblingGroup
 from trt_otel.core.state import BuildState, Phase
 from trt_otel.views.console import render_build
@@ -368,3 +369,14 @@ def test_a_group_keeps_the_total_and_the_longest_of_its_phases() -> None:
     assert isinstance(group, SiblingGroup)
     second = 1_000_000_000
     assert (group.count, group.total_ns, group.longest_ns) == (3, 6 * second, 3 * second)
+
+
+def test_a_model_that_is_the_logs_fold_counts_every_event_it_folded() -> None:
+    """Its health, in a follower's terms, has handled every event of the log (seq from 0)."""
+    model = ReadModel()
+    log = EventLog()
+    model.fold_of(log)
+    monitor = BuildMonitor(log=log)
+    Driver(speed=0).run(monitor, generate_plan(2))
+    monitor.end()
+    assert model.health().handled == len(log.recent()) == log.next_seq
