@@ -13,7 +13,8 @@ from trt_otel import BuildMonitor, JournalWriter
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.views.console import PlainLines
 from trt_otel.views.http import StatusServer
-from trt_otel.views.otlp import OtlpSettings, OtlpSpanExport
+from trt_otel.views.otlp import OtlpSpanExport
+from trt_otel.views.otlp_settings import OtlpSettings
 from trt_otel.views.prometheus import MetricSources, MetricsServer, metrics_registry
 
 

@@ -31,7 +31,8 @@ from otlp_receiver import OtlpReceiver, ReceivedSpan
 from trt_otel import BuildMonitor
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.views.conventions import SEMCONV_VERSION
-from trt_otel.views.otlp import GRPC, OtlpSettings, OtlpSpanExport
+from trt_otel.views.otlp import OtlpSpanExport
+from trt_otel.views.otlp_settings import GRPC, OtlpSettings
 from trt_otel.views.spans import UNFINISHED, SpanProjection, SpanRecord
 
 SERVER = ProtoSpan.SpanKind.SPAN_KIND_SERVER

@@ -193,7 +193,7 @@ def test_trt_otels_own_warnings_are_records_in_the_builds_span(
 
 def test_each_signal_has_its_path_and_its_own_variables() -> None:
     from trt_otel.app.config import SpanConfig
-    from trt_otel.views.otlp import HTTP_PROTOBUF, LOGS, METRICS, TRACES
+    from trt_otel.views.otlp_settings import HTTP_PROTOBUF, LOGS, METRICS, TRACES
 
     base = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/"}
     endpoints = {

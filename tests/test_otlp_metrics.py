@@ -18,8 +18,8 @@ from rtx_builds import CONV_SHAPES, import_rtx, write_conv
 from trt_otel import BuildMonitor, read_journal
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.core.events import BuildStarted
-from trt_otel.views.otlp import GRPC, METRICS, OtlpSettings
 from trt_otel.views.otlp_metrics import OtlpMetricsExport
+from trt_otel.views.otlp_settings import GRPC, METRICS, OtlpSettings
 from trt_otel.views.prometheus import MetricSources, metrics_registry
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]

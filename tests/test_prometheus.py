@@ -249,7 +249,7 @@ def test_every_dashboard_expression_returns_data_during_a_build(
 @needs_prometheus
 def test_promtool_finds_nothing_to_lint_mid_build() -> None:
     from trt_otel.control.policies import PolicyHealth
-    from trt_otel.views.otlp import SpanExportHealth
+    from trt_otel.views.otlp_settings import SpanExportHealth
 
     monitor = BuildMonitor(attributes={"trt.backend": "simulator", "model.path": "m.onnx"})
     sources = MetricSources(

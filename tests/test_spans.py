@@ -30,13 +30,13 @@ from trt_otel.app.cli import main
 from trt_otel.builder.simulator import Callback, Driver, generate_plan, load_trace
 from trt_otel.core.journal import read_journal
 from trt_otel.core.state import BuildState
-from trt_otel.views.otlp import (
+from trt_otel.views.otlp import OtlpSpanExport
+from trt_otel.views.otlp_settings import (
     DEFAULT_REQUEST_TIMEOUT_S,
     GRPC,
     HTTP_PROTOBUF,
     OtlpConfigError,
     OtlpSettings,
-    OtlpSpanExport,
 )
 from trt_otel.views.spans import (
     TRACEPARENT_ATTRIBUTE,

@@ -91,7 +91,7 @@ from trt_otel.core.events import BuildStarted, Outcome
 from trt_otel.core.journal import JournalError, read_journal
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.views.console import render_build
-from trt_otel.views.otlp import OtlpConfigError
+from trt_otel.views.otlp_settings import OtlpConfigError
 from trt_otel.views.terminal import PipeSafeStream, pipe_safe_stderr, printable
 
 

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
-from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
@@ -49,18 +48,20 @@ from trt_otel.core.sizes import format_bytes
 from trt_otel.views.console import LiveConsole, PlainLines
 from trt_otel.views.discovery import ScrapeTarget, discovery_labels
 from trt_otel.views.http import StatusServer
-from trt_otel.views.otlp import LOGS, METRICS, OtlpSpanExport
+from trt_otel.views.otlp_settings import LOGS, METRICS
 from trt_otel.views.prometheus import (
     MetricSources,
     MetricsServer,
     metrics_registry,
     push_build_metrics,
 )
-from trt_otel.views.resource import detect_resource
 from trt_otel.views.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent
 from trt_otel.views.terminal import say, warn, warnings_heard_by
 
-if TYPE_CHECKING:  # imported when asked for: most builds export neither (start-up time)
+if TYPE_CHECKING:  # imported when asked for: most builds export nothing (start-up time)
+    from opentelemetry.sdk.resources import Resource
+
+    from trt_otel.views.otlp import OtlpSpanExport
     from trt_otel.views.otlp_logs import OtlpLogExport
     from trt_otel.views.otlp_metrics import OtlpMetricsExport
 
@@ -200,6 +201,8 @@ def span_export(
     if settings is None:
         yield None
         return
+    from trt_otel.views.otlp import OtlpSpanExport
+
     export = OtlpSpanExport(settings, warn=warn, model=model, resource=resource)
     model.subscribe(export)
     say(f"spans: {settings.endpoint} ({settings.protocol})")
@@ -457,6 +460,8 @@ def telemetry_resource(spans: SpanConfig, attributes: Mapping[str, Any] | None) 
     configured (nothing to detect it for)."""
     if spans.settings() is None:
         return None
+    from trt_otel.views.resource import detect_resource
+
     return detect_resource(attributes, warn=warn)
 
 

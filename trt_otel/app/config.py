@@ -27,7 +27,7 @@ from trt_otel.control.policies import (
 )
 from trt_otel.core.eta import History
 from trt_otel.core.projection import before_start
-from trt_otel.views.otlp import LOGS, METRICS, TRACES, OtlpSettings
+from trt_otel.views.otlp_settings import LOGS, METRICS, TRACES, OtlpSettings
 from trt_otel.views.spans import DEFAULT_FOLD_UNDER_NS, DEFAULT_LOGS_LEVEL, DEFAULT_SPAN_BUDGET
 
 LOOPBACK = "127.0.0.1"

@@ -37,7 +37,7 @@ from prometheus_client.samples import Sample
 
 from trt_otel.core.version import __version__
 from trt_otel.views.conventions import SCHEMA_URL
-from trt_otel.views.otlp import GRPC, OtlpSettings, unreachable_because
+from trt_otel.views.otlp_settings import GRPC, OtlpSettings, unreachable_because
 from trt_otel.views.prometheus import DURATION_BUCKETS_S
 from trt_otel.views.resource import detect_resource
 

@@ -43,7 +43,7 @@ from trt_otel.core.events import AnomalyKind, GpuSample, ProcessSample
 from trt_otel.core.followers import FollowerHealth
 from trt_otel.core.observed import ObservedBuild
 from trt_otel.core.state import BuildState
-from trt_otel.views.otlp import SpanExportHealth
+from trt_otel.views.otlp_settings import SpanExportHealth
 from trt_otel.views.spans import build_trace_id
 
 SpanHealthSource = Callable[[], SpanExportHealth]
