@@ -247,9 +247,14 @@ def mcp(command: McpCommand) -> int:
     if command.ray is not None:
         from trt_otel.app.mcp_server import serve_ray
 
-        serve_ray(*command.ray, num_gpus=command.num_gpus, num_cpus=command.num_cpus)
+        serve_ray(
+            *command.ray,
+            num_gpus=command.num_gpus,
+            num_cpus=command.num_cpus,
+            allow_network=command.allow_network,
+        )
         return EXIT_OK
-    serve(command.state_dir, command.roots)
+    serve(command.state_dir, command.roots, allow_network=command.allow_network)
     return EXIT_OK
 
 
