@@ -18,6 +18,7 @@ from trt_otel.builder.onnx_models import demo_model_bytes
 from trt_otel.builder.simulator import SIMULATED_ENGINE_MAGIC
 from trt_otel.core.events import BuildFinished, CancelRequested
 from trt_otel.core.state import BuildState
+from waiting import wait_for_silence, wait_for_text
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
@@ -173,13 +174,12 @@ def start_demo(journal: Path, *extra: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if journal.exists() and b"Computing profile costs" in journal.read_bytes():
-            return process
-        time.sleep(0.05)
-    process.kill()
-    raise AssertionError("the demo did not reach its silent window")
+    try:
+        wait_for_text(journal, b"Computing profile costs", timeout_s=30)
+    except AssertionError:
+        process.kill()
+        raise
+    return process
 
 
 def test_ctrl_c_cancels_gracefully_and_exits_130(tmp_path: Path) -> None:
@@ -209,10 +209,13 @@ def test_sigterm_cancels_and_exits_3(tmp_path: Path) -> None:
 def test_a_second_ctrl_c_stops_a_silent_build_at_once(tmp_path: Path) -> None:
     journal = tmp_path / "silent.jsonl"
     process = start_demo(journal, "--silence", "10m")
-    # In the silent window: TensorRT would not call back for ten minutes.
+    wait_for_silence(journal)  # TensorRT would not call back for ten minutes
     os.kill(process.pid, signal.SIGINT)
-    time.sleep(0.5)
-    assert process.poll() is None  # a graceful cancel waits for a step that is not coming
+    wait_for_text(journal, b'"type":"cancel"')  # the first Ctrl-C was taken
+    # Time passing is what is tested here: a graceful cancel waits for a step that is not
+    # coming (its grace is 30 s), so the build is still running half a second later.
+    with pytest.raises(subprocess.TimeoutExpired):
+        process.wait(0.5)
     os.kill(process.pid, signal.SIGINT)
     process.communicate(timeout=15)
     assert process.returncode == 130
