@@ -182,6 +182,59 @@ def start_demo(journal: Path, *extra: str) -> subprocess.Popen[str]:
     return process
 
 
+REPOSITORY = Path(__file__).resolve().parents[1]
+INTERRUPTED = (
+    "trt-otel: interrupted before the build started",  # during the command's imports
+    "trt-otel: interrupted",  # after them, before the build
+    "received SIGINT",  # the build had begun: it was cancelled
+)
+
+
+def started_bare(launch: str) -> list[str]:
+    """The command as ``python -S`` starts it: the interpreter without ``site``, whose ``.pth``
+    files (an editable install's import hook takes most of a second on a loaded machine) are
+    Python's start-up, not trt-otel's, so that the delays below fall in trt-otel's own."""
+    if launch == "module":
+        return [sys.executable, "-S", "-m", "trt_otel.app.cli"]
+    return [sys.executable, "-S", str(Path(sys.executable).with_name("trt-otel"))]
+
+
+@pytest.mark.parametrize("launch", ["module", "script"])
+def test_ctrl_c_at_any_moment_of_start_up_is_one_line_and_130(launch: str) -> None:
+    """Ctrl-C at once after start and at every 20 ms up to 300 ms: one line and exit 130
+    from trt-otel's first line on. Before it, only Python's own start-up can be interrupted
+    (killed by SIGINT, which a shell reports as 130), never trt-otel's code."""
+    paths = [str(REPOSITORY), *(p for p in sys.path if p.endswith("site-packages"))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    answered_early = 0
+    for delay_ms in range(0, 301, 20):
+        process = subprocess.Popen(
+            [*started_bare(launch), "demo", "--no-progress", "--speed", "0", "--silence", "5s"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        # The delay is what is tested: Ctrl-C at that moment of the start-up.
+        time.sleep(delay_ms / 1000)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+        said = f"{launch} at {delay_ms} ms: exit {process.returncode}\n{err}"
+        if process.returncode != 130:
+            # Python's own start-up (importing runpy, finding the package): killed by the
+            # signal, or Python's "could not import" and exit 1; never in trt-otel's code.
+            assert process.returncode in (-signal.SIGINT, 1), said
+            assert not err or "KeyboardInterrupt" in err.strip().splitlines()[-1], said
+            assert f"{os.sep}trt_otel{os.sep}" not in err, said
+            continue
+        assert process.returncode == 130, said
+        assert "Traceback" not in err, said
+        lines = err.strip().splitlines()
+        assert lines and any(text in lines[-1] for text in INTERRUPTED), said
+        answered_early += lines == [INTERRUPTED[0]]
+    assert answered_early, "no Ctrl-C landed in the imports: the test showed nothing"
+
+
 def test_ctrl_c_cancels_gracefully_and_exits_130(tmp_path: Path) -> None:
     journal = tmp_path / "interrupted.jsonl"
     process = start_demo(journal)
