@@ -8,7 +8,9 @@ a tool error with the command's own message.
 
 Nothing a client sends reaches further than the user allowed: the paths it names (model, output,
 path options) must resolve inside the server's roots (``--root``), an existing output is replaced
-only with ``overwrite: true``, every string is bounded before any work, and the server's log
+only with ``overwrite: true``, options that point a build at the network (an OTLP endpoint, a
+cancel URL, a Pushgateway, a metrics port or address) are refused unless the server was started
+with ``--allow-network-options``, every string is bounded before any work, and the server's log
 lines hold at most a few hundred characters of any of it.
 """
 
