@@ -461,7 +461,7 @@ def test_options_that_point_a_build_at_the_network_need_the_servers_consent(
         (["--cancel-url", url], "--cancel-url"),
         (["--pushgateway", "http://pushgateway.example:9091"], "--pushgateway"),
         (["--prometheus-port", "0"], "--prometheus-port"),
-        (["--prometheus-address=0.0.0.0"], "--prometheus-address"),
+        (["--prometheus-address=localhost"], "--prometheus-address"),
     ]
 
     async def refused_by_default() -> None:

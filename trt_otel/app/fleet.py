@@ -233,10 +233,10 @@ class Fleet:
         for name, option in RESERVED_SETTINGS.items():
             if getattr(theirs, name, None) != getattr(ours, name, None):
                 raise FleetError(f"{option} is set by the server; leave it out")
-        check_network(theirs, ours, allowed=self.allow_network)
         if getattr(theirs, "model", None) != getattr(ours, "model", None):
             raise FleetError("the model is start_build's model argument; leave --model out")
-        _check_loopback(theirs)
+        _check_loopback(theirs)  # whatever is allowed: the builds serve on this machine only
+        check_network(theirs, ours, allowed=self.allow_network)
         return theirs
 
     def _model_path(self, model: str) -> Path:
