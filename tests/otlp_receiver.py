@@ -50,6 +50,8 @@ class ReceivedSpan:
     kind: int = 0
     """``opentelemetry.proto.trace.v1.Span.SpanKind``: 1 internal, 2 server."""
     scope_schema_url: str = ""
+    parent_is_remote: bool | None = None
+    """From the span's flags: whether its parent came from another process (None: not said)."""
 
 
 def _value(value: AnyValue) -> Any:
@@ -59,6 +61,14 @@ def _value(value: AnyValue) -> Any:
     if kind is None:
         return None
     return getattr(value, kind)
+
+
+_HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200
+"""``SpanFlags``: the span says whether its parent is remote, and whether it is."""
+
+
+def _parent_is_remote(flags: int) -> bool | None:
+    return bool(flags & _IS_REMOTE) if flags & _HAS_IS_REMOTE else None
 
 
 def decode(request: trace_service_pb2.ExportTraceServiceRequest) -> list[ReceivedSpan]:
@@ -89,6 +99,7 @@ def decode(request: trace_service_pb2.ExportTraceServiceRequest) -> list[Receive
                         ),
                         kind=span.kind,
                         scope_schema_url=scope_spans.schema_url,
+                        parent_is_remote=_parent_is_remote(span.flags),
                     )
                 )
     return spans

@@ -18,6 +18,7 @@ from trt_otel.builder.onnx_models import demo_model_bytes
 from trt_otel.builder.simulator import SIMULATED_ENGINE_MAGIC
 from trt_otel.core.events import BuildFinished, CancelRequested
 from trt_otel.core.state import BuildState
+from waiting import wait_for_silence, wait_for_text
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
@@ -173,13 +174,68 @@ def start_demo(journal: Path, *extra: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if journal.exists() and b"Computing profile costs" in journal.read_bytes():
-            return process
-        time.sleep(0.05)
-    process.kill()
-    raise AssertionError("the demo did not reach its silent window")
+    try:
+        wait_for_text(journal, b"Computing profile costs", timeout_s=30)
+    except AssertionError:
+        process.kill()
+        raise
+    return process
+
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+INTERRUPTED = (
+    "trt-otel: interrupted before the build started",  # during the command's imports
+    "trt-otel: interrupted",  # after them, before the build
+    "received SIGINT",  # the build had begun: it was cancelled
+)
+
+
+def started_bare(launch: str) -> list[str]:
+    """The command as ``python -S`` starts it: the interpreter without ``site``, whose ``.pth``
+    files (an editable install's import hook takes most of a second on a loaded machine) are
+    Python's start-up, not trt-otel's, so that the delays below fall in trt-otel's own."""
+    if launch == "module":
+        return [sys.executable, "-S", "-m", "trt_otel.app.cli"]
+    script = Path(sys.executable).with_name("trt-otel")
+    if not script.exists():
+        pytest.skip("the trt-otel console script is not installed beside this Python")
+    return [sys.executable, "-S", str(script)]
+
+
+@pytest.mark.parametrize("launch", ["module", "script"])
+def test_ctrl_c_at_any_moment_of_start_up_is_one_line_and_130(launch: str) -> None:
+    """Ctrl-C at once after start and at every 20 ms up to 300 ms: one line and exit 130
+    from trt-otel's first line on. Before it, only Python's own start-up can be interrupted
+    (killed by SIGINT, which a shell reports as 130), never trt-otel's code."""
+    paths = [str(REPOSITORY), *(p for p in sys.path if p.endswith("site-packages"))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    answered_early = 0
+    for delay_ms in range(0, 301, 20):
+        process = subprocess.Popen(
+            [*started_bare(launch), "demo", "--no-progress", "--speed", "0", "--silence", "5s"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        # The delay is what is tested: Ctrl-C at that moment of the start-up.
+        time.sleep(delay_ms / 1000)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+        said = f"{launch} at {delay_ms} ms: exit {process.returncode}\n{err}"
+        if process.returncode != 130:
+            # Python's own start-up (importing runpy, finding the package): killed by the
+            # signal, or Python's "could not import" and exit 1; never in trt-otel's code.
+            assert process.returncode in (-signal.SIGINT, 1), said
+            assert not err or "KeyboardInterrupt" in err.strip().splitlines()[-1], said
+            assert f"{os.sep}trt_otel{os.sep}" not in err, said
+            continue
+        assert process.returncode == 130, said
+        assert "Traceback" not in err, said
+        lines = err.strip().splitlines()
+        assert lines and any(text in lines[-1] for text in INTERRUPTED), said
+        answered_early += lines == [INTERRUPTED[0]]
+    assert answered_early, "no Ctrl-C landed in the imports: the test showed nothing"
 
 
 def test_ctrl_c_cancels_gracefully_and_exits_130(tmp_path: Path) -> None:
@@ -209,10 +265,13 @@ def test_sigterm_cancels_and_exits_3(tmp_path: Path) -> None:
 def test_a_second_ctrl_c_stops_a_silent_build_at_once(tmp_path: Path) -> None:
     journal = tmp_path / "silent.jsonl"
     process = start_demo(journal, "--silence", "10m")
-    # In the silent window: TensorRT would not call back for ten minutes.
+    wait_for_silence(journal)  # TensorRT would not call back for ten minutes
     os.kill(process.pid, signal.SIGINT)
-    time.sleep(0.5)
-    assert process.poll() is None  # a graceful cancel waits for a step that is not coming
+    wait_for_text(journal, b'"type":"cancel"')  # the first Ctrl-C was taken
+    # Time passing is what is tested here: a graceful cancel waits for a step that is not
+    # coming (its grace is 30 s), so the build is still running half a second later.
+    with pytest.raises(subprocess.TimeoutExpired):
+        process.wait(0.5)
     os.kill(process.pid, signal.SIGINT)
     process.communicate(timeout=15)
     assert process.returncode == 130

@@ -24,8 +24,9 @@ import pytest
 from trt_otel import BuildMonitor, Outcome, read_journal
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.core.readmodel import ReadModel
-from trt_otel.views.http import EventFeed, StatusServer
+from trt_otel.views.http import MAX_TREE_DEPTH, EventFeed, StatusServer
 from trt_otel.views.prometheus import MetricSources, MetricsServer, metrics_registry
+from waiting import wait_until
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 TOKEN = "s3cret-token-for-tests"
@@ -141,12 +142,14 @@ def test_since_query_resumes_too(tmp_path: Path) -> None:
 def test_status_describes_the_build(tmp_path: Path) -> None:
     process, base = start_demo(*HOLD)
     try:
-        deadline = time.monotonic() + 30
         status = get_json(f"{base}/status")
-        while not (status["progress"] > 0 and status["elapsed_s"] > 1):
-            assert time.monotonic() < deadline, status
-            time.sleep(0.1)
+
+        def mid_build() -> bool:
+            nonlocal status
             status = get_json(f"{base}/status")
+            return bool(status["progress"] > 0 and status["elapsed_s"] > 1)
+
+        wait_until(mid_build, "the build never showed progress after a second", 30)
         health = get_json(f"{base}/healthz")
         with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
             metrics = response.read().decode()
@@ -342,9 +345,7 @@ def test_fifty_listeners_and_stalled_clients_do_not_hold_up_the_build(
     listeners = [threading.Thread(target=listen, args=(i,)) for i in range(50)]
     for thread in listeners:
         thread.start()
-    deadline = time.monotonic() + 10
-    while server.sse_clients < 53 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: server.sse_clients >= 53, "the 53 streams never all opened", 10)
     monitor.start()
     plan = generate_plan(num_layers=13, num_profiles=1, seed=5)
     began = time.monotonic()
@@ -680,3 +681,26 @@ def test_a_host_that_only_looks_like_this_servers_name_is_refused(
         code, body = ask(server, "GET", "/status", {"Host": host})
         assert code == 421, host
         assert monitor.build_id not in body.decode(), host
+
+
+def test_status_of_phases_nested_five_thousand_deep_answers_with_a_bounded_tree(
+    served: tuple[BuildMonitor, StatusServer],
+) -> None:
+    """A crafted build nesting phases far deeper than Python recurses: /status still answers,
+    its tree cut at MAX_TREE_DEPTH with the count of what is hidden below."""
+    monitor, server = served
+    monitor.start()
+    depth = 5_000
+    for level in range(depth):
+        monitor.phase_start(f"p{level}", f"p{level - 1}" if level else None, 2)
+    assert monitor.log.flush(30.0)
+    status = get_json(f"{server.url}/status")
+    names, level_nodes, last = [], status["phases"], None
+    while level_nodes:
+        assert len(level_nodes) == 1
+        last = level_nodes[0]
+        names.append(last["name"])
+        level_nodes = last["children"]
+    assert names == [f"p{level}" for level in range(MAX_TREE_DEPTH)]
+    assert last is not None and last["children_hidden"] == 1
+    assert status["phases_started"] == depth

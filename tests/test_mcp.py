@@ -15,8 +15,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -73,11 +75,15 @@ REAL = _real_builder()
 
 
 def server(
-    state_dir: Path, *roots: Path, cwd: Path | None = None, errlog: TextIO | None = None
+    state_dir: Path,
+    *roots: Path,
+    cwd: Path | None = None,
+    errlog: TextIO | None = None,
+    flags: Sequence[str] = (),
 ) -> Client:
     """The server over stdio, started in ``cwd`` (default: the state directory's parent, so
-    that with no ``roots`` the test's files are inside its default roots)."""
-    args = ["-m", "trt_otel.app.cli", "mcp", "--state-dir", str(state_dir)]
+    that with no ``roots`` the test's files are inside its default roots), with ``flags``."""
+    args = ["-m", "trt_otel.app.cli", "mcp", "--state-dir", str(state_dir), *flags]
     for root in roots:
         args += ["--root", str(root)]
     parameters = StdioServerParameters(
@@ -413,6 +419,87 @@ def test_paths_are_confined_to_the_roots(tmp_path: Path, model: Path) -> None:
         assert sorted(p.name for p in outside.iterdir()) == ["secret.onnx"]
 
     run(test)
+
+
+@pytest.fixture
+def cancel_flag() -> Iterator[tuple[str, threading.Event]]:
+    """A real cancel URL answering ``true``; the event is set once a build has polled it."""
+    polled = threading.Event()
+
+    class Flag(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            polled.set()
+            body = b'{"cancel": true, "reason": "the flag said so"}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    flag = ThreadingHTTPServer(("127.0.0.1", 0), Flag)
+    thread = threading.Thread(target=flag.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{flag.server_address[1]}/flag", polled
+    finally:
+        flag.shutdown()
+        flag.server_close()
+
+
+def test_options_that_point_a_build_at_the_network_need_the_servers_consent(
+    tmp_path: Path, model: Path, cancel_flag: tuple[str, threading.Event]
+) -> None:
+    """A client may not make the server's builds send data to, poll, or listen on an address
+    of its choosing, whatever the spelling, unless the server was started allowing it."""
+    url, polled = cancel_flag
+    network = [
+        (["--otlp-endpoint", "http://collector.example:4318"], "--otlp-endpoint"),
+        (["--otlp-endpoint=http://127.0.0.1:4318"], "--otlp-endpoint"),
+        (["--cancel-url", url], "--cancel-url"),
+        (["--pushgateway", "http://pushgateway.example:9091"], "--pushgateway"),
+        (["--prometheus-port", "0"], "--prometheus-port"),
+        (["--prometheus-address=localhost"], "--prometheus-address"),
+    ]
+
+    async def refused_by_default() -> None:
+        async with server(tmp_path / "state") as client:
+            tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+            start = tools["start_build"]
+            said = start.input_schema["properties"]["options"]["description"]
+            assert "--otlp-endpoint, --cancel-url, --pushgateway" in said
+            assert "are refused" in said and "--allow-network-options" in said
+            assert "--allow-network-options" in (start.description or "")
+            for options, option in network:
+                said = error_text(
+                    await client.call_tool(
+                        "start_build", {"kind": "demo", "model": str(model), "options": options}
+                    )
+                )
+                assert f"{option} would point the build at an address" in said, options
+                assert "trt-otel mcp --allow-network-options allows it" in said
+            assert payload(await client.call_tool("list_builds", {}))["builds"] == []
+        assert not polled.is_set()
+
+    async def allowed() -> None:
+        async with server(tmp_path / "state", flags=["--allow-network-options"]) as client:
+            tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+            said = tools["start_build"].input_schema["properties"]["options"]["description"]
+            assert "are allowed here" in said
+            slow = start_arguments(model, "--cancel-url", url, slow=True)
+            status = payload(await client.call_tool("start_build", slow))
+            ended = payload(
+                await client.call_tool(
+                    "wait_build", {"id": status["id"], "until": "end", "timeout_s": 120}
+                )
+            )
+            assert ended["status"]["outcome"] == "cancellation", ended
+            assert polled.is_set()
+
+    run(refused_by_default)
+    run(allowed)
 
 
 def test_the_default_roots_are_the_state_and_working_directories(

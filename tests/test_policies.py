@@ -39,9 +39,9 @@ from trt_otel.control.policies import (
     parse_flag,
 )
 from trt_otel.core.activity import Verdict
-from trt_otel.core.events import CancelRequested
+from trt_otel.core.events import CancelRequested, PhaseStarted
 from trt_otel.core.state import BuildState
-from waiting import wait_for_text
+from waiting import wait_for_silence, wait_for_text, wait_until
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 S = 1_000_000_000
@@ -189,7 +189,7 @@ class FlagServer:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 server.requests += 1
-                time.sleep(server.delay_s)
+                time.sleep(server.delay_s)  # a slow server: its slowness is what is tested
                 self.send_response(server.status)
                 self.send_header("Content-Length", str(len(server.body)))
                 self.end_headers()
@@ -323,8 +323,7 @@ def test_a_cancel_in_a_ten_minute_silence_ends_within_the_grace_period(tmp_path:
         journal, "--speed", "0", "--silence", "10m", "--cancel-file", str(sentinel),
         "--grace", "2s",
     )  # fmt: skip
-    wait_for_text(journal, b"Computing profile costs")
-    time.sleep(0.5)  # inside the silent window now
+    wait_for_silence(journal)
     cancelled_at = time.monotonic()
     sentinel.write_text("")
     _, err = process.communicate(timeout=60)
@@ -381,8 +380,7 @@ def wait_for_spans(receiver: OtlpReceiver, count: int) -> list[Any]:
 def test_sigterm_to_the_command_during_a_silence_escalates_after_grace(tmp_path: Path) -> None:
     journal = tmp_path / "term.jsonl"
     process = start_demo(journal, "--speed", "0", "--silence", "10m", "--grace", "1s")
-    wait_for_text(journal, b"Computing profile costs")
-    time.sleep(0.3)
+    wait_for_silence(journal)
     worker = worker_pid(process.pid)
     os.kill(process.pid, signal.SIGTERM)
     _, err = process.communicate(timeout=30)
@@ -406,17 +404,19 @@ def test_policies_attach_to_a_monitor_in_process(tmp_path: Path) -> None:
     steps_seen = 0
 
     def sleep(seconds: float) -> None:
+        # The simulator's pause before each callback: the 50th writes the sentinel, and the
+        # next callback waits until the policy has seen it, so the cancel lands mid-build.
         nonlocal steps_seen
         steps_seen += 1
         if steps_seen == 50:
             sentinel.write_text("enough\n")
-        time.sleep(0.01)
+            wait_until(lambda: monitor.cancelled, "the cancel file was never acted on", 10)
 
     with PolicyRunner(monitor, AnyOf(Timeout(3600), CancelFile(sentinel)), interval_s=0.02):
         monitor.start()
         result = Driver(speed=1, sleep=sleep).run(monitor, plan)
         monitor.end_with_result(None)
-    assert result.cancelled_at is not None
+    assert result.cancelled_at is not None and result.cancelled_at < len(plan) - 1
     assert monitor.state.outcome is Outcome.CANCELLATION
     assert monitor.state.cancel is not None and monitor.state.cancel.reason == "enough"
 
@@ -456,9 +456,7 @@ def test_the_metrics_count_policy_errors(flag_server: FlagServer) -> None:
     try:
         with runner:
             monitor.start()
-            deadline = time.monotonic() + 10
-            while policy.errors < 2 and time.monotonic() < deadline:
-                time.sleep(0.02)
+            wait_until(lambda: policy.errors >= 2, "the failing flag was never polled twice", 10)
         text = generate_latest(server.registry).decode()
     finally:
         server.close()
@@ -472,15 +470,25 @@ def test_the_metrics_count_policy_errors(flag_server: FlagServer) -> None:
 def a_build_that_ignores_cancels(monitor: BuildMonitor) -> None:
     """A build in a silent window (worker side): it never calls back, so never stops itself."""
     monitor.phase_start("Building engine", None, 6)
-    time.sleep(600)
+    time.sleep(600)  # the silence under test, not a wait: the supervisor must cut it short
 
 
 def test_a_build_that_ignores_the_cancel_is_stopped_with_sigterm_first() -> None:
     """The supervisor reports the signal it stopped the worker with; the worker died of it."""
     monitor = BuildMonitor()
     monitor.start()
-    threading.Timer(0.5, monitor.cancel, args=("enough",)).start()
+    building = threading.Event()
+    monitor.log.add_fold(lambda e: building.set() if isinstance(e, PhaseStarted) else None)
+
+    def cancel_once_building() -> None:
+        if building.wait(60):  # the worker has started its build, and holds still in it
+            monitor.cancel("enough")
+
+    canceller = threading.Thread(target=cancel_once_building, daemon=True)
+    canceller.start()
     result = run_isolated(a_build_that_ignores_cancels, monitor=monitor, grace_s=0.5)
+    canceller.join(10)
+    assert building.is_set(), "the worker never started its build"
     assert result.stopped_with == "SIGTERM"
     assert result.exitcode == -signal.SIGTERM, "the worker died of the signal reported"
 

@@ -30,7 +30,7 @@ from trt_otel.control.policies import (
 )
 from trt_otel.core.events import CancelRequested
 from trt_otel.views.prometheus import MetricSources, metrics_registry
-from waiting import wait_for_text
+from waiting import wait_for_text, wait_until
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
@@ -220,10 +220,7 @@ def test_a_stuck_policy_shows_in_the_metrics() -> None:
     try:
         with runner:
             monitor.start()
-            deadline = time.monotonic() + 5
-            while hung.health().stuck_s is None and time.monotonic() < deadline:
-                time.sleep(0.02)
-            time.sleep(0.2)
+            wait_until(lambda: hung.health().stuck_s is not None, "the probe never got stuck", 5)
             text = generate_latest(registry).decode()
     finally:
         hung.release.set()
@@ -255,7 +252,7 @@ class LateBodyHandler(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         self.request.recv(65536)
         self.request.sendall(b"HTTP/1.0 500 Oops\r\nConnection: close\r\nContent-Length: 4\r\n\r\n")
-        time.sleep(0.2)
+        time.sleep(0.2)  # the late body under test, not a wait
         self.request.sendall(b"oops")
 
 

@@ -29,6 +29,7 @@ from trt_otel.core.events import (
     PhaseStarted,
     StepCompleted,
 )
+from waiting import silent_at
 
 CALLBACKS = (PhaseStarted, StepCompleted, PhaseFinished)
 
@@ -80,7 +81,7 @@ class _SlowFold:
         if isinstance(event, PhaseStarted):
             self.first_phase.set()
         if event.seq < self.slow_events:
-            time.sleep(self.per_event_s)
+            time.sleep(self.per_event_s)  # the slowness under test, not a wait
 
 
 def test_a_cancel_decided_behind_the_replay_is_logged_among_the_callbacks_by_time() -> None:
@@ -116,19 +117,32 @@ def test_a_cancel_in_a_silent_worker_is_logged_at_once(monkeypatch: pytest.Monke
     monkeypatch.setattr(supervisor, "HELD_CANCEL_PATIENCE_S", 60.0)
     monitor = BuildMonitor()
     monitor.start()
+    plan = generate_plan(13)
     job = BuildJob(
         model_path=Path("m.onnx"),
         model=demo_model_bytes(),
         simulator=SimulatorSettings(speed=0, silence_s=600),
+        plan=plan,
     )
     logged = threading.Event()
-    monitor.log.add_fold(lambda e: logged.set() if isinstance(e, CancelRequested) else None)
+    silent = threading.Event()
+    callbacks, before = [0], silent_at(plan)
+
+    def fold(event: Event) -> None:
+        if isinstance(event, CancelRequested):
+            logged.set()
+        elif isinstance(event, CALLBACKS):
+            callbacks[0] += 1
+            if callbacks[0] == before:  # the last one before the silence
+                silent.set()
+
+    monitor.log.add_fold(fold)
     decided = threading.Event()
 
     def cancel_in_the_silence() -> None:
-        time.sleep(2.0)
-        monitor.cancel("now", source="user")
-        decided.set()
+        if silent.wait(60):
+            monitor.cancel("now", source="user")
+            decided.set()
 
     threading.Thread(target=cancel_in_the_silence, daemon=True).start()
     waiter = threading.Thread(

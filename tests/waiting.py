@@ -3,12 +3,58 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+from trt_otel.builder.simulator import Callback, generate_plan
+
+CALLBACK_TYPES = (b'"type":"phase_start"', b'"type":"step"', b'"type":"phase_finish"')
+
+
+def wait_until(condition: Callable[[], object], what: str, timeout_s: float = 60) -> None:
+    """Until ``condition()`` is true; fails, saying ``what`` was awaited, after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g}s"
+        time.sleep(0.02)
 
 
 def wait_for_text(path: Path, text: bytes, timeout_s: float = 60) -> None:
     """Until ``text`` is in the file at ``path`` (a journal a build is writing)."""
-    deadline = time.monotonic() + timeout_s
-    while not (path.exists() and text in path.read_bytes()):
-        assert time.monotonic() < deadline, f"{text!r} never appeared in {path}"
-        time.sleep(0.05)
+    wait_until(
+        lambda: path.exists() and text in path.read_bytes(),
+        f"{text!r} never appeared in {path}",
+        timeout_s,
+    )
+
+
+def silent_at(plan: list[Callback]) -> int:
+    """How many callbacks the simulator makes before its silent window (``--silence``): it
+    holds still before the first "Timing tactics" starts."""
+    return next(
+        index
+        for index, callback in enumerate(plan)
+        if callback.kind == "phase_start" and callback.name == "Timing tactics"
+    )
+
+
+DEMO_SILENT_AT = silent_at(generate_plan(13))
+"""The demo's (its model has 13 layers): every callback before its silence."""
+
+
+def callbacks_in(journal: Path) -> int:
+    """The callbacks a journal holds so far (whole lines only)."""
+    if not journal.exists():
+        return 0
+    lines = journal.read_bytes().split(b"\n")[:-1]
+    return sum(1 for line in lines if any(kind in line for kind in CALLBACK_TYPES))
+
+
+def wait_for_silence(journal: Path, before: int = DEMO_SILENT_AT, timeout_s: float = 60) -> None:
+    """Until the journal holds the ``before`` callbacks made before the silent window: the
+    build is inside it (no callback comes until it ends)."""
+    wait_until(
+        lambda: callbacks_in(journal) >= before,
+        f"{journal} never reached the silent window ({before} callbacks)",
+        timeout_s,
+    )

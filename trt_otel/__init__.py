@@ -9,6 +9,43 @@ Exceptions: :class:`~trt_otel.core.journal.JournalError` (a journal that cannot 
 TensorRT).
 """
 
+# ruff: noqa: E402 (the imports come after the Ctrl-C guard that covers them)
+
+# First of all, before any import that takes time: when this process is the trt-otel command
+# (its console script, or ``python -m trt_otel.app.cli``), Ctrl-C during the imports below is
+# one line and exit 130, not a traceback through them. Only modules built into the interpreter
+# here (``_signal``, ``posix`` and ``sys`` load nothing), so that the window in which a Ctrl-C
+# still meets Python's own handler is as short as it can be. The command puts Python's handler
+# back once its imports are done (trt_otel.core.startup.startup_done).
+import _signal as _startup_signal  # type: ignore[import-not-found]  # C, with no stubs
+import sys as _sys
+
+_startup_os = __import__("nt" if _sys.platform == "win32" else "posix")  # os's own C core
+
+
+def _interrupted_starting(signum: int, frame: object) -> None:
+    """Nothing has started, so nothing to stop or clean up: one line, exit 130."""
+    _startup_os.write(2, b"trt-otel: interrupted before the build started\n")
+    _startup_os._exit(130)
+
+
+def _running_as_command() -> bool:
+    if _sys.argv and _sys.argv[0].replace("\\", "/").rsplit("/", 1)[-1].startswith("trt-otel"):
+        return True
+    # ``python -m``: argv[0] is only "-m" while the package imports; the command line says more.
+    words = list(getattr(_sys, "orig_argv", []))
+    return any(
+        words[index] == "-m" and words[index + 1] == "trt_otel.app.cli"
+        for index in range(len(words) - 1)
+    )
+
+
+if (
+    _running_as_command()
+    and _startup_signal.getsignal(_startup_signal.SIGINT) is _startup_signal.default_int_handler
+):
+    _startup_signal.signal(_startup_signal.SIGINT, _interrupted_starting)
+
 import importlib as _importlib
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any

@@ -6,30 +6,10 @@ Exit codes (the contract): 0 built; 2 usage or configuration error, before any b
 the user (Ctrl-C).
 """
 
-# ruff: noqa: E402 (the imports come after the Ctrl-C handler that covers them)
-
 from __future__ import annotations
 
 import dataclasses
-import os
-import signal
 import sys
-from types import FrameType
-
-
-def _interrupted_starting(signum: int, frame: FrameType | None) -> None:
-    """Ctrl-C while the command's modules load: nothing has started, so nothing to stop or
-    clean up, and a traceback through the imports would say nothing. One line, exit 130."""
-    os.write(2, b"trt-otel: interrupted before the build started\n")
-    os._exit(130)
-
-
-# Run as the command (not imported by a program or a test): Ctrl-C during the imports below.
-# main() puts Python's own handler back once they are done.
-_AS_COMMAND = __name__ == "__main__" or os.path.basename(sys.argv[0]).startswith("trt-otel")
-if _AS_COMMAND and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-    signal.signal(signal.SIGINT, _interrupted_starting)
-
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -90,14 +70,14 @@ from trt_otel.core.durations import format_duration
 from trt_otel.core.events import BuildStarted, Outcome
 from trt_otel.core.journal import JournalError, read_journal
 from trt_otel.core.readmodel import ReadModel
+from trt_otel.core.startup import startup_done
 from trt_otel.views.console import render_build
 from trt_otel.views.otlp_settings import OtlpConfigError
 from trt_otel.views.terminal import PipeSafeStream, pipe_safe_stderr, printable
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if signal.getsignal(signal.SIGINT) is _interrupted_starting:
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # the imports are done
+    startup_done()  # Ctrl-C from here on: the command's own handling
     # A reader that goes away (`trt-otel demo 2>&1 | head`) changes neither the outcome nor
     # the cleanup: what is left to say is dropped.
     try:
@@ -247,9 +227,14 @@ def mcp(command: McpCommand) -> int:
     if command.ray is not None:
         from trt_otel.app.mcp_server import serve_ray
 
-        serve_ray(*command.ray, num_gpus=command.num_gpus, num_cpus=command.num_cpus)
+        serve_ray(
+            *command.ray,
+            num_gpus=command.num_gpus,
+            num_cpus=command.num_cpus,
+            allow_network=command.allow_network,
+        )
         return EXIT_OK
-    serve(command.state_dir, command.roots)
+    serve(command.state_dir, command.roots, allow_network=command.allow_network)
     return EXIT_OK
 
 

@@ -190,6 +190,14 @@ def _add_mcp(commands: argparse._SubParsersAction[Parser]) -> None:
     )
     add_ray_options(mcp)
     add_resource_options(mcp)
+    mcp.add_argument(
+        "--allow-network-options",
+        action="store_true",
+        help="let a client's build options name where the build sends or reads data or "
+        "listens (--otlp-endpoint, --cancel-url, --pushgateway, --prometheus-port, "
+        "--prometheus-address); refused by default, when only this server's own OTEL_* "
+        "settings apply",
+    )
 
 
 def _add_watch(commands: argparse._SubParsersAction[Parser]) -> None:
@@ -357,6 +365,8 @@ class McpCommand:
     """With ``--ray``: Ray's address and the shared folder, where the builds run and lie."""
     num_gpus: float = 0.0
     num_cpus: float = 1.0
+    allow_network: bool = False
+    """Whether a client may set the options that point a build at the network."""
 
 
 Command = (
@@ -447,6 +457,7 @@ def _ray_mcp_command(args: argparse.Namespace) -> McpCommand:
         ray=(address, shared_dir),
         num_gpus=args.num_gpus,
         num_cpus=args.num_cpus,
+        allow_network=args.allow_network_options,
     )
 
 
@@ -459,7 +470,7 @@ def _mcp_command(args: argparse.Namespace) -> McpCommand:
         roots = tuple(root.expanduser().resolve() for root in args.root or [state_dir, Path.cwd()])
     except (OSError, RuntimeError) as error:  # a loop of symlinks
         raise UsageError(f"--root: {error}") from None
-    return McpCommand(state_dir, roots)
+    return McpCommand(state_dir, roots, allow_network=args.allow_network_options)
 
 
 def _gate(args: argparse.Namespace) -> float | None:

@@ -79,6 +79,19 @@ RESERVED_SETTINGS = {
 }
 """What the fleet sets itself, by the parser's names for them: an option is refused by what
 the parser makes of it (``-o/x``, ``--output=x``), never by its spelling."""
+NETWORK_SETTINGS = {
+    "otlp_endpoint": "--otlp-endpoint",
+    "cancel_url": "--cancel-url",
+    "pushgateway": "--pushgateway",
+    "prometheus_port": "--prometheus-port",
+    "prometheus_address": "--prometheus-address",
+}
+"""Options that make a build reach the network where the caller says: send its spans or metrics
+to a URL, poll one, or listen on a port or an address. A client of the MCP server may not set
+them unless the server was started with ``--allow-network-options``: otherwise only the server's
+own settings (its ``OTEL_*`` environment) apply. Checked, like the reserved settings, by what
+the parser makes of the options."""
+ALLOW_NETWORK = "--allow-network-options"
 STARTUP_S = 30.0
 _URL = re.compile(r"http://(127\.0\.0\.1|\[::1\]|localhost):\d{1,5}")
 URL_FILE = "http.url"
@@ -123,9 +136,12 @@ class Fleet:
         state_dir: Path,
         *,
         roots: Sequence[Path] | None = None,
+        allow_network: bool = False,
         python: str = sys.executable,
     ) -> None:
         self.state_dir = state_dir
+        self.allow_network = allow_network
+        """Whether a request may set the :data:`NETWORK_SETTINGS` (off by default)."""
         self.roots = tuple(_resolved(root) for root in roots or (state_dir, Path.cwd()))
         """Where the paths a request names must lie (resolved): by default the state directory
         and the working directory."""
@@ -183,15 +199,7 @@ class Fleet:
                 argv += ["--model", str(model_path)]
             if engine is not None:
                 argv += ["--output", engine]
-        # What the options make of the settings the server owns, against the command without
-        # them: the parser's reading, whatever the spelling.
-        theirs, ours = check_command_line([*argv, *options]), check_command_line(argv)
-        for name, option in RESERVED_SETTINGS.items():
-            if getattr(theirs, name, None) != getattr(ours, name, None):
-                raise FleetError(f"{option} is set by the server; leave it out")
-        if getattr(theirs, "model", None) != getattr(ours, "model", None):
-            raise FleetError("the model is start_build's model argument; leave --model out")
-        _check_loopback(theirs)
+        theirs = self._check_settings(argv, options)
         # Every other path the options name (a timing cache, a trace, a cancel file, a
         # history): inside a root too, as the build (in this working directory) will read it.
         for dest, option in path_options(kind):
@@ -215,6 +223,21 @@ class Fleet:
         earlier builds in ``history`` (both inside a root): ``--deadline``'s own rule, and
         nothing is built."""
         return would_it_fit(model, deadline, history, self._model_path, self._inside)
+
+    def _check_settings(self, argv: list[str], options: Sequence[str]) -> argparse.Namespace:
+        """The command line with ``options``, as the parser reads it, if they leave alone what
+        the server owns (and, unless allowed, where the build reaches the network)."""
+        # What the options make of the settings the server owns, against the command without
+        # them: the parser's reading, whatever the spelling.
+        theirs, ours = check_command_line([*argv, *options]), check_command_line(argv)
+        for name, option in RESERVED_SETTINGS.items():
+            if getattr(theirs, name, None) != getattr(ours, name, None):
+                raise FleetError(f"{option} is set by the server; leave it out")
+        if getattr(theirs, "model", None) != getattr(ours, "model", None):
+            raise FleetError("the model is start_build's model argument; leave --model out")
+        _check_loopback(theirs)  # whatever is allowed: the builds serve on this machine only
+        check_network(theirs, ours, allowed=self.allow_network)
+        return theirs
 
     def _model_path(self, model: str) -> Path:
         path = self._inside("model", Path(model).expanduser().absolute())
@@ -597,6 +620,20 @@ def checked_rung_paths(rung: str) -> list[tuple[str, Path]]:
         return rung_paths(rung)
     except UsageError as error:
         raise FleetError(str(error)) from None
+
+
+def check_network(theirs: argparse.Namespace, ours: argparse.Namespace, *, allowed: bool) -> None:
+    """Refuse, unless ``allowed``, the :data:`NETWORK_SETTINGS` the request's options change
+    from the server's own command line (``ours``), by what the parser made of them."""
+    if allowed:
+        return
+    for name, option in NETWORK_SETTINGS.items():
+        if getattr(theirs, name, None) != getattr(ours, name, None):
+            raise FleetError(
+                f"{option} would point the build at an address of the caller's choosing; this "
+                f"server refuses it (its own OTEL_* settings apply; trt-otel mcp {ALLOW_NETWORK} "
+                "allows it)"
+            )
 
 
 def check_command_line(argv: Sequence[str]) -> argparse.Namespace:

@@ -8,7 +8,9 @@ a tool error with the command's own message.
 
 Nothing a client sends reaches further than the user allowed: the paths it names (model, output,
 path options) must resolve inside the server's roots (``--root``), an existing output is replaced
-only with ``overwrite: true``, every string is bounded before any work, and the server's log
+only with ``overwrite: true``, options that point a build at the network (an OTLP endpoint, a
+cancel URL, a Pushgateway, a metrics port or address) are refused unless the server was started
+with ``--allow-network-options``, every string is bounded before any work, and the server's log
 lines hold at most a few hundred characters of any of it.
 """
 
@@ -25,6 +27,7 @@ from pydantic import Field
 
 from trt_otel.app.config import UsageError
 from trt_otel.app.fleet import (
+    ALLOW_NETWORK,
     MAX_DURATION_CHARS,
     MAX_EVENTS,
     MAX_ID_CHARS,
@@ -32,6 +35,7 @@ from trt_otel.app.fleet import (
     MAX_OPTIONS,
     MAX_PATH_CHARS,
     MAX_REASON_CHARS,
+    NETWORK_SETTINGS,
     Fleet,
     FleetError,
 )
@@ -49,9 +53,9 @@ stops it (TensorRT stops at its next step; a build silent longer than its grace 
 from outside). Builds keep running when this server stops; a new server finds them again.
 Exit codes: 0 built, 3 cancelled or timed out, 4 failed. Every path given (model, output, a path
 in options) must resolve, symlinks followed, inside one of the server's roots: {roots}; an output
-that exists is replaced only with overwrite: true. Strings are bounded (paths and options
-{paths:,} characters, at most {options} options, an id {ids}, a reason {reasons}): a longer one
-is refused."""
+that exists is replaced only with overwrite: true. {network}. Strings are bounded (paths and
+options {paths:,} characters, at most {options} options, an id {ids}, a reason {reasons}): a
+longer one is refused."""
 MAX_TOOL_NAME_CHARS = 64
 MAX_ERROR_CHARS = 1000
 """A tool error's message at most (what the command line says of an option quotes it)."""
@@ -64,8 +68,10 @@ MAX_LOG_CHARS = 1000
 # fleet; their descriptions (what an agent reads) are most of the lines.
 def create_server(fleet: Fleet | RayFleet) -> MCPServer:
     roots = ", ".join(map(str, fleet.roots))
+    network = _network_rule(fleet.allow_network)
     instructions = INSTRUCTIONS.format(
         roots=roots,
+        network=network[:1].upper() + network[1:],
         paths=MAX_PATH_CHARS,
         options=MAX_OPTIONS,
         ids=MAX_ID_CHARS,
@@ -116,7 +122,7 @@ def create_server(fleet: Fleet | RayFleet) -> MCPServer:
                 "'--timeout', '30m', '--stall-timeout', '10m'] or, for a demo, ['--speed', "
                 f"'4', '--silence', '20s']; at most {MAX_OPTIONS} of them, each at most "
                 f"{MAX_OPTION_CHARS:,} characters; a path among them (--timing-cache, --trace, "
-                f"--cancel-file, --history) {inside}",
+                f"--cancel-file, --history) {inside}; {network}",
                 json_schema_extra={"maxItems": MAX_OPTIONS},
             ),
         ] = None,
@@ -147,8 +153,10 @@ def create_server(fleet: Fleet | RayFleet) -> MCPServer:
         ] = None,
     ) -> dict[str, Any]:
         """Start a build in a process of its own; returns its status (with its id) as soon as
-        it is running. Paths are confined to the server's roots, and an existing output is
-        replaced only with overwrite: true."""
+        it is running. Paths are confined to the server's roots, an existing output is
+        replaced only with overwrite: true, and options that point the build at the network
+        (--otlp-endpoint, --cancel-url, --pushgateway, --prometheus-port, --prometheus-address)
+        are refused unless the server was started with --allow-network-options."""
         return _call(
             lambda: fleet.start(
                 kind,
@@ -297,6 +305,17 @@ class _BoundedLines(logging.Filter):
         return True
 
 
+def _network_rule(allowed: bool) -> str:
+    """What the tools say of the options that point a build at the network."""
+    names = ", ".join(NETWORK_SETTINGS.values())
+    if allowed:
+        return f"the options that point a build at the network ({names}) are allowed here"
+    return (
+        f"the options that point a build at the network ({names}) are refused: the server's "
+        f"own OTEL_* settings apply (trt-otel mcp {ALLOW_NETWORK} allows them)"
+    )
+
+
 def _cut(value: object, limit: int) -> object:
     if isinstance(value, str) and len(value) > limit:
         return f"{value[:limit]}... ({len(value):,} characters)"
@@ -310,18 +329,34 @@ def bound_log_lines() -> None:
             handler.addFilter(_BoundedLines())
 
 
-def serve(state_dir: Path, roots: Sequence[Path] | None = None) -> None:
+def serve(
+    state_dir: Path, roots: Sequence[Path] | None = None, *, allow_network: bool = False
+) -> None:
     """Serve over stdio until the client goes away. Paths are confined to ``roots`` (default:
-    the state directory and the working directory)."""
-    server = create_server(Fleet(state_dir, roots=roots))
+    the state directory and the working directory); the options that point a build at the
+    network are refused unless ``allow_network``."""
+    server = create_server(Fleet(state_dir, roots=roots, allow_network=allow_network))
     bound_log_lines()  # after the server, which sets up the logging
     server.run("stdio")
 
 
-def serve_ray(address: str, shared_dir: Path, *, num_gpus: float, num_cpus: float) -> None:
+def serve_ray(
+    address: str,
+    shared_dir: Path,
+    *,
+    num_gpus: float,
+    num_cpus: float,
+    allow_network: bool = False,
+) -> None:
     """Serve over stdio, each build a Ray job (``--ray``); paths confined to ``shared_dir``."""
     try:
-        fleet = RayFleet(address, shared_dir, num_gpus=num_gpus, num_cpus=num_cpus)
+        fleet = RayFleet(
+            address,
+            shared_dir,
+            num_gpus=num_gpus,
+            num_cpus=num_cpus,
+            allow_network=allow_network,
+        )
     except FleetError as error:
         raise UsageError(str(error)) from None
     server = create_server(fleet)

@@ -48,6 +48,7 @@ from trt_otel.app.fleet import (
     FleetError,
     JournalFold,
     check_command_line,
+    check_network,
     check_options,
     check_text,
     checked_rung_paths,
@@ -103,10 +104,13 @@ class RayFleet:
         num_cpus: float = 1.0,
         stop_slack_s: float = STOP_SLACK_S,
         client: Any = None,
+        allow_network: bool = False,
     ) -> None:
         """``num_gpus``/``num_cpus``: what Ray reserves for a build when a request says
         nothing of it. ``stop_slack_s``: see :data:`STOP_SLACK_S`."""
         self.address = address
+        self.allow_network = allow_network
+        """Whether a request may set the options that point a build at the network."""
         self.stop_slack_s = stop_slack_s
         self.num_gpus, self.num_cpus = num_gpus, num_cpus
         self.shared_dir = shared_dir.expanduser().resolve()
@@ -229,6 +233,7 @@ class RayFleet:
         for name, option in _RESERVED.items():
             if getattr(theirs, name, None) != getattr(ours, name, None):
                 raise FleetError(f"{option} is set by the fleet; leave it out")
+        check_network(theirs, ours, allowed=self.allow_network)
         for dest, option in path_options(kind):
             value = getattr(theirs, dest, None)
             if dest not in _RESERVED and dest != "model" and value is not None:

@@ -186,7 +186,7 @@ def status_document(model: ReadModel, eta: BuildEta, now_mono_ns: int) -> dict[s
         "attributes": state.attributes,
         "attempt": _attempt_json(state.attributes),
         "projection": _projection_json(model, now_mono_ns),
-        "phases": _nodes_json(model, None, eta, now_mono_ns),
+        "phases": _nodes_json(model, eta, now_mono_ns),
     }
 
 
@@ -211,29 +211,46 @@ def _gpu_json(state: BuildState) -> dict[str, Any] | None:
     return record
 
 
-def _nodes_json(
-    model: ReadModel, parent_id: int | None, eta: BuildEta, now: int
-) -> list[dict[str, Any]]:
-    """The phases under ``parent_id``, repeated ones folded by the model's rule (the terminal
-    folds them the same way)."""
-    nodes: list[dict[str, Any]] = []
-    for node in model.tree(parent_id):
-        if isinstance(node, SiblingGroup):
-            nodes.append(
-                {
-                    "name": node.name,
-                    "status": "finished",
-                    "count": node.count,
-                    "elapsed_s": node.total_ns / 1e9,
-                    "longest_s": node.longest_ns / 1e9,
-                }
-            )
-        else:
-            nodes.append(_phase_json(model, node, eta, now))
-    return nodes
+MAX_TREE_DEPTH = 64
+"""How deep ``/status`` nests the phase tree. TensorRT nests a handful of levels; a crafted
+journal may nest thousands, which no JSON encoder or browser should be asked to recurse into.
+A phase at this depth lists no children and says how many it has (``children_hidden``)."""
+
+
+def _nodes_json(model: ReadModel, eta: BuildEta, now: int) -> list[dict[str, Any]]:
+    """The phase tree, repeated phases folded by the model's rule (the terminal folds them the
+    same way). A stack, not recursion: a journal may nest phases as deep as it likes."""
+    roots: list[dict[str, Any]] = []
+    stack: list[tuple[list[dict[str, Any]], int | None, int]] = [(roots, None, 0)]
+    while stack:
+        into, parent_id, depth = stack.pop()
+        for node in model.tree(parent_id):
+            if isinstance(node, SiblingGroup):
+                into.append(_group_json(node))
+                continue
+            phase = _phase_json(model, node, eta, now)
+            into.append(phase)
+            if not node.children:
+                continue
+            if depth + 1 < MAX_TREE_DEPTH:
+                stack.append((phase["children"], node.id, depth + 1))
+            else:
+                phase["children_hidden"] = len(model.tree(node.id))
+    return roots
+
+
+def _group_json(group: SiblingGroup) -> dict[str, Any]:
+    return {
+        "name": group.name,
+        "status": "finished",
+        "count": group.count,
+        "elapsed_s": group.total_ns / 1e9,
+        "longest_s": group.longest_ns / 1e9,
+    }
 
 
 def _phase_json(model: ReadModel, phase: Phase, eta: BuildEta, now: int) -> dict[str, Any]:
+    """One phase, its ``children`` left empty for the caller to fill."""
     node: dict[str, Any] = {
         "name": phase.name,
         "status": phase.status.value,
@@ -247,7 +264,7 @@ def _phase_json(model: ReadModel, phase: Phase, eta: BuildEta, now: int) -> dict
         node["close_reason"] = phase.close_reason
     if phase.id in eta.phases:
         node["eta"] = _estimate_json(eta.phases[phase.id])
-    node["children"] = _nodes_json(model, phase.id, eta, now) if phase.children else []
+    node["children"] = []
     return node
 
 

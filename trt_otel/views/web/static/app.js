@@ -344,6 +344,9 @@
         line.append(" ", bar);
       }
       if (phase.close_reason) facts.textContent += " (" + phase.close_reason + ")";
+      if (phase.children_hidden) {
+        facts.textContent += " · " + phase.children_hidden + " more nested below, not shown";
+      }
     }
     line.append(facts);
     item.append(line);

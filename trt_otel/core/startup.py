@@ -1,0 +1,24 @@
+"""Ctrl-C while the ``trt-otel`` command starts: one line and exit 130, never a traceback.
+
+The package's ``__init__`` answers Ctrl-C with a handler of its own from its first lines when the
+process is the command (not a program or a test that imports ``trt_otel``), since the command's
+modules take a moment to import and Python's own handler would end it with a traceback through
+whatever was loading. Once the command's imports are done, :func:`startup_done` puts Python's
+handler back, and the command's own handling takes over.
+"""
+
+from __future__ import annotations
+
+import signal
+
+STARTUP_GUARD = ("trt_otel", "_interrupted_starting")
+"""The guard's module and name: how it is told from a handler someone else chose."""
+
+
+def startup_done() -> None:
+    """The command's imports are done: Python's own handler back, if the guard was in place."""
+    handler = signal.getsignal(signal.SIGINT)
+    if (getattr(handler, "__module__", None), getattr(handler, "__qualname__", None)) == (
+        STARTUP_GUARD
+    ):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
