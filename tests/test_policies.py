@@ -659,3 +659,18 @@ def test_a_worker_the_supervisor_stopped_did_not_die_on_its_own() -> None:
     result = run_isolated(a_build_that_ignores_cancels, monitor=monitor, grace_s=0.5)
     assert result.stopped_with == "SIGTERM"
     assert result.died is None
+
+
+def a_build_whose_process_exits_0_without_returning(monitor: BuildMonitor) -> None:
+    """A builder library that ends the process mid-build with status 0 (worker side)."""
+    monitor.phase_start("Building engine", None, 6)
+    os._exit(0)
+
+
+def test_a_worker_that_exits_0_without_returning_died_of_exit_code_0() -> None:
+    """Exit status 0 without the build's result is a death by "exit code 0", not a signal."""
+    monitor = BuildMonitor()
+    monitor.start()
+    result = run_isolated(a_build_whose_process_exits_0_without_returning, monitor=monitor)
+    assert not result.returned and result.exitcode == 0
+    assert result.died == "exit code 0"
