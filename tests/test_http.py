@@ -683,6 +683,22 @@ def test_a_host_that_only_looks_like_this_servers_name_is_refused(
         assert monitor.build_id not in body.decode(), host
 
 
+def test_two_host_headers_are_a_bad_request(served: tuple[BuildMonitor, StatusServer]) -> None:
+    """The allowed name first and another after: a proxy may read the one, this server the
+    other, so neither is taken (RFC 9112: 400)."""
+    monitor, server = served
+    monitor.start()
+    for hosts in (("localhost", "evil.example"), ("evil.example", "localhost")):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as connection:
+            lines = "".join(f"Host: {host}\r\n" for host in hosts)
+            connection.sendall(f"GET /status HTTP/1.1\r\n{lines}\r\n".encode())
+            answer = b""
+            while chunk := connection.recv(65536):
+                answer += chunk
+        assert answer.split(b"\r\n", 1)[0].split(b" ")[1] == b"400", (hosts, answer[:80])
+        assert monitor.build_id.encode() not in answer
+
+
 def test_status_of_phases_nested_five_thousand_deep_answers_with_a_bounded_tree(
     served: tuple[BuildMonitor, StatusServer],
 ) -> None:

@@ -139,8 +139,10 @@ def test_corrupt_lines_unknown_types_and_gaps_are_reported(tmp_path: Path) -> No
         (b"", "not a trt-otel journal"),
         (b'{"cb": "phase_start"}\n', "not a trt-otel journal"),
         (b'{"format": "trt-otel-journal", "version": 99}\n', "upgrade trt-otel"),
-        (b'{"format": "trt-otel-journal", "version": "1"}\n', "journal version '1'"),
-        (b'{"format": "trt-otel-journal", "version": null}\n', "journal version None"),
+        # Not a version a newer trt-otel would read either: no "upgrade" advice.
+        (b'{"format": "trt-otel-journal", "version": "1"}\n', "version is '1', not a whole"),
+        (b'{"format": "trt-otel-journal", "version": null}\n', "version is 'None', not a whole"),
+        (b'{"format": "trt-otel-journal", "version": 0}\n', "version is '0', not a whole"),
     ],
 )
 def test_files_that_are_not_readable_journals_fail_clearly(

@@ -618,7 +618,13 @@ def parse_header(first: bytes, path: str | os.PathLike[str]) -> dict[str, Any]:
         raise JournalError(f"{where!r} is not a trt-otel journal (no header on line 1)")
     assert isinstance(header, dict)
     version = header.get("version")
-    if type(version) is not int or version > FORMAT_VERSION:
+    if type(version) is not int or version < 1:
+        # A crafted or damaged header: no newer trt-otel would read it either.
+        raise JournalError(
+            f"{where!r} has a header whose version is {str(version)[:40]!r}, not a whole "
+            "number from 1: not a journal trt-otel wrote"
+        )
+    if version > FORMAT_VERSION:
         raise JournalError(
             f"{where!r} is journal version {version!r}; this trt-otel reads up to "
             f"{FORMAT_VERSION}: upgrade trt-otel"

@@ -445,7 +445,13 @@ def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
 
         def _host_allowed(self) -> bool:
             """Refuse (421) a request that does not name this server: a page of another site
-            reaching it through a rebound name."""
+            reaching it through a rebound name. Two Host headers are a bad request (RFC 9112):
+            a proxy and this server could each read a different one."""
+            hosts = self.headers.get_all("Host") or []
+            if len(hosts) > 1:
+                self._json(400, {"error": "more than one Host header"})
+                self.close_connection = True
+                return False
             if server.hosts.accepts(self.headers.get("Host")):
                 return True
             self._json(
