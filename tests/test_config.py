@@ -139,6 +139,21 @@ def test_history_must_be_a_directory(tmp_path: Path) -> None:
         session_config(parser.parse_args(["--history", str(tmp_path / "absent")]))
 
 
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1:9091/x?y", "http://127.0.0.1:9091/#z", "http://127.0.0.1:9091/a/../b"],
+)
+def test_a_pushgateway_url_that_would_turn_the_push_elsewhere_is_a_usage_error(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The push appends its own path: a query, a fragment or a ``..`` would send it elsewhere."""
+    with pytest.raises(SystemExit) as exited:  # argparse's usage error, before anything starts
+        main(["demo", "--speed", "0", "--no-progress", "--pushgateway", url])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "Pushgateway URL has no" in err and len(err.strip().splitlines()) <= 3, err
+
+
 def test_a_session_that_cannot_start_stops_what_it_started(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -165,6 +165,18 @@ def http_url(text: str) -> str:
     return text
 
 
+def gateway_url(text: str) -> str:
+    """A Pushgateway's base URL: the push adds its own path (``/metrics/job/...``), which a
+    query, a fragment or a ``..`` segment would swallow or turn elsewhere."""
+    url = http_url(text)
+    parts = urllib.parse.urlsplit(url)
+    if parts.query or parts.fragment or "?" in url or "#" in url:
+        raise argparse.ArgumentTypeError(f"{text!r}: a Pushgateway URL has no query or fragment")
+    if ".." in parts.path.split("/"):
+        raise argparse.ArgumentTypeError(f"{text!r}: a Pushgateway URL has no '..' in its path")
+    return url
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -609,7 +621,7 @@ def add_observability_options(parser: argparse.ArgumentParser) -> Group:
     )
     group.add_argument(
         "--pushgateway",
-        type=http_url,
+        type=gateway_url,
         metavar="URL",
         help="push the final metrics to this Prometheus Pushgateway when the build ends",
     )
