@@ -203,3 +203,49 @@ def test_a_url_that_accepts_and_never_answers_is_lost_after_the_limit() -> None:
         assert len(done.stderr.splitlines()) == 1, done.stderr
         assert "no answer for 1.0s (it accepted the connection)" in done.stderr, done.stderr
         assert took < 30, f"--lost-after 1s took {took:.0f}s (trickle={server.trickle})"
+
+
+class EndlessLineServer:
+    """A real TCP server that answers as an event stream, then sends one ``data:`` line that
+    never ends, for as long as it is read."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.closed = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        try:
+            connection, _ = self.listener.accept()
+        except OSError:
+            return
+        with connection:
+            try:
+                connection.recv(65536)
+                connection.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\ndata: "
+                )
+                while not self.closed.is_set():
+                    connection.sendall(b"A" * 65536)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.closed.set()
+        self.listener.close()
+
+
+def test_an_event_stream_line_that_never_ends_is_not_an_event_stream() -> None:
+    """A server that keeps sending one line is alive, so --lost-after never fires: the line's
+    bound does, in one line and exit 2."""
+    server = EndlessLineServer()
+    try:
+        done = subprocess.run(
+            [*CLI, "watch", "--url", server.url, "--no-progress"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        server.close()
+    assert done.returncode == 2, done.stderr
+    assert "not an event stream" in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -198,6 +198,9 @@ def _frames(
         raw = response.readline(MAX_SSE_LINE)
         if not raw:
             break
+        if len(raw) >= MAX_SSE_LINE and not raw.endswith(b"\n"):
+            # Alive but not trt-otel's stream: its lines are one event's JSON each.
+            raise WatchError(f"{url} sent a line over {MAX_SSE_LINE:,} bytes: not an event stream")
         watchdog.alive()
         line = raw.decode("utf-8", "replace").rstrip("\r\n")
         if line:
