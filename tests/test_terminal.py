@@ -168,3 +168,25 @@ def test_replay_escapes_the_journal_path_it_names(tmp_path: Path) -> None:
         assert "x\\x1b[2J\\x1b[H\\x1b[1;32m\\nFAKE: build success" in done.stderr, done.stderr
         assert "\x1b" not in done.stderr
         assert not any(line.startswith("FAKE") for line in done.stderr.splitlines())
+
+
+def test_a_huge_phase_name_is_cut_on_the_operators_lines(tmp_path: Path) -> None:
+    """A crafted journal whose open phase is named with a million characters: what replay says
+    of it on stderr is cut, saying by how much, not echoed whole."""
+    name = "N" * 1_000_000
+    records: list[dict[str, object]] = [
+        {"format": "trt-otel-journal", "version": 1, "created_wall_ns": 1, "producer": "x"},
+        {"type": "build_start", "build_id": "b", "attributes": {}},
+        {"type": "phase_start", "name": name, "parent": None, "num_steps": 2},
+    ]
+    for seq, record in enumerate(records[1:]):
+        record.update(seq=seq, wall_ns=1_000 + seq, mono_ns=1_000_000_000 * (seq + 1), thread="T")
+    journal = tmp_path / "huge.jsonl"
+    journal.write_text("".join(json.dumps(record) + "\n" for record in records))
+    done = subprocess.run(
+        [*CLI, "replay", str(journal)], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert name[:100] in done.stderr, "the name is shown, cut"
+    assert len(done.stderr) < 20_000, f"{len(done.stderr):,} characters on stderr"
+    assert "more characters)" in done.stderr

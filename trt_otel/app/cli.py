@@ -73,7 +73,7 @@ from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.startup import startup_done
 from trt_otel.views.console import render_build
 from trt_otel.views.otlp_settings import OtlpConfigError
-from trt_otel.views.terminal import PipeSafeStream, pipe_safe_stderr, printable
+from trt_otel.views.terminal import PipeSafeStream, pipe_safe_stderr, printable, say
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -123,7 +123,7 @@ def _main(argv: Sequence[str] | None) -> int:
         PreflightError,
         ProgramNotFoundError,
     ) as error:
-        print(f"trt-otel: error: {printable(str(error))}", file=sys.stderr)  # paths, names given
+        say(f"error: {error}", tagged=True)  # paths and names given: escaped, bounded
         return EXIT_USAGE
 
 
@@ -251,7 +251,7 @@ def replay(command: ReplayCommand) -> int:
     one (a build with no end counts as failed)."""
     journal = read_journal(command.journal)
     for problem in journal.problems:
-        print(printable(f"trt-otel: {command.journal}: {problem}"), file=sys.stderr)
+        say(f"{command.journal}: {problem}", tagged=True)
     builds = _builds_of(journal.events)
     if not journal.events:
         raise JournalError(f"{command.journal}: no build in this journal (its header alone)")
@@ -274,7 +274,7 @@ def replay(command: ReplayCommand) -> int:
             if unended:
                 said = _no_end(journal.header, model, followed=not last)
                 name = f"build {index + 1} of {len(builds)}: " if len(builds) > 1 else ""
-                print(printable(f"trt-otel: {command.journal}: {name}{said}"), file=sys.stderr)
+                say(f"{command.journal}: {name}{said}", tagged=True)
             attempt = attempt_of(state.attributes)
             if attempt is not None:
                 after = f", after {attempt.retry_reason}" if attempt.retry_reason else ""

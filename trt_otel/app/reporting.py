@@ -23,7 +23,7 @@ from trt_otel.views.report.chrome_trace import chrome_trace
 from trt_otel.views.report.html import render_html
 from trt_otel.views.report.markdown import render_markdown
 from trt_otel.views.report.model import BuildReport, reports_of
-from trt_otel.views.terminal import PipeSafeStream, printable, say, warn
+from trt_otel.views.terminal import PipeSafeStream, say, warn
 
 FORMATS = ("html", "markdown", "chrome-trace")
 
@@ -59,7 +59,7 @@ def build_reports(journals: Sequence[Path], *, quiet: bool = False) -> list[Buil
     for path in journals:
         journal = read_journal(path)
         for problem in () if quiet else journal.problems:
-            print(printable(f"trt-otel: {path}: {problem}"), file=sys.stderr)
+            say(f"{path}: {problem}", tagged=True)
         events.append(journal.events)
     reports: list[BuildReport] = []
     for journal_events in events:

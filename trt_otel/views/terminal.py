@@ -33,10 +33,18 @@ def printable(text: str) -> str:
     )
 
 
+MAX_SAID_CHARS = 4_096
+"""The longest line said to the operator: longer ones (a phase name from a crafted journal) are
+cut, saying by how much."""
+
+
 def say(message: str, *, tagged: bool = False) -> None:
     """One line for the operator on stderr; ``tagged``: prefixed ``trt-otel:``, where it stands
     among another program's output (``trt-otel run``). Control characters in ``message`` are
     escaped (:func:`printable`)."""
+    if len(message) > MAX_SAID_CHARS:  # a crafted name must not flood the terminal or the log
+        cut = len(message) - MAX_SAID_CHARS
+        message = f"{message[:MAX_SAID_CHARS]}… ({cut:,} more characters)"
     line = printable(message)
     sys.stderr.write(f"trt-otel: {line}\n" if tagged else f"{line}\n")
     sys.stderr.flush()
