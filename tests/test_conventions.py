@@ -186,3 +186,17 @@ def test_the_docs_name_the_version_of_the_conventions_followed() -> None:
     repo = Path(__file__).resolve().parents[1]
     for page in ("README.md", "docs/spans.md"):
         assert f"semantic conventions {SEMCONV_VERSION}" in (repo / page).read_text(), page
+
+
+def test_attributes_that_are_not_one_scalar_type_become_their_text() -> None:
+    """OpenTelemetry takes lists of one scalar type only: a list of names stays a list, a mixed
+    one (from a build record) is written as its text rather than dropped by the exporter."""
+    monitor = BuildMonitor(
+        attributes={"network.inputs": ["a: FLOAT[1]", "b: INT32[2]"], "odd": ["a", 1]}
+    )
+    monitor.phase_start("Building engine", None, 1)
+    monitor.phase_finish("Building engine")
+    monitor.end()
+    (build,) = [span for span in projected(monitor) if span.server]
+    assert build.attributes["network.inputs"] == ["a: FLOAT[1]", "b: INT32[2]"]
+    assert build.attributes["odd"] == "['a', 1]"

@@ -110,6 +110,8 @@ def test_minus_zero_is_zero_where_zero_is_allowed(text: str) -> None:
         (60.4, "1m00s"),
         (119.9, "1m59s"),
         (3599.9, "59m59s"),
+        (3600, "1h00m"),
+        (3660, "1h01m"),
     ],
 )
 def test_format_duration_around_the_minute(seconds: float, text: str) -> None:
