@@ -213,6 +213,7 @@ def test_a_build_followed_to_success(tmp_path: Path, model: Path) -> None:
             )
             assert later["events"][0]["seq"] == events["next_seq"] + 1
             assert later["events"][-1]["type"] == "build_end"
+            assert later["more"] is False, "the rest of the journal fitted in the page"
             listed = payload(await client.call_tool("list_builds", {}))["builds"]
             assert [(b["id"], b["state"], b["outcome"]) for b in listed] == [
                 (build_id, "finished", "success")
@@ -619,12 +620,14 @@ def test_log_lines_hold_no_input_whole() -> None:
         sdk = logging.getLogger("mcp.server.mcpserver.server")
         sdk.warning("Tool %r failed: %r", "x" * 1_000_000, "y" * 1_000_000)
         logging.getLogger("trt_otel.test").warning("z" * 1_000_000)
+        logging.getLogger("trt_otel.test").warning("w" * (MAX_LOG_CHARS + 1))  # just over
     finally:
         root.removeHandler(handler)
     lines = stream.getvalue().splitlines()
-    assert len(lines) == 2
+    assert len(lines) == 3
     assert lines[0].startswith("Tool 'xxx") and "(1,000,000 characters)" in lines[0]
     assert lines[1].startswith("zzz") and "(1,000,000 characters)" in lines[1]
+    assert lines[2].startswith("www") and f"({MAX_LOG_CHARS + 1:,} characters)" in lines[2]
     assert all(len(line) < MAX_LOG_CHARS + 100 for line in lines), [len(x) for x in lines]
 
 
