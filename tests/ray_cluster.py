@@ -68,20 +68,34 @@ def _start(arguments: list[str], log: Path) -> subprocess.Popen[bytes]:
         "RAY_USAGE_STATS_ENABLED": "0",
     }
     with open(log, "wb") as output:
-        return subprocess.Popen(
+        process = subprocess.Popen(
             [ray, "start", "--block", "--disable-usage-stats", *arguments],
             stdout=output,
             stderr=subprocess.STDOUT,
             env=environment,
             start_new_session=True,  # its own session: ended whole, and only it
         )
+    _LOGS[process.pid] = log
+    return process
+
+
+_LOGS: dict[int, Path] = {}
+"""Each started node's log, by its process id."""
+
+
+def _log_tail(process: subprocess.Popen[bytes]) -> str:
+    log = _LOGS.get(process.pid)
+    if log is None or not log.exists():
+        return "no log"
+    return " | ".join(log.read_text(errors="replace").strip().splitlines()[-5:])
 
 
 def _wait(condition: object, what: str, processes: list[subprocess.Popen[bytes]]) -> None:
     deadline = time.monotonic() + STARTUP_S
     while True:
         for process in processes:
-            assert process.poll() is None, f"a Ray node exited while {what}"
+            if process.poll() is not None:
+                raise RayNodeExitedError(f"a Ray node exited while {what}: {_log_tail(process)}")
         with contextlib.suppress(OSError, ValueError, KeyError):
             if condition():  # type: ignore[operator]
                 return
@@ -89,10 +103,35 @@ def _wait(condition: object, what: str, processes: list[subprocess.Popen[bytes]]
         time.sleep(0.5)
 
 
+START_ATTEMPTS = 3
+"""A node's ports are chosen free, then bound by Ray a moment later: on a busy machine another
+process can take one in between, and the node exits. The cluster is then started afresh."""
+
+
 @contextlib.contextmanager
 def ray_cluster(head_cpus: int = 1, worker_cpus: int = 2) -> Iterator[RayCluster]:
     """A head and a second node; yields once the head's job API answers and both nodes are
-    alive."""
+    alive (started again, with other ports, when a node exits while starting)."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        stack = contextlib.ExitStack()
+        try:
+            cluster = stack.enter_context(_one_cluster(head_cpus, worker_cpus))
+        except RayNodeExitedError:
+            stack.close()
+            if attempt == START_ATTEMPTS:
+                raise
+            continue
+        with stack:
+            yield cluster
+        return
+
+
+class RayNodeExitedError(AssertionError):
+    """A Ray node exited while the cluster started (its log's tail says why)."""
+
+
+@contextlib.contextmanager
+def _one_cluster(head_cpus: int, worker_cpus: int) -> Iterator[RayCluster]:
     temp = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))  # short: Ray's socket paths
     gcs_port, dashboard_port = free_port(), free_port()
     gcs = f"127.0.0.1:{gcs_port}"

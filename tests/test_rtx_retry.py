@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from otlp_receiver import otlp_receiver
-from rtx_builds import CONV_SHAPES, import_rtx, write_conv
+from rtx_builds import RESIDUAL_SHAPES, import_rtx, write_residual
 from trt_otel import read_journal
 from trt_otel.core.attempts import attempt_of
 from trt_otel.core.events import BuildFinished, BuildStarted, Outcome
@@ -26,13 +26,15 @@ pytestmark = pytest.mark.slow
 
 def test_a_real_ladders_second_rung_builds_after_the_first_timed_out(tmp_path: Path) -> None:
     import_rtx()
-    model = write_conv(tmp_path / "conv.onnx")
-    engine, journal = tmp_path / "conv.engine", tmp_path / "ladder.jsonl"
+    # The residual net spends seconds in one silent step, whatever the machine: its first
+    # attempt surely outlives a 1 s timeout (and is stopped after a 1 s grace).
+    model = write_residual(tmp_path / "residual.onnx")
+    engine, journal = tmp_path / "residual.engine", tmp_path / "ladder.jsonl"
     with otlp_receiver() as receiver:
         done = subprocess.run(
             [*CLI, "build", str(model), "-o", str(engine), "--no-progress", "--no-gpu",
-             "--shapes", CONV_SHAPES, "--journal", str(journal), "--timeout", "0.3s",
-             "--retry", "--timeout 5m --builder-optimization-level 0",
+             "--shapes", RESIDUAL_SHAPES, "--journal", str(journal), "--timeout", "1s",
+             "--grace", "1s", "--retry", "--timeout 5m --builder-optimization-level 0",
              "--otlp-endpoint", f"http://127.0.0.1:{receiver.http_port}",
              "--otlp-protocol", "http/protobuf"],
             check=False, capture_output=True, text=True, timeout=300,

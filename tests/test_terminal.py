@@ -58,12 +58,13 @@ def test_a_cancel_reason_with_control_characters_is_escaped_on_screen_and_kept_i
     assert process.stderr is not None
     reason = "stop\x1b[2J\x1b[H\nFAKE: build success"
     try:
-        url = None
-        while url is None:
+        url, building = None, False
+        while url is None or not building:  # cancelled once building: the 60 s silence
             line = process.stderr.readline()
             assert line, "the build ended before serving HTTP"
             if line.startswith("http: "):
                 url = line.split()[1].removesuffix("/status")
+            building = building or "▶ Building engine" in line
         request = urllib.request.Request(
             f"{url}/cancel",
             data=json.dumps({"reason": reason}).encode(),
