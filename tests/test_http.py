@@ -683,6 +683,45 @@ def test_a_host_that_only_looks_like_this_servers_name_is_refused(
         assert monitor.build_id not in body.decode(), host
 
 
+def test_a_flood_of_idle_connections_gets_no_more_threads_than_the_cap(
+    served: tuple[BuildMonitor, StatusServer],
+) -> None:
+    """Connections that never send a request each hold a thread until the client timeout: past
+    MAX_CONNECTIONS they are answered 503 and closed, so the threads stay bounded; once the
+    flood goes, the view answers again."""
+    from trt_otel.views.http import MAX_CONNECTIONS
+
+    monitor, server = served
+    monitor.start()
+    threads_before = threading.active_count()
+    idle = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            idle.append(socket.create_connection(("127.0.0.1", server.port), timeout=10))
+        # Each of those is on a thread once accepted: wait until all are.
+        deadline = time.monotonic() + 30
+        while threading.active_count() < threads_before + MAX_CONNECTIONS:
+            assert time.monotonic() < deadline, threading.active_count() - threads_before
+            time.sleep(0.05)
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as extra:
+            extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            answer = b""
+            while chunk := extra.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 503"), answer[:80]
+        assert threading.active_count() <= threads_before + MAX_CONNECTIONS
+    finally:
+        for connection in idle:
+            connection.close()
+    deadline = time.monotonic() + 30
+    while True:  # the idle ones' threads see their clients go, and free their slots
+        code, _ = ask(server, "GET", "/healthz", {"Host": "localhost"})
+        if code == 200:
+            break
+        assert time.monotonic() < deadline, code
+        time.sleep(0.1)
+
+
 def test_two_host_headers_are_a_bad_request(served: tuple[BuildMonitor, StatusServer]) -> None:
     """The allowed name first and another after: a proxy may read the one, this server the
     other, so neither is taken (RFC 9112: 400)."""

@@ -21,6 +21,7 @@ the log's lock. A slow client only fills its own socket, and is dropped after a 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hmac
 import ipaddress
@@ -59,6 +60,13 @@ MAX_FRAMES_PER_READ = 8192
 """Frames one read hands a client: a late client catches up in pieces."""
 KEEPALIVE_S = 15.0
 CLIENT_TIMEOUT_S = 30.0
+MAX_CONNECTIONS = 256
+"""Connections served at once (each on a thread of its own); past it, a connection is
+answered 503 and closed."""
+_TOO_MANY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 20\r\n"
+    b"Connection: close\r\n\r\ntoo many connections"
+)
 
 
 TIMELINE_HEADERS = {
@@ -323,6 +331,26 @@ def _host_name(header: str) -> str | None:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 64
+
+    def server_activate(self) -> None:
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().server_activate()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # A thread a connection, at most MAX_CONNECTIONS of them: a flood of idle connections
+        # (each held up to CLIENT_TIMEOUT_S) is answered 503 past that, not given a thread.
+        if not self._slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                request.sendall(_TOO_MANY)
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that goes away mid-answer is its own business; anything else is logged, not
