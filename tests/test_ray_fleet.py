@@ -105,7 +105,9 @@ def test_three_real_builds_on_ray_one_built_one_failed_one_cancelled_with_its_re
     shared = tmp_path / "shared"
     shared.mkdir()
     conv = write_conv(shared / "conv.onnx")
-    residual = write_residual(shared / "residual.onnx")
+    # Seconds of silence at most on a quiet machine is less than the test takes to see it
+    # running (each look is a command of its own): 1,500 blocks give it 20-30 s.
+    residual = write_residual(shared / "residual.onnx", blocks=1_500)
     broken = shared / "broken.onnx"
     broken.write_bytes(b"not an ONNX model")
 
