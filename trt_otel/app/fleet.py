@@ -170,13 +170,9 @@ class Fleet:
         exists is replaced only with ``overwrite``. ``deadline`` and ``retries`` are
         ``--deadline`` and the ``--retry`` rungs."""
         # The bounds first: nothing else looks at a request that breaks them.
-        check_text("kind", kind, max(map(len, KINDS)))
-        if model is not None:
-            check_text("model", model, MAX_PATH_CHARS)
-        if output is not None:
-            check_text("output", output, MAX_PATH_CHARS)
-        check_options(options)
-        options = [*options, *ladder_options(deadline, retries)]
+        options = bounded_request(
+            kind, model=model, output=output, options=options, deadline=deadline, retries=retries
+        )
         if kind not in KINDS:
             raise FleetError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
         model_path = self._model_path(model) if model is not None else None
@@ -594,6 +590,25 @@ def would_it_fit(
         "journals_not_used": len(earlier.skipped),
         "projection": dataclasses.asdict(fit.projection) if fit.projection else None,
     }
+
+
+def bounded_request(
+    kind: str,
+    *,
+    model: str | None,
+    output: str | None,
+    options: Sequence[str],
+    deadline: str | None,
+    retries: Sequence[str],
+) -> list[str]:
+    """A start request's bounds (the local fleet's and Ray's), checked before anything looks
+    at it; its options with ``--deadline`` and the ``--retry`` rungs added."""
+    check_text("kind", kind, max(map(len, KINDS)))
+    for name, value in (("model", model), ("output", output)):
+        if value is not None:
+            check_text(name, value, MAX_PATH_CHARS)
+    check_options(options)
+    return [*options, *ladder_options(deadline, retries)]
 
 
 def ladder_options(deadline: str | None, retries: Sequence[str]) -> list[str]:

@@ -42,17 +42,15 @@ import msgspec
 from trt_otel.app.fleet import (
     KINDS,
     MAX_EVENTS,
-    MAX_PATH_CHARS,
     MAX_REASON_CHARS,
     RESERVED_OPTIONS,
     FleetError,
     JournalFold,
+    bounded_request,
     check_command_line,
     check_network,
-    check_options,
     check_text,
     checked_rung_paths,
-    ladder_options,
     path_options,
     would_it_fit,
 )
@@ -148,7 +146,7 @@ class RayFleet:
         status. ``num_gpus``/``num_cpus``: what Ray reserves for the build's process;
         ``deadline`` and ``retries``: ``--deadline`` and the ``--retry`` rungs (a rung's paths
         inside the shared folder too)."""
-        options = _bounded_request(
+        options = bounded_request(
             kind, model=model, output=output, options=options, deadline=deadline, retries=retries
         )
         num_gpus = self.num_gpus if num_gpus is None else num_gpus
@@ -516,22 +514,3 @@ def _is_id(text: str) -> bool:
 def _first_line(error: object) -> str:
     lines = str(error).strip().splitlines()
     return lines[0][:300] if lines else type(error).__name__
-
-
-def _bounded_request(
-    kind: str,
-    *,
-    model: str | None,
-    output: str | None,
-    options: Sequence[str],
-    deadline: str | None,
-    retries: Sequence[str],
-) -> list[str]:
-    """The bounds of a request, checked before anything looks at it; its options with
-    ``--deadline`` and the ``--retry`` rungs added."""
-    check_text("kind", kind, max(map(len, KINDS)))
-    for name, value in (("model", model), ("output", output)):
-        if value is not None:
-            check_text(name, value, MAX_PATH_CHARS)
-    check_options(options)
-    return [*options, *ladder_options(deadline, retries)]
