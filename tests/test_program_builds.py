@@ -7,9 +7,12 @@ import os
 import time
 from typing import Any
 
+import pytest
+
 from trt_otel.capture.program import CurrentBuild, ProgramBuilds, ProgramProcess
-from trt_otel.core.events import Outcome
+from trt_otel.core.events import Event, Outcome
 from trt_otel.core.log import EventLog
+from trt_otel.core.state import BuildState
 
 PHASES = 5_000
 
@@ -49,3 +52,43 @@ def test_a_runs_memory_follows_what_is_open_not_every_phase_it_made() -> None:
     finally:
         ours.close()
         theirs.close()
+
+
+def test_each_build_of_a_run_is_folded_once_by_its_own_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The run's views read the build being made through its monitor's state: each build is
+    folded by one state of its own (its monitor's), and the current build is the latest one,
+    also once it has ended."""
+    folded: dict[int, list[str | None]] = {}
+    original = BuildState.apply
+
+    def counting(self: BuildState, event: Event) -> None:
+        original(self, event)
+        folded.setdefault(id(self), []).append(self.build_id)
+
+    monkeypatch.setattr(BuildState, "apply", counting)
+    log = EventLog()
+    builds = ProgramBuilds(log, warn=quiet, say=quiet)
+    current = CurrentBuild(builds, "run")
+    ours, theirs = multiprocessing.Pipe()
+    process = ProgramProcess(ours, os.getpid(), ["program"])
+    try:
+        assert current.build_id == "run" and current.state.build_id is None
+        for number in (1, 2):
+            builds.handle(process, ("begin", number, {}, time.time_ns(), time.monotonic_ns()))
+            records = [stamp("phase_start", "Building engine", None, 2)]
+            records += [stamp("step", "Building engine", 0), stamp("done", True, None, None)]
+            builds.handle(process, ("records", number, records, len(records), 0))
+            assert current.state.outcome is Outcome.SUCCESS
+            assert current.build_id == builds.all[-1].monitor.build_id  # type: ignore[union-attr]
+    finally:
+        ours.close()
+        theirs.close()
+    first, second = (build.monitor for build in builds.all)
+    assert first is not None and second is not None and first.build_id != second.build_id
+    assert len(folded) == 2, "one state per build, and no other"
+    assert sorted(set(ids) for ids in folded.values()) == sorted(
+        [{first.build_id}, {second.build_id}]
+    ), "no state folds two builds"
+    assert current.state is second.state

@@ -66,6 +66,7 @@ from trt_otel.capture.liveness import Writer
 from trt_otel.capture.supervisor import StopNow
 from trt_otel.capture.watch import WatchError, follow_journal, follow_url
 from trt_otel.core.attempts import attempt_of
+from trt_otel.core.builds import builds_of
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import BuildStarted, Outcome
 from trt_otel.core.journal import JournalError, read_journal
@@ -252,7 +253,7 @@ def replay(command: ReplayCommand) -> int:
     journal = read_journal(command.journal)
     for problem in journal.problems:
         say(f"{command.journal}: {problem}", tagged=True)
-    builds = _builds_of(journal.events)
+    builds = builds_of(journal.events)
     if not journal.events:
         raise JournalError(f"{command.journal}: no build in this journal (its header alone)")
     model = ReadModel()
@@ -286,20 +287,6 @@ def replay(command: ReplayCommand) -> int:
             ended = exit_code_of(outcome)
             code = ended if attempt is not None else max(code, ended)
     return code
-
-
-def _builds_of(events: Sequence[Any]) -> list[list[Any]]:
-    """The journal's events cut before each ``build_start`` but the first: one list per build,
-    in order (what comes before the first, a log line, is its build's)."""
-    builds: list[list[Any]] = [[]]
-    started = False
-    for event in events:
-        if type(event) is BuildStarted:
-            if started:
-                builds.append([])
-            started = True
-        builds[-1].append(event)
-    return builds
 
 
 def _no_end(header: dict[str, Any], model: ReadModel, *, followed: bool = False) -> str:

@@ -52,6 +52,7 @@ from trt_otel.control.deadline import would_fit
 from trt_otel.control.policies import MAX_REASON
 from trt_otel.control.stopping import process_running
 from trt_otel.core.attempts import attempt_of
+from trt_otel.core.builds import PerBuild
 from trt_otel.core.durations import DurationError, parse_positive_duration
 from trt_otel.core.eta import History
 from trt_otel.core.events import BuildFinished, BuildStarted, CancelRequested, Event
@@ -405,7 +406,7 @@ class Fleet:
         if not 1 <= limit <= MAX_EVENTS:
             raise FleetError(f"limit must be 1 to {MAX_EVENTS}")
         self._record(build_id)
-        _, events = _fold_journal(folder / "journal.jsonl")
+        events = _journal_events(folder / "journal.jsonl")
         after = [e for e in events if e.seq > since_seq]
         chosen = after[:limit]
         return {
@@ -766,13 +767,18 @@ class JournalFold:
         self._start()
 
     def _start(self) -> None:
-        self.state = BuildState(forget_closed=True)
+        self._builds = PerBuild(lambda: BuildState(forget_closed=True))
         self.attempts: list[dict[str, Any]] = []
         """A retry ladder's attempts so far (none outside one): each with how it ended."""
         self._reader = LineReader()
         self._offset = 0
         self._identity: tuple[int, int] | None = None
         self._header_read = False
+
+    @property
+    def state(self) -> BuildState:
+        """The journal's latest build (a retry ladder's latest attempt)."""
+        return self._builds.current
 
     def update(self) -> BuildState:
         """The state with every complete line of the journal folded in."""
@@ -797,7 +803,7 @@ class JournalFold:
                 self._offset += len(chunk)
                 for item in self._reader.feed(chunk):
                     if isinstance(item, Event):
-                        self.state.apply(item)
+                        self._builds.fold_for(item).apply(item)
                         self._follow_attempts(item)
         return self.state
 
@@ -817,15 +823,11 @@ class JournalFold:
                 )
 
 
-def _fold_journal(path: Path) -> tuple[BuildState, list[Event]]:
-    state = BuildState()
+def _journal_events(path: Path) -> list[Event]:
     try:
-        journal = read_journal(path)
+        return read_journal(path).events
     except (OSError, JournalError):
-        return state, []  # not written yet (or not at all)
-    for event in journal.events:
-        state.apply(event)
-    return state, journal.events
+        return []  # not written yet (or not at all)
 
 
 def _get_json(url: str) -> dict[str, Any] | None:

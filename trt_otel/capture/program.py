@@ -121,6 +121,8 @@ class ProgramBuilds:
         self._builds: dict[tuple[int, int], ProgramBuild] = {}
         self._queue: deque[ProgramBuild] = deque()
         self.active: ProgramBuild | None = None
+        self.latest: BuildMonitor | None = None
+        """The monitor of the build being recorded, else of the last one recorded."""
         self.all: list[ProgramBuild] = []
         self.outcomes: Counter[Outcome] = Counter()
         self._cancel_everything: tuple[str, str] | None = None
@@ -192,7 +194,7 @@ class ProgramBuilds:
         # forget_closed: the monitor keeps what its checks and answers read (the open phases,
         # the cancel, the end), not every phase a long run makes; the views' model keeps theirs.
         monitor = BuildMonitor(log=self.log, attributes=build.attributes, forget_closed=True)
-        build.monitor = monitor
+        build.monitor = self.latest = monitor
         with self.log.lock:
             # The build began when the program called it, not when its message arrived.
             self.log.stamp = (*build.began, "MainThread")
@@ -435,16 +437,19 @@ class CurrentBuild:
     HTTP view and the Prometheus collector read what they read of a :class:`BuildMonitor`
     here, and ``POST /cancel`` cancels the build being made.
 
-    Its state is a fold of the whole run's log: a ``build_start`` begins a fresh state, so it is
-    always the latest build's.
+    Its state is the latest build's monitor's (no fold of its own: one build is folded once).
     """
 
     def __init__(self, builds: ProgramBuilds, run_id: str) -> None:
         self.builds = builds
         self.log = builds.log
-        self.state = BuildState(forget_closed=True)  # what the gauges read, not every phase
-        self.log.add_fold(self.state.apply)
+        self._before_any = BuildState()
         self._run_id = run_id
+
+    @property
+    def state(self) -> BuildState:
+        latest = self.builds.latest
+        return self._before_any if latest is None else latest.state
 
     model = None
     """Not folded by a read model of its own (see :attr:`BuildMonitor.model`): the run's read

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trt_otel.core.builds import builds_of
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import BuildStarted, Event, Outcome, PhaseFinished
 from trt_otel.core.journal import JournalError, read_journal
@@ -83,9 +84,7 @@ class BoundaryTracker:
         kind = type(event)
         if kind is not PhaseFinished and kind is not BuildStarted:
             return  # no boundary
-        if kind is BuildStarted:
-            self.counts, self.boundaries = {}, {}  # a log of several builds: this one's own
-            self._paths = {}
+        if kind is BuildStarted:  # a tracker follows one build (see trt_otel.core.builds)
             self.last, self.last_mono_ns = START, event.mono_ns
             self.boundaries[START] = 0
         else:
@@ -261,9 +260,10 @@ def _start_attributes(events: Sequence[Event]) -> Mapping[str, Any]:
 
 
 def past_build(events: Sequence[Event], source: str) -> PastBuild | None:
-    """A finished, successful build's boundaries, or None."""
+    """A journal's last build's boundaries, if it finished with success; else None."""
+    builds = builds_of(events)
     state, tracker = BuildState(), BoundaryTracker()
-    for event in events:
+    for event in builds[-1] if builds else ():
         state.apply(event)
         tracker.apply(event, state)
     if state.outcome is not Outcome.SUCCESS or state.start_mono_ns is None:

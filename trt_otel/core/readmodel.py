@@ -25,8 +25,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from trt_otel.core.builds import BuildCut
 from trt_otel.core.eta import BoundaryTracker, BuildEta, History, estimate
-from trt_otel.core.events import BuildStarted, Event, StepCompleted
+from trt_otel.core.events import Event, StepCompleted
 from trt_otel.core.followers import FollowerHealth
 from trt_otel.core.log import EventLog
 from trt_otel.core.projection import Projection, project
@@ -104,13 +105,11 @@ class ReadModel:
         self._closed: list[Phase] = []
         # Closed phases no view shows are forgotten (their summaries stay, below), and only
         # the latest boundary is kept: the model's memory follows what is open.
-        self.state = BuildState(
-            on_close=self._closed.append,
-            forget_closed=forget_closed,
-            on_forget=self._forget_groups,
-        )
-        self.boundaries = BoundaryTracker(keep_all=not forget_closed)
-        self._groups: dict[int | None, dict[str, SiblingGroup]] = {}
+        self._forget_closed = forget_closed
+        self._builds = BuildCut()
+        self.build_number = 0
+        """Which build of the log :attr:`state` is: 1 from the first ``build_start``."""
+        self._begin_build()
         self.lock = threading.Lock()
         """Held while an event is folded in; readers on other threads hold it while they look."""
         self._subscribers: tuple[Subscriber, ...] = ()
@@ -123,6 +122,17 @@ class ReadModel:
 
     # -- the fold --------------------------------------------------------------------------------
 
+    def _begin_build(self) -> None:
+        """A build's own fold: its state, its boundaries and its phases' summaries (a log of
+        several builds shows the latest; what came before it is in the log)."""
+        self.state = BuildState(
+            on_close=self._closed.append,
+            forget_closed=self._forget_closed,
+            on_forget=self._forget_groups,
+        )
+        self.boundaries = BoundaryTracker(keep_all=not self._forget_closed)
+        self._groups: dict[int | None, dict[str, SiblingGroup]] = {}
+
     def subscribe(self, subscriber: Subscriber) -> None:
         self._subscribers = (*self._subscribers, subscriber)
 
@@ -131,8 +141,9 @@ class ReadModel:
         closed = self._closed
         closed.clear()
         with self.lock:
-            if type(event) is BuildStarted:  # a log of several builds: this one's own groups
-                self._groups.clear()
+            if self._builds.begins_another(event):
+                self._begin_build()
+            self.build_number = self._builds.number
             self.state.apply(event)
             if type(event) is not StepCompleted:  # most events are steps: no boundary there
                 self.boundaries.apply(event, self.state)
@@ -188,7 +199,7 @@ class ReadModel:
                 self._failed(subscriber.name, error)
         if closed:
             with self.lock:  # the views have seen the closed phases: forget them now
-                state.forget_closed_now()
+                self.state.forget_closed_now()
 
     def end_batch(self) -> None:
         """Tell the subscribers of the quiet steps that ended the batch, if any."""

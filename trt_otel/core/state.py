@@ -86,8 +86,13 @@ class BuildStatus(enum.StrEnum):
     FINISHED = "finished"
 
 
+class AnotherBuildError(ValueError):
+    """A ``build_start`` folded into a state that has one: a log of several builds is cut into
+    builds before it is folded (:mod:`trt_otel.core.builds`), one state per build."""
+
+
 class BuildState:
-    """The fold. Mutated only by :meth:`apply`; read by projections and people.
+    """The fold of one build. Mutated only by :meth:`apply`; read by projections and people.
 
     ``on_close`` is told of each phase as it closes (finished or aborted), innermost first,
     inside :meth:`apply`: how a follower-side read model learns which phases an event closed
@@ -137,7 +142,8 @@ class BuildState:
     # -- the fold ------------------------------------------------------------------------------
 
     def apply(self, event: Event) -> None:
-        """Fold one event in. Events must arrive in ``seq`` order."""
+        """Fold one event of this build in. Events must arrive in ``seq`` order; a second
+        ``build_start`` raises :class:`AnotherBuildError`."""
         if self._to_forget:
             self._forget_closed()
         self.last_seq = event.seq
@@ -151,15 +157,9 @@ class BuildState:
             self._phase_finish(event)  # type: ignore[arg-type]
         elif isinstance(event, BuildStarted):
             if self.build_id is not None:
-                # A log of several builds, one after another (``trt-otel run``): each
-                # build_start begins a fresh state, so every view shows the latest build.
-                self.__init__(  # type: ignore[misc]
-                    on_close=self._on_close,
-                    forget_closed=self._forget,
-                    on_forget=self._on_forget,
+                raise AnotherBuildError(
+                    f"build {event.build_id!r} started in the state of build {self.build_id!r}"
                 )
-                self.last_seq = event.seq
-                self.last_event_mono_ns = event.mono_ns
             self.build_id = event.build_id
             self.attributes = dict(event.attributes)
             self.start_wall_ns = event.wall_ns

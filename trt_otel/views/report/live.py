@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+from trt_otel.core.builds import PerBuild
 from trt_otel.core.clock import SYSTEM_CLOCK, Clock
 from trt_otel.core.events import BuildFinished, BuildStarted, Event
 from trt_otel.views.report.html import timeline_svg
@@ -25,24 +26,22 @@ class LiveTimeline:
     def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
         self._clock = clock
         self._lock = threading.Lock()
-        self._recorder = BuildRecorder()
+        self._builds = PerBuild(BuildRecorder)
         self._seen: tuple[int, int] | None = None
         """(the last event's ``mono_ns``, this process's clock when it came)."""
         self._drawn: tuple[int, str] | None = None
 
     def handle(self, events: Sequence[Event]) -> None:
-        """Fold a batch in (a log of several builds: each new build starts afresh)."""
+        """Fold a batch in (a log of several builds: the latest build is drawn)."""
         if not events:
             return
         with self._lock:
-            recorder = self._recorder
+            fold_for = self._builds.fold_for
             for event in events:
                 kind = type(event)
-                if kind is BuildStarted and recorder.state.build_id is not None:
-                    recorder = self._recorder = BuildRecorder()
                 if kind is BuildStarted or kind is BuildFinished:
                     self._drawn = None  # a start or an end is drawn at once
-                recorder.apply(event)
+                fold_for(event).apply(event)
             self._seen = (events[-1].mono_ns, self._clock.mono_ns())
 
     def svg(self) -> str:
@@ -54,6 +53,6 @@ class LiveTimeline:
             if drawn is not None and now - drawn[0] < REDRAW_S * 1e9:
                 return drawn[1]
             build_now = None if self._seen is None else self._seen[0] + now - self._seen[1]
-            picture = timeline_svg(self._recorder.report(build_now))
+            picture = timeline_svg(self._builds.current.report(build_now))
             self._drawn = (now, picture)
             return picture

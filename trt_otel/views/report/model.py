@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trt_otel.core.builds import builds_of
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import (
     Anomaly,
@@ -185,19 +186,6 @@ def silence_threshold_s(duration_s: float) -> float:
     build, at least 1 s and at most 10 s (what the terminal calls silent), so a short build's
     longest pause shows and a long build's are not drowned in small ones."""
     return min(10.0, max(1.0, duration_s / 10))
-
-
-def builds_of(events: Iterable[Event]) -> list[list[Event]]:
-    """The events cut before each ``build_start`` but the first: one list per build."""
-    builds: list[list[Event]] = [[]]
-    started = False
-    for event in events:
-        if type(event) is BuildStarted:
-            if started:
-                builds.append([])
-            started = True
-        builds[-1].append(event)
-    return [build for build in builds if build]
 
 
 def reports_of(events: Iterable[Event]) -> list[BuildReport]:
