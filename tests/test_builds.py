@@ -3,6 +3,7 @@ same way wherever it is folded: one state per build, never one state reset in pl
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from trt_otel import BuildMonitor, ManualClock, Outcome
@@ -34,11 +35,7 @@ def build(build_id: str, repeats: int, *, outcome: Outcome = Outcome.SUCCESS) ->
 def log_of(*builds: list[Event]) -> list[Event]:
     """Builds one after another in one log, renumbered as one log numbers them."""
     events = [event for events in builds for event in events]
-    return [type(event)(**{**_fields(event), "seq": seq}) for seq, event in enumerate(events)]
-
-
-def _fields(event: Event) -> dict[str, object]:
-    return {name: getattr(event, name) for name in event.__struct_fields__}
+    return [msgspec.structs.replace(event, seq=seq) for seq, event in enumerate(events)]
 
 
 def test_a_log_is_cut_before_each_build_start_but_the_first() -> None:
