@@ -47,8 +47,12 @@ from trt_otel.control.policies import STALL_ON
 from trt_otel.core import sizes
 from trt_otel.core.durations import DurationError, parse_duration, parse_positive_duration
 from trt_otel.core.events import TENSORRT_SEVERITIES
-from trt_otel.views.otlp_settings import PROTOCOLS
-from trt_otel.views.spans import DEFAULT_FOLD_UNDER_NS, DEFAULT_LOGS_LEVEL, DEFAULT_SPAN_BUDGET
+from trt_otel.views.otlp_settings import (
+    DEFAULT_FOLD_UNDER_NS,
+    DEFAULT_LOGS_LEVEL,
+    DEFAULT_SPAN_BUDGET,
+    PROTOCOLS,
+)
 
 Group = argparse._ArgumentGroup  # what add_argument_group returns; argparse names it privately
 

@@ -32,14 +32,11 @@ from trt_otel.app.components import (
     span_export,
     telemetry_resource,
 )
-from trt_otel.app.config import SessionConfig, UsageError
+from trt_otel.app.config import SessionConfig, UsageError, supervises
 from trt_otel.app.diffing import DiffCommand, diff_command, gate
 from trt_otel.app.fleet_arguments import FleetCommand
 from trt_otel.app.ladder import run_ladder
-from trt_otel.app.program_session import run_program_session
-from trt_otel.app.remote import supervises, watch_and_supervise
 from trt_otel.app.reporting import ReportCommand, report, summarised
-from trt_otel.app.run import ProgramNotFoundError
 from trt_otel.app.session import (
     EXIT_CANCELLED,
     EXIT_INTERRUPTED,
@@ -60,7 +57,7 @@ from trt_otel.builder.onnx_models import demo_model_bytes
 from trt_otel.builder.options import BuildOptions
 from trt_otel.builder.preflight import PreflightError, check_build_files
 from trt_otel.builder.provenance import provenance_attributes, timing_cache_attributes
-from trt_otel.builder.simulator import SIMULATOR_VERSION, TraceError, load_trace
+from trt_otel.builder.simulator.callbacks import TraceError
 from trt_otel.capture.backends import record_attributes
 from trt_otel.capture.liveness import Writer
 from trt_otel.capture.supervisor import StopNow
@@ -75,6 +72,9 @@ from trt_otel.core.startup import startup_done
 from trt_otel.views.console import render_build
 from trt_otel.views.otlp_settings import OtlpConfigError
 from trt_otel.views.terminal import PipeSafeStream, pipe_safe_stderr, printable, say
+
+# The commands that are not a build (run, watch with a session, the simulator's demo) import
+# what only they use where they run: every build pays for what the command imports up front.
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -98,6 +98,8 @@ def _main(argv: Sequence[str] | None) -> int:
         if isinstance(command, WatchCommand):
             return watch(command)
         if isinstance(command, RunCommand):
+            from trt_otel.app.program_session import run_program_session
+
             with summarised(command.session, command.summary) as session:
                 return run_program_session(command.program, session)
         if isinstance(command, McpCommand):
@@ -122,7 +124,6 @@ def _main(argv: Sequence[str] | None) -> int:
         OtlpConfigError,
         WatchError,
         PreflightError,
-        ProgramNotFoundError,
     ) as error:
         say(f"error: {error}", tagged=True)  # paths and names given: escaped, bounded
         return EXIT_USAGE
@@ -142,6 +143,8 @@ def _build_or_demo(command: DemoCommand | BuildCommand) -> int:
 
 
 def demo(command: DemoCommand) -> int:
+    from trt_otel.builder.simulator import SIMULATOR_VERSION, load_trace
+
     trace = command.simulator.trace
     preflight(command.session, command.builder, command.model, command.output, trace)
     # Parsed here, once: a bad trace is a usage error before the build, not a failure in the
@@ -317,6 +320,8 @@ def _no_end(header: dict[str, Any], model: ReadModel, *, followed: bool = False)
 def watch(command: WatchCommand) -> int:
     supervising = supervises(command.session, command.control_file)
     if command.journal is not None and (supervising or command.terminate_after_s is not None):
+        from trt_otel.app.remote import watch_and_supervise
+
         end = watch_and_supervise(
             command.journal,
             command.session,

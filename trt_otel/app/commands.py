@@ -28,6 +28,7 @@ from trt_otel.app.config import (
     SpanConfig,
     UsageError,
     default_state_dir,
+    supervises,
 )
 from trt_otel.app.diffing import DiffCommand
 from trt_otel.app.fleet_arguments import (
@@ -38,7 +39,6 @@ from trt_otel.app.fleet_arguments import (
     fleet_command_of,
     ray_target,
 )
-from trt_otel.app.remote import supervises
 from trt_otel.app.reporting import FORMATS, ReportCommand
 from trt_otel.app.retries import Rung, add_retry_option, retry_rungs
 from trt_otel.builder.build import SimulatorSettings

@@ -47,7 +47,6 @@ from trt_otel.core.readmodel import ReadModel, Subscriber
 from trt_otel.core.sizes import format_bytes
 from trt_otel.views.console import LiveConsole, PlainLines
 from trt_otel.views.discovery import ScrapeTarget, discovery_labels
-from trt_otel.views.http import StatusServer
 from trt_otel.views.otlp_settings import LOGS, METRICS
 from trt_otel.views.prometheus import (
     MetricSources,
@@ -61,6 +60,7 @@ from trt_otel.views.terminal import say, warn, warnings_heard_by
 if TYPE_CHECKING:  # imported when asked for: most builds export nothing (start-up time)
     from opentelemetry.sdk.resources import Resource
 
+    from trt_otel.views.http import StatusServer
     from trt_otel.views.otlp import OtlpSpanExport
     from trt_otel.views.otlp_logs import OtlpLogExport
     from trt_otel.views.otlp_metrics import OtlpMetricsExport
@@ -363,6 +363,8 @@ def status_server(
     if config.port is None:
         yield None
         return
+    from trt_otel.views.http import StatusServer
+
     token, token_file = _cancel_token(config.cancel_token, monitor.build_id)
     try:
         try:

@@ -27,8 +27,15 @@ from trt_otel.control.policies import (
 )
 from trt_otel.core.eta import History
 from trt_otel.core.projection import before_start
-from trt_otel.views.otlp_settings import LOGS, METRICS, TRACES, OtlpSettings
-from trt_otel.views.spans import DEFAULT_FOLD_UNDER_NS, DEFAULT_LOGS_LEVEL, DEFAULT_SPAN_BUDGET
+from trt_otel.views.otlp_settings import (
+    DEFAULT_FOLD_UNDER_NS,
+    DEFAULT_LOGS_LEVEL,
+    DEFAULT_SPAN_BUDGET,
+    LOGS,
+    METRICS,
+    TRACES,
+    OtlpSettings,
+)
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_METRICS_INTERVAL_S = 10.0
@@ -236,3 +243,18 @@ class SessionConfig:
 def default_state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "trt-otel" / "builds"
+
+
+def supervises(config: SessionConfig, control_file: Path | None) -> bool:
+    """Whether watching a journal asks for more than the console: then watch runs a session."""
+    observe = config.observe
+    return (
+        control_file is not None
+        or config.policy.policy() is not None
+        or observe.http.port is not None
+        or observe.metrics.port is not None
+        or observe.metrics.pushgateway is not None
+        or observe.history is not None
+        or observe.journal is not None
+        or observe.spans.settings() is not None
+    )

@@ -9,12 +9,18 @@ import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trt_otel.app.config import UsageError
 from trt_otel.app.reporting import build_reports
 from trt_otel.core.journal import JournalError
-from trt_otel.views.report.diff import Figures, diff, figures_of, median_of, render_diff
-from trt_otel.views.report.model import BuildReport
+
+if TYPE_CHECKING:
+    from trt_otel.views.report.diff import Figures
+    from trt_otel.views.report.model import BuildReport
+
+# The comparison (trt_otel.views.report) is imported where two builds are compared: a build
+# without --fail-if-slower does not pay for it.
 from trt_otel.views.terminal import PipeSafeStream, printable, say
 
 EXIT_SLOWER = 5
@@ -34,6 +40,8 @@ class DiffCommand:
 
 
 def diff_command(command: DiffCommand) -> int:
+    from trt_otel.views.report.diff import diff, figures_of, render_diff
+
     candidate = _last_build(command.candidate)
     if command.history is not None:
         baseline = history_baseline(command.history, candidate, exclude=command.candidate)
@@ -87,6 +95,8 @@ def history_baseline(
 ) -> Figures | None:
     """The median of the successful builds in ``folder``'s journals that match ``candidate``
     (not the candidate itself), or None when none does."""
+    from trt_otel.views.report.diff import figures_of, median_of
+
     if not folder.is_dir():
         raise UsageError(f"--history {folder} is not a directory of journals")
     matching: list[tuple[int, Figures]] = []
@@ -132,6 +142,8 @@ def gate(journal: Path | None, history: Path | None, percent: float) -> int:
     """After a successful build: compare it with the median of its matching history; exit
     :data:`EXIT_SLOWER` when it is slower by more than ``percent``. No matching history (the
     first build of a model) passes, and says so."""
+    from trt_otel.views.report.diff import diff, figures_of, render_diff
+
     if journal is None or history is None:
         return 0
     candidate = _last_build(journal)

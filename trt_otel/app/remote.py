@@ -32,7 +32,7 @@ from trt_otel.app.components import (
     following,
     load_history,
 )
-from trt_otel.app.config import SessionConfig, UsageError
+from trt_otel.app.config import SessionConfig, UsageError, supervises
 from trt_otel.capture.liveness import DEFAULT_LOST_AFTER_S, Writer
 from trt_otel.capture.process import ProcessSampler
 from trt_otel.capture.watch import follow_journal
@@ -325,21 +325,6 @@ def check_control_file(control_file: Path) -> None:
         raise UsageError(f"--control-file {shown} is a directory")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise UsageError(f"--control-file {shown}: its directory {str(folder)!r} is not writable")
-
-
-def supervises(config: SessionConfig, control_file: Path | None) -> bool:
-    """Whether watching a journal asks for more than the console: then watch runs a session."""
-    observe = config.observe
-    return (
-        control_file is not None
-        or config.policy.policy() is not None
-        or observe.http.port is not None
-        or observe.metrics.port is not None
-        or observe.metrics.pushgateway is not None
-        or observe.history is not None
-        or observe.journal is not None
-        or observe.spans.settings() is not None
-    )
 
 
 def watch_and_supervise(

@@ -14,16 +14,19 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trt_otel.app.config import SessionConfig, UsageError
 from trt_otel.core.events import Event
 from trt_otel.core.files import FileKindError, regular_file_or_absent, write_atomically
 from trt_otel.core.journal import JournalError, read_journal
-from trt_otel.views.report.chrome_trace import chrome_trace
-from trt_otel.views.report.html import render_html
-from trt_otel.views.report.markdown import render_markdown
-from trt_otel.views.report.model import BuildReport, reports_of
 from trt_otel.views.terminal import PipeSafeStream, say, warn
+
+if TYPE_CHECKING:
+    from trt_otel.views.report.model import BuildReport
+
+# The reports (trt_otel.views.report) are imported where one is made: a build that writes no
+# report does not pay for them.
 
 FORMATS = ("html", "markdown", "chrome-trace")
 
@@ -61,6 +64,8 @@ def build_reports(journals: Sequence[Path], *, quiet: bool = False) -> list[Buil
         for problem in () if quiet else journal.problems:
             say(f"{path}: {problem}", tagged=True)
         events.append(journal.events)
+    from trt_otel.views.report.model import reports_of
+
     reports: list[BuildReport] = []
     for journal_events in events:
         for report in reports_of(journal_events):
@@ -71,9 +76,15 @@ def build_reports(journals: Sequence[Path], *, quiet: bool = False) -> list[Buil
 
 def render(reports: Sequence[BuildReport], form: str, title: str) -> str:
     if form == "markdown":
+        from trt_otel.views.report.markdown import render_markdown
+
         return render_markdown(reports, title)
     if form == "chrome-trace":
+        from trt_otel.views.report.chrome_trace import chrome_trace
+
         return json.dumps(chrome_trace(reports), separators=(",", ":")) + "\n"
+    from trt_otel.views.report.html import render_html
+
     return render_html(reports, title)
 
 
@@ -134,7 +145,7 @@ def append_step_summary(target: Path, journal: Path, *, since: float = 0.0) -> N
         return
     try:
         reports = build_reports([journal], quiet=True)
-        text = render_markdown(reports, f"TensorRT build: {journal.name}")
+        text = render(reports, "markdown", f"TensorRT build: {journal.name}")
         data = text.encode("utf-8")
         if len(data) > MAX_SUMMARY_BYTES:
             warn(f"{STEP_SUMMARY}: the report is over 1 MiB, not appended")

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
+from trt_otel.app.config import UsageError
 from trt_otel.capture.program import ProgramBuild, ProgramBuilds, ProgramChannel
 from trt_otel.control.signals import handling_interrupts
 from trt_otel.control.stopping import polling, stop_process
@@ -46,7 +47,7 @@ EXIT_INTERRUPTED = 130
 Say = Callable[[str], None]
 
 
-class ProgramNotFoundError(Exception):
+class ProgramNotFoundError(UsageError):
     """The command cannot be started (exit code 2)."""
 
 

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trt_otel.app.components import (
     DEEP_QUEUE,
@@ -42,7 +42,6 @@ from trt_otel.core.durations import format_duration
 from trt_otel.core.events import Outcome
 from trt_otel.core.followers import Follower
 from trt_otel.core.readmodel import ReadModel
-from trt_otel.views.http import StatusServer
 from trt_otel.views.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent, trace_id_for
 from trt_otel.views.terminal import say, warn
 
@@ -65,6 +64,9 @@ EXIT_USAGE = 2
 EXIT_CANCELLED = 3
 EXIT_FAILED = 4
 EXIT_INTERRUPTED = 130
+
+if TYPE_CHECKING:  # made by the components only when asked for
+    from trt_otel.views.http import StatusServer
 
 
 @dataclass(frozen=True, slots=True)

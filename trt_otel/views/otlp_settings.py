@@ -12,7 +12,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trt_otel.views.spans import DEFAULT_FOLD_UNDER_NS, DEFAULT_SPAN_BUDGET
+DEFAULT_LOGS_LEVEL = "warning"
+"""The least severe of the builder's messages exported as log records, by default."""
+DEFAULT_SPAN_BUDGET = 10_000
+"""Spans exported per build at most: past it, short leaves are folded into their parent."""
+DEFAULT_FOLD_UNDER_NS = 1_000_000_000
+"""Leaves shorter than this are folded first when a build would pass the budget."""
+
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter

@@ -63,12 +63,12 @@ from trt_otel.views.conventions import (
     task_run_attributes,
     task_run_result,
 )
+from trt_otel.views.otlp_settings import (
+    DEFAULT_FOLD_UNDER_NS,
+    DEFAULT_SPAN_BUDGET,
+)
 
-DEFAULT_LOGS_LEVEL = "warning"
-"""The least severe of the builder's messages exported as log records, by default."""
 WARNING_RANK = severity_rank("warning")
-DEFAULT_SPAN_BUDGET = 10_000
-DEFAULT_FOLD_UNDER_NS = 1_000_000_000
 MAX_SPAN_EVENTS = 32
 """Anomalies or log messages attached to one span as span events; the rest are only counted."""
 
