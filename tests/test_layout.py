@@ -165,3 +165,35 @@ def test_a_builds_worker_and_import_trt_otel_load_only_what_they_use() -> None:
             [sys.executable, "-c", code], capture_output=True, text=True, check=True
         )
         assert result.stdout.strip() == "[]", (imports, result.stdout)
+
+
+def test_the_command_line_imports_no_room_a_build_does_not_ask_for() -> None:
+    """``trt-otel build`` without options pays for its parser, the session and the views every
+    build has (the console, the metrics registry), not for the HTTP view and its page, the
+    reports, the simulator's builder, ``run``'s program session or ``watch``'s supervision:
+    each is imported where its command or option asks for it."""
+    import subprocess
+    import sys
+
+    not_asked_for = [
+        "trt_otel.views.http",
+        "trt_otel.views.web",
+        "trt_otel.views.report",
+        "trt_otel.builder.simulator.driver",
+        "trt_otel.builder.simulator.tensorrt_api",
+        "trt_otel.app.program_session",
+        "trt_otel.app.run",
+        "trt_otel.app.remote",
+        "trt_otel.app.fleet",
+        "trt_otel.app.mcp_server",
+        "trt_otel.views.otlp",
+    ]
+    code = (
+        "import sys, trt_otel.app.cli\n"
+        f"print(sorted({{m for m in sys.modules for h in {not_asked_for!r}"
+        " if m == h or m.startswith(h + '.')}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]", result.stdout
