@@ -10,7 +10,7 @@ from trt_otel import BuildMonitor, ManualClock
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.core.durations import format_duration
 from trt_otel.core.readmodel import ReadModel
-from trt_otel.views.console import LiveConsole, PlainLines, render_build
+from trt_otel.views.console import MAX_NODES_SHOWN, LiveConsole, PlainLines, render_build
 
 
 def finished_build() -> BuildMonitor:
@@ -139,3 +139,21 @@ def test_a_tree_nested_past_the_limit_shows_its_deeper_phases_as_one_line() -> N
     assert f"p{MAX_TREE_DEPTH} " not in text
     assert f"… phases nested deeper than {MAX_TREE_DEPTH} levels" in text
     assert len(text.splitlines()) <= MAX_TREE_DEPTH + 5
+
+
+def test_a_phase_with_thousands_of_children_shows_its_first_and_last_and_counts_the_rest() -> None:
+    """A journal with 1,000 phases side by side (no real build has them: TensorRT's repeats
+    fold into one node) is drawn in a bounded tree: the first hundred, a line counting the
+    ones left out, and the last hundred, the open phase being built among them."""
+    monitor = BuildMonitor(clock=ManualClock())
+    monitor.phase_start("Building engine", None, 1)
+    for index in range(1_000):
+        monitor.phase_start(f"layer {index}", "Building engine", 1)
+        if index < 999:
+            monitor.phase_finish(f"layer {index}")
+    lines = render(monitor).splitlines()
+    shown = [line for line in lines if "layer " in line]
+    assert len(shown) == MAX_NODES_SHOWN
+    assert "layer 0 " in shown[0] and "layer 99 " in shown[99]
+    assert "layer 900 " in shown[100] and "▶ layer 999 " in shown[-1], "the open one is shown"
+    assert any("800 phases not shown" in line for line in lines)

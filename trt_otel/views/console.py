@@ -42,7 +42,7 @@ from trt_otel.core.events import (
     ProcessSample,
     StepCompleted,
 )
-from trt_otel.core.readmodel import ReadModel, SiblingGroup
+from trt_otel.core.readmodel import ReadModel, SiblingGroup, TreeNode
 from trt_otel.core.state import BuildState, BuildStatus, Phase, PhaseStatus
 from trt_otel.views.terminal import printable
 
@@ -264,6 +264,20 @@ MAX_TREE_DEPTH = 64
 levels, and a journal nesting 100,000 would make the tree's indentation alone quadratic."""
 
 
+MAX_NODES_SHOWN = 200
+"""Nodes shown under one phase: the first and the last half of it, the ones between counted on
+one line. TensorRT's repeated phases are folded into one node, so a real build stays far below;
+a journal with 100,000 phases side by side would take minutes to draw."""
+
+
+def _shown(nodes: list[TreeNode]) -> tuple[list[TreeNode], list[TreeNode], int]:
+    """The nodes shown before and after the ones left out, and how many are left out."""
+    if len(nodes) <= MAX_NODES_SHOWN:
+        return nodes, [], 0
+    half = MAX_NODES_SHOWN // 2
+    return nodes[:half], nodes[-half:], len(nodes) - 2 * half
+
+
 def _add_nodes(root: Tree, model: ReadModel, phase_id: int | None, now: int | None) -> None:
     # A stack, not recursion: a journal may nest phases as deep as it likes.
     stack: list[tuple[Tree, int | None, int]] = [(root, phase_id, 0)]
@@ -272,16 +286,31 @@ def _add_nodes(root: Tree, model: ReadModel, phase_id: int | None, now: int | No
         if depth == MAX_TREE_DEPTH:
             parent.add(Text(f"… phases nested deeper than {MAX_TREE_DEPTH} levels", "dim"))
             continue
-        for node in model.tree(under):
-            if isinstance(node, SiblingGroup):
-                label = Text("✓ ", "green")
-                label.append(f"{printable(node.name)} ×{node.count}")
-                label.append(f" {format_duration(node.total_ns / 1e9)} in all", "dim")
-                parent.add(label)
-            else:
-                branch = parent.add(_phase_label(model.state, node, now))
-                if node.children:
-                    stack.append((branch, node.id, depth + 1))
+        first, last, left_out = _shown(model.tree(under))
+        _add_level(parent, model, first, now, stack, depth)
+        if left_out:
+            parent.add(Text(f"… {left_out:,} phases not shown", "dim"))
+            _add_level(parent, model, last, now, stack, depth)
+
+
+def _add_level(  # noqa: PLR0917 (private, one caller)
+    parent: Tree,
+    model: ReadModel,
+    nodes: list[TreeNode],
+    now: int | None,
+    stack: list[tuple[Tree, int | None, int]],
+    depth: int,
+) -> None:
+    for node in nodes:
+        if isinstance(node, SiblingGroup):
+            label = Text("✓ ", "green")
+            label.append(f"{printable(node.name)} ×{node.count}")
+            label.append(f" {format_duration(node.total_ns / 1e9)} in all", "dim")
+            parent.add(label)
+        else:
+            branch = parent.add(_phase_label(model.state, node, now))
+            if node.children:
+                stack.append((branch, node.id, depth + 1))
 
 
 class LiveConsole:
