@@ -112,6 +112,14 @@ def test_minus_zero_is_zero_where_zero_is_allowed(text: str) -> None:
         (3599.9, "59m59s"),
         (3600, "1h00m"),
         (3660, "1h01m"),
+        (-0.04, "0.0s"),
+        (-0.0, "0.0s"),
+        (-90, "-1m30s"),
+        (9_999 * 3600 + 3599, "9999h59m"),
+        (10_000 * 3600, ">9999h"),
+        (2**63 / 1e9, ">9999h"),
+        (float("nan"), "?"),
+        (float("inf"), "?"),
     ],
 )
 def test_format_duration_around_the_minute(seconds: float, text: str) -> None:

@@ -59,8 +59,22 @@ def parse_positive_duration(text: str) -> float:
     return seconds
 
 
+MAX_SHOWN_HOURS = 9_999
+"""Longer is said as ``>9999h``: over a year, which no build takes, but a crafted journal's
+clock (times are read from it) can claim three hundred years."""
+
+
 def format_duration(seconds: float) -> str:
-    """``0.4s``, ``12.3s``, ``4m05s``, ``2h03m``."""
+    """``0.4s``, ``12.3s``, ``4m05s``, ``2h03m``; ``-1.5s`` for a clock that went back (times
+    come from a journal's clock), ``>9999h`` past :data:`MAX_SHOWN_HOURS`, ``?`` for a
+    value that is not a number."""
+    if not math.isfinite(seconds):
+        return "?"
+    if seconds < 0 and round(seconds, 1) < 0:
+        return "-" + format_duration(-seconds)
+    seconds = seconds if seconds > 0 else 0.0  # -0.04 s is "0.0s", not "-0.0s"
+    if seconds >= (MAX_SHOWN_HOURS + 1) * 3600:
+        return f">{MAX_SHOWN_HOURS}h"
     if round(seconds, 1) < 60:  # 59.96 s would read "60.0s": it is a minute
         return f"{seconds:.1f}s"
     minutes, secs = divmod(max(60, int(seconds)), 60)
