@@ -49,8 +49,9 @@ docs: $(STAMP)
 	$(MKDOCS_BUILD)
 
 # --dist loadgroup: the Ray tests (one xdist group) run on one worker, around one Ray cluster.
+# --durations: the slowest tests, in every run's summary, where the suite's time goes.
 test: lint
-	$(BIN)/pytest -n auto --dist loadgroup
+	$(BIN)/pytest -n auto --dist loadgroup --durations=25
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) $(SITE_DIR) .mypy_cache .pytest_cache .ruff_cache .hypothesis
