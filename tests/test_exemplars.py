@@ -21,7 +21,7 @@ from trt_otel import BuildMonitor, read_journal
 from trt_otel.core.clock import ManualClock
 from trt_otel.core.events import BuildStarted
 from trt_otel.views.prometheus import MetricSources, metrics_registry
-from trt_otel.views.spans import TRACEPARENT_ATTRIBUTE
+from trt_otel.views.trace_ids import TRACEPARENT_ATTRIBUTE
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 

@@ -187,6 +187,8 @@ def test_the_command_line_imports_no_room_a_build_does_not_ask_for() -> None:
         "trt_otel.app.fleet",
         "trt_otel.app.mcp_server",
         "trt_otel.views.otlp",
+        "trt_otel.views.spans",
+        "opentelemetry",
     ]
     code = (
         "import sys, trt_otel.app.cli\n"

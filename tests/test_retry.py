@@ -18,7 +18,7 @@ from trt_otel.app.session import Ended
 from trt_otel.builder.simulator import TimeModel, generate_plan
 from trt_otel.core.attempts import attempt_of
 from trt_otel.core.events import BuildFinished, BuildStarted, Outcome
-from trt_otel.views.spans import build_span_context
+from trt_otel.views.trace_ids import build_span_context
 from waiting import wait_for_text
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]

@@ -38,13 +38,8 @@ from trt_otel.views.otlp_settings import (
     OtlpConfigError,
     OtlpSettings,
 )
-from trt_otel.views.spans import (
-    TRACEPARENT_ATTRIBUTE,
-    UNFINISHED,
-    SpanProjection,
-    SpanRecord,
-    parse_traceparent,
-)
+from trt_otel.views.spans import UNFINISHED, SpanProjection, SpanRecord
+from trt_otel.views.trace_ids import TRACEPARENT_ATTRIBUTE, parse_traceparent
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 STATUS_ERROR = 2

@@ -54,8 +54,8 @@ from trt_otel.views.prometheus import (
     metrics_registry,
     push_build_metrics,
 )
-from trt_otel.views.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent
 from trt_otel.views.terminal import say, warn, warnings_heard_by
+from trt_otel.views.trace_ids import TRACEPARENT_ATTRIBUTE, parse_traceparent
 
 if TYPE_CHECKING:  # imported when asked for: most builds export nothing (start-up time)
     from opentelemetry.sdk.resources import Resource

@@ -37,8 +37,8 @@ from trt_otel.core.readmodel import ReadModel
 from trt_otel.views import terminal
 from trt_otel.views.console import PlainLines
 from trt_otel.views.http import EventFeed
-from trt_otel.views.spans import TRACEPARENT_ATTRIBUTE
 from trt_otel.views.terminal import warn
+from trt_otel.views.trace_ids import TRACEPARENT_ATTRIBUTE
 
 
 def say(message: str) -> None:

@@ -52,8 +52,8 @@ from trt_otel.core.journal import (
 from trt_otel.core.log import EventLog
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.state import BuildState
-from trt_otel.views.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent, trace_id_for
 from trt_otel.views.terminal import say, warn
+from trt_otel.views.trace_ids import TRACEPARENT_ATTRIBUTE, parse_traceparent, trace_id_for
 
 FIRST_EVENT_TIMEOUT_S = 30.0
 

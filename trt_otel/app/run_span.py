@@ -25,7 +25,8 @@ from trt_otel.views.conventions import (
     ERROR_TYPE,
     RUN_ACTION,
 )
-from trt_otel.views.spans import RemoteParent, SpanRecord, parse_traceparent
+from trt_otel.views.spans import SpanRecord
+from trt_otel.views.trace_ids import RemoteParent, parse_traceparent
 
 EXIT_CODE_ATTRIBUTE = "process.exit.code"
 

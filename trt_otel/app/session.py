@@ -42,8 +42,8 @@ from trt_otel.core.durations import format_duration
 from trt_otel.core.events import Outcome
 from trt_otel.core.followers import Follower
 from trt_otel.core.readmodel import ReadModel
-from trt_otel.views.spans import TRACEPARENT_ATTRIBUTE, parse_traceparent, trace_id_for
 from trt_otel.views.terminal import say, warn
+from trt_otel.views.trace_ids import TRACEPARENT_ATTRIBUTE, parse_traceparent, trace_id_for
 
 __all__ = [
     "EXIT_CANCELLED",

@@ -47,7 +47,7 @@ from trt_otel.core.version import __version__
 from trt_otel.views.conventions import SCHEMA_URL
 from trt_otel.views.otlp_settings import GRPC, OtlpSettings, unreachable_because
 from trt_otel.views.resource import detect_resource
-from trt_otel.views.spans import build_span_id, build_trace_id, phase_span_id
+from trt_otel.views.trace_ids import build_span_id, build_trace_id, phase_span_id
 
 SEVERITY_NUMBERS = {
     "internal_error": SeverityNumber.FATAL,

@@ -44,7 +44,7 @@ from trt_otel.core.followers import FollowerHealth
 from trt_otel.core.observed import ObservedBuild
 from trt_otel.core.state import BuildState
 from trt_otel.views.otlp_settings import SpanExportHealth
-from trt_otel.views.spans import build_trace_id
+from trt_otel.views.trace_ids import build_trace_id
 
 SpanHealthSource = Callable[[], SpanExportHealth]
 PolicyHealthSource = Callable[[], Sequence[PolicyHealth]]

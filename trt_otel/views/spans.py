@@ -30,13 +30,9 @@ peak memory used and the mean utilization of the samples taken while it was open
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-from opentelemetry.trace import get_current_span
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from trt_otel.core.attempts import attempt_of
 from trt_otel.core.events import (
@@ -67,13 +63,18 @@ from trt_otel.views.otlp_settings import (
     DEFAULT_FOLD_UNDER_NS,
     DEFAULT_SPAN_BUDGET,
 )
+from trt_otel.views.trace_ids import (
+    TRACEPARENT_ATTRIBUTE,
+    RemoteParent,
+    build_span_context,
+    build_span_id,
+    build_trace_id,
+    phase_span_id,
+)
 
 WARNING_RANK = severity_rank("warning")
 MAX_SPAN_EVENTS = 32
 """Anomalies or log messages attached to one span as span events; the rest are only counted."""
-
-TRACEPARENT_ATTRIBUTE = "trace.parent"
-"""The build attribute holding the W3C ``traceparent`` of the job that started the build."""
 
 UNFINISHED = "unfinished"
 """``error.type`` of a build whose log ends without a ``build_end`` (the process died)."""
@@ -114,70 +115,6 @@ class SpanRecord:
     server: bool = False
     """The span's kind is SERVER (the build: a pipeline run, as the CI/CD conventions say)
     rather than INTERNAL (a phase: a task run)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RemoteParent:
-    """The span of the job that started the build (from ``TRACEPARENT``)."""
-
-    trace_id: int
-    span_id: int
-    sampled: bool
-
-
-_PROPAGATOR = TraceContextTextMapPropagator()
-
-
-def parse_traceparent(value: str) -> RemoteParent | None:
-    """A W3C ``traceparent`` header value, or None when it is not a valid one (read by the
-    OpenTelemetry SDK's own propagator, so the rules are the specification's)."""
-    context = _PROPAGATOR.extract({"traceparent": value})
-    span = get_current_span(context).get_span_context()
-    if not span.is_valid:
-        return None
-    return RemoteParent(
-        trace_id=span.trace_id, span_id=span.span_id, sampled=span.trace_flags.sampled
-    )
-
-
-def trace_id_for(build_id: str, remote: RemoteParent | None = None) -> int:
-    """The build's trace id: the traced job's when there is one, else the build id itself
-    (a UUID's 128 bits), so a build id found in a journal or a metric finds its trace."""
-    if remote is not None:
-        return remote.trace_id
-    if len(build_id) == 32 and all(c in "0123456789abcdef" for c in build_id):
-        return int(build_id, 16) or 1
-    return derived_id(128, build_id)
-
-
-def build_span_context(build_id: str, remote: RemoteParent | None = None) -> tuple[int, int]:
-    """The (trace id, span id) of a build's own span: a pure function of its id (and of the
-    traced job it joined), so a later attempt can link to it from the id alone."""
-    trace_id = trace_id_for(build_id, remote)
-    return trace_id, derived_id(64, trace_id, build_id, "build")
-
-
-def derived_id(bits: int, *parts: object) -> int:
-    """A non-zero id of ``bits`` bits, a pure function of ``parts``."""
-    text = "/".join(str(part) for part in parts).encode()
-    value = int.from_bytes(hashlib.blake2b(text, digest_size=bits // 8).digest(), "big")
-    return value or 1
-
-
-def build_span_id(trace_id: int, build_id: str) -> int:
-    """The span id of the build's own span."""
-    return derived_id(64, trace_id, build_id, "build")
-
-
-def phase_span_id(trace_id: int, build_id: str, phase_id: int) -> int:
-    """The span id of a phase's span (the phase's id is its ``phase_start``'s seq)."""
-    return derived_id(64, trace_id, build_id, phase_id)
-
-
-def build_trace_id(attributes: dict[str, Any], build_id: str) -> tuple[int, RemoteParent | None]:
-    """The build's trace id from its ``build_start`` attributes, and the traced job it joins."""
-    remote = parse_traceparent(str(attributes.get(TRACEPARENT_ATTRIBUTE, "")))
-    return trace_id_for(build_id, remote), remote
 
 
 @dataclass(slots=True)
