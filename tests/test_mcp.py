@@ -253,6 +253,29 @@ def test_a_build_cancelled_with_a_reason(tmp_path: Path, model: Path) -> None:
     run(test)
 
 
+def test_arguments_of_another_type_are_refused_not_coerced(tmp_path: Path) -> None:
+    """JSON's types are the schema's: "yes" is no boolean, "5", 5.5 and true are no count, a
+    number is no id. Coerced, "yes" would have replaced an existing engine."""
+
+    async def test() -> None:
+        async with server(tmp_path / "state") as client:
+            for tool, arguments, name in [
+                ("start_build", {"kind": "demo", "overwrite": "yes"}, "overwrite"),
+                ("start_build", {"kind": "demo", "overwrite": 1}, "overwrite"),
+                ("start_build", {"kind": "demo", "options": "--fp16"}, "options"),
+                ("build_events", {"id": "0123456789ab", "limit": "5"}, "limit"),
+                ("build_events", {"id": "0123456789ab", "limit": True}, "limit"),
+                ("build_events", {"id": "0123456789ab", "since_seq": 5.5}, "since_seq"),
+                ("build_status", {"id": 123456789012}, "id"),
+                ("wait_build", {"id": "0123456789ab", "timeout_s": "1"}, "timeout_s"),
+            ]:
+                said = error_text(await client.call_tool(tool, arguments))
+                assert name in said and "valid" in said, (tool, arguments, said)
+            assert payload(await client.call_tool("list_builds", {}))["builds"] == []
+
+    run(test)
+
+
 def test_bad_requests_are_tool_errors(tmp_path: Path, model: Path) -> None:
     async def test() -> None:
         async with server(tmp_path / "state") as client:

@@ -85,21 +85,26 @@ def create_server(fleet: Fleet | RayFleet) -> MCPServer:
     )
     inside = f"must resolve (symlinks followed) inside one of the server's roots: {roots}"
     id_field = Field(
+        strict=True,
         description=f"the build's id, from start_build (12 hex digits; at most {MAX_ID_CHARS} "
         "characters)",
         json_schema_extra={"maxLength": MAX_ID_CHARS},
     )
 
-    # The tool's parameters are its JSON schema; MCP passes them by name.
+    # The tool's parameters are its JSON schema; MCP passes them by name. Strict: a value of
+    # another type is refused, not coerced ("yes" is no boolean, "5" and true no number).
     @server.tool()
     def start_build(  # noqa: PLR0917
         kind: Annotated[
             Literal["build", "demo"],
-            Field(description="'build': a real engine from an ONNX model; 'demo': simulated"),
+            Field(
+                description="'build': a real engine from an ONNX model; 'demo': simulated",
+            ),
         ],
         model: Annotated[
             str | None,
             Field(
+                strict=True,
                 description="path of the ONNX model (required for 'build'; a regular file); "
                 f"it {inside}; at most {MAX_PATH_CHARS:,} characters",
                 json_schema_extra={"maxLength": MAX_PATH_CHARS},
@@ -108,6 +113,7 @@ def create_server(fleet: Fleet | RayFleet) -> MCPServer:
         output: Annotated[
             str | None,
             Field(
+                strict=True,
                 description="where to write the engine (default: in the build's folder of the "
                 "state directory); a file that exists is refused unless overwrite is true; "
                 f"at most {MAX_PATH_CHARS:,} characters; it lies outside the builds' folders "
@@ -116,8 +122,14 @@ def create_server(fleet: Fleet | RayFleet) -> MCPServer:
             ),
         ] = None,
         options: Annotated[
-            list[Annotated[str, Field(json_schema_extra={"maxLength": MAX_OPTION_CHARS})]] | None,
+            list[
+                Annotated[
+                    str, Field(strict=True, json_schema_extra={"maxLength": MAX_OPTION_CHARS})
+                ]
+            ]
+            | None,
             Field(
+                strict=True,
                 description="more trt-otel options, as on its command line, e.g. ['--fp16', "
                 "'--timeout', '30m', '--stall-timeout', '10m'] or, for a demo, ['--speed', "
                 f"'4', '--silence', '20s']; at most {MAX_OPTIONS} of them, each at most "
@@ -128,11 +140,12 @@ def create_server(fleet: Fleet | RayFleet) -> MCPServer:
         ] = None,
         overwrite: Annotated[
             bool,
-            Field(description="replace the output if it exists (default: refuse to)"),
+            Field(strict=True, description="replace the output if it exists (default: refuse to)"),
         ] = False,
         deadline: Annotated[
             str | None,
             Field(
+                strict=True,
                 description="the build must end within this ('20m', '1h30m'): stopped as soon "
                 "as its projection (its history, --history in options; its progress) says it "
                 "cannot, refused before it starts when its history says so (exit 3); over "
@@ -141,8 +154,12 @@ def create_server(fleet: Fleet | RayFleet) -> MCPServer:
             ),
         ] = None,
         retries: Annotated[
-            list[Annotated[str, Field(json_schema_extra={"maxLength": MAX_RUNG_CHARS})]] | None,
+            list[
+                Annotated[str, Field(strict=True, json_schema_extra={"maxLength": MAX_RUNG_CHARS})]
+            ]
+            | None,
             Field(
+                strict=True,
                 description="a retry ladder: after a timeout, deadline, stall, memory limit or "
                 "dead worker, build again with each rung's options laid over the original's, "
                 "in order, e.g. ['--builder-optimization-level 2', '--builder-optimization-level "
@@ -174,6 +191,7 @@ def create_server(fleet: Fleet | RayFleet) -> MCPServer:
         model: Annotated[
             str,
             Field(
+                strict=True,
                 description=f"path of the ONNX model; it {inside}",
                 json_schema_extra={"maxLength": MAX_PATH_CHARS},
             ),
@@ -181,6 +199,7 @@ def create_server(fleet: Fleet | RayFleet) -> MCPServer:
         deadline: Annotated[
             str,
             Field(
+                strict=True,
                 description="the time the build must end within: '20m', '1h30m'",
                 json_schema_extra={"maxLength": MAX_DURATION_CHARS},
             ),
@@ -188,6 +207,7 @@ def create_server(fleet: Fleet | RayFleet) -> MCPServer:
         history: Annotated[
             str,
             Field(
+                strict=True,
                 description="a directory of journals of earlier builds (of any model: those of "
                 f"this one are used); it {inside}",
                 json_schema_extra={"maxLength": MAX_PATH_CHARS},
@@ -217,11 +237,12 @@ def create_server(fleet: Fleet | RayFleet) -> MCPServer:
     def build_events(
         id: Annotated[str, id_field],
         since_seq: Annotated[
-            int, Field(description="return events after this seq (-1: from the first)")
+            int, Field(strict=True, description="return events after this seq (-1: from the first)")
         ] = -1,
         limit: Annotated[
             int,
             Field(
+                strict=True,
                 description=f"at most this many events: 1 to {MAX_EVENTS}; any other limit is "
                 "refused (a tool error), not clamped",
                 json_schema_extra={"minimum": 1, "maximum": MAX_EVENTS},
@@ -238,10 +259,12 @@ def create_server(fleet: Fleet | RayFleet) -> MCPServer:
         id: Annotated[str, id_field],
         until: Annotated[
             Literal["progress", "end"],
-            Field(description="'progress': any step, phase, cancel or end; 'end': the end"),
+            Field(
+                description="'progress': any step, phase, cancel or end; 'end': the end",
+            ),
         ] = "progress",
         timeout_s: Annotated[
-            float, Field(description="give up after this many seconds", ge=0, le=600)
+            float, Field(strict=True, description="give up after this many seconds", ge=0, le=600)
         ] = 30.0,
     ) -> dict[str, Any]:
         """Wait until the build progresses or ends, or the timeout passes; says which
@@ -254,6 +277,7 @@ def create_server(fleet: Fleet | RayFleet) -> MCPServer:
         reason: Annotated[
             str,
             Field(
+                strict=True,
                 description=f"why, for the journal and the spans (at most {MAX_REASON_CHARS} "
                 "characters)",
                 json_schema_extra={"maxLength": MAX_REASON_CHARS},
