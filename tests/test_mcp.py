@@ -259,7 +259,7 @@ def test_arguments_of_another_type_are_refused_not_coerced(tmp_path: Path) -> No
 
     async def test() -> None:
         async with server(tmp_path / "state") as client:
-            for tool, arguments, name in [
+            cases: list[tuple[str, dict[str, Any], str]] = [
                 ("start_build", {"kind": "demo", "overwrite": "yes"}, "overwrite"),
                 ("start_build", {"kind": "demo", "overwrite": 1}, "overwrite"),
                 ("start_build", {"kind": "demo", "options": "--fp16"}, "options"),
@@ -268,7 +268,8 @@ def test_arguments_of_another_type_are_refused_not_coerced(tmp_path: Path) -> No
                 ("build_events", {"id": "0123456789ab", "since_seq": 5.5}, "since_seq"),
                 ("build_status", {"id": 123456789012}, "id"),
                 ("wait_build", {"id": "0123456789ab", "timeout_s": "1"}, "timeout_s"),
-            ]:
+            ]
+            for tool, arguments, name in cases:
                 said = error_text(await client.call_tool(tool, arguments))
                 assert name in said and "valid" in said, (tool, arguments, said)
             assert payload(await client.call_tool("list_builds", {}))["builds"] == []
