@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from conftest import REPO_ROOT, reference_tree, trace_params
@@ -34,6 +35,7 @@ from otlp_receiver import ReceivedSpan, otlp_receiver
 from prometheus_server import free_port
 from trt_otel import BuildMonitor, JournalWriter, Outcome, read_journal
 from trt_otel.builder.simulator import Driver, load_trace
+from trt_otel.core import journal as raw_journal
 from trt_otel.core.events import (
     Anomaly,
     BuildFinished,
@@ -383,18 +385,31 @@ PROTOCOL_BREAKS: list[tuple[str, str, str | None, int]] = [
 ]
 
 
-def test_protocol_breaks_are_the_anomalies_pythons_monitor_records(
-    driver: Path, tmp_path: Path
-) -> None:
-    trace = tmp_path / "breaks.jsonl"
-    with open(trace, "w", encoding="utf-8") as handle:
-        for kind, name, parent, number in PROTOCOL_BREAKS:
+def write_trace(path: Path, callbacks: list[tuple[str, str, str | None, int]]) -> Path:
+    """A trace of ``callbacks`` (callback, phase, parent, num_steps or step) for the driver."""
+    with open(path, "w", encoding="utf-8") as handle:
+        for kind, name, parent, number in callbacks:
             record: dict[str, object] = {"cb": kind, "phase_name": name}
             if kind == "phase_start":
                 record.update(parent_phase=parent, num_steps=number)
             elif kind == "step_complete":
                 record["step"] = number
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return path
+
+
+def recorded(events: list[Event]) -> list[Event]:
+    """Python's events as a recorder that checks nothing writes them: no anomaly, numbered
+    without them."""
+    kept = [event for event in events if not isinstance(event, Anomaly)]
+    return [msgspec.structs.replace(event, seq=seq) for seq, event in enumerate(kept)]
+
+
+def test_protocol_breaks_are_the_anomalies_pythons_monitor_records(
+    driver: Path, tmp_path: Path
+) -> None:
+    """As trt-otel reads the C++ journal: the journal itself records the callbacks alone."""
+    trace = write_trace(tmp_path / "breaks.jsonl", PROTOCOL_BREAKS)
     journal_path = tmp_path / "build.jsonl"
     run_driver(driver, "trace", trace=trace, journal=journal_path)
     cpp = read_clean(journal_path).events
@@ -424,8 +439,73 @@ def test_protocol_breaks_are_the_anomalies_pythons_monitor_records(
         "finish_with_open_children",
     }
     assert [comparable(e) for e in cpp] == [comparable(e) for e in python]
-    same_lines(journal_path, python)
+    same_lines(journal_path, recorded(python))
     assert span_shape(spans_of(cpp)) == span_shape(spans_of(python))
+
+
+def test_the_journal_records_protocol_breaks_raw_and_replay_and_watch_find_them(
+    driver: Path, tmp_path: Path
+) -> None:
+    """The C++ monitor checks nothing: its journal says so in its header and holds no anomaly;
+    replay and watch take its callbacks through the one way in, which finds them."""
+    trace = write_trace(tmp_path / "breaks.jsonl", PROTOCOL_BREAKS)
+    journal_path = tmp_path / "build.jsonl"
+    run_driver(driver, "trace", trace=trace, journal=journal_path)
+    as_written = raw_journal.read_journal(journal_path)
+    assert as_written.header["checked"] is False
+    assert [e for e in as_written.events if e.type == "anomaly"] == []
+    found = [e for e in read_journal(journal_path).events if isinstance(e, Anomaly)]
+    assert len(found) == 10
+
+    def cli(*arguments: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "trt_otel.app.cli", *arguments, str(journal_path)],
+            env={**os.environ, "COLUMNS": "200"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout + done.stderr
+
+    assert "10 protocol anomalies" in cli("replay")
+    watched = cli("watch", "--no-progress")
+    for anomaly in found:  # watch says the first of each kind
+        assert f"protocol anomaly ({anomaly.kind.value})" in watched
+    assert "step 0 of 'Ghost', not open" in watched
+
+
+def test_a_live_watch_of_a_cpp_build_shows_its_protocol_break(driver: Path, tmp_path: Path) -> None:
+    steps = 400
+    callbacks: list[tuple[str, str, str | None, int]] = [
+        ("phase_start", "Building engine", None, steps),
+        *(("step_complete", "Building engine", None, step) for step in range(steps // 2)),
+        ("step_complete", "Ghost", None, 0),  # a phase that is not open, a second in
+        *(("step_complete", "Building engine", None, step) for step in range(steps // 2, steps)),
+        ("phase_finish", "Building engine", None, 0),
+    ]
+    trace = write_trace(tmp_path / "live.jsonl", callbacks)
+    journal_path = tmp_path / "build.jsonl"
+    build = subprocess.Popen(
+        [str(driver), "trace", f"trace={trace}", f"journal={journal_path}", "delay_us=5000",
+         "poll_ms=20"],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_for(journal_path)
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "trt_otel.app.cli", "watch", str(journal_path),
+             "--no-progress"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        assert build.poll() is None, "the build ended before watch started: not a live watch"
+        out, _ = watch.communicate(timeout=120)
+    finally:
+        build.kill()
+        build.wait(30)
+    assert watch.returncode == 0, out
+    assert "protocol anomaly (step_for_unknown_phase): step 0 of 'Ghost', not open" in out
 
 
 # -- threads, cancels, kills and full disks --------------------------------------------------------

@@ -54,6 +54,7 @@ from trt_otel.core.version import __version__
 
 if _TYPE_CHECKING:
     from trt_otel.app.instrumentation import instrument, uninstrument
+    from trt_otel.capture.checked import read_journal
     from trt_otel.capture.monitor import BuildMonitor
     from trt_otel.core.clock import Clock, ManualClock, SystemClock
     from trt_otel.core.events import (
@@ -72,7 +73,7 @@ if _TYPE_CHECKING:
         StepCompleted,
     )
     from trt_otel.core.followers import Follower, FollowerHealth
-    from trt_otel.core.journal import Journal, JournalError, JournalWriter, read_journal
+    from trt_otel.core.journal import Journal, JournalError, JournalWriter
     from trt_otel.core.log import EventLog
     from trt_otel.core.state import BuildState, BuildStatus, Phase, PhaseStatus
 
@@ -104,7 +105,7 @@ _FACE = {
     "ProcessSample": "trt_otel.core.events",
     "StepCompleted": "trt_otel.core.events",
     "SystemClock": "trt_otel.core.clock",
-    "read_journal": "trt_otel.core.journal",
+    "read_journal": "trt_otel.capture.checked",
     "instrument": "trt_otel.app.instrumentation",
     "uninstrument": "trt_otel.app.instrumentation",
 }

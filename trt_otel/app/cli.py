@@ -59,6 +59,7 @@ from trt_otel.builder.preflight import PreflightError, check_build_files
 from trt_otel.builder.provenance import provenance_attributes, timing_cache_attributes
 from trt_otel.builder.simulator.callbacks import TraceError
 from trt_otel.capture.backends import record_attributes
+from trt_otel.capture.checked import read_journal
 from trt_otel.capture.liveness import Writer
 from trt_otel.capture.supervisor import StopNow
 from trt_otel.capture.watch import WatchError, follow_journal, follow_url
@@ -66,7 +67,7 @@ from trt_otel.core.attempts import attempt_of
 from trt_otel.core.builds import builds_of
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import BuildStarted, Outcome
-from trt_otel.core.journal import JournalError, read_journal
+from trt_otel.core.journal import JournalError
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.startup import startup_done
 from trt_otel.views.console import render_build

@@ -33,6 +33,7 @@ from trt_otel.app.config import (
     SpanConfig,
     UsageError,
 )
+from trt_otel.capture.checked import read_journal
 from trt_otel.capture.gpu import GpuReader, GpuSampler, open_reader
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.process import ProcessSampler
@@ -123,7 +124,7 @@ def load_history(directory: Path | None, attributes: dict[str, Any]) -> History 
         return None
     if not directory.is_dir():
         raise UsageError(f"--history {directory} is not a directory of journals")
-    history = History.load(directory, attributes=attributes)
+    history = History.load(directory, attributes=attributes, read=read_journal)
     say(
         f"history: {len(history.builds)} earlier builds of this model in {directory}"
         + (f" ({len(history.skipped)} journals not used)" if history.skipped else "")

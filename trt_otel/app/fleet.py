@@ -48,6 +48,7 @@ from trt_otel.app.commands import build_parser, command_of
 from trt_otel.app.config import UsageError
 from trt_otel.app.retries import MAX_RUNG_CHARS, MAX_RUNGS, rung_paths
 from trt_otel.app.session import exit_code_of
+from trt_otel.capture.checked import CheckedEvents, read_journal
 from trt_otel.control.deadline import would_fit
 from trt_otel.control.policies import MAX_REASON
 from trt_otel.control.stopping import process_running
@@ -62,7 +63,7 @@ from trt_otel.core.journal import (
     JournalError,
     LineReader,
     event_to_dict,
-    read_journal,
+    parse_header,
 )
 from trt_otel.core.state import BuildState
 
@@ -580,7 +581,7 @@ def would_it_fit(
             digest = hasher.hexdigest()
     except OSError as error:
         raise FleetError(f"model {model_path}: {error.strerror or error}") from None
-    earlier = History.load(folder, attributes={"model.sha256": digest})
+    earlier = History.load(folder, attributes={"model.sha256": digest}, read=read_journal)
     fit = would_fit(earlier, limit_s)
     return {
         "answer": fit.answer,
@@ -771,9 +772,10 @@ class JournalFold:
         self.attempts: list[dict[str, Any]] = []
         """A retry ladder's attempts so far (none outside one): each with how it ended."""
         self._reader = LineReader()
+        self._checked: CheckedEvents | None = None
+        """The header's reading of the events (None until the header is read)."""
         self._offset = 0
         self._identity: tuple[int, int] | None = None
-        self._header_read = False
 
     @property
     def state(self) -> BuildState:
@@ -793,18 +795,23 @@ class JournalFold:
                 self._start()
                 self._identity = identity
             handle.seek(self._offset)
-            if not self._header_read:
+            checked = self._checked
+            if checked is None:
                 first = handle.readline(MAX_HEADER_BYTES)
                 if not first.endswith(b"\n"):
                     return self.state  # the header is still being written
                 self._offset += len(first)
-                self._header_read = True
+                try:
+                    header = parse_header(first, self.path)
+                except JournalError:
+                    header = {}  # read as it was before: its lines will not be events
+                checked = self._checked = CheckedEvents(header)
             while chunk := handle.read(1 << 20):
                 self._offset += len(chunk)
-                for item in self._reader.feed(chunk):
-                    if isinstance(item, Event):
-                        self._builds.fold_for(item).apply(item)
-                        self._follow_attempts(item)
+                read = [item for item in self._reader.feed(chunk) if isinstance(item, Event)]
+                for event in checked.feed(read):
+                    self._builds.fold_for(event).apply(event)
+                    self._follow_attempts(event)
         return self.state
 
     def _follow_attempts(self, event: Event) -> None:

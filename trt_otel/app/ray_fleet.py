@@ -55,10 +55,11 @@ from trt_otel.app.fleet import (
     would_it_fit,
 )
 from trt_otel.app.session import exit_code_of
+from trt_otel.capture.checked import read_journal
 from trt_otel.capture.supervisor import DEFAULT_GRACE_S
 from trt_otel.core.eta import BoundaryTracker, estimate
 from trt_otel.core.files import open_regular_for_reading, write_atomically
-from trt_otel.core.journal import JournalError, event_to_dict, read_journal
+from trt_otel.core.journal import JournalError, event_to_dict
 from trt_otel.core.state import BuildState
 
 PREFIX = "trt-otel-"

@@ -46,6 +46,7 @@ from trt_otel.core.journal import (
     JournalError,
     JournalProblem,
     LineReader,
+    callbacks_checked,
     encode_events,
     parse_header,
 )
@@ -182,6 +183,9 @@ class Escalation:
     ) -> None:
         self.journal = journal
         self.writer = Writer.from_header(header)
+        self.numbered_as_written = callbacks_checked(header)
+        """Whether the local log numbers the events as the journal does (a journal of
+        unchecked callbacks is numbered anew when they are checked, anomalies included)."""
         self.monitor = monitor
         self.after_s = after_s
         self._stop = threading.Event()
@@ -259,8 +263,9 @@ class Escalation:
             for item in LineReader().feed(tail.partition(b"\n")[2] if size > len(tail) else tail):
                 if not isinstance(item, JournalProblem):
                     last_seq = item.seq
+            local_seq = self.monitor.log.next_seq - 1 if self.numbered_as_written else -1
             end = BuildFinished(
-                seq=max(last_seq, self.monitor.log.next_seq - 1) + 1,
+                seq=max(last_seq, local_seq) + 1,
                 wall_ns=time.time_ns(),
                 mono_ns=time.monotonic_ns(),
                 thread="trt-otel-watch",

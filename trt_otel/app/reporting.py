@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trt_otel.app.config import SessionConfig, UsageError
+from trt_otel.capture.checked import read_journal
 from trt_otel.core.events import Event
 from trt_otel.core.files import FileKindError, regular_file_or_absent, write_atomically
-from trt_otel.core.journal import JournalError, read_journal
+from trt_otel.core.journal import JournalError
 from trt_otel.views.terminal import PipeSafeStream, say, warn
 
 if TYPE_CHECKING:

@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Self
 
+import msgspec
+
 from trt_otel.capture.binding import BackendChoice, ProgressMonitorBase
 from trt_otel.core.clock import SYSTEM_CLOCK, Clock
 from trt_otel.core.events import (
@@ -58,7 +60,9 @@ _logger = logging.getLogger(__name__)
 CancelListener = Callable[[CancelRequested], None]
 CallbackRecord = tuple[Any, ...]
 """A callback made elsewhere: its kind (``phase_start``, ``step``, ``phase_finish``, ``log``,
-``end``), wall and monotonic time, thread, then its arguments."""
+``end``, ``output``), wall and monotonic time, thread, then its arguments; or ``event``, with
+an event its recorder made itself (a build's start, a cancel it acted on, its own note of a
+loss), taken as it is but for its ``seq``."""
 
 
 class BuildMonitor(ProgressMonitorBase):
@@ -464,6 +468,9 @@ class BuildMonitor(ProgressMonitorBase):
                 (attributes,) = arguments
                 if isinstance(attributes, dict):
                     self._output_locked(attributes)
+            elif kind == "event":
+                (event,) = arguments
+                self._recorded_locked(event)
         except BaseException as caught:
             return caught
         finally:
@@ -495,6 +502,16 @@ class BuildMonitor(ProgressMonitorBase):
         for kind, detail in self.state.check_phase_finish(name):
             self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
         self.log.append_made(PhaseFinished, name)
+
+    def _recorded_locked(self, event: Event) -> None:
+        """An event a recorder elsewhere made itself, appended as it is (numbered in this log).
+        Its cancel is this monitor's: a later ``step_complete`` here would be refused too."""
+        if type(event) is CancelRequested:
+            with self._cancel_lock:
+                if self._cancelled:
+                    return  # only the first cancel is an event
+                self._cancelled = True
+        self.log.append_at(_renumbered(event), event.wall_ns, event.mono_ns, event.thread)
 
     # -- helpers (called with the log's lock held) ---------------------------------------------
 
@@ -555,3 +572,12 @@ class BuildMonitor(ProgressMonitorBase):
         if self.internal_errors == 1:
             _logger.error("trt-otel monitor error in %s: %r (build continues)", callback, error)
         return False
+
+
+def _renumbered(event: Event) -> Callable[..., Event]:
+    """Makes ``event`` again with the ``seq`` a log gives it (see :meth:`EventLog.append_at`)."""
+
+    def make(seq: int, *_stamp: object) -> Event:
+        return msgspec.structs.replace(event, seq=seq)
+
+    return make

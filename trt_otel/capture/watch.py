@@ -17,6 +17,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from trt_otel.capture.checked import CheckedEvents
 from trt_otel.capture.liveness import DEFAULT_LOST_AFTER_S, Liveness
 from trt_otel.core.attempts import Attempt, attempt_of
 from trt_otel.core.durations import format_duration
@@ -238,7 +239,8 @@ def follow_journal(
     lost_after_s: float = DEFAULT_LOST_AFTER_S,
     ending: threading.Event | None = None,
 ) -> BuildFinished | None:
-    """Feed ``sink`` the events of the journal at ``path`` as it grows, until the build's end.
+    """Feed ``sink`` the events of the journal at ``path`` as it grows, until the build's end,
+    as trt-otel takes them (:mod:`~trt_otel.capture.checked`).
 
     The end of a retry ladder's attempt that may have another after it (:mod:`attempts`) is not
     yet the end: the next attempt is followed in the same journal, and that end is returned once
@@ -256,8 +258,10 @@ def follow_journal(
         raise JournalError(f"cannot read journal {str(path)!r}: {error.strerror}") from None
     with handle:
         first = _complete_line(handle, poll_s)
-        liveness = Liveness(path, parse_header(first, path), lost_after_s)
+        header = parse_header(first, path)
+        liveness = Liveness(path, header, lost_after_s)
         reader = LineReader()  # the reader replay uses, fed as the file grows
+        checked = CheckedEvents(header)  # a C++ build's callbacks: through the one way in
         quiet_since = time.monotonic()
         noticed = False
         attempt: Attempt | None = None
@@ -290,6 +294,7 @@ def follow_journal(
                     warn(f"{path}: {item}")
                 else:
                     batch.append(item)
+            batch = checked.feed(batch)
             if batch:
                 sink(batch)
                 for event in batch:

@@ -18,7 +18,7 @@ The whole-build ETA is the history estimate where there is one, else the progres
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from typing import Any
 from trt_otel.core.builds import builds_of
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import BuildStarted, Event, Outcome, PhaseFinished
-from trt_otel.core.journal import JournalError, read_journal
+from trt_otel.core.journal import Journal, JournalError, read_journal
 from trt_otel.core.state import BuildState
 
 BoundaryKey = tuple[tuple[str, ...], int]
@@ -159,6 +159,7 @@ class History:
         model_sha256: str | None = None,
         *,
         attributes: Mapping[str, Any] | None = None,
+        read: Callable[[Path], Journal] = read_journal,
     ) -> History:
         """The builds of the journals (``*.jsonl``) in ``directory`` that are earlier builds of
         this one (:func:`same_build`: ``attributes`` are this build's, else only its model's
@@ -171,7 +172,7 @@ class History:
         builds, skipped = [], []
         for path in sorted(directory.glob("*.jsonl")):
             try:
-                journal = read_journal(path)
+                journal = read(path)
             except JournalError as error:
                 skipped.append(f"{path.name}: {error}")
                 continue

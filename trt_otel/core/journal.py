@@ -3,10 +3,12 @@
 Format (version 1), one JSON object per line, UTF-8:
 
 * line 1, the header: ``{"format": "trt-otel-journal", "version": 1, "created_wall_ns": N,
-  "producer": "trt-otel X.Y.Z", "writer_pid": N, "writer_host": "...", "touch_interval_s": 10}``
-  (the writer's fields let ``watch`` tell a silent build from a lost one, and while open the
-  writer touches the file every ``touch_interval_s``; readers ignore keys they do not know, so
-  adding them needed no new version)
+  "producer": "trt-otel X.Y.Z", "writer_pid": N, "writer_host": "...", "touch_interval_s": 10,
+  "checked": true}`` (the writer's fields let ``watch`` tell a silent build from a lost one, and
+  while open the writer touches the file every ``touch_interval_s``; ``checked`` says whether
+  the callbacks were checked against TensorRT's protocol as they were recorded, see
+  :data:`CHECKED_FIELD`; readers ignore keys they do not know, so adding them needed no new
+  version)
 * every other line, one event: ``type`` (``build_start``, ``phase_start``, ``step``,
   ``phase_finish``, ``cancel``, ``anomaly``, ``log``, ``build_end``, ``gpu``), ``seq``,
   ``wall_ns``, ``mono_ns``, ``thread``, then the fields of that event type (see
@@ -66,6 +68,13 @@ from trt_otel.core.writer import Toucher, writer_fields
 
 FORMAT_NAME = "trt-otel-journal"
 FORMAT_VERSION = 1
+CHECKED_FIELD = "checked"
+"""The header's word on the journal's callbacks. ``false``: recorded as they came, not checked
+against TensorRT's protocol (the C++ monitor records only), so every reader takes them through
+the one way in, which finds the anomalies and numbers the events as a Python build's (see
+:mod:`trt_otel.capture.checked`). ``true``, or absent (every journal written before the field
+was, the C++ monitor's of then included, which checked them itself): the events are the checked
+ones, read as they are, never checked twice."""
 
 _FLUSH_ON = frozenset({PhaseStarted, PhaseFinished, CancelRequested, BuildFinished})
 _READ_CHUNK_BYTES = 1 << 20
@@ -198,6 +207,7 @@ class JournalWriter:
                 "created_wall_ns": time.time_ns(),
                 "producer": f"trt-otel {__version__}",
                 **writer_fields(),
+                CHECKED_FIELD: True,
             }
             self._file.write(_ENCODER.encode(header) + b"\n")
             self._file.flush()
@@ -478,8 +488,16 @@ def is_journal_header(record: object) -> bool:
     return isinstance(record, dict) and record.get("format") == FORMAT_NAME
 
 
+def callbacks_checked(header: dict[str, Any]) -> bool:
+    """Whether the journal's callbacks were checked when recorded (:data:`CHECKED_FIELD`)."""
+    return header.get(CHECKED_FIELD) is not False
+
+
 def read_journal(path: str | os.PathLike[str]) -> Journal:
-    """Read a whole journal. Problems in the body are collected, not raised."""
+    """Read a whole journal, its events as written. Problems in the body are collected, not
+    raised. A reader that shows or judges the build reads it through
+    :func:`trt_otel.capture.checked.read_journal`, which takes a C++ monitor's unchecked
+    callbacks through the one way in."""
     items = iter_journal(path)
     header = next(items)
     assert isinstance(header, dict)  # iter_journal yields the header first or raises
@@ -628,5 +646,10 @@ def parse_header(first: bytes, path: str | os.PathLike[str]) -> dict[str, Any]:
         raise JournalError(
             f"{where!r} is journal version {version!r}; this trt-otel reads up to "
             f"{FORMAT_VERSION}: upgrade trt-otel"
+        )
+    if type(header.get(CHECKED_FIELD, True)) is not bool:
+        raise JournalError(
+            f"{where!r} has a header whose {CHECKED_FIELD!r} is "
+            f"{str(header[CHECKED_FIELD])[:40]!r}, not true or false: not a journal trt-otel wrote"
         )
     return header

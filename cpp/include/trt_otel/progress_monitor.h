@@ -7,16 +7,20 @@
 //     auto engine = builder->buildSerializedNetwork(*network, *config);
 //     monitor.end(engine != nullptr);
 //
-// Every callback becomes one event of the journal that the Python package writes (same event
-// types, fields and seq numbering), so `trt-otel replay`, `trt-otel watch` (live view, spans,
-// metrics, HTTP view, policies) and `trt-otel demo --trace` read a C++ build as they read a
-// Python one.
+// It only records: every callback becomes one event of the journal that the Python package
+// writes (same event types and fields), as it came, stamped with its time and thread. It checks
+// nothing against TensorRT's progress-monitor protocol (a name reused while open, an unknown
+// parent, a step out of range, ...): its journal's header says "checked": false, and trt-otel
+// takes the recorded callbacks through the one way in that every capture mode takes, which
+// finds the anomalies and numbers the events as for the same callbacks made in Python. So
+// `trt-otel replay`, `trt-otel watch` (live view, spans, metrics, HTTP view, policies),
+// `report`, `diff` and `demo --trace` read a C++ build as they read a Python one, checked once,
+// by one piece of code.
 //
-// What TensorRT's builder threads pay: each callback takes one mutex, reads two clocks, looks
-// the phase name up in a hash table, checks the protocol and appends a fixed-size record to a
-// vector. No I/O, no allocation in the usual case (a new phase name, an anomaly or a cancel
-// allocate), never blocks on anything but that mutex, never throws; stepComplete answers from
-// an atomic flag. A writer thread owned by the monitor turns the records into JSON lines, writes
+// What TensorRT's builder threads pay: each callback takes one mutex, reads one clock, looks
+// the phase name up in a hash table and appends a fixed-size record to a vector. No I/O, no
+// allocation in the usual case (a new phase name or a cancel allocate), never blocks on
+// anything but that mutex, never throws; stepComplete answers from an atomic flag. A writer thread owned by the monitor turns the records into JSON lines, writes
 // them (at most one poll interval after they happened, at once on a cancel and at the end),
 // checks the cancel file and the timeout, and notes any loss in the journal.
 //
@@ -77,6 +81,9 @@ namespace trt_otel
 inline constexpr char const* kVersion = "0.1.0";
 //! The journal format written.
 inline constexpr int kJournalFormatVersion = 1;
+//! The journal header's word that its callbacks were recorded as they came, unchecked: trt-otel
+//! checks them against TensorRT's protocol when it reads the journal.
+inline constexpr char const* kUncheckedHeaderField = "\"checked\":false";
 
 //! How a build ended, named after OpenTelemetry's cicd.pipeline.result values.
 enum class Outcome
@@ -188,29 +195,6 @@ inline Runtime loadedRuntime() noexcept
 namespace detail
 {
 
-//! A departure from TensorRT's progress-monitor protocol (the Python AnomalyKind values).
-enum class Anomaly : std::uint8_t
-{
-    kSTEP_FOR_UNKNOWN_PHASE,
-    kFINISH_OF_UNKNOWN_PHASE,
-    kNAME_REUSED_WHILE_OPEN,
-    kUNKNOWN_PARENT,
-    kSTEP_OUT_OF_RANGE,
-    kSTEP_NOT_INCREASING,
-    kFINISH_WITH_OPEN_CHILDREN,
-    kINVALID_ARGUMENT,
-    kCALLBACK_OUTSIDE_BUILD,
-    kMONITOR_ERROR,
-};
-
-inline char const* anomalyName(Anomaly kind) noexcept
-{
-    static constexpr char const* kNames[] = {"step_for_unknown_phase", "finish_of_unknown_phase",
-        "name_reused_while_open", "unknown_parent", "step_out_of_range", "step_not_increasing",
-        "finish_with_open_children", "invalid_argument", "callback_outside_build", "monitor_error"};
-    return kNames[static_cast<std::size_t>(kind)];
-}
-
 enum class Type : std::uint8_t
 {
     kBUILD_START,
@@ -227,7 +211,7 @@ enum class Type : std::uint8_t
 struct Extra
 {
     std::string a; // detail, reason or message
-    std::string b; // source, severity or error_type
+    std::string b; // kind, source, severity or error_type
     std::string c; // policy
 };
 
@@ -243,7 +227,7 @@ struct Record
     std::int32_t name;   // -1: none (an anomaly of no phase)
     std::int32_t parent; // -1: null
     Type type;
-    std::uint8_t flag; // cancel: timeout; anomaly: kind; build_end: outcome
+    std::uint8_t flag; // cancel: timeout; build_end: outcome
     std::unique_ptr<Extra> extra;
 };
 
@@ -281,42 +265,6 @@ inline std::string formatDuration(double seconds)
     }
     std::snprintf(text, sizeof text, "%lldh%02lldm", minutes / 60, minutes % 60);
     return text;
-}
-
-//! Python's repr() of a str, for anomaly details identical to the Python monitor's.
-inline std::string pyRepr(std::string_view text)
-{
-    bool const hasSingle = text.find('\'') != std::string_view::npos;
-    bool const hasDouble = text.find('"') != std::string_view::npos;
-    char const quote = (hasSingle && !hasDouble) ? '"' : '\'';
-    std::string out;
-    out.reserve(text.size() + 2);
-    out += quote;
-    for (char const ch : text)
-    {
-        auto const byte = static_cast<unsigned char>(ch);
-        if (ch == quote || ch == '\\')
-        {
-            out += '\\';
-            out += ch;
-        }
-        else if (ch == '\n')
-            out += "\\n";
-        else if (ch == '\r')
-            out += "\\r";
-        else if (ch == '\t')
-            out += "\\t";
-        else if (byte < 0x20 || byte == 0x7f)
-        {
-            char hex[8];
-            std::snprintf(hex, sizeof hex, "\\x%02x", byte);
-            out += hex;
-        }
-        else
-            out += ch;
-    }
-    out += quote;
-    return out;
 }
 
 //! Appends `text` as a JSON string: escapes quotes, backslashes and control characters, and
@@ -628,15 +576,6 @@ inline ThreadSlot& threadSlot() noexcept
     return slot;
 }
 
-//! Where a phase name stands: the open instance of that name (at most one), if any.
-struct NameState
-{
-    std::int64_t open_id{-1}; // the seq of its phase_start; -1: not open
-    std::int64_t parent_id{-1};
-    std::int32_t num_steps{0};
-    std::int32_t last_step{-1};
-};
-
 } // namespace detail
 
 //! A TensorRT progress monitor that records the build in the trt-otel journal.
@@ -682,7 +621,9 @@ public:
             char interval[32];
             std::snprintf(interval, sizeof interval, "%g", static_cast<double>(mOptions.touch_interval.count()) / 1000.0);
             header += interval;
-            header += std::strpbrk(interval, ".e") == nullptr ? ".0}\n" : "}\n";
+            header += std::strpbrk(interval, ".e") == nullptr ? ".0," : ",";
+            header += kUncheckedHeaderField;
+            header += "}\n";
             if (!writeAll(header.data(), header.size()))
             {
                 std::string const why = std::strerror(errno);
@@ -722,47 +663,20 @@ public:
 
     // -- TensorRT's callbacks (builder threads) ------------------------------------------------
 
-    //! TensorRT: a phase began. Never blocks on I/O, never throws.
+    //! TensorRT: a phase began. Recorded as it came; never blocks on I/O, never throws.
     void phaseStart(char const* phaseName, char const* parentPhase, int32_t nbSteps) noexcept override
     {
         try
         {
             std::lock_guard<std::mutex> lock(mMutex);
             auto const now = stamp();
-            beforeCallback(now);
-            std::string_view const name = text(now, phaseName, "phase_name");
-            std::int32_t const nameIndex = intern(name);
-            std::int32_t const parentIndex
-                = parentPhase == nullptr ? -1 : intern(std::string_view(parentPhase));
-            if (nbSteps < 1)
-            {
-                std::string detail = "num_steps ";
-                detail::appendInt(detail, nbSteps);
-                detail += " is not a valid count";
-                appendAnomaly(now, detail::Anomaly::kINVALID_ARGUMENT, std::move(detail), nameIndex);
-            }
-            if (nameState(nameIndex).open_id >= 0)
-                appendAnomaly(now, detail::Anomaly::kNAME_REUSED_WHILE_OPEN,
-                    "phase " + detail::pyRepr(name) + " started while still open", nameIndex);
-            if (parentIndex >= 0 && nameState(parentIndex).open_id < 0)
-                appendAnomaly(now, detail::Anomaly::kUNKNOWN_PARENT,
-                    "parent " + detail::pyRepr(nameText(parentIndex)) + " of " + detail::pyRepr(name)
-                        + " is not an open phase",
-                    nameIndex);
+            startBuild(now);
+            std::int32_t const name = intern(text(now, phaseName, "phase_name"));
+            std::int32_t const parent = parentPhase == nullptr ? -1 : intern(parentPhase);
             detail::Record& record = append(now, detail::Type::kPHASE_START);
-            std::int64_t const id = mNextSeq - 1;
-            record.name = nameIndex;
-            record.parent = parentIndex;
+            record.name = name;
+            record.parent = parent;
             record.number = nbSteps;
-            // The fold (as Python's BuildState): a reused name closes the old instance first.
-            if (nameState(nameIndex).open_id >= 0)
-                closeSubtree(nameState(nameIndex).open_id, nameIndex);
-            detail::NameState& state = nameState(nameIndex);
-            state.open_id = id;
-            state.parent_id = parentIndex >= 0 ? nameState(parentIndex).open_id : -1;
-            state.num_steps = nbSteps;
-            state.last_step = -1;
-            mOpen.emplace_back(id, nameIndex);
         }
         catch (...)
         {
@@ -770,44 +684,19 @@ public:
         }
     }
 
-    //! TensorRT: a step of a phase completed. Returns false once the build must stop. O(1),
-    //! never blocks on I/O, never throws.
+    //! TensorRT: a step of a phase completed. Recorded as it came; returns false once the build
+    //! must stop. O(1), never blocks on I/O, never throws.
     bool stepComplete(char const* phaseName, int32_t step) noexcept override
     {
         try
         {
             std::lock_guard<std::mutex> lock(mMutex);
             auto const now = stamp();
-            if (!mStarted || mEnded || phaseName == nullptr)
-                beforeCallback(now);
-            std::string_view const name = text(now, phaseName, "phase_name");
-            std::int32_t nameIndex = find(name);
-            if (nameIndex < 0)
-                nameIndex = intern(name);
-            detail::NameState& state = nameState(nameIndex);
-            if (state.open_id < 0)
-                anomalyOfStep(now, detail::Anomaly::kSTEP_FOR_UNKNOWN_PHASE, name, step, nameIndex, ", not open");
-            else if (!(state.last_step < step && step < state.num_steps))
-            {
-                if (step < 0 || step >= state.num_steps)
-                {
-                    std::string tail = " outside [0, ";
-                    detail::appendInt(tail, state.num_steps);
-                    tail += ')';
-                    anomalyOfStep(now, detail::Anomaly::kSTEP_OUT_OF_RANGE, name, step, nameIndex, tail);
-                }
-                else
-                {
-                    std::string tail = " after step ";
-                    detail::appendInt(tail, state.last_step);
-                    anomalyOfStep(now, detail::Anomaly::kSTEP_NOT_INCREASING, name, step, nameIndex, tail);
-                }
-            }
+            startBuild(now);
+            std::int32_t const name = intern(text(now, phaseName, "phase_name"));
             detail::Record& record = append(now, detail::Type::kSTEP);
-            record.name = nameIndex;
+            record.name = name;
             record.number = step;
-            if (state.open_id >= 0 && step > state.last_step)
-                state.last_step = step;
             // Read under the lock: a step recorded after the cancel event is always refused.
             return !mCancelled.load(std::memory_order_relaxed);
         }
@@ -818,45 +707,16 @@ public:
         return !mCancelled.load(std::memory_order_relaxed);
     }
 
-    //! TensorRT: a phase ended. Never blocks on I/O, never throws.
+    //! TensorRT: a phase ended. Recorded as it came; never blocks on I/O, never throws.
     void phaseFinish(char const* phaseName) noexcept override
     {
         try
         {
             std::lock_guard<std::mutex> lock(mMutex);
             auto const now = stamp();
-            beforeCallback(now);
-            std::string_view const name = text(now, phaseName, "phase_name");
-            std::int32_t const nameIndex = intern(name);
-            std::int64_t const id = nameState(nameIndex).open_id;
-            std::vector<std::int32_t> children;
-            if (id < 0)
-                appendAnomaly(now, detail::Anomaly::kFINISH_OF_UNKNOWN_PHASE,
-                    "phase " + detail::pyRepr(name) + " is not open", nameIndex);
-            else
-            {
-                children = openDescendants(id);
-                if (!children.empty())
-                {
-                    std::string names;
-                    for (std::int32_t child : children)
-                    {
-                        if (!names.empty())
-                            names += ", ";
-                        names += detail::pyRepr(nameText(child));
-                    }
-                    appendAnomaly(now, detail::Anomaly::kFINISH_WITH_OPEN_CHILDREN,
-                        "phase " + detail::pyRepr(name) + " finished while " + names + " still open",
-                        nameIndex);
-                }
-            }
-            append(now, detail::Type::kPHASE_FINISH).name = nameIndex;
-            if (id >= 0)
-            {
-                for (std::int32_t child : children)
-                    close(child);
-                close(nameIndex);
-            }
+            startBuild(now);
+            std::int32_t const name = intern(text(now, phaseName, "phase_name"));
+            append(now, detail::Type::kPHASE_FINISH).name = name;
         }
         catch (...)
         {
@@ -916,8 +776,8 @@ public:
     //! True once a cancel was requested (by cancel(), the cancel file or the timeout).
     bool cancelled() const noexcept { return mCancelled.load(std::memory_order_relaxed); }
 
-    //! Records the build's end from what buildSerializedNetwork returned, closes the phases
-    //! still open and waits (at most Options::end_timeout) for the journal to be written and
+    //! Records the build's end from what buildSerializedNetwork returned (trt-otel closes the
+    //! phases still open when it reads it) and waits (at most Options::end_timeout) for the journal to be written and
     //! synced. No engine is a cancellation (or a timeout) when a cancel was asked, a failure
     //! otherwise. Calling it again changes nothing. Returns the outcome recorded.
     Outcome end(bool engineBuilt, std::string_view failureDetail = {}) noexcept
@@ -953,8 +813,6 @@ public:
             record.number = errorType.empty() ? 0 : 1;
             record.extra.reset(new detail::Extra{std::move(detail), std::move(errorType), {}});
             endSeq = record.seq;
-            while (!mOpen.empty())
-                close(mOpen.back().second);
             mEnded = true;
             mOutcome = outcome;
             mWake = true;
@@ -1055,40 +913,15 @@ private:
         append(now, detail::Type::kBUILD_START, true);
     }
 
-    void beforeCallback(Stamp const& now)
-    {
-        if (mEnded)
-            appendAnomaly(now, detail::Anomaly::kCALLBACK_OUTSIDE_BUILD,
-                "a callback arrived after the build ended; one monitor serves one build", -1);
-        else
-            startBuild(now);
-    }
-
+    //! A phase name as the callback gave it. A null pointer (no name at all, which the journal
+    //! cannot hold as a string) is the recorder's own note: an anomaly, and the name "(null)".
     std::string_view text(Stamp const& now, char const* value, char const* argument)
     {
         if (value != nullptr)
             return value;
-        appendAnomaly(now, detail::Anomaly::kINVALID_ARGUMENT, std::string(argument) + " is a null pointer, not a str", -1);
-        return "(null)";
-    }
-
-    void appendAnomaly(Stamp const& now, detail::Anomaly kind, std::string detailText, std::int32_t phase)
-    {
         detail::Record& record = append(now, detail::Type::kANOMALY);
-        record.flag = static_cast<std::uint8_t>(kind);
-        record.name = phase;
-        record.extra.reset(new detail::Extra{std::move(detailText), {}, {}});
-    }
-
-    void anomalyOfStep(Stamp const& now, detail::Anomaly kind, std::string_view name, std::int32_t step,
-        std::int32_t nameIndex, std::string_view tail)
-    {
-        std::string detailText = "step ";
-        detail::appendInt(detailText, step);
-        detailText += " of ";
-        detailText += detail::pyRepr(name);
-        detailText += tail;
-        appendAnomaly(now, kind, std::move(detailText), nameIndex);
+        record.extra.reset(new detail::Extra{std::string(argument) + " is a null pointer, not a str", "invalid_argument", {}});
+        return "(null)";
     }
 
     void appendLog(Stamp const& now, std::string_view severity, std::string_view message, bool critical = false)
@@ -1097,77 +930,17 @@ private:
         record.extra.reset(new detail::Extra{std::string(message), std::string(severity), {}});
     }
 
-    detail::NameState& nameState(std::int32_t index) { return mNames[static_cast<std::size_t>(index)]; }
-    detail::NameState const& nameState(std::int32_t index) const { return mNames[static_cast<std::size_t>(index)]; }
-    std::string const& nameText(std::int32_t index) const { return mNameText[static_cast<std::size_t>(index)]; }
-
-    std::int32_t find(std::string_view name) const
-    {
-        auto const found = mNameIndex.find(name);
-        return found == mNameIndex.end() ? -1 : found->second;
-    }
-
+    //! The index of a phase name in the table the writer copies (added when new).
     std::int32_t intern(std::string_view name)
     {
-        std::int32_t const known = find(name);
-        if (known >= 0)
-            return known;
+        auto const found = mNameIndex.find(name);
+        if (found != mNameIndex.end())
+            return found->second;
         // A deque never moves its strings, so the views keyed on them stay valid.
         mNameText.emplace_back(name);
-        mNames.emplace_back();
         auto const index = static_cast<std::int32_t>(mNameText.size() - 1);
         mNameIndex.emplace(std::string_view(mNameText.back()), index);
         return index;
-    }
-
-    //! Open phases below the phase `id`, innermost (latest started) first, as names.
-    std::vector<std::int32_t> openDescendants(std::int64_t id) const
-    {
-        std::vector<std::int32_t> found;
-        // Descendants start after their ancestor: usually (TensorRT finishes the innermost
-        // phase first) no open phase is younger, and there is nothing to walk.
-        if (mOpen.empty() || mOpen.back().first <= id)
-            return found;
-        for (auto it = mOpen.rbegin(); it != mOpen.rend() && it->first > id; ++it)
-        {
-            std::int64_t ancestor = nameState(it->second).parent_id;
-            while (ancestor > id)
-                ancestor = parentOf(ancestor);
-            if (ancestor == id)
-                found.push_back(it->second);
-        }
-        return found;
-    }
-
-    std::int64_t parentOf(std::int64_t id) const
-    {
-        for (auto const& open : mOpen)
-            if (open.first == id)
-                return nameState(open.second).parent_id;
-        return -1; // not open: the walk ends (an open phase's ancestors are open)
-    }
-
-    void close(std::int32_t nameIndex)
-    {
-        detail::NameState& state = nameState(nameIndex);
-        std::int64_t const id = state.open_id;
-        for (auto it = mOpen.end(); it != mOpen.begin();)
-        {
-            --it;
-            if (it->first == id)
-            {
-                mOpen.erase(it);
-                break;
-            }
-        }
-        state.open_id = -1;
-    }
-
-    void closeSubtree(std::int64_t id, std::int32_t nameIndex)
-    {
-        for (std::int32_t child : openDescendants(id))
-            close(child);
-        close(nameIndex);
     }
 
     // -- the writer thread ---------------------------------------------------------------------
@@ -1509,9 +1282,9 @@ private:
             detail::appendJsonString(out, extra.c);
             break;
         case detail::Type::kANOMALY:
-            out += ",\"kind\":\"";
-            out += detail::anomalyName(static_cast<detail::Anomaly>(record.flag));
-            out += "\",\"detail\":";
+            out += ",\"kind\":";
+            detail::appendJsonString(out, extra.b);
+            out += ",\"detail\":";
             detail::appendJsonString(out, extra.a);
             out += ",\"phase\":";
             if (record.name < 0)
@@ -1568,8 +1341,6 @@ private:
     std::string mCancelReason;
     std::deque<std::string> mNameText;
     std::unordered_map<std::string_view, std::int32_t> mNameIndex;
-    std::vector<detail::NameState> mNames;
-    std::vector<std::pair<std::int64_t, std::int32_t>> mOpen; // (id, name), in start order
     std::unordered_map<std::thread::id, std::int32_t> mThreadIndex;
     std::vector<std::string> mThreadText;
     std::uint64_t mDroppedUnreported{0};

@@ -1,0 +1,134 @@
+"""A journal whose callbacks were recorded unchecked (the C++ monitor's: ``"checked": false`` in
+its header) is read through the one way in: the anomalies, the phases' closing and the ``seq``
+numbering are those Python's monitor records for the same callbacks. A journal checked when it
+was written (Python's, and the C++ monitor's of before) is read as it is: nothing is checked
+twice. These need no compiler; tests/test_cpp.py holds the same of the real C++ monitor."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from trt_otel import BuildMonitor, JournalWriter, read_journal
+from trt_otel.capture.checked import CheckedEvents
+from trt_otel.capture.watch import follow_journal
+from trt_otel.core import journal as raw
+from trt_otel.core.events import Anomaly, Event
+
+BREAKS: list[tuple[str, str, str | None, int]] = [
+    ("phase_start", "Building engine", None, 4),
+    ("step_complete", "Ghost", None, 0),  # a step of a phase that is not open
+    ("phase_start", "Timing tactics", "Nowhere", 3),  # an unknown parent
+    ("phase_start", "Timing tactics", "Building engine", 3),  # reused while open
+    ("step_complete", "Timing tactics", None, 2),
+    ("step_complete", "Timing tactics", None, 1),  # not increasing
+    ("phase_start", "Inner", "Timing tactics", 0),  # num_steps 0
+    ("phase_finish", "Building engine", None, 0),  # finished with open children
+]
+
+
+def play(monitor: BuildMonitor) -> None:
+    monitor.log_message("warning", "before the first callback")
+    for kind, name, parent, number in BREAKS:
+        if kind == "phase_start":
+            monitor.phase_start(name, parent, number)
+        elif kind == "step_complete":
+            monitor.step_complete(name, number)
+        else:
+            monitor.phase_finish(name)
+    monitor.cancel("stop", source="file", policy="file(stop)")
+    monitor.step_complete("Building engine", 3)  # not open any more
+    monitor.end()
+    monitor.phase_finish("Building engine")  # after the end
+
+
+def pythons_events() -> list[Event]:
+    """What Python's monitor records for the callbacks of :func:`play`."""
+    monitor = BuildMonitor(backend="none", attributes={"model.path": "m.onnx"})
+    play(monitor)
+    return monitor.log.recent()
+
+
+def recorded(events: list[Event]) -> list[Event]:
+    """The same callbacks as a recorder that checks nothing writes them: no anomaly, numbered
+    without them."""
+    kept = [event for event in events if not isinstance(event, Anomaly)]
+    return [msgspec.structs.replace(event, seq=seq) for seq, event in enumerate(kept)]
+
+
+def write(path: Path, events: list[Event], **header: object) -> Path:
+    first = {"format": "trt-otel-journal", "version": 1, "producer": "test", **header}
+    path.write_bytes(json.dumps(first).encode() + b"\n" + raw.encode_events(events))
+    return path
+
+
+def test_unchecked_callbacks_are_read_as_pythons_monitor_records_them(tmp_path: Path) -> None:
+    python = pythons_events()
+    assert sum(isinstance(event, Anomaly) for event in python) == 9
+    journal = write(tmp_path / "cpp.jsonl", recorded(python), checked=False)
+
+    assert not any(isinstance(event, Anomaly) for event in raw.read_journal(journal).events)
+    read = read_journal(journal)
+    assert read.problems == []
+    # Every field, times and threads included: the events are the very ones Python recorded.
+    assert read.events == python
+
+
+def test_a_follower_fed_a_line_at_a_time_gets_the_same_events(tmp_path: Path) -> None:
+    python = pythons_events()
+    checked = CheckedEvents({"checked": False})
+    fed = [event for one in recorded(python) for event in checked.feed([one])]
+    assert fed == python
+
+    journal = write(tmp_path / "cpp.jsonl", recorded(python), checked=False)
+    followed: list[Event] = []
+    follow_journal(journal, followed.extend, warn=pytest.fail, lost_after_s=5)
+    assert followed == python
+
+
+@pytest.mark.parametrize("header", ["written by Python", "without the field"])
+def test_a_checked_journal_is_not_checked_twice(tmp_path: Path, header: str) -> None:
+    path = tmp_path / "python.jsonl"
+    monitor = BuildMonitor(backend="none")
+    writer = JournalWriter(path)
+    monitor.log.follow(writer)
+    play(monitor)
+    monitor.close()  # closes the writer, its follower
+    if header == "without the field":  # a journal of before the field (the C++ monitor's too)
+        lines = path.read_bytes().split(b"\n", 1)
+        first = json.loads(lines[0])
+        assert first.pop("checked") is True
+        path.write_bytes(json.dumps(first).encode() + b"\n" + lines[1])
+
+    python = monitor.log.recent()
+    assert read_journal(path).events == python
+    done = subprocess.run(
+        [sys.executable, "-m", "trt_otel.app.cli", "replay", str(path)],
+        env={**os.environ, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert "9 protocol anomalies" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_header_whose_checked_is_not_a_boolean_is_refused_in_one_line(tmp_path: Path) -> None:
+    journal = write(tmp_path / "odd.jsonl", recorded(pythons_events()), checked="no")
+    with pytest.raises(raw.JournalError, match="'checked' is 'no', not true or false"):
+        read_journal(journal)
+    done = subprocess.run(
+        [sys.executable, "-m", "trt_otel.app.cli", "replay", str(journal)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
