@@ -80,6 +80,18 @@ def test_unchecked_callbacks_are_read_as_pythons_monitor_records_them(tmp_path: 
     assert read.events == python
 
 
+def test_only_the_first_recorded_cancel_is_taken(tmp_path: Path) -> None:
+    python = pythons_events()
+    events = recorded(python)
+    cancel = next(event for event in events if event.type == "cancel")
+    again = msgspec.structs.replace(cancel, reason="asked twice")
+    at = events.index(cancel) + 1
+    twice = [*events[:at], again, *events[at:]]
+    twice = [msgspec.structs.replace(event, seq=seq) for seq, event in enumerate(twice)]
+    journal = write(tmp_path / "cpp.jsonl", twice, checked=False)
+    assert read_journal(journal).events == python
+
+
 def test_a_follower_fed_a_line_at_a_time_gets_the_same_events(tmp_path: Path) -> None:
     python = pythons_events()
     checked = CheckedEvents({"checked": False})

@@ -4,11 +4,14 @@ its own time and thread). A new capture mode is one recorder that makes such rec
 call of :meth:`BuildMonitor.record`.
 
 Each test counts the records taken while one capture mode runs a build, and holds that every
-callback event in the build's journal came through them.
+callback event in the build's journal came through them. The C++ monitor only records: its
+callbacks are taken when trt-otel reads its journal (replay, watch, report...), so its test
+counts the records taken while the journal is read.
 """
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -17,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from test_cpp import compile_driver, missing_toolchain
 from trt_otel.app.cli import main
 from trt_otel.builder.onnx_models import demo_model_bytes
 from trt_otel.capture.monitor import BuildMonitor
@@ -88,4 +92,23 @@ def test_a_program_that_trt_otel_run_instruments(taken: Counter[str], tmp_path: 
     program = [sys.executable, str(PROGRAMS / "plain_build.py"), str(model)]
     code = main(["run", "--journal", str(journal), "--no-progress", "--", *program])
     assert code == 0
+    assert_every_callback_was_taken(journal, taken)
+
+
+def test_a_cpp_build_read_back(taken: Counter[str], tmp_path: Path) -> None:
+    if missing_toolchain() is not None:
+        pytest.skip(str(missing_toolchain()))
+    traces = sorted(TRACES.glob("*.jsonl"))
+    if not traces:
+        pytest.skip(f"no recorded TensorRT traces in {TRACES} (a clone without ../shared)")
+    driver = compile_driver("plain", tmp_path)
+    journal = tmp_path / "cpp.jsonl"
+    subprocess.run(
+        [str(driver), "trace", f"trace={traces[0]}", f"journal={journal}"],
+        stdout=subprocess.DEVNULL,
+        timeout=120,
+        check=True,
+    )
+    assert sum(taken.values()) == 0, "the C++ monitor takes nothing itself"
+    assert main(["replay", str(journal)]) == 0
     assert_every_callback_was_taken(journal, taken)
