@@ -16,6 +16,8 @@ import msgspec
 import pytest
 
 from trt_otel import BuildMonitor, JournalWriter, read_journal
+from trt_otel.app.fleet import JournalFold
+from trt_otel.app.reporting import build_reports
 from trt_otel.capture.checked import CheckedEvents
 from trt_otel.capture.watch import follow_journal
 from trt_otel.core import journal as raw
@@ -92,6 +94,12 @@ def test_only_the_first_recorded_cancel_is_taken(tmp_path: Path) -> None:
     assert read_journal(journal).events == python
 
 
+def test_a_report_counts_the_anomalies_of_an_unchecked_journal(tmp_path: Path) -> None:
+    journal = write(tmp_path / "cpp.jsonl", recorded(pythons_events()), checked=False)
+    (report,) = build_reports([journal], quiet=True)
+    assert sum(report.anomalies.values()) == 9
+
+
 def test_a_follower_fed_a_line_at_a_time_gets_the_same_events(tmp_path: Path) -> None:
     python = pythons_events()
     checked = CheckedEvents({"checked": False})
@@ -102,6 +110,19 @@ def test_a_follower_fed_a_line_at_a_time_gets_the_same_events(tmp_path: Path) ->
     followed: list[Event] = []
     follow_journal(journal, followed.extend, warn=pytest.fail, lost_after_s=5)
     assert followed == python
+
+
+def test_the_fleets_status_folds_a_growing_unchecked_journal_checked(tmp_path: Path) -> None:
+    python = pythons_events()
+    journal = write(tmp_path / "cpp.jsonl", [], checked=False)
+    fold = JournalFold(journal)
+    lines = raw.encode_events(recorded(python)).splitlines(keepends=True)
+    for line in lines:  # the journal grows a line at a time between two looks
+        with open(journal, "ab") as handle:
+            handle.write(line)
+        state = fold.update()
+    assert sum(state.anomalies.values()) == 9
+    assert state.outcome is not None and state.outcome.value == "cancellation"
 
 
 @pytest.mark.parametrize("header", ["written by Python", "without the field"])
