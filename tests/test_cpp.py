@@ -731,6 +731,9 @@ def test_sanitized_builds_are_clean(
         read_clean(tmp_path / "trace.jsonl")
     run_driver(binary, "threads", journal=tmp_path / "threads.jsonl", threads=4, steps=300)
     read_clean(tmp_path / "threads.jsonl")
+    breaks = write_trace(tmp_path / "breaks-trace.jsonl", PROTOCOL_BREAKS)
+    run_driver(binary, "trace", trace=breaks, journal=tmp_path / "breaks.jsonl")
+    read_clean(tmp_path / "breaks.jsonl")
     run = run_driver(
         binary, "steps", journal=tmp_path / "cancel.jsonl", total=50, delay_us=100, cancel_after=5
     )
@@ -1268,3 +1271,42 @@ def test_a_control_files_source_is_one_of_the_known_kinds(
     assert done.stdout.split() == ["cancelled"]
     cancel = cancel_event(read_clean(journal).events)
     assert (cancel["reason"], cancel["source"]) == ("stop it", recorded)
+
+
+NULL_NAMES_PROGRAM = r"""
+#include <trt_otel/progress_monitor.h>
+int main(int, char** argv)
+{
+    trt_otel::Options options;
+    options.journal = argv[1];
+    trt_otel::ProgressMonitor monitor(options);
+    monitor.phaseStart(nullptr, nullptr, 2);
+    bool const answered = monitor.stepComplete(nullptr, 0);
+    monitor.phaseFinish(nullptr);
+    monitor.end(true);
+    return answered ? 0 : 3;
+}
+"""
+
+
+def test_a_null_phase_name_is_the_recorders_own_note(tmp_path: Path) -> None:
+    """The journal cannot hold a null pointer as a name: the recorder notes it (its only
+    anomaly) and records the callback under "(null)", which the checks then take as any name."""
+    unit, binary, journal = tmp_path / "null.cpp", tmp_path / "null", tmp_path / "build.jsonl"
+    unit.write_text(NULL_NAMES_PROGRAM)
+    command = ["g++", "-std=c++17", *WARNINGS, "-O1", *include_flags(), str(unit)]
+    done = subprocess.run(
+        [*command, "-o", str(binary), "-pthread"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert subprocess.run([str(binary), str(journal)], timeout=60, check=False).returncode == 0
+    events = read_clean(journal).events
+    notes = [(e.kind.value, e.detail) for e in events if isinstance(e, Anomaly)]
+    assert notes == [("invalid_argument", "phase_name is a null pointer, not a str")] * 3
+    state = fold(events)
+    assert state.outcome is Outcome.SUCCESS and sum(state.anomalies.values()) == 3
+    assert [state.phases[root].name for root in state.roots] == ["(null)"]
