@@ -20,9 +20,10 @@
 // What TensorRT's builder threads pay: each callback takes one mutex, reads one clock, looks
 // the phase name up in a hash table and appends a fixed-size record to a vector. No I/O, no
 // allocation in the usual case (a new phase name or a cancel allocate), never blocks on
-// anything but that mutex, never throws; stepComplete answers from an atomic flag. A writer thread owned by the monitor turns the records into JSON lines, writes
-// them (at most one poll interval after they happened, at once on a cancel and at the end),
-// checks the cancel file and the timeout, and notes any loss in the journal.
+// anything but that mutex, never throws; stepComplete answers from an atomic flag. A writer
+// thread owned by the monitor turns the records into JSON lines, writes them (at most one poll
+// interval after they happened, at once on a cancel and at the end), checks the cancel file and
+// the timeout, and notes any loss in the journal.
 //
 // The build_start event names the TensorRT library the process has actually loaded, not the
 // headers it was compiled with: "trt.version" from its getInferLibVersion() (and its build
@@ -777,8 +778,8 @@ public:
     bool cancelled() const noexcept { return mCancelled.load(std::memory_order_relaxed); }
 
     //! Records the build's end from what buildSerializedNetwork returned (trt-otel closes the
-    //! phases still open when it reads it) and waits (at most Options::end_timeout) for the journal to be written and
-    //! synced. No engine is a cancellation (or a timeout) when a cancel was asked, a failure
+    //! phases still open when it reads it) and waits (at most Options::end_timeout) for the
+    //! journal to be written and synced. No engine is a cancellation (or a timeout) when a cancel was asked, a failure
     //! otherwise. Calling it again changes nothing. Returns the outcome recorded.
     Outcome end(bool engineBuilt, std::string_view failureDetail = {}) noexcept
     {
@@ -920,7 +921,8 @@ private:
         if (value != nullptr)
             return value;
         detail::Record& record = append(now, detail::Type::kANOMALY);
-        record.extra.reset(new detail::Extra{std::string(argument) + " is a null pointer, not a str", "invalid_argument", {}});
+        record.extra.reset(
+            new detail::Extra{std::string(argument) + " is a null pointer, not a str", "invalid_argument", {}});
         return "(null)";
     }
 
