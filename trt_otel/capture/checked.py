@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 from trt_otel.capture.monitor import BuildMonitor, CallbackRecord
 from trt_otel.core import journal as journals
@@ -102,12 +103,29 @@ def record_of(event: Event) -> CallbackRecord:
 def read_journal(path: str | os.PathLike[str]) -> journals.Journal:
     """A whole journal as trt-otel takes it (see the module): what every reader that shows or
     judges a build reads. Problems in the body are collected, not raised; a journal that
-    cannot be read at all is a :class:`~trt_otel.core.journal.JournalError`."""
-    journal = journals.read_journal(path)
-    checked = CheckedEvents(journal.header)
-    if checked.checks:
-        journal.events = checked.feed(journal.events)
+    cannot be read at all is a :class:`~trt_otel.core.journal.JournalError`. The events are
+    checked a batch at a time as they are read, so the journal's own are never all held."""
+    items = journals.iter_journal(path)
+    header = next(items)
+    assert isinstance(header, dict)  # iter_journal yields the header first or raises
+    journal = journals.Journal(Path(path), header)
+    checked = CheckedEvents(header)
+    events, problems = journal.events, journal.problems
+    batch: list[Event] = []
+    for item in items:
+        if isinstance(item, journals.JournalProblem):
+            problems.append(item)
+            continue
+        batch.append(item)  # type: ignore[arg-type]
+        if len(batch) >= _READ_BATCH_EVENTS:
+            events += checked.feed(batch)
+            batch = []
+    events += checked.feed(batch)
     return journal
+
+
+_READ_BATCH_EVENTS = 4096
+"""Events read before they are checked: one batch of the log's followers."""
 
 
 __all__ = ["CheckedEvents", "read_journal", "record_of"]
