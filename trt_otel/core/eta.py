@@ -164,8 +164,10 @@ class History:
         """The builds of the journals (``*.jsonl``) in ``directory`` that are earlier builds of
         this one (:func:`same_build`: ``attributes`` are this build's, else only its model's
         ``model_sha256`` is known). Each is read only if it is a regular file (a named pipe, a
-        device, a directory is skipped, and said so), a bounded piece at a time
-        (:func:`~trt_otel.core.journal.read_journal`)."""
+        device, a directory is skipped, and said so), a bounded piece at a time, by ``read``: the
+        app passes :func:`trt_otel.capture.checked.read_journal`, which takes a C++ build's
+        unchecked callbacks through the one way in (core cannot import it); by default, the
+        journal's events as written."""
         this = dict(attributes or {})
         if model_sha256 is not None:
             this.setdefault("model.sha256", model_sha256)

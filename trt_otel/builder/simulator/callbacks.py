@@ -212,6 +212,8 @@ def _callback_of(record: _TracePhaseStart | _TraceStep | _TracePhaseFinish) -> C
 
 
 def _callbacks_of_journal(path: Path) -> list[Callback]:
+    # The callbacks as written: the simulator makes them again into a monitor, whose one way
+    # in checks them (a C++ journal's unchecked ones too); its anomalies are not callbacks.
     journal = read_journal(path)
     callbacks: list[Callback] = []
     previous_ns: int | None = None
