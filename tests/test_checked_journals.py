@@ -100,6 +100,23 @@ def test_a_report_counts_the_anomalies_of_an_unchecked_journal(tmp_path: Path) -
     assert sum(report.anomalies.values()) == 9
 
 
+def test_ctrl_c_while_a_journal_is_read_interrupts_the_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a cancel of the build: the build was over, only its reading is stopped."""
+    journal = write(tmp_path / "cpp.jsonl", recorded(pythons_events()), checked=False)
+    take = BuildMonitor._take_locked
+
+    def interrupted(self: BuildMonitor, record: tuple[object, ...]) -> BaseException | None:
+        if record[0] == "phase_finish":
+            return KeyboardInterrupt()  # what _take_locked hands back when Ctrl-C lands in it
+        return take(self, record)
+
+    monkeypatch.setattr(BuildMonitor, "_take_locked", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        read_journal(journal)
+
+
 def test_a_follower_fed_a_line_at_a_time_gets_the_same_events(tmp_path: Path) -> None:
     python = pythons_events()
     checked = CheckedEvents({"checked": False})

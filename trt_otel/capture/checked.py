@@ -77,6 +77,7 @@ class CheckedEvents:
         if self._monitor is None:
             # Its build id and attributes come with the build_start it takes as it is.
             self._monitor = BuildMonitor(log=self._log, backend="none")
+            self._monitor.reads_a_record = True
         self._monitor.record(records)
 
 

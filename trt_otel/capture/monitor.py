@@ -116,6 +116,10 @@ class BuildMonitor(ProgressMonitorBase):
         it follows every callback made before it and precedes every one made after."""
         self._held_cancel: CancelRequested | None = None
         self.internal_errors = 0
+        self.reads_a_record = False
+        """Set by a reader that takes a finished build's records from its journal
+        (:mod:`trt_otel.capture.checked`): a Ctrl-C inside :meth:`record` then interrupts the
+        reader, rather than being recorded as the build's cancel."""
         # The monitor's own cost, for its health metrics (written under the log's lock).
         self.callbacks_total = 0
         self.callback_ns_total = 0
@@ -398,9 +402,11 @@ class BuildMonitor(ProgressMonitorBase):
                 error = take(record)
                 if error is not None:
                     interrupted |= self._internal_error_locked(str(record[0]), error)
-        if interrupted:
+        if interrupted and not self.reads_a_record:
             # Ctrl-C landed inside the replay: honour it as a graceful cancel, not a crash.
             self.cancel("interrupted by the user", source="signal")
+        elif interrupted:
+            raise KeyboardInterrupt
 
     def _take_locked(self, record: CallbackRecord) -> BaseException | None:
         """The one way a callback enters the log, whichever capture made it: checked against
