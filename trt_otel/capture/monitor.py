@@ -117,9 +117,10 @@ class BuildMonitor(ProgressMonitorBase):
         self._held_cancel: CancelRequested | None = None
         self.internal_errors = 0
         self.reads_a_record = False
-        """Set by a reader that takes a finished build's records from its journal
+        """Set by a reader that takes a build's records from its journal
         (:mod:`trt_otel.capture.checked`): a Ctrl-C inside :meth:`record` then interrupts the
-        reader, rather than being recorded as the build's cancel."""
+        reader (``replay``, ``watch``), rather than being recorded as a cancel of a build that
+        runs, or ran, elsewhere and never got it."""
         # The monitor's own cost, for its health metrics (written under the log's lock).
         self.callbacks_total = 0
         self.callback_ns_total = 0
