@@ -1148,6 +1148,46 @@ def test_watch_stops_a_build_silent_past_its_cancel_from_outside(
     assert spans_of(events)[-1].attributes["cicd.pipeline.result"] == "timeout"
 
 
+@pytest.mark.slow
+def test_watch_ends_a_stopped_builds_unchecked_journal_without_a_gap(
+    driver: Path, tmp_path: Path
+) -> None:
+    """The build_end watch appends for a build it stopped follows the journal's own last seq,
+    not the checked numbering (one more here, for the anomaly trt-otel found)."""
+    trace = tmp_path / "silent.jsonl"
+    lines = [
+        {"cb": "phase_start", "phase_name": "Building engine", "parent_phase": None,
+         "num_steps": 3},
+        {"cb": "step_complete", "phase_name": "Ghost", "step": 0},  # not open: an anomaly
+        {"cb": "step_complete", "phase_name": "Building engine", "step": 0,
+         "delay_us": 60_000_000},  # TensorRT silent for a minute
+    ]  # fmt: skip
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    journal_path, control = tmp_path / "build.jsonl", tmp_path / "control"
+    build = subprocess.Popen(
+        [str(driver), "trace", f"trace={trace}", f"journal={journal_path}",
+         f"cancel_file={control}", "poll_ms=20"],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "trt_otel.app.cli", "watch", str(journal_path), "--no-progress",
+             "--control-file", str(control), "--timeout", "1s", "--terminate-after", "1s"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 3, done.stderr
+        assert build.wait(30) == -signal.SIGTERM
+    finally:
+        build.kill()
+        build.wait(30)
+    as_written = raw_journal.read_journal(journal_path)
+    assert as_written.problems == [], [str(p) for p in as_written.problems]
+    assert as_written.events[-1].type == "build_end"
+    events = read_clean(journal_path).events
+    assert [e.kind.value for e in events if isinstance(e, Anomaly)] == ["step_for_unknown_phase"]
+    assert fold(events).outcome is Outcome.TIMEOUT
+
+
 CANCEL_PROGRAM = r"""
 #include <trt_otel/progress_monitor.h>
 #include <chrono>

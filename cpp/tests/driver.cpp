@@ -3,6 +3,7 @@
 // threads, and unwinds like TensorRT when a step is refused.
 //
 //   driver trace   trace=FILE journal=PATH [delay_us=N] [monitor options]
+//                  (a trace line's own "delay_us" replaces delay_us before its callback)
 //   driver threads journal=PATH threads=N steps=N
 //   driver steps   journal=PATH [total=N] [delay_us=N] [cancel_after=K] [fsize_limit=BYTES
 //                  fsize_restore_after=K] [ready_file=PATH] [no_end=1] [log=TEXT]
@@ -156,7 +157,8 @@ int replayTrace(Args const& args)
         }
         std::string const kind = (*record)["cb"].text;
         std::string const name = (*record)["phase_name"].text;
-        pause(delayUs);
+        auto const own = record->find("delay_us");
+        pause(own != record->end() ? static_cast<long long>(own->second.number) : delayUs);
         if (kind == "phase_start")
         {
             auto const& parent = (*record)["parent_phase"];
