@@ -1324,6 +1324,7 @@ int main(int, char** argv)
     bool const answered = monitor.stepComplete(nullptr, 0);
     monitor.phaseFinish(nullptr);
     monitor.end(true);
+    monitor.stepComplete("Building engine", 0); // after the end: recorded as it comes
     return answered ? 0 : 3;
 }
 """
@@ -1331,7 +1332,8 @@ int main(int, char** argv)
 
 def test_a_null_phase_name_is_the_recorders_own_note(tmp_path: Path) -> None:
     """The journal cannot hold a null pointer as a name: the recorder notes it (its only
-    anomaly) and records the callback under "(null)", which the checks then take as any name."""
+    anomaly) and records the callback under "(null)", which the checks then take as any name.
+    A callback after end() is recorded plainly: the checks find it outside the build."""
     unit, binary, journal = tmp_path / "null.cpp", tmp_path / "null", tmp_path / "build.jsonl"
     unit.write_text(NULL_NAMES_PROGRAM)
     command = ["g++", "-std=c++17", *WARNINGS, "-O1", *include_flags(), str(unit)]
@@ -1345,8 +1347,17 @@ def test_a_null_phase_name_is_the_recorders_own_note(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert subprocess.run([str(binary), str(journal)], timeout=60, check=False).returncode == 0
     events = read_clean(journal).events
+    as_written = raw_journal.read_journal(journal).events
+    assert [e.type for e in as_written[-2:]] == ["build_end", "step"]
     notes = [(e.kind.value, e.detail) for e in events if isinstance(e, Anomaly)]
-    assert notes == [("invalid_argument", "phase_name is a null pointer, not a str")] * 3
+    assert notes == [
+        *[("invalid_argument", "phase_name is a null pointer, not a str")] * 3,
+        (
+            "callback_outside_build",
+            "a callback arrived after the build ended; one monitor serves one build",
+        ),
+        ("step_for_unknown_phase", "step 0 of 'Building engine', not open"),
+    ]
     state = fold(events)
-    assert state.outcome is Outcome.SUCCESS and sum(state.anomalies.values()) == 3
+    assert state.outcome is Outcome.SUCCESS and sum(state.anomalies.values()) == 5
     assert [state.phases[root].name for root in state.roots] == ["(null)"]
