@@ -169,9 +169,10 @@ def test_a_builds_worker_and_import_trt_otel_load_only_what_they_use() -> None:
 
 def test_the_command_line_imports_no_room_a_build_does_not_ask_for() -> None:
     """``trt-otel build`` without options pays for its parser, the session and the views every
-    build has (the console, the metrics registry), not for the HTTP view and its page, the
-    reports, the simulator's builder, ``run``'s program session or ``watch``'s supervision:
-    each is imported where its command or option asks for it."""
+    build has (plain lines), not for the HTTP view and its page, the reports, the simulator's
+    builder, ``run``'s program session, ``watch``'s supervision, the cancel policies, the
+    metrics registry, rich's tree or an HTTP client: each is imported where its command or
+    option asks for it."""
     import subprocess
     import sys
 
@@ -189,6 +190,12 @@ def test_the_command_line_imports_no_room_a_build_does_not_ask_for() -> None:
         "trt_otel.views.otlp",
         "trt_otel.views.spans",
         "opentelemetry",
+        "trt_otel.control.policies",  # a policy option: --timeout, --stall-timeout, ...
+        "trt_otel.control.deadline",
+        "trt_otel.views.prometheus",  # a metrics view: --prometheus-port, --http-port, ...
+        "prometheus_client",
+        "rich",  # the live tree, on a terminal
+        "http.client",  # --cancel-url, watch --url (with ssl and email)
     ]
     code = (
         "import sys, trt_otel.app.cli\n"

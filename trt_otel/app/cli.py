@@ -14,8 +14,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from trt_otel.app.commands import (
     BuildCommand,
     DemoCommand,
@@ -260,6 +258,8 @@ def replay(command: ReplayCommand) -> int:
     builds = builds_of(journal.events)
     if not journal.events:
         raise JournalError(f"{command.journal}: no build in this journal (its header alone)")
+    from rich.console import Console  # replay's alone: a build's console may be plain lines
+
     model = ReadModel()
     out = Console(file=PipeSafeStream(sys.stdout))  # type: ignore[arg-type]
     code = EXIT_OK
