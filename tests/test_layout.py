@@ -140,8 +140,10 @@ def test_no_function_is_long_without_a_reason_beside_it() -> None:
 
 def test_a_builds_worker_and_import_trt_otel_load_only_what_they_use() -> None:
     """The worker of ``trt-otel build`` imports its target's module and the recorder: none of
-    the monitor's fold, the views, their libraries or ``importlib.metadata`` (a tenth of a
-    second each, paid by every build). ``import trt_otel`` alone is lighter still."""
+    the monitor's fold, the views, their libraries, ``importlib.metadata``, the journal's
+    reader (the preflight's) or psutil (the supervisor's, to stop and sample the worker): a
+    hundredth to a tenth of a second each, paid by every build, in a process that starts
+    bare. ``import trt_otel`` alone is lighter still."""
     import subprocess
     import sys
 
@@ -154,6 +156,8 @@ def test_a_builds_worker_and_import_trt_otel_load_only_what_they_use() -> None:
         "prometheus_client",
         "rich",
         "importlib.metadata",
+        "trt_otel.core.journal",
+        "psutil",
     ]
     for imports in ("trt_otel.builder.build, trt_otel.capture.supervisor", "trt_otel"):
         code = (
