@@ -305,7 +305,7 @@ def test_a_bad_option_says_so_in_one_line_not_the_whole_usage(
 @pytest.mark.parametrize(
     "loaded",
     [
-        "/_ssl.",  # the command's own imports (the HTTP views, the cancel URL)
+        "/_psutil_linux.",  # the command's own imports (psutil, to stop and sample the builder)
         "/libtensorrt_rtx.so",  # the builder library, imported after the preflight checks
     ],
 )

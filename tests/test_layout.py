@@ -140,8 +140,10 @@ def test_no_function_is_long_without_a_reason_beside_it() -> None:
 
 def test_a_builds_worker_and_import_trt_otel_load_only_what_they_use() -> None:
     """The worker of ``trt-otel build`` imports its target's module and the recorder: none of
-    the monitor's fold, the views, their libraries or ``importlib.metadata`` (a tenth of a
-    second each, paid by every build). ``import trt_otel`` alone is lighter still."""
+    the monitor's fold, the views, their libraries, ``importlib.metadata``, the journal's
+    reader (the preflight's) or psutil (the supervisor's, to stop and sample the worker): a
+    hundredth to a tenth of a second each, paid by every build, in a process that starts
+    bare. ``import trt_otel`` alone is lighter still."""
     import subprocess
     import sys
 
@@ -154,6 +156,8 @@ def test_a_builds_worker_and_import_trt_otel_load_only_what_they_use() -> None:
         "prometheus_client",
         "rich",
         "importlib.metadata",
+        "trt_otel.core.journal",
+        "psutil",
     ]
     for imports in ("trt_otel.builder.build, trt_otel.capture.supervisor", "trt_otel"):
         code = (
@@ -169,9 +173,10 @@ def test_a_builds_worker_and_import_trt_otel_load_only_what_they_use() -> None:
 
 def test_the_command_line_imports_no_room_a_build_does_not_ask_for() -> None:
     """``trt-otel build`` without options pays for its parser, the session and the views every
-    build has (the console, the metrics registry), not for the HTTP view and its page, the
-    reports, the simulator's builder, ``run``'s program session or ``watch``'s supervision:
-    each is imported where its command or option asks for it."""
+    build has (plain lines), not for the HTTP view and its page, the reports, the simulator's
+    builder, ``run``'s program session, ``watch``'s supervision, the cancel policies, the
+    metrics registry, rich's tree or an HTTP client: each is imported where its command or
+    option asks for it."""
     import subprocess
     import sys
 
@@ -189,6 +194,12 @@ def test_the_command_line_imports_no_room_a_build_does_not_ask_for() -> None:
         "trt_otel.views.otlp",
         "trt_otel.views.spans",
         "opentelemetry",
+        "trt_otel.control.policies",  # a policy option: --timeout, --stall-timeout, ...
+        "trt_otel.control.deadline",
+        "trt_otel.views.prometheus",  # a metrics view: --prometheus-port, --http-port, ...
+        "prometheus_client",
+        "rich",  # the live tree, on a terminal
+        "http.client",  # --cancel-url, watch --url (with ssl and email)
     ]
     code = (
         "import sys, trt_otel.app.cli\n"

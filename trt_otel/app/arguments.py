@@ -42,8 +42,7 @@ from trt_otel.builder.options import (
     shape_ranges,
 )
 from trt_otel.capture.supervisor import DEFAULT_GRACE_S
-from trt_otel.control.deadline import DEFAULT_MARGIN
-from trt_otel.control.policies import STALL_ON
+from trt_otel.control.defaults import DEFAULT_MARGIN, STALL_ON
 from trt_otel.core import sizes
 from trt_otel.core.durations import DurationError, parse_duration, parse_positive_duration
 from trt_otel.core.events import TENSORRT_SEVERITIES

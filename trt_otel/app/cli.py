@@ -12,9 +12,7 @@ import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
+from typing import Any, NoReturn
 
 from trt_otel.app.commands import (
     BuildCommand,
@@ -88,6 +86,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # between the two, or on the way out: still one line, not a trace
         print("trt-otel: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def run() -> NoReturn:
+    """The ``trt-otel`` command (its console script, ``python -m trt_otel.app.cli``): :func:`main`,
+    and out."""
+    exit_now(main())
+
+
+def exit_now(code: int) -> NoReturn:
+    """Exit with ``code`` as :func:`sys.exit` would, without the interpreter's teardown: every
+    module and object freed one by one, then the builder library's own destructors, some tens
+    of milliseconds at the end of every build, for a process that is going away. What an exit
+    does for others is done first: the ``atexit`` functions run (multiprocessing's, logging's,
+    OpenTelemetry's) and the standard streams are flushed. Where a thread that is not a daemon
+    still runs, or a stream cannot be flushed (a reader gone), Python's own exit does it all,
+    as before."""
+    import atexit
+    import os
+    import threading
+
+    main_thread = threading.main_thread()
+    if any(t is not main_thread and not t.daemon for t in threading.enumerate()):
+        sys.exit(code)  # Python's exit joins them
+    atexit._run_exitfuncs()
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    except (OSError, ValueError):
+        sys.exit(code)  # Python's exit says so, as it would have
+    os._exit(code)
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -260,6 +289,8 @@ def replay(command: ReplayCommand) -> int:
     builds = builds_of(journal.events)
     if not journal.events:
         raise JournalError(f"{command.journal}: no build in this journal (its header alone)")
+    from rich.console import Console  # replay's alone: a build's console may be plain lines
+
     model = ReadModel()
     out = Console(file=PipeSafeStream(sys.stdout))  # type: ignore[arg-type]
     code = EXIT_OK
@@ -353,4 +384,4 @@ def watch(command: WatchCommand) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    run()

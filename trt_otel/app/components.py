@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
-from prometheus_client import CollectorRegistry
-from prometheus_client.registry import Collector
 
 from trt_otel.app.config import (
     ConsoleConfig,
@@ -37,7 +35,6 @@ from trt_otel.capture.checked import read_journal
 from trt_otel.capture.gpu import GpuReader, GpuSampler, open_reader
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.process import ProcessSampler
-from trt_otel.control.policies import PolicyRunner
 from trt_otel.core.eta import History
 from trt_otel.core.files import write_atomically
 from trt_otel.core.followers import Follower, FollowerWorker
@@ -49,22 +46,20 @@ from trt_otel.core.sizes import format_bytes
 from trt_otel.views.console import LiveConsole, PlainLines
 from trt_otel.views.discovery import ScrapeTarget, discovery_labels
 from trt_otel.views.otlp_settings import LOGS, METRICS
-from trt_otel.views.prometheus import (
-    MetricSources,
-    MetricsServer,
-    metrics_registry,
-    push_build_metrics,
-)
 from trt_otel.views.terminal import say, warn, warnings_heard_by
 from trt_otel.views.trace_ids import TRACEPARENT_ATTRIBUTE, parse_traceparent
 
 if TYPE_CHECKING:  # imported when asked for: most builds export nothing (start-up time)
     from opentelemetry.sdk.resources import Resource
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.registry import Collector
 
+    from trt_otel.control.policies import PolicyRunner
     from trt_otel.views.http import StatusServer
     from trt_otel.views.otlp import OtlpSpanExport
     from trt_otel.views.otlp_logs import OtlpLogExport
     from trt_otel.views.otlp_metrics import OtlpMetricsExport
+    from trt_otel.views.prometheus import MetricSources, MetricsServer
 
 DEEP_QUEUE = 1_000_000
 """Followers that must not lose an event (a lost event misshapes a tree) and do no I/O on the
@@ -295,6 +290,8 @@ def metric_sources(
     runner: PolicyRunner | None,
     model: ReadModel,
 ) -> MetricSources:
+    from trt_otel.views.prometheus import MetricSources
+
     return MetricSources(
         monitor,
         build_id_label=config.build_id_label,
@@ -317,6 +314,8 @@ def metrics_endpoint(
     something has been scraping)."""
     server: MetricsServer | None = None
     if config.port is not None:
+        from trt_otel.views.prometheus import MetricsServer
+
         try:
             server = MetricsServer(registry, config.port, config.address)
         except OSError as error:
@@ -340,6 +339,8 @@ def _publish_final_values(
 ) -> None:
     """Let the final values reach Prometheus: push them, and wait for a last scrape."""
     if config.pushgateway is not None:
+        from trt_otel.views.prometheus import push_build_metrics
+
         try:
             push_build_metrics(registry, config.pushgateway)
         except OSError as error:
@@ -413,10 +414,11 @@ def status_server(
 @dataclass(frozen=True)
 class Views:
     """What :func:`attach_views` started: the span export and the HTTP view (each ``None`` when
-    not asked for) and the one registry behind every metrics view."""
+    not asked for) and the one registry behind every metrics view (``None`` when no metrics
+    view is asked for)."""
 
     spans: OtlpSpanExport | None
-    registry: CollectorRegistry
+    registry: CollectorRegistry | None
     http: StatusServer | None
 
 
@@ -435,7 +437,8 @@ def attach_views(
     push, then the scrape endpoint and the HTTP view, announced to Prometheus (labelled from
     ``attributes``) where asked. Each stops after the log's followers have drained into it.
     The OpenTelemetry exports share one resource, detected once (the build's ``attributes``
-    name its GPU)."""
+    name its GPU). Without a metrics view (no scrape endpoint, push, OTLP metrics or HTTP
+    view), there is no registry, and Prometheus' client is not imported."""
     resource = telemetry_resource(observe.spans, attributes)
     # The log records' export ends after the spans' but begins its final flush before them:
     # the two flush at once, within the one deadline.
@@ -443,19 +446,40 @@ def attach_views(
     spans = stack.enter_context(span_export(observe.spans, model, resource))
     if logs is not None:
         stack.callback(logs.begin_shutdown, observe.spans.flush_timeout_s)
-    sources = metric_sources(monitor, observe.metrics, spans=spans, runner=runner, model=model)
-    registry = metrics_registry(sources)  # one registry: scrapes, the HTTP view, the push
-    for collector in collectors:
-        registry.register(collector)
     # Entered before the endpoints, so that it is withdrawn after they close: after the last
     # scrape that brings Prometheus the build's final values.
     target = stack.enter_context(scrape_target(observe.metrics, attributes or {}, monitor))
-    metrics = stack.enter_context(metrics_endpoint(registry, observe.metrics))
-    stack.enter_context(otlp_metrics(observe.spans, registry, resource))
-    http = stack.enter_context(status_server(monitor, observe.http, model=model, registry=registry))
+    registry: CollectorRegistry | None = None
+    metrics: MetricsServer | None = None
+    http: StatusServer | None = None
+    if metrics_wanted(observe):
+        from trt_otel.views.prometheus import metrics_registry
+
+        sources = metric_sources(monitor, observe.metrics, spans=spans, runner=runner, model=model)
+        registry = metrics_registry(sources)  # one registry: scrapes, the HTTP view, the push
+        for collector in collectors:
+            registry.register(collector)
+        metrics = stack.enter_context(metrics_endpoint(registry, observe.metrics))
+        stack.enter_context(otlp_metrics(observe.spans, registry, resource))
+        http = stack.enter_context(
+            status_server(monitor, observe.http, model=model, registry=registry)
+        )
     if target is not None:
         _announce_target(target, metrics, http)
     return Views(spans, registry, http)
+
+
+def metrics_wanted(observe: ObservabilityConfig) -> bool:
+    """Whether anything reads the build's metrics: a scrape endpoint, a Pushgateway, OTLP
+    metrics (asked for even without an endpoint: :func:`otlp_metrics` refuses that) or the
+    HTTP view (its ``/metrics``)."""
+    metrics = observe.metrics
+    return (
+        metrics.port is not None
+        or metrics.pushgateway is not None
+        or observe.spans.metrics
+        or observe.http.port is not None
+    )
 
 
 def telemetry_resource(spans: SpanConfig, attributes: Mapping[str, Any] | None) -> Resource | None:

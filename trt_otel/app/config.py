@@ -13,20 +13,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trt_otel.capture.supervisor import DEFAULT_GRACE_S
-from trt_otel.control.deadline import DEFAULT_MARGIN, Deadline, Projector
-from trt_otel.control.policies import (
-    CancelFile,
-    CancelUrl,
-    MemoryGuard,
-    Policy,
-    Stall,
-    Timeout,
-    any_of,
-)
-from trt_otel.core.eta import History
-from trt_otel.core.projection import before_start
+from trt_otel.control.defaults import DEFAULT_MARGIN
 from trt_otel.views.otlp_settings import (
     DEFAULT_FOLD_UNDER_NS,
     DEFAULT_LOGS_LEVEL,
@@ -36,6 +26,11 @@ from trt_otel.views.otlp_settings import (
     TRACES,
     OtlpSettings,
 )
+
+if TYPE_CHECKING:  # the policies are imported where one is asked for (PolicyConfig.policy)
+    from trt_otel.control.deadline import Projector
+    from trt_otel.control.policies import Policy
+    from trt_otel.core.eta import History
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_METRICS_INTERVAL_S = 10.0
@@ -75,6 +70,18 @@ class PolicyConfig:
         """The cancel policy these settings describe (any of them decides), or None. A
         deadline projects the build's end from ``history`` and ``project`` (without them it is
         a timeout)."""
+        # Imported here: a build that asks for no policy (most) never pays for them.
+        from trt_otel.control.deadline import Deadline
+        from trt_otel.control.policies import (
+            CancelFile,
+            CancelUrl,
+            MemoryGuard,
+            Stall,
+            Timeout,
+            any_of,
+        )
+        from trt_otel.core.projection import before_start
+
         policies: list[Policy] = []
         if self.timeout_s is not None:
             policies.append(Timeout(self.timeout_s))

@@ -36,7 +36,6 @@ from trt_otel.builder.build import BuildJob, BuildResult, partial_files, run_bui
 from trt_otel.builder.provenance import FINGERPRINT, fingerprint
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.supervisor import IsolatedResult, StopNow, run_isolated
-from trt_otel.control.policies import PolicyRunner
 from trt_otel.control.signals import handling_interrupts
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import Outcome
@@ -65,7 +64,8 @@ EXIT_CANCELLED = 3
 EXIT_FAILED = 4
 EXIT_INTERRUPTED = 130
 
-if TYPE_CHECKING:  # made by the components only when asked for
+if TYPE_CHECKING:  # made by the components, or here, only when asked for
+    from trt_otel.control.policies import PolicyRunner
     from trt_otel.views.http import StatusServer
 
 
@@ -104,7 +104,11 @@ def run_build(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]) 
             forget_closed=True,
             model=None if config.in_process else model,
         )
-        runner = PolicyRunner(monitor, policy, warn=warn) if policy is not None else None
+        runner: PolicyRunner | None = None
+        if policy is not None:  # the policies are imported only for a build that has one
+            from trt_otel.control.policies import PolicyRunner
+
+            runner = PolicyRunner(monitor, policy, warn=warn)
 
         # Sinks: each stops after the log's followers have drained into it.
         views = attach_views(

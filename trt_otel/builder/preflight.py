@@ -23,7 +23,6 @@ from trt_otel.core.files import (
     open_regular_for_reading,
     regular_file_or_absent,
 )
-from trt_otel.core.journal import journal_in_use
 
 MAX_MODEL_BYTES = 2 * 1024**3
 """The largest ONNX file read (2 GiB): protobuf's own limit for one serialized message, so no
@@ -124,6 +123,8 @@ def check_journal_file(path: Path) -> None:
         regular_file_or_absent(path, "--journal")
     except FileKindError as error:
         raise PreflightError(str(error)) from None
+    from trt_otel.core.journal import journal_in_use  # the worker reads the model, not this
+
     writer = journal_in_use(path)
     if writer is not None:
         raise PreflightError(f"--journal {path} is already being written by {writer}")

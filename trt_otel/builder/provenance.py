@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import os
 import platform
 import socket
 import sys
@@ -32,6 +33,7 @@ FINGERPRINT_KEYS = ("model.sha256", "trt.backend", "trt.version", "gpu.compute_c
 it lies decides nothing) and, for a simulated build, ``simulator.*``."""
 
 _CUDA_DRIVERS = ("libcuda.so.1", "nvcuda.dll")
+_CUDA_MAJORS = ("13", "12", "11")
 
 
 def provenance_attributes(backend: str | None = None) -> dict[str, Any]:
@@ -57,15 +59,39 @@ def provenance_attributes(backend: str | None = None) -> dict[str, Any]:
 
 
 def _wheel_cuda(backend: str) -> str | None:
-    """The CUDA major version in the name of the backend's installed wheel, if one is."""
+    """The CUDA major version in the name of the backend's installed wheel, if one is.
+
+    Read from the ``*.dist-info`` folders beside the backend's imported module, where its wheel
+    put them: a listing of one folder, where ``importlib.metadata`` would scan every path's
+    distributions (tens of milliseconds of every build). Where the module is not imported or
+    not a file, ``importlib.metadata`` is asked."""
+    module = sys.modules.get(backend.replace("-", "_"))
+    where = getattr(module, "__file__", None)
+    if where:
+        return _wheel_cuda_beside(Path(where).parent.parent, backend)
     import importlib.metadata  # here: a build's worker imports this module, and not that
 
-    for major in ("13", "12", "11"):
+    for major in _CUDA_MAJORS:
         try:
             importlib.metadata.version(f"{backend}-cu{major}")
         except importlib.metadata.PackageNotFoundError:
             continue
         return major
+    return None
+
+
+def _wheel_cuda_beside(folder: Path, backend: str) -> str | None:
+    """The CUDA major of the ``{backend}-cu{major}`` wheel whose ``.dist-info`` lies in
+    ``folder`` (names compared as pip normalizes them)."""
+    try:
+        names = {entry.name.lower() for entry in os.scandir(folder)}
+    except OSError:
+        return None
+    prefix = backend.replace("-", "_").replace(".", "_").lower()
+    for major in _CUDA_MAJORS:
+        wheel = f"{prefix}_cu{major}-"
+        if any(name.startswith(wheel) and name.endswith(".dist-info") for name in names):
+            return major
     return None
 
 

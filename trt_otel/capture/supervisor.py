@@ -56,14 +56,13 @@ from trt_otel.capture.transport import (
     SpoolWriter,
     encode_frame,
 )
-from trt_otel.control.stopping import stop_process
 from trt_otel.core.events import CancelRequested, Outcome
-from trt_otel.core.followers import FollowerWorker
 from trt_otel.core.log import current_thread_name
 
 if TYPE_CHECKING:
     # The worker imports this module too: it records, and needs none of the monitor's machinery.
     from trt_otel.capture.monitor import BuildMonitor, CallbackRecord
+    from trt_otel.core.followers import FollowerWorker
 
 _logger = logging.getLogger(__name__)
 
@@ -394,6 +393,30 @@ def _worker_main(
     except Exception as error:  # an unpicklable result: say so rather than vanish
         connection.send(("error", type(error).__name__, f"cannot return the result: {error}"))
     connection.close()
+    _exit_without_teardown()
+
+
+def _exit_without_teardown() -> None:
+    """The worker's end once its result is sent, without the interpreter's teardown (every
+    module and object freed, then the builder library's destructors): the supervisor waits for
+    the worker to end, some 30 ms of every build. What an exit does for others is done first:
+    the ``atexit`` functions run (multiprocessing's among them) and the standard streams are
+    flushed. Where a thread that is not a daemon still runs (one the target started), or a
+    stream cannot be flushed, this returns, and the worker ends as a process of
+    ``multiprocessing`` does."""
+    import atexit
+
+    main_thread = threading.main_thread()
+    if any(t is not main_thread and not t.daemon for t in threading.enumerate()):
+        return
+    atexit._run_exitfuncs()
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    except (OSError, ValueError):
+        return
+    os._exit(0)
 
 
 # -- the supervisor side -----------------------------------------------------------------------
@@ -545,7 +568,7 @@ def run_isolated(
     replay = _Replay(SpoolReader(spool_fd), monitor, inbox)
     monitor.hold_cancels = True
     try:
-        with _main_module_kept_from(target):
+        with _main_module_kept_from(target), _no_resource_tracker():
             process.start()
         if on_start is not None and process.pid is not None:
             on_start(process.pid)
@@ -606,6 +629,39 @@ def _main_module_kept_from(target: Target) -> Iterator[None]:
     finally:
         for name, value in saved.items():
             setattr(main, name, value)
+
+
+_TRACKER_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _no_resource_tracker() -> Iterator[None]:
+    """Start the worker without starting multiprocessing's resource tracker: spawn starts one,
+    a Python process of its own (some 40 ms of CPU, every build), to clean up the named
+    semaphores and shared memory segments a process leaves behind, and neither side makes
+    any (the cancel flag and note are anonymous shared memory, made with ``lock=False``; the
+    result comes through a pipe). The worker is handed ``/dev/null`` as its tracker's pipe,
+    and this process is left as it was: its tracker starts as usual when something needs it.
+    Where a tracker runs already, or this Python's tracker is not the one this knows, nothing
+    is changed."""
+    try:
+        from multiprocessing import resource_tracker
+
+        tracker: Any = resource_tracker._resource_tracker
+    except (ImportError, AttributeError):  # Windows, or another Python's multiprocessing
+        yield
+        return
+    with _TRACKER_LOCK:
+        if getattr(tracker, "_fd", 0) is not None or getattr(tracker, "_pid", 0) is not None:
+            yield
+            return
+        null = os.open(os.devnull, os.O_WRONLY)
+        tracker._fd = null  # what ensure_running() takes for a running tracker
+        try:
+            yield
+        finally:
+            tracker._fd = None
+            os.close(null)
 
 
 class _CancelChannel:
@@ -713,6 +769,8 @@ def _join_while_moving(replay: _Replay, patience_s: float = 30.0) -> None:
 
 def _stop(process: Any, kill_after_s: float) -> str | None:
     """The worker stopped from outside (see :func:`~trt_otel.control.stopping.stop_process`)."""
+    from trt_otel.control.stopping import stop_process  # psutil: this side's, not the worker's
+
     if not process.is_alive():
         return None
 

@@ -4,18 +4,21 @@ journal as it grows, with the same terminal view as the build's own.
 Both sources yield the build's events in order; they are fed to the same console followers the
 build uses, so the picture is the build's. A dropped connection is resumed from the last event
 seen (``Last-Event-ID``), so nothing is missed nor shown twice.
+
+``http.client`` (and the ssl and email modules it brings) is imported where a URL is followed:
+the command line imports this module, and a build pays for every import before it starts.
 """
 
 from __future__ import annotations
 
 import contextlib
-import http.client
 import socket
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trt_otel.capture.checked import CheckedEvents
 from trt_otel.capture.liveness import DEFAULT_LOST_AFTER_S, Liveness
@@ -32,6 +35,9 @@ from trt_otel.core.journal import (
     decode_event,
     parse_header,
 )
+
+if TYPE_CHECKING:
+    import http.client
 
 Sink = Callable[[Sequence[Event]], None]
 Warn = Callable[[str], None]
@@ -68,6 +74,8 @@ def follow_url(
     when the stream closed for good without one). A server that does not answer within
     ``retry_for_s`` (one that accepts the connection and says nothing, or a byte at a time) is
     no connection: the build is lost after ``retry_for_s``, as with one that refuses."""
+    import http.client
+
     target = events_url(url)
     last_seq = -1
     failing_since: float | None = None
@@ -149,6 +157,8 @@ def _stream(
     """Batches of events from one connection to an SSE stream. The server has
     ``answer_within_s`` to connect and send its answer's head, then ``read_timeout_s`` between
     lines (it sends a keepalive every 15 s)."""
+    import http.client
+
     parts = urllib.parse.urlsplit(url)
     connection_class = (
         http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection

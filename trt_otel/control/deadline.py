@@ -21,12 +21,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from trt_otel.control import defaults
 from trt_otel.control.policies import BuildView, Decision, Policy
 from trt_otel.core.durations import format_duration
 from trt_otel.core.eta import History
 from trt_otel.core.projection import Projection, before_start
 
-DEFAULT_MARGIN = 0.1
+DEFAULT_MARGIN = defaults.DEFAULT_MARGIN
 
 Projector = Callable[[int], Projection | None]
 """The build's projection at a monotonic time (a read model's :meth:`project`)."""

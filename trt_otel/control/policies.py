@@ -16,7 +16,6 @@ Policies compose: ``AnyOf(Timeout(7200), CancelFile("/tmp/stop"))`` decides when
 from __future__ import annotations
 
 import errno
-import http.client
 import io
 import json
 import logging
@@ -31,12 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trt_otel.control import defaults
 from trt_otel.core.activity import Verdict
 from trt_otel.core.durations import format_duration
 from trt_otel.core.observed import CancellableBuild
 from trt_otel.core.sizes import format_bytes
 
 _logger = logging.getLogger(__name__)
+
+STALL_ON = defaults.STALL_ON
 
 Warn = Callable[[str], None]
 
@@ -136,9 +138,6 @@ class Timeout(Policy):
             return None
         limit = format_duration(self.limit_ns / 1e9)
         return Decision(f"the build ran past its timeout of {limit}", self.source, timeout=True)
-
-
-STALL_ON = ("activity", "callbacks")
 
 
 class Stall(Policy):
@@ -491,6 +490,8 @@ class CancelUrl(Polled):
         return f"url({self.url}{mode})"
 
     def probe(self) -> Decision | None:
+        import http.client
+
         try:
             status, body = fetch(self.url, self.request_timeout_s, MAX_FLAG_BODY + 1)
         except http.client.HTTPException as error:
@@ -509,6 +510,8 @@ def fetch(url: str, timeout_s: float, max_bytes: int) -> tuple[int, bytes]:
     A socket timeout bounds each read, not the whole answer, so every read here is given only
     what is left of the deadline, and a read that would start past it is a TimeoutError.
     """
+    import http.client  # with --cancel-url alone: http.client brings ssl and email along
+
     deadline = time.monotonic() + timeout_s
     parts = urllib.parse.urlsplit(url)
     connection_class = (

@@ -10,18 +10,16 @@ Every name shown comes from events, and events can come from outside (a journal 
 watched, a build's HTTP view): phase names, reasons and the rest are shown with their control
 characters escaped (:func:`~trt_otel.views.terminal.printable`), so a crafted one cannot clear
 the screen or forge a line. The model keeps them verbatim.
+
+rich is imported where the tree is drawn: plain lines (every build in CI, on no terminal) do not
+draw one, and every build pays for what the command line imports before it starts.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import TextIO
-
-from rich.console import Console, Group, RenderableType
-from rich.live import Live
-from rich.text import Text
-from rich.tree import Tree
+from typing import TYPE_CHECKING, TextIO
 
 from trt_otel.core.activity import Verdict
 from trt_otel.core.attempts import attempt_of
@@ -45,6 +43,11 @@ from trt_otel.core.events import (
 from trt_otel.core.readmodel import ReadModel, SiblingGroup, TreeNode
 from trt_otel.core.state import BuildState, BuildStatus, Phase, PhaseStatus
 from trt_otel.views.terminal import printable
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+    from rich.text import Text
+    from rich.tree import Tree
 
 _OUTCOME_STYLE = {
     Outcome.SUCCESS: "bold green",
@@ -84,6 +87,9 @@ def render_build(
     (:data:`SILENCE_SHOWN_S`); ``never_ended``: a record that stops before the build's end;
     ``builder_error``: the builder's own reason for a failure (:class:`BuilderErrors`).
     """
+    from rich.console import Group
+    from rich.tree import Tree
+
     state = model.state
     now = _now_ns(state, now_mono_ns)
     header = _header(state, now, never_ended=never_ended)
@@ -106,6 +112,8 @@ def render_build(
 
 
 def _header(state: BuildState, now: int | None, *, never_ended: bool = False) -> Text:
+    from rich.text import Text
+
     elapsed = (
         (now - state.start_mono_ns) / 1e9
         if now is not None and state.start_mono_ns is not None
@@ -171,6 +179,8 @@ class BuilderErrors:
 
 
 def _footer(state: BuildState, builder_error: str | None = None) -> Text | None:
+    from rich.text import Text
+
     if state.cancel is not None:
         cancel = state.cancel
         text = Text(
@@ -239,6 +249,8 @@ def _finished_steps(phase: Phase) -> str:
 
 
 def _phase_label(state: BuildState, phase: Phase, now: int | None) -> Text:
+    from rich.text import Text
+
     label = Text()
     duration = phase.duration_ns(now)
     took = f" {format_duration(duration / 1e9)}" if duration is not None else ""
@@ -279,6 +291,8 @@ def _shown(nodes: list[TreeNode]) -> tuple[list[TreeNode], list[TreeNode], int]:
 
 
 def _add_nodes(root: Tree, model: ReadModel, phase_id: int | None, now: int | None) -> None:
+    from rich.text import Text
+
     # A stack, not recursion: a journal may nest phases as deep as it likes.
     stack: list[tuple[Tree, int | None, int]] = [(root, phase_id, 0)]
     while stack:
@@ -301,6 +315,8 @@ def _add_level(  # noqa: PLR0917 (private, one caller)
     stack: list[tuple[Tree, int | None, int]],
     depth: int,
 ) -> None:
+    from rich.text import Text
+
     for node in nodes:
         if isinstance(node, SiblingGroup):
             label = Text("✓ ", "green")
@@ -327,6 +343,9 @@ class LiveConsole:
         refresh_per_second: float = 4,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
         self.model = model
         self.console = console or Console(stderr=True)
         self._clock = clock
