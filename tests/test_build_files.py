@@ -18,6 +18,7 @@ import pytest
 from trt_otel import Outcome, read_journal
 from trt_otel.builder.preflight import (
     PreflightError,
+    check_build_files,
     check_cancel_file,
     check_distinct,
     check_writable_file,
@@ -249,3 +250,15 @@ def test_two_spellings_of_an_output_not_yet_there_are_one_file(tmp_path: Path) -
             ],
         )
     assert not (tmp_path / "out.engine").exists()
+
+
+def test_an_output_over_the_trace_being_replayed_is_refused(tmp_path: Path) -> None:
+    """``demo --trace T --journal T`` would empty the trace it is about to replay."""
+    trace = tmp_path / "build.jsonl"
+    trace.write_text("{}\n")
+    with pytest.raises(PreflightError, match="is also the --trace"):
+        check_build_files(
+            model=None, engine=None, journal=tmp_path / "." / "build.jsonl", timing_cache=None,
+            trace=trace,
+        )  # fmt: skip
+    assert trace.read_text() == "{}\n"

@@ -759,3 +759,26 @@ def test_status_of_phases_nested_five_thousand_deep_answers_with_a_bounded_tree(
     assert names == [f"p{level}" for level in range(MAX_TREE_DEPTH)]
     assert last is not None and last["children_hidden"] == 1
     assert status["phases_started"] == depth
+
+
+def test_a_plain_text_cancel_reason_is_its_first_line(
+    served: tuple[BuildMonitor, StatusServer],
+) -> None:
+    monitor, server = served
+    monitor.start()
+    auth = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "text/plain"}
+    body = b"  release freeze\nsent from the release script\n"
+    code, answer = post(f"{server.url}/cancel", body, auth)
+    assert (code, answer["reason"]) == (202, "release freeze")
+    assert monitor.state.cancel is not None and monitor.state.cancel.reason == "release freeze"
+
+
+def test_status_says_how_a_failed_build_failed(served: tuple[BuildMonitor, StatusServer]) -> None:
+    monitor, server = served
+    monitor.start()
+    monitor.end(Outcome.FAILURE, "out of GPU memory", error_type="OutOfMemory")
+    assert monitor.log.flush(10.0)
+    status = get_json(f"{server.url}/status")
+    assert (status["outcome"], status["detail"], status["error_type"]) == (
+        "failure", "out of GPU memory", "OutOfMemory",
+    )  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -35,7 +36,13 @@ from trt_otel.core.events import (
     ProcessSample,
     StepCompleted,
 )
-from trt_otel.core.journal import FORMAT_VERSION, CorruptLineError, decode_event, encode_events
+from trt_otel.core.journal import (
+    FORMAT_VERSION,
+    CorruptLineError,
+    decode_event,
+    encode_events,
+    journal_in_use,
+)
 from trt_otel.core.state import BuildState
 
 
@@ -494,3 +501,26 @@ def test_a_journal_written_over_a_longer_one_holds_only_the_new_build(tmp_path: 
     journal = read_journal(path)
     assert journal.problems == []
     assert journal.events == short.log.recent()
+
+
+def test_blank_space_after_the_last_newline_is_no_torn_line(tmp_path: Path) -> None:
+    """A journal that ends in blanks after its last newline: nothing is torn, nothing lost."""
+    path = tmp_path / "padded.jsonl"
+    record(path)
+    data = path.read_bytes()
+    path.write_bytes(data + b"  \t")
+    journal = read_journal(path)
+    assert journal.problems == []
+    assert len(journal.events) == data.count(b"\n") - 1
+
+
+def test_the_writer_a_busy_journal_names_is_cut_to_a_line(tmp_path: Path) -> None:
+    """The header of a journal someone else writes is that writer's text: its host is cut."""
+    path = tmp_path / "busy.jsonl"
+    header = {"format": "trt-otel-journal", "version": 1, "writer_pid": 4242,
+              "writer_host": "h" * 5000}  # fmt: skip
+    path.write_bytes(json.dumps(header).encode() + b"\n")
+    with path.open("rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        said = journal_in_use(path)
+    assert said == f"trt-otel pid 4242 on host {'h' * 64} (give each build its own journal)"

@@ -45,6 +45,7 @@ from trt_otel.app.fleet import (  # noqa: E402
 )
 from trt_otel.app.mcp_server import MAX_LOG_CHARS, bound_log_lines  # noqa: E402
 from trt_otel.builder.onnx_models import demo_model_bytes  # noqa: E402
+from trt_otel.core.attempts import ATTEMPT, ATTEMPTS  # noqa: E402
 from trt_otel.core.state import BuildState  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -803,3 +804,66 @@ def test_an_output_that_is_a_dangling_link_is_not_written_through(tmp_path: Path
     with pytest.raises(FleetError, match="exists; it is replaced only when the call says so"):
         fleet.start("demo", output=str(link), options=["--trace", str(not_a_trace)])
     assert not (tmp_path / "elsewhere.engine").exists()
+
+
+def crafted_build(state: Path, build_id: str, pid: int) -> Path:
+    """A build's folder as the fleet writes it, for a process of the test's own: its journal's
+    path."""
+    folder = state / build_id
+    folder.mkdir(parents=True)
+    record = {"id": build_id, "kind": "demo", "argv": ["demo"], "pid": pid,
+              "started_wall_s": time.time(), "model": None, "engine": None}  # fmt: skip
+    (folder / "build.json").write_text(json.dumps(record))
+    return folder / "journal.jsonl"
+
+
+@contextlib.contextmanager
+def stand_in(build_id: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A live process whose command line names ``build_id``, as a build's does."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", build_id])
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_build_events_page_on_from_the_last_event_given(tmp_path: Path) -> None:
+    fleet = Fleet(tmp_path / "state", roots=[tmp_path])
+    journal = crafted_build(fleet.state_dir, "0123456789ab", pid=2**22 + 1)
+    monitor = BuildMonitor()
+    monitor.log.follow(JournalWriter(journal))
+    monitor.phase_start("Building engine", None, 5)
+    for step in range(5):
+        monitor.step_complete("Building engine", step)
+    monitor.end()
+    monitor.close()
+    first = fleet.events("0123456789ab", limit=3)
+    assert [e["seq"] for e in first["events"]] == [0, 1, 2]
+    assert (first["next_seq"], first["more"]) == (2, True)
+    second = fleet.events("0123456789ab", first["next_seq"], limit=3)
+    assert [e["seq"] for e in second["events"]] == [3, 4, 5]
+
+
+def test_a_live_builds_state_follows_its_journal(tmp_path: Path) -> None:
+    """Starting until its journal begins, running without its URL file yet, and, in a retry
+    ladder, retrying after an attempt that is not the last, finished after the last one."""
+    fleet = Fleet(tmp_path / "state", roots=[tmp_path])
+    build_id = "00112233aabb"
+    with stand_in(build_id) as process:
+        journal = crafted_build(fleet.state_dir, build_id, process.pid)
+        assert fleet.status(build_id)["state"] == "starting"
+        monitor = BuildMonitor(attributes={ATTEMPT: 1, ATTEMPTS: 2})
+        monitor.log.follow(JournalWriter(journal))
+        monitor.phase_start("Building engine", None, 3)  # a phase boundary: flushed
+        assert monitor.log.flush(10.0)
+        assert fleet.status(build_id)["state"] == "running", "no URL file yet, but building"
+        monitor.end(Outcome.TIMEOUT)
+        monitor.close()
+        assert fleet.status(build_id)["state"] == "retrying"
+        last = BuildMonitor(attributes={ATTEMPT: 2, ATTEMPTS: 2})
+        last.log.follow(JournalWriter(journal, append=True))
+        last.start()
+        last.end(Outcome.TIMEOUT)
+        last.close()
+        assert fleet.status(build_id)["state"] == "finished", "the last attempt ended"

@@ -32,8 +32,10 @@ from trt_otel.control.policies import (
     BuildView,
     CancelFile,
     CancelUrl,
+    Decision,
     FlagError,
     PolicyRunner,
+    Polled,
     Stall,
     Timeout,
     parse_flag,
@@ -171,6 +173,71 @@ def test_flag_answers(status: int, body: bytes, expected: tuple[bool, str | None
 def test_anything_else_is_not_a_flag(status: int, body: bytes) -> None:
     with pytest.raises(FlagError):
         parse_flag(status, body)
+
+
+def test_a_flags_reason_is_cut_to_its_limit() -> None:
+    """A cancel URL's reason is the server's text: no longer than a cancel file's."""
+    body = json.dumps({"cancel": True, "reason": "r" * (MAX_REASON * 5)}).encode()
+    assert parse_flag(200, body) == (True, "r" * MAX_REASON)
+
+
+class Scripted(Polled):
+    """A polled policy whose probe gives the next of ``answers`` (an exception: raised), or,
+    with no answers, always fails; ``checks`` counts the runner's questions."""
+
+    source = "scripted"
+
+    def __init__(self, answers: list[Any] | None = None, **options: Any) -> None:
+        self.answers = answers
+        self.checks = 0
+        super().__init__(interval_s=60.0, stuck_after_s=60.0, **options)
+
+    def describe(self) -> str:
+        return "scripted"
+
+    def probe(self) -> Decision | None:
+        answer = self.answers.pop(0) if self.answers is not None else OSError("refused")
+        if isinstance(answer, Exception):
+            raise answer
+        return answer  # type: ignore[no-any-return]
+
+    def check(self, view: BuildView) -> Decision | None:
+        self.checks += 1
+        return super().check(view)
+
+
+def test_failing_closed_takes_as_many_errors_in_a_row_as_it_is_told() -> None:
+    """Three errors in a row close it; an answer between errors starts the count again."""
+    refused = OSError("refused")
+    policy = Scripted(
+        [refused, refused, None, refused, refused, refused], fail_closed=True, failures_to_close=3
+    )
+    decisions = []
+    for _ in range(6):
+        policy.poll_once()
+        decisions.append(policy.check(view(1)))
+    assert decisions[:5] == [None] * 5
+    assert decisions[5] == Decision(
+        "scripted failed 3 times in a row (refused); failing closed", "scripted"
+    )
+    assert policy.errors == 5
+
+
+def test_a_policys_errors_are_warned_of_once() -> None:
+    """A flaky policy's every error would flood the terminal: the first is said, the rest only
+    counted, however many rounds the runner makes."""
+    warnings: list[str] = []
+    policy = Scripted()
+    monitor = BuildMonitor(clock=ManualClock())
+    monitor.start()
+    with PolicyRunner(monitor, policy, interval_s=0.01, warn=warnings.append):
+        wait_until(lambda: warnings, "the first error said")
+        policy.poll_once()
+        policy.poll_once()
+        rounds = policy.checks
+        wait_until(lambda: policy.checks > rounds + 5, "the runner went on asking")
+    assert policy.errors >= 3
+    assert warnings == ["cancel policy scripted: refused; further errors are only counted"]
 
 
 # -- an HTTP flag server -----------------------------------------------------------------------

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from prometheus_server import PrometheusServer, free_port, promtool_lint
-from trt_otel import BuildMonitor, JournalWriter, read_journal
+from trt_otel import BuildMonitor, JournalWriter, ManualClock, read_journal
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.capture.gpu import GpuReading, GpuSampler
 from trt_otel.core.events import AnomalyKind, Outcome
@@ -585,3 +585,23 @@ def test_the_info_metric_names_the_model_by_its_file_name() -> None:
     model = registry.get_sample_value("trt_build_info", {"model": "mnist.onnx"})
     monitor.close()
     assert model is not None
+
+
+def test_a_build_as_long_as_a_buckets_bound_is_counted_in_that_bucket() -> None:
+    """Prometheus buckets are ``le``: a one-minute build is within the 60 s bucket."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    clock = ManualClock()
+    monitor = BuildMonitor(clock=clock)
+    monitor.start()
+    clock.advance(60)
+    monitor.end()
+    text = generate_latest(metrics_registry(MetricSources(monitor))).decode()
+    buckets = {
+        sample.labels["le"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "trt_build_duration_seconds_bucket"
+    }
+    assert (buckets["30.0"], buckets["60.0"], buckets["120.0"]) == (0.0, 1.0, 1.0)

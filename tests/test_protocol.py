@@ -303,3 +303,63 @@ def test_only_a_timeout_is_given_the_error_type_timeout() -> None:
     timed_out.cancel("too long", source="timeout", timeout=True)
     timed_out.end()
     assert (timed_out.state.outcome, timed_out.state.error_type) == (Outcome.TIMEOUT, "timeout")
+
+
+def test_walk_visits_each_phase_before_its_children_in_their_start_order() -> None:
+    """walk() (the report's order): a phase, then each of its children in the order they
+    started, with their own children, before the next root."""
+    monitor = run(
+        [
+            start("A", None, 1), start("B", "A", 1), finish("B"), start("C", "A", 1),
+            start("D", "C", 1), finish("D"), finish("C"), finish("A"),
+            start("E", None, 1), finish("E"),
+        ]
+    )  # fmt: skip
+    walked = [(phase.name, phase.depth) for phase in monitor.state.walk()]
+    assert walked == [("A", 0), ("B", 1), ("C", 1), ("D", 2), ("E", 0)]
+
+
+def test_an_end_given_its_own_detail_keeps_it_after_a_cancel() -> None:
+    """A cancelled build that failed for a reason of its own says that reason; one that just
+    stopped says the cancel's."""
+    failed = BuildMonitor(clock=ManualClock())
+    failed.phase_start("A", None, 3)
+    failed.cancel("enough", source="user")
+    failed.end(Outcome.FAILURE, "CUDA error 700", error_type="RuntimeError")
+    assert (failed.state.outcome, failed.state.outcome_detail) == (
+        Outcome.FAILURE,
+        "CUDA error 700",
+    )
+    stopped = BuildMonitor(clock=ManualClock())
+    stopped.phase_start("A", None, 3)
+    stopped.cancel("enough", source="user")
+    stopped.end()
+    assert (stopped.state.outcome, stopped.state.outcome_detail) == (Outcome.CANCELLATION, "enough")
+
+
+def test_an_interrupt_inside_the_monitors_block_ends_the_build_as_a_cancellation() -> None:
+    with pytest.raises(KeyboardInterrupt), BuildMonitor(clock=ManualClock()) as monitor:
+        monitor.phase_start("A", None, 3)
+        raise KeyboardInterrupt
+    assert monitor.state.outcome is Outcome.CANCELLATION
+    assert monitor.state.cancel is not None
+    assert (monitor.state.cancel.reason, monitor.state.cancel.source) == (
+        "interrupted by the user", "signal",
+    )  # fmt: skip
+
+
+def test_a_held_cancel_enters_the_log_between_the_callbacks_made_before_and_after_it() -> None:
+    """Callbacks replayed from elsewhere (a worker) carry their own times: a cancel decided
+    while they were on their way goes in by its monotonic time, between them."""
+    clock = ManualClock()
+    monitor = BuildMonitor(clock=clock)
+    monitor.start()
+    monitor.hold_cancels = True
+    before = ("phase_start", clock.wall_ns(), clock.mono_ns(), "builder", "A", None, 3)
+    clock.advance(1)
+    assert monitor.cancel("enough", source="user")
+    clock.advance(1)
+    after = ("step", clock.wall_ns(), clock.mono_ns(), "builder", "A", 0)
+    monitor.record([before, after])
+    kinds = [type(event).__name__ for event in monitor.log.recent()]
+    assert kinds == ["BuildStarted", "PhaseStarted", "CancelRequested", "StepCompleted"]

@@ -4,6 +4,7 @@ for folding repeated phases."""
 from __future__ import annotations
 
 import io
+import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -404,3 +405,71 @@ def test_a_model_that_is_the_logs_fold_counts_every_event_it_folded() -> None:
     Driver(speed=0).run(monitor, generate_plan(2))
     monitor.end()
     assert model.health().handled == len(log.recent()) == log.next_seq
+
+
+class Failing:
+    """A subscriber whose every call fails."""
+
+    name = "failing"
+
+    def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
+        raise RuntimeError("bug")
+
+    def on_steps(self, last: StepCompleted) -> None:
+        raise RuntimeError("bug")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_failing_subscriber_is_warned_of_at_its_first_error_and_each_error_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    events = recorded(generate_plan(3))
+    model = ReadModel()
+    model.subscribe(Failing())
+    with caplog.at_level(logging.WARNING, logger="trt_otel.core.readmodel"):
+        model.handle(events[:1])
+        assert [record.getMessage() for record in caplog.records] == [
+            "trt-otel failing failed (RuntimeError: bug); the build goes on, further errors "
+            "are only counted"
+        ], "warned at the first error"
+        model.handle(events[1:])
+    assert len(caplog.records) == 1, "and only then"
+    failures, _ = model.subscriber_errors["failing"]
+    assert failures > 1
+    assert model.health().errors == failures, "every failure, not every failing subscriber"
+
+
+def test_quiet_steps_folded_one_at_a_time_are_told_when_the_log_ends() -> None:
+    """Events folded one by one (:meth:`ReadModel.fold`): the quiet steps the log ends with
+    are told at its close, not lost."""
+    events = recorded(generate_plan(3))
+    first_step = next(i for i, e in enumerate(events) if isinstance(e, StepCompleted))
+    model = ReadModel()
+    told = Told()
+    model.subscribe(told)
+    for event in events[: first_step + 1]:
+        model.fold(event)
+    assert told.seqs[-1] < events[first_step].seq, "a quiet step is not told on its own"
+    model.close()
+    assert told.seqs[-1] == events[first_step].seq
+
+
+def test_a_second_build_in_one_log_is_folded_without_the_firsts_phases() -> None:
+    """A log of several builds (``trt-otel run``): the second build's one finished phase is
+    shown on its own, not folded with the first build's phases of that name."""
+    log = EventLog(clock=ManualClock())
+    first = BuildMonitor(log=log)
+    for _ in range(2):
+        first.phase_start("Measuring tactic time", None, 1)
+        first.phase_finish("Measuring tactic time")
+    first.end()
+    second = BuildMonitor(log=log)
+    second.phase_start("Measuring tactic time", None, 1)
+    second.phase_finish("Measuring tactic time")
+    second.end()
+    model = model_of(log.recent())
+    (node,) = model.tree()
+    assert isinstance(node, Phase), node
+    assert node.name == "Measuring tactic time"

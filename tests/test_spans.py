@@ -782,3 +782,42 @@ def test_span_ids_are_a_function_of_the_build() -> None:
     Driver(speed=0).run(other, generate_plan(3))
     other.end()
     assert {s.span_id for s in projected(other)[1]}.isdisjoint(s.span_id for s in first)
+
+
+def test_a_job_that_does_not_sample_its_trace_has_the_build_unsampled() -> None:
+    """The traceparent's sampled flag is the traced job's choice: every span of the build
+    keeps it."""
+    for flags, sampled in (("01", True), ("00", False)):
+        monitor = BuildMonitor()
+        parent = f"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-{flags}"
+        monitor.start(**{TRACEPARENT_ATTRIBUTE: parent})
+        monitor.phase_start("A", None, 1)
+        monitor.phase_finish("A")
+        monitor.end()
+        _, spans = projected(monitor)
+        assert [span.sampled for span in spans] == [sampled, sampled], flags
+
+
+def test_the_build_span_counts_every_anomaly() -> None:
+    """Two of one kind and one of another: three anomalies, not two kinds."""
+    monitor = BuildMonitor()
+    monitor.phase_start("A", None, 1)
+    monitor.phase_finish("B")
+    monitor.phase_finish("C")
+    monitor.step_complete("D", 0)
+    monitor.end()
+    build = projected(monitor)[1][-1]
+    assert build.attributes["trt.anomalies"] == 3
+
+
+def test_the_builders_errors_and_warnings_are_events_of_the_build_span() -> None:
+    monitor = BuildMonitor()
+    monitor.start()
+    for severity in ("error", "warning", "info"):
+        monitor.log_message(severity, f"an {severity}")
+    monitor.end()
+    build = projected(monitor)[1][-1]
+    said = [
+        (e.name, e.attributes["log.severity"], e.attributes["log.message"]) for e in build.events
+    ]
+    assert said == [("trt.log", "error", "an error"), ("trt.log", "warning", "an warning")]

@@ -687,8 +687,8 @@ class _CancelChannel:
         }
         self.note.value = json.dumps(payload).encode()[: _NOTE_BYTES - 1]
         self.flag.value = 1
-        if self.cancelled_at is None:
-            self.cancelled_at = time.monotonic()
+        # Told once: a monitor tells its listeners of its first cancel only.
+        self.cancelled_at = time.monotonic()
 
 
 @dataclass(slots=True)
