@@ -65,6 +65,7 @@ from trt_otel.core.attempts import attempt_of
 from trt_otel.core.builds import builds_of
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import BuildStarted, Outcome
+from trt_otel.core.exiting import exit_without_teardown
 from trt_otel.core.journal import JournalError
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.startup import startup_done
@@ -95,28 +96,10 @@ def run() -> NoReturn:
 
 
 def exit_now(code: int) -> NoReturn:
-    """Exit with ``code`` as :func:`sys.exit` would, without the interpreter's teardown: every
-    module and object freed one by one, then the builder library's own destructors, some tens
-    of milliseconds at the end of every build, for a process that is going away. What an exit
-    does for others is done first: the ``atexit`` functions run (multiprocessing's, logging's,
-    OpenTelemetry's) and the standard streams are flushed. Where a thread that is not a daemon
-    still runs, or a stream cannot be flushed (a reader gone), Python's own exit does it all,
-    as before."""
-    import atexit
-    import os
-    import threading
-
-    main_thread = threading.main_thread()
-    if any(t is not main_thread and not t.daemon for t in threading.enumerate()):
-        sys.exit(code)  # Python's exit joins them
-    atexit._run_exitfuncs()
-    try:
-        for stream in (sys.stdout, sys.stderr):
-            if stream is not None:
-                stream.flush()
-    except (OSError, ValueError):
-        sys.exit(code)  # Python's exit says so, as it would have
-    os._exit(code)
+    """Exit with ``code`` as :func:`sys.exit` would, without the interpreter's teardown where
+    that is safe (:func:`~trt_otel.core.exiting.exit_without_teardown`)."""
+    exit_without_teardown(code)
+    sys.exit(code)
 
 
 def _main(argv: Sequence[str] | None) -> int:

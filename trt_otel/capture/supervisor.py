@@ -57,6 +57,7 @@ from trt_otel.capture.transport import (
     encode_frame,
 )
 from trt_otel.core.events import CancelRequested, Outcome
+from trt_otel.core.exiting import exit_without_teardown
 from trt_otel.core.log import current_thread_name
 
 if TYPE_CHECKING:
@@ -393,30 +394,9 @@ def _worker_main(
     except Exception as error:  # an unpicklable result: say so rather than vanish
         connection.send(("error", type(error).__name__, f"cannot return the result: {error}"))
     connection.close()
-    _exit_without_teardown()
-
-
-def _exit_without_teardown() -> None:
-    """The worker's end once its result is sent, without the interpreter's teardown (every
-    module and object freed, then the builder library's destructors): the supervisor waits for
-    the worker to end, some 30 ms of every build. What an exit does for others is done first:
-    the ``atexit`` functions run (multiprocessing's among them) and the standard streams are
-    flushed. Where a thread that is not a daemon still runs (one the target started), or a
-    stream cannot be flushed, this returns, and the worker ends as a process of
-    ``multiprocessing`` does."""
-    import atexit
-
-    main_thread = threading.main_thread()
-    if any(t is not main_thread and not t.daemon for t in threading.enumerate()):
-        return
-    atexit._run_exitfuncs()
-    try:
-        for stream in (sys.stdout, sys.stderr):
-            if stream is not None:
-                stream.flush()
-    except (OSError, ValueError):
-        return
-    os._exit(0)
+    # The supervisor waits for the worker's end: no teardown (else the worker ends as a
+    # process of multiprocessing does).
+    exit_without_teardown(0)
 
 
 # -- the supervisor side -----------------------------------------------------------------------
