@@ -379,6 +379,29 @@ def test_a_port_in_use_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> N
     assert "cannot serve HTTP on 127.0.0.1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_an_url_file_that_is_not_a_regular_file_is_refused_and_left_alone(
+    kind: str, tmp_path: Path
+) -> None:
+    # The URL file is written by rename and removed at the end: a FIFO (or a directory) given
+    # as --http-url-file had been replaced by a file, then deleted.
+    target = tmp_path / "url"
+    if kind == "fifo":
+        os.mkfifo(target)
+    else:
+        target.mkdir()
+    done = subprocess.run(
+        [*CLI, "demo", "--speed", "0", "--no-summary", "--http-port", "0",
+         "--http-url-file", str(target), "-o", str(tmp_path / "x.engine")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"--http-url-file {target} is a" in done.stderr
+    mode = target.lstat().st_mode
+    assert stat.S_ISFIFO(mode) if kind == "fifo" else stat.S_ISDIR(mode)
+    assert not (tmp_path / "x.engine").exists()
+
+
 # -- watch -------------------------------------------------------------------------------------
 
 

@@ -219,6 +219,20 @@ def test_markdown_names_the_outcome_the_phases_and_the_cancel_and_keeps_names_in
     assert '&lt;img src=x onerror="window.pwned=1"&gt;' in text
 
 
+@pytest.mark.parametrize("form", ["markdown", "html"])
+def test_control_characters_in_a_journal_do_not_reach_the_terminal(
+    form: str, tmp_path: Path
+) -> None:
+    # ``report`` prints to stdout without ``-o``: a phase name that clears the screen and sets
+    # the window's title is written as escapes, as the console writes it.
+    name = "\x1b[2J\x1b[32mbuild success\x1b]0;pwned\x07 \x9b31m"
+    journal = crafted_journal(tmp_path / "e.jsonl", name)
+    done = trt_otel("report", str(journal), "--format", form)
+    assert done.returncode == 0, done.stderr
+    assert not any((ord(c) < 32 and c not in "\n") or 0x7F <= ord(c) < 0xA0 for c in done.stdout)
+    assert "x1b" in done.stdout and "x07" in done.stdout and "x9b31m" in done.stdout
+
+
 def test_markdown_of_a_real_cancelled_build(tmp_path: Path) -> None:
     done = trt_otel("report", str(CANCELLED), "--format", "markdown")
     assert done.returncode == 0, done.stderr

@@ -136,3 +136,37 @@ def test_terminate_after_never_signals_a_process_that_does_not_hold_the_journal(
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_the_end_is_not_written_twice_when_the_writer_ended_its_journal_on_its_way_out(
+    tmp_path: Path,
+) -> None:
+    """watch signalled the writer, and the writer ended its journal itself before watch had read
+    that end: watch must not append a second build_end (seen with a demo that exits quickly)."""
+    import json
+    import os
+    import socket
+    import time
+
+    from trt_otel.app.remote import Escalation, RemoteBuild
+    from trt_otel.core.events import BuildFinished, BuildStarted, Outcome
+    from trt_otel.core.journal import JournalWriter, read_journal
+    from trt_otel.core.readmodel import ReadModel
+
+    journal = tmp_path / "b.jsonl"
+    started = BuildStarted(seq=0, wall_ns=time.time_ns(), mono_ns=time.monotonic_ns(),
+                           thread="Main", build_id="b1", attributes={})  # fmt: skip
+    writer = JournalWriter(journal)
+    writer.handle([
+        started,
+        BuildFinished(seq=1, wall_ns=time.time_ns(), mono_ns=time.monotonic_ns(), thread="Main",
+                      outcome=Outcome.CANCELLATION, detail="received SIGTERM", error_type=None),
+    ])  # fmt: skip
+    writer.close()
+    header = json.loads(journal.read_text().splitlines()[0])
+    assert header["writer_pid"] == os.getpid() and header["writer_host"] == socket.gethostname()
+    monitor = RemoteBuild(tmp_path / "control", started=started, model=ReadModel())
+    assert monitor.state.outcome is None  # watch has not read the end yet
+    Escalation(journal, header, monitor, after_s=1.0)._end_journal("SIGTERM")
+    ends = [e for e in read_journal(journal).events if isinstance(e, BuildFinished)]
+    assert [e.detail for e in ends] == ["received SIGTERM"]

@@ -249,3 +249,34 @@ def test_an_event_stream_line_that_never_ends_is_not_an_event_stream() -> None:
         server.close()
     assert done.returncode == 2, done.stderr
     assert "not an event stream" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_live_process_that_does_not_hold_the_journal_is_no_sign_of_life(
+    tmp_path: Path,
+) -> None:
+    """A crafted header names an unrelated live process of this host: it is not the writer, so
+    the build is lost after --lost-after with no line nor touch (watch had followed it for ever)."""
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        journal = tmp_path / "crafted.jsonl"
+        header = {
+            "format": "trt-otel-journal", "version": 1, "created_wall_ns": time.time_ns(),
+            "writer_pid": bystander.pid, "writer_host": socket.gethostname(),
+            "touch_interval_s": 10.0,
+        }  # fmt: skip
+        start = {
+            "type": "build_start", "seq": 0, "wall_ns": time.time_ns(),
+            "mono_ns": time.monotonic_ns(), "thread": "MainThread", "build_id": "crafted",
+            "attributes": {},
+        }  # fmt: skip
+        journal.write_text(json.dumps(header) + "\n" + json.dumps(start) + "\n")
+        done = subprocess.run(
+            [*CLI, "watch", str(journal), "--no-progress", "--lost-after", "1s"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert "nothing written nor touched for 1.0s" in done.stderr
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()

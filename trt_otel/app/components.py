@@ -36,7 +36,7 @@ from trt_otel.capture.gpu import GpuReader, GpuSampler, open_reader
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.process import ProcessSampler
 from trt_otel.core.eta import History
-from trt_otel.core.files import write_atomically
+from trt_otel.core.files import FileKindError, regular_file_or_absent, write_atomically
 from trt_otel.core.followers import Follower, FollowerWorker
 from trt_otel.core.journal import JournalWriter
 from trt_otel.core.log import EventLog
@@ -367,6 +367,13 @@ def status_server(
         return
     from trt_otel.views.http import StatusServer
 
+    if config.url_file is not None:
+        # Written by rename and removed at the end: anything but a regular file (a FIFO, a
+        # device, a directory) would be destroyed, so it is refused before anything starts.
+        try:
+            regular_file_or_absent(config.url_file, "--http-url-file")
+        except FileKindError as error:
+            raise UsageError(str(error)) from None
     token, token_file = _cancel_token(config.cancel_token, monitor.build_id)
     try:
         try:

@@ -260,9 +260,16 @@ class Escalation:
             handle.seek(max(0, size - (1 << 20)))
             tail = handle.read()
             last_seq = -1
+            ended = False
             for item in LineReader().feed(tail.partition(b"\n")[2] if size > len(tail) else tail):
                 if not isinstance(item, JournalProblem):
                     last_seq = item.seq
+                    if isinstance(item, (BuildStarted, BuildFinished)):
+                        ended = isinstance(item, BuildFinished)
+            if ended:
+                # Its writer wrote the end on its way out, before this watch had read it: the
+                # record is whole, and a second end would make it two builds' worth of ends.
+                return
             local_seq = self.monitor.log.next_seq - 1 if self.numbered_as_written else -1
             end = BuildFinished(
                 seq=max(last_seq, local_seq) + 1,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trt_otel.control.stopping import process_running
+from trt_otel.control.stopping import holds_open, process_running
 from trt_otel.core.durations import format_duration
 
 DEFAULT_LOST_AFTER_S = 30.0
@@ -51,11 +51,16 @@ class Writer:
     def describe(self) -> str:
         return f"pid {self.pid} on {self.host}"
 
-    def running_here(self) -> bool | None:
-        """Whether the writer's process runs, when it ran on this host (None: cannot tell)."""
+    def running_here(self, journal: Path | None = None) -> bool | None:
+        """Whether the writer's process runs, when it ran on this host (None: cannot tell).
+        Given the ``journal``, a process that runs but provably does not hold it open is not
+        its writer (a header is text anyone can write): None, not a sign of life."""
         if self.pid is None or self.host != socket.gethostname():
             return None
-        return process_running(self.pid, self.created_wall_ns)
+        running = process_running(self.pid, self.created_wall_ns)
+        if running and journal is not None and holds_open(self.pid, journal) is False:
+            return None
+        return running
 
 
 class Liveness:
@@ -87,7 +92,7 @@ class Liveness:
 
     def lost(self) -> str | None:
         """Why the build is lost, or None while it may still be running."""
-        running = self.writer.running_here()
+        running = self.writer.running_here(self.path)
         if running is False:
             return (
                 f"{self.path}: its writer ({self.writer.describe()}) is gone and the journal "

@@ -27,6 +27,7 @@ from trt_otel.views.report.model import (
     record_items,
     seconds_text,
 )
+from trt_otel.views.terminal import printable
 
 LABEL_W = 330
 CHART_W = 840
@@ -123,8 +124,9 @@ CONTENT_SECURITY_POLICY = (
 
 
 def e(text: object) -> str:
-    """Escaped for HTML text and attribute values."""
-    return html.escape(str(text), quote=True)
+    """Escaped for HTML text and attribute values, control characters written as escapes (the
+    page may be printed to a terminal: ``report`` without ``-o``)."""
+    return html.escape(printable(str(text)), quote=True)
 
 
 def render_html(reports: Sequence[BuildReport], title: str) -> str:

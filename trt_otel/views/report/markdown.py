@@ -19,14 +19,16 @@ from trt_otel.views.report.model import (
     record_items,
     seconds_text,
 )
+from trt_otel.views.terminal import printable
 
 _SPECIAL = re.compile(r"([\\`*_{}\[\]()#+!|~])")
 _ICON = {"success": "✅", "failure": "❌", "cancellation": "⏹️", "timeout": "⏱️"}
 
 
 def md(text: object) -> str:
-    """Journal text as inert markdown: one line, every markdown and HTML character escaped."""
-    one_line = " ".join(str(text).split())
+    """Journal text as inert markdown: one line, every markdown and HTML character escaped, and
+    every control character written as an escape (the report is printed to a terminal)."""
+    one_line = printable(" ".join(str(text).split()))
     entities = one_line.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return _SPECIAL.sub(r"\\\1", entities)
 
