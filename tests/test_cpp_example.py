@@ -40,7 +40,7 @@ from trt_otel import BuildMonitor, JournalWriter, Outcome
 from trt_otel.builder.onnx_models import residual_net_bytes, write_quickstart_model
 from trt_otel.capture import backends
 from trt_otel.core.events import Event, LogMessage, StepCompleted
-from waiting import wait_for_text
+from waiting import wait_for_text, write_at_once
 
 EXAMPLES = REPO_ROOT / "cpp" / "examples"
 CANCEL_BLOCKS = 300
@@ -283,7 +283,7 @@ def test_the_cancel_file_stops_a_real_build_at_its_next_step(
     try:
         # The silent step has begun: the cancel is there before TensorRT's next step.
         wait_for_text(journal_path, b'"name":"Determining refit engines","parent"')
-        control.write_text("stopped by the operator\n")
+        write_at_once(control, "stopped by the operator\n")
         out, err = build.communicate(timeout=300)
     finally:
         build.kill()

@@ -43,7 +43,7 @@ from trt_otel.control.policies import (
 from trt_otel.core.activity import Verdict
 from trt_otel.core.events import CancelRequested, PhaseStarted
 from trt_otel.core.state import BuildState
-from waiting import wait_for_silence, wait_for_text, wait_until
+from waiting import wait_for_silence, wait_for_text, wait_until, write_at_once
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 S = 1_000_000_000
@@ -352,7 +352,7 @@ def test_a_sentinel_file_created_mid_build_cancels_it(tmp_path: Path) -> None:
     journal, sentinel = tmp_path / "file.jsonl", tmp_path / "STOP"
     process = start_demo(journal, *HOLD, "--cancel-file", str(sentinel))
     wait_for_text(journal, MID_BUILD)
-    sentinel.write_text("wrong model version\n")
+    write_at_once(sentinel, "wrong model version\n")
     _, err = process.communicate(timeout=60)
     assert process.returncode == 3, err
     cancel = cancel_event(journal)
@@ -476,7 +476,7 @@ def test_policies_attach_to_a_monitor_in_process(tmp_path: Path) -> None:
         nonlocal steps_seen
         steps_seen += 1
         if steps_seen == 50:
-            sentinel.write_text("enough\n")
+            write_at_once(sentinel, "enough\n")
             wait_until(lambda: monitor.cancelled, "the cancel file was never acted on", 10)
 
     with PolicyRunner(monitor, AnyOf(Timeout(3600), CancelFile(sentinel)), interval_s=0.02):

@@ -34,6 +34,7 @@ from trt_otel.core.events import (
     ProcessSample,
     StepCompleted,
 )
+from waiting import write_at_once
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 SILENT_PHASE = "Determining refit engines"
@@ -119,7 +120,7 @@ def test_a_cancel_in_the_silent_window_is_honoured_at_the_next_step(
     sentinel = tmp_path / "STOP"
     build = launch.start("--cancel-file", str(sentinel), "--grace", "120s")
     build.wait_for_silent_window()
-    sentinel.write_text("stop in the window\n")
+    write_at_once(sentinel, "stop in the window\n")
     assert build.finish() == 3, build.stderr
     after = build.events_after_silence()
     kinds = [type(e).__name__ for e in after]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,3 +59,11 @@ def wait_for_silence(journal: Path, before: int = DEMO_SILENT_AT, timeout_s: flo
         f"{journal} never reached the silent window ({before} callbacks)",
         timeout_s,
     )
+
+
+def write_at_once(path: Path, text: str) -> None:
+    """Make ``path`` appear with ``text`` in it, whole (written beside it, then renamed): a
+    poller that sees a cancel file the moment it is created would otherwise read it empty."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(text)
+    os.replace(part, path)
