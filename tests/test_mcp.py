@@ -313,6 +313,11 @@ def test_bad_requests_are_tool_errors(tmp_path: Path, model: Path) -> None:
                 assert f"{owned} is set by the server" in await refused(
                     {"kind": "demo", "options": options}
                 ), options
+            # Options that would make the command print and exit rather than build.
+            for option in ("--help", "-h", "--version", "--version=x"):
+                assert f"{option.split('=')[0]} is set by the server" in await refused(
+                    {"kind": "demo", "options": [option]}
+                ), option
             # No abbreviations: --http-addr is not --http-address, nor --cancel-tok a token.
             for abbreviated in (["--http-addr", "0.0.0.0"], ["--cancel-tok", "X"], ["--out", "x"]):
                 assert "unrecognized arguments" in await refused(

@@ -175,15 +175,10 @@ class Fleet:
         options = bounded_request(
             kind, model=model, output=output, options=options, deadline=deadline, retries=retries
         )
-        if kind not in KINDS:
-            raise FleetError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
         model_path = self._model_path(model) if model is not None else None
         if kind == "build" and model_path is None:
             raise FleetError("a build needs a model: the path of an ONNX file")
-        for option in options:
-            name = option.split("=", 1)[0]
-            if name in RESERVED_OPTIONS:
-                raise FleetError(f"{name} is set by the server; leave it out")
+        refuse_reserved(options, "the server")
         build_id = secrets.token_hex(6)
         folder = self.folder(build_id)
         engine = str(self._output_path(output, overwrite=overwrite)) if output else None
@@ -603,14 +598,25 @@ def bounded_request(
     deadline: str | None,
     retries: Sequence[str],
 ) -> list[str]:
-    """A start request's bounds (the local fleet's and Ray's), checked before anything looks
-    at it; its options with ``--deadline`` and the ``--retry`` rungs added."""
+    """A start request's bounds and kind (the local fleet's and Ray's), checked before
+    anything looks at it; its options with ``--deadline`` and the ``--retry`` rungs added."""
     check_text("kind", kind, max(map(len, KINDS)))
+    if kind not in KINDS:
+        raise FleetError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
     for name, value in (("model", model), ("output", output)):
         if value is not None:
             check_text(name, value, MAX_PATH_CHARS)
     check_options(options)
     return [*options, *ladder_options(deadline, retries)]
+
+
+def refuse_reserved(options: Sequence[str], setter: str) -> None:
+    """Refuse the options the fleet sets itself (:data:`RESERVED_OPTIONS`), however given
+    (``--version`` or ``--version=x``); ``setter`` says who sets them."""
+    for option in options:
+        name = option.split("=", 1)[0]
+        if name in RESERVED_OPTIONS:
+            raise FleetError(f"{name} is set by {setter}; leave it out")
 
 
 def ladder_options(deadline: str | None, retries: Sequence[str]) -> list[str]:

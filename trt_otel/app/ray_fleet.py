@@ -40,10 +40,8 @@ from typing import Any
 import msgspec
 
 from trt_otel.app.fleet import (
-    KINDS,
     MAX_EVENTS,
     MAX_REASON_CHARS,
-    RESERVED_OPTIONS,
     FleetError,
     JournalFold,
     bounded_request,
@@ -52,6 +50,7 @@ from trt_otel.app.fleet import (
     check_text,
     checked_rung_paths,
     path_options,
+    refuse_reserved,
     would_it_fit,
 )
 from trt_otel.app.session import exit_code_of
@@ -152,15 +151,11 @@ class RayFleet:
         )
         num_gpus = self.num_gpus if num_gpus is None else num_gpus
         num_cpus = self.num_cpus if num_cpus is None else num_cpus
-        if kind not in KINDS:
-            raise FleetError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
         if not (0 <= num_gpus <= 64 and 0 <= num_cpus <= 256):
             raise FleetError("num_gpus must be 0 to 64 and num_cpus 0 to 256")
         if kind == "build" and model is None:
             raise FleetError("a build needs a model: the path of an ONNX file")
-        for option in options:
-            if option.split("=", 1)[0] in RESERVED_OPTIONS:
-                raise FleetError(f"{option.split('=', 1)[0]} is set by the fleet; leave it out")
+        refuse_reserved(options, "the fleet")
         build_id = secrets.token_hex(6)
         folder = self.shared_dir / "builds" / build_id
         argv, theirs = self._command_line(
