@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,13 +27,20 @@ def stamp(kind: str, *arguments: Any) -> tuple[Any, ...]:
     return (kind, time.time_ns(), time.monotonic_ns(), "builder", *arguments)
 
 
-def test_a_runs_memory_follows_what_is_open_not_every_phase_it_made() -> None:
-    log = EventLog()
-    builds = ProgramBuilds(log, warn=quiet, say=quiet)
-    current = CurrentBuild(builds, "run")
+@contextlib.contextmanager
+def a_run() -> Iterator[tuple[ProgramBuilds, CurrentBuild, ProgramProcess]]:
+    """A run's record of its program's builds, and the program's process as it sends them."""
+    builds = ProgramBuilds(EventLog(), warn=quiet, say=quiet)
     ours, theirs = multiprocessing.Pipe()
-    process = ProgramProcess(ours, os.getpid(), ["program"])
     try:
+        yield builds, CurrentBuild(builds, "run"), ProgramProcess(ours, os.getpid(), ["program"])
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_a_runs_memory_follows_what_is_open_not_every_phase_it_made() -> None:
+    with a_run() as (builds, current, process):
         builds.handle(process, ("begin", 1, {}, time.time_ns(), time.monotonic_ns()))
         records = [stamp("phase_start", "Building engine", None, 1)]
         name = "Timing tactic"  # as TensorRT does: one name, thousands of instances
@@ -49,9 +58,6 @@ def test_a_runs_memory_follows_what_is_open_not_every_phase_it_made() -> None:
         done = stamp("done", True, None, None)
         builds.handle(process, ("records", 1, [done], 1, 0))
         assert build.outcome is Outcome.SUCCESS
-    finally:
-        ours.close()
-        theirs.close()
 
 
 def test_each_build_of_a_run_is_folded_once_by_its_own_state(
@@ -68,12 +74,7 @@ def test_each_build_of_a_run_is_folded_once_by_its_own_state(
         folded.setdefault(id(self), []).append(self.build_id)
 
     monkeypatch.setattr(BuildState, "apply", counting)
-    log = EventLog()
-    builds = ProgramBuilds(log, warn=quiet, say=quiet)
-    current = CurrentBuild(builds, "run")
-    ours, theirs = multiprocessing.Pipe()
-    process = ProgramProcess(ours, os.getpid(), ["program"])
-    try:
+    with a_run() as (builds, current, process):
         assert current.build_id == "run" and current.state.build_id is None
         for number in (1, 2):
             builds.handle(process, ("begin", number, {}, time.time_ns(), time.monotonic_ns()))
@@ -82,9 +83,6 @@ def test_each_build_of_a_run_is_folded_once_by_its_own_state(
             builds.handle(process, ("records", number, records, len(records), 0))
             assert current.state.outcome is Outcome.SUCCESS
             assert current.build_id == builds.all[-1].monitor.build_id  # type: ignore[union-attr]
-    finally:
-        ours.close()
-        theirs.close()
     first, second = (build.monitor for build in builds.all)
     assert first is not None and second is not None and first.build_id != second.build_id
     assert len(folded) == 2, "one state per build, and no other"
