@@ -107,8 +107,6 @@ class ReadModel:
         # the latest boundary is kept: the model's memory follows what is open.
         self._forget_closed = forget_closed
         self._builds = BuildCut()
-        self.build_number = 0
-        """Which build of the log :attr:`state` is: 1 from the first ``build_start``."""
         self._begin_build()
         self.lock = threading.Lock()
         """Held while an event is folded in; readers on other threads hold it while they look."""
@@ -121,6 +119,11 @@ class ReadModel:
         """Per failing subscriber: how many events it failed on, and its last error."""
 
     # -- the fold --------------------------------------------------------------------------------
+
+    @property
+    def build_number(self) -> int:
+        """Which build of the log :attr:`state` is: 1 from the first ``build_start``."""
+        return self._builds.number
 
     def _begin_build(self) -> None:
         """A build's own fold: its state, its boundaries and its phases' summaries (a log of
@@ -143,7 +146,6 @@ class ReadModel:
         with self.lock:
             if self._builds.begins_another(event):
                 self._begin_build()
-            self.build_number = self._builds.number
             self.state.apply(event)
             if type(event) is not StepCompleted:  # most events are steps: no boundary there
                 self.boundaries.apply(event, self.state)
