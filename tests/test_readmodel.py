@@ -291,8 +291,8 @@ def test_the_build_state_is_folded_once_for_every_view(
     """Console, /status, the ETA, spans and metrics all on. As the command runs a build (in a
     worker process), the supervisor replays the callbacks through the read model's own fold:
     one fold of the state. A monitor on TensorRT's own threads keeps its fold there, and the
-    read model folds for every view: two. Besides them, only the live page's timeline, which
-    is the report's own fold (``/timeline.svg``, with the HTTP view). Each sees every event."""
+    read model folds for every view: two. The live page's timeline (``/timeline.svg``, with the
+    HTTP view) draws from the read model: no fold of its own. Each sees every event."""
     from prometheus_server import free_port
 
     folded: dict[int, int] = {}
@@ -316,7 +316,7 @@ def test_the_build_state_is_folded_once_for_every_view(
     assert code == 0
     assert "build success" in capsys.readouterr().err
     events = len(read_journal(journal).events)
-    assert list(folded.values()) == [events] * ((2 if in_process else 1) + 1)
+    assert list(folded.values()) == [events] * (2 if in_process else 1)
 
 
 def test_the_progress_of_a_phase_is_its_steps_done_and_its_open_childs_share() -> None:

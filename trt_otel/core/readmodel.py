@@ -27,13 +27,23 @@ from typing import Protocol
 
 from trt_otel.core.builds import BuildCut
 from trt_otel.core.eta import BoundaryTracker, BuildEta, History, estimate
-from trt_otel.core.events import Event, StepCompleted
+from trt_otel.core.events import (
+    BuildFinished,
+    BuildStarted,
+    Event,
+    PhaseFinished,
+    PhaseStarted,
+    StepCompleted,
+)
 from trt_otel.core.followers import FollowerHealth
+from trt_otel.core.gaps import Gaps
 from trt_otel.core.log import EventLog
 from trt_otel.core.projection import Projection, project
 from trt_otel.core.state import BuildState, Phase, PhaseStatus
 
 _logger = logging.getLogger(__name__)
+
+_PROGRESS = frozenset({BuildStarted, PhaseStarted, StepCompleted, PhaseFinished, BuildFinished})
 
 
 @dataclass(slots=True)
@@ -134,6 +144,8 @@ class ReadModel:
             on_forget=self._forget_groups,
         )
         self.boundaries = BoundaryTracker(keep_all=not self._forget_closed)
+        self.gaps = Gaps()
+        """The build's gaps between callbacks: its silent windows, for the timeline."""
         self._groups: dict[int | None, dict[str, SiblingGroup]] = {}
 
     def subscribe(self, subscriber: Subscriber) -> None:
@@ -146,8 +158,12 @@ class ReadModel:
         with self.lock:
             if self._builds.begins_another(event):
                 self._begin_build()
+            kind = type(event)
+            self.gaps.seen(event.mono_ns)
+            if kind in _PROGRESS:  # before the fold: the gap's phases are those open through it
+                self.gaps.progressed(event.mono_ns, self.state)
             self.state.apply(event)
-            if type(event) is not StepCompleted:  # most events are steps: no boundary there
+            if kind is not StepCompleted:  # most events are steps: no boundary there
                 self.boundaries.apply(event, self.state)
                 for phase in closed:
                     if phase.status is PhaseStatus.FINISHED:
@@ -189,6 +205,7 @@ class ReadModel:
             # A step closes no phase and passes no boundary, and nothing is left to forget
             # (below): it changes counts only, which a reader may see a step early or late,
             # so it is folded without the lock (most events are steps).
+            self.gaps.progressed(event.mono_ns, state)
             state.apply(event)
             self._quiet_step = event
             return

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -91,10 +91,7 @@ class EventFeed:
         retain: int = RETAINED_FRAMES,
         *,
         ends_with_build: bool = True,
-        tee: Callable[[Sequence[Event]], None] | None = None,
     ) -> None:
-        self._tee = tee
-        """Also given every batch (the live timeline), on the follower's thread."""
         self._retain = retain
         self._ends_with_build = ends_with_build
         """False for a log of several builds (``trt-otel run``): the stream ends when the log
@@ -120,13 +117,6 @@ class EventFeed:
             if self._ends_with_build and BuildFinished in set(map(type, events)):
                 self.ended = True
             self._changed.notify_all()
-        if self._tee is not None:
-            try:
-                self._tee(events)
-            except Exception as error:  # the timeline's bug costs the timeline, not the feed
-                self._tee = None
-                _logger.warning("trt-otel: the live timeline stopped (%s: %s)",
-                                type(error).__name__, error)  # fmt: skip
 
     def close(self) -> None:
         with self._changed:
@@ -380,9 +370,9 @@ class StatusServer:
         self.monitor = monitor
         self.model = model
         self.registry = registry
-        self.timeline = LiveTimeline(clock)
+        self.timeline = LiveTimeline(model, clock)
         """The build's timeline as ``trt-otel report`` draws it (``/timeline.svg``)."""
-        self.feed = EventFeed(tee=self.timeline.handle)
+        self.feed = EventFeed()
         self.clock = clock
         self.token_file: Path | None = None
         """Where a generated token was written for the owner (removed with the server)."""

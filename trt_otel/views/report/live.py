@@ -1,9 +1,10 @@
-"""The timeline of a build as it runs, for the HTTP view's ``/timeline.svg``: the same fold
-(:class:`~trt_otel.views.report.model.BuildRecorder`) and the same drawing as ``trt-otel report``,
-so the live page and the report of the journal show one picture.
+"""The timeline of a build as it runs, for the HTTP view's ``/timeline.svg``: the report's view
+(:class:`~trt_otel.views.report.model.BuildRecorder`) of the build's own read model, and the
+report's drawing, so the live page and the report of the journal show one picture, and the page
+folds nothing of its own.
 
-Fed by the HTTP view's event feed, on its follower thread; drawn on an HTTP thread, at most once
-a second (a page polls it; a build can have a million events).
+Told of the events on the read model's thread; drawn on an HTTP thread, at most once a second
+(a page polls it; a build can have a million events).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from trt_otel.core.builds import PerBuild
 from trt_otel.core.clock import SYSTEM_CLOCK, Clock
-from trt_otel.core.events import BuildFinished, BuildStarted, Event
+from trt_otel.core.events import BuildFinished, BuildStarted, Event, StepCompleted
+from trt_otel.core.readmodel import ReadModel
+from trt_otel.core.state import Phase
 from trt_otel.views.report.html import timeline_svg
 from trt_otel.views.report.model import BuildRecorder
 
@@ -21,28 +23,36 @@ REDRAW_S = 1.0
 
 
 class LiveTimeline:
-    """The latest build of a log, folded as it comes, drawn on demand."""
+    """A subscriber of the read model: the latest build of its log, drawn on demand."""
 
-    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+    name = "timeline"
+
+    def __init__(self, model: ReadModel, clock: Clock = SYSTEM_CLOCK) -> None:
         self._clock = clock
+        self._model = model
+        # Taken by the model's thread while it tells the recorder, and by a drawing thread
+        # (before the model's lock, which the model's thread never holds while it tells).
         self._lock = threading.Lock()
-        self._builds = PerBuild(BuildRecorder)
+        self._recorder = BuildRecorder(model)  # told by this timeline, under its lock
         self._seen: tuple[int, int] | None = None
         """(the last event's ``mono_ns``, this process's clock when it came)."""
         self._drawn: tuple[int, str] | None = None
+        model.subscribe(self)
 
-    def handle(self, events: Sequence[Event]) -> None:
-        """Fold a batch in (a log of several builds: the latest build is drawn)."""
-        if not events:
-            return
+    def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
         with self._lock:
-            fold_for = self._builds.fold_for
-            for event in events:
-                kind = type(event)
-                if kind is BuildStarted or kind is BuildFinished:
-                    self._drawn = None  # a start or an end is drawn at once
-                fold_for(event).apply(event)
-            self._seen = (events[-1].mono_ns, self._clock.mono_ns())
+            kind = type(event)
+            if kind is BuildStarted or kind is BuildFinished:
+                self._drawn = None  # a start or an end is drawn at once
+            self._recorder.on_event(event, closed)
+            self._seen = (event.mono_ns, self._clock.mono_ns())
+
+    def on_steps(self, last: StepCompleted) -> None:
+        with self._lock:
+            self._seen = (last.mono_ns, self._clock.mono_ns())
+
+    def close(self) -> None:
+        """Nothing to release."""
 
     def svg(self) -> str:
         """The timeline so far, up to now on the build's clock (its process may be another
@@ -53,6 +63,8 @@ class LiveTimeline:
             if drawn is not None and now - drawn[0] < REDRAW_S * 1e9:
                 return drawn[1]
             build_now = None if self._seen is None else self._seen[0] + now - self._seen[1]
-            picture = timeline_svg(self._builds.current.report(build_now))
+            with self._model.reading():
+                report = self._recorder.report(build_now)
+            picture = timeline_svg(report)
             self._drawn = (now, picture)
             return picture

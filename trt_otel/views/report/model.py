@@ -15,94 +15,51 @@ must not make a report of unbounded size.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from trt_otel.core.builds import builds_of
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import (
     Anomaly,
-    BuildFinished,
     BuildOutput,
-    BuildStarted,
     Event,
     GpuSample,
     LogMessage,
     Outcome,
-    PhaseFinished,
     PhaseStarted,
     ProcessSample,
     StepCompleted,
 )
-from trt_otel.core.state import BuildState, Phase, PhaseStatus
+from trt_otel.core.gaps import MIN_GAP_NS, Gap, deepest_open
+from trt_otel.core.readmodel import ReadModel
+from trt_otel.core.state import Phase
+from trt_otel.views.report.rows import PathKey, Row, RowFold, Span, clip
 
-MAX_ROWS = 300
-"""Timeline rows (distinct phase paths) kept per build; the rest are counted, not drawn."""
-MAX_SPANS_PER_ROW = 2000
-"""Instances of one row kept for drawing (the row's totals count them all)."""
+__all__ = [
+    "BuildRecorder",
+    "BuildReport",
+    "CancelMark",
+    "PathKey",
+    "Row",
+    "Series",
+    "Silence",
+    "Span",
+    "anomaly_total",
+    "clip",
+    "counted",
+    "outcome_text",
+    "record_items",
+    "reports_of",
+    "seconds_text",
+]
+
 MAX_POINTS = 2000
 """Points of one resource line (evenly thinned beyond)."""
 MAX_ANOMALY_DETAILS = 20
-MAX_SILENCES = 200
 MAX_ATTRIBUTES = 200
-MAX_TEXT = 500
-"""The longest name, value or message kept (a journal could hold megabytes in one)."""
 TOP_PHASES = 12
-
-PathKey = tuple[str, ...]
-
-
-def clip(text: str, limit: int = MAX_TEXT) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-@dataclass(frozen=True, slots=True)
-class Span:
-    """One phase instance on the timeline."""
-
-    start_s: float
-    end_s: float
-    status: str
-    """``finished``, ``aborted`` (closed without ``phase_finish``) or ``open`` (never closed)."""
-    steps: int
-    num_steps: int
-    thread: str
-
-
-@dataclass(slots=True)
-class Row:
-    """Every instance of one path of phase names (``Building engine > Optimizing graph``)."""
-
-    index: int
-    path: PathKey
-    parent: int | None
-    """The row of the path's parent, None for a root phase."""
-    count: int = 0
-    total_s: float = 0.0
-    self_s: float = 0.0
-    """Time in the row's instances not covered by any of their children."""
-    silent_s: float = 0.0
-    """Time of the row's instances inside silent windows."""
-    steps: int = 0
-    aborted: int = 0
-    peak_rss_bytes: int | None = None
-    """The builder's largest sampled memory while an instance of the row was open."""
-    spans: list[Span] = field(default_factory=list)
-    children: list[int] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return self.path[-1]
-
-    @property
-    def depth(self) -> int:
-        return len(self.path) - 1
-
-    @property
-    def label(self) -> str:
-        return " > ".join(self.path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,54 +150,57 @@ def reports_of(events: Iterable[Event]) -> list[BuildReport]:
     return [report_of(build, index) for index, build in enumerate(builds_of(events))]
 
 
-_PROGRESS = frozenset({BuildStarted, PhaseStarted, StepCompleted, PhaseFinished, BuildFinished})
-MIN_GAP_NS = 1_000_000_000
-"""Gaps between callbacks kept as candidate silent windows (the threshold, which depends on the
-build's length, is applied when the report is made)."""
 MAX_SAMPLES = 20_000
 """Samples of each kind kept; beyond, every other one is dropped (a line has 2,000 points)."""
 
 
 def report_of(events: Sequence[Event], index: int = 0) -> BuildReport:
     """One build's events (``build_start`` first, where there is one) explained."""
-    recorder = BuildRecorder(index)
-    for event in events:
-        recorder.apply(event)
+    model = ReadModel()
+    recorder = BuildRecorder(model, index)
+    model.subscribe(recorder)
+    model.handle(events)
     return recorder.report()
 
 
 class BuildRecorder:
-    """The report's fold: a build's events in, one at a time (a journal read back, or a live
-    build's log, which the HTTP view's timeline follows), and :meth:`report` at any moment.
-    Not thread-safe: a follower that reports from another thread holds a lock around both."""
+    """The report's view of a build, drawn from a read model's fold (a journal read back, or
+    the live build's own read model, for the HTTP view's timeline): a subscriber of
+    ``model`` that keeps, of what the model lets go, only what the report shows (the timeline's
+    rows, the resource samples, the build's record); :meth:`report` at any moment.
 
-    def __init__(self, index: int = 0) -> None:
+    Told of the events on the model's thread; a reader on another thread holds a lock of its
+    own around both, and the model's :attr:`~trt_otel.core.readmodel.ReadModel.lock` while it
+    reports. A log of several builds: the latest is reported.
+    """
+
+    name = "report"
+
+    def __init__(self, model: ReadModel, index: int = 0) -> None:
+        self.model = model
         self.index = index
-        self.state = BuildState()
-        self._threads: dict[int, str] = {}
-        self._gaps: list[tuple[int, int]] = []
-        self._last_progress_ns: int | None = None
-        self._first_ns: int | None = None
-        self._last_ns: int | None = None
+        self._begin(model.build_number)
+
+    def _begin(self, build_number: int) -> None:
+        self._build_number = build_number
+        self._rows = RowFold()
         self._process: list[ProcessSample] = []
         self._gpu: list[GpuSample] = []
         self._anomaly_details: list[str] = []
         self._builder_error: str | None = None
         self._output: dict[str, Any] = {}
 
-    def apply(self, event: Event) -> None:
-        self.state.apply(event)
+    def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
+        model = self.model
+        if model.build_number != self._build_number:
+            self._begin(model.build_number)
+        for phase in closed:  # before a start: a phase of the same name closes first
+            self._rows.closed(phase, model.gaps, self._process)
         kind = type(event)
-        if self._first_ns is None:
-            self._first_ns = event.mono_ns
-        self._last_ns = event.mono_ns
         if kind is PhaseStarted:
-            self._threads[event.seq] = event.thread
-        if kind in _PROGRESS:
-            last = self._last_progress_ns
-            if last is not None and event.mono_ns - last >= MIN_GAP_NS:
-                self._gap(last, event.mono_ns)
-            self._last_progress_ns = event.mono_ns
+            started = model.state.phases.get(event.seq)
+            if started is not None:
+                self._rows.started(started, event.thread)
         elif kind is ProcessSample:
             _keep(self._process, event)
         elif kind is GpuSample:
@@ -255,34 +215,30 @@ class BuildRecorder:
         ):
             self._builder_error = clip(event.message)
 
-    def _gap(self, start_ns: int, end_ns: int) -> None:
-        """Keep the gap; when :data:`MAX_SILENCES` are kept, the longest of them."""
-        gaps = self._gaps
-        if len(gaps) < MAX_SILENCES:
-            gaps.append((start_ns, end_ns))
-            return
-        shortest = min(range(len(gaps)), key=lambda i: gaps[i][1] - gaps[i][0])
-        if end_ns - start_ns > gaps[shortest][1] - gaps[shortest][0]:
-            del gaps[shortest]
-            gaps.append((start_ns, end_ns))
+    def on_steps(self, last: StepCompleted) -> None:
+        """Steps change only counts, which the report reads off the model."""
+
+    def close(self) -> None:
+        """Nothing to release."""
 
     def report(self, now_mono_ns: int | None = None) -> BuildReport:
         """The build so far; ``now_mono_ns``: a build still running is drawn up to then (on
         the build's own clock), its open phases and its current silence with it."""
-        state = self.state
-        first = self._first_ns or 0
+        state, gaps = self.model.state, self.model.gaps
+        first = gaps.first_ns or 0
         origin = state.start_mono_ns if state.start_mono_ns is not None else first
         end_ns = state.end_mono_ns
         if end_ns is None:
-            end_ns = max(self._last_ns or origin, now_mono_ns or 0)
+            end_ns = max(state.last_event_mono_ns or origin, now_mono_ns or 0)
         duration_s = max(0.0, (end_ns - origin) / 1e9)
-        gaps = list(self._gaps)
-        last = self._last_progress_ns
+        kept = gaps.kept
+        last = gaps.last_progress_ns
         if state.end_mono_ns is None and last is not None and end_ns - last >= MIN_GAP_NS:
-            gaps.append((last, end_ns))  # silent now
-        silences = _silences(state, gaps, origin, duration_s)
-        rss = [(s.mono_ns, s.rss_bytes) for s in self._process if s.rss_bytes is not None]
-        rows, left_out = _rows(state, self._threads, origin, end_ns, silences, rss)
+            kept.append(Gap(last, end_ns, deepest_open(state)))  # silent now
+        threshold_ns = silence_threshold_s(duration_s) * 1e9
+        silent = [gap for gap in kept if gap.length_ns >= threshold_ns]
+        process = self._process
+        rows, left_out = self._rows.rows(origin, end_ns, silent, process)
         cancel = state.cancel
         return BuildReport(
             index=self.index,
@@ -294,7 +250,14 @@ class BuildRecorder:
             detail=clip(state.outcome_detail),
             rows=rows,
             rows_left_out=left_out,
-            silences=silences,
+            silences=[
+                Silence(
+                    start_s=(gap.start_ns - origin) / 1e9,
+                    length_s=gap.length_ns / 1e9,
+                    phase=None if gap.phase is None else clip(gap.phase),
+                )
+                for gap in silent
+            ],
             cancel=None
             if cancel is None
             else CancelMark(
@@ -303,13 +266,13 @@ class BuildRecorder:
                 reason=clip(cancel.reason),
                 policy=clip(cancel.policy),
             ),
-            series=_series(self._process, self._gpu, origin, end_ns),
+            series=_series(process, self._gpu, origin, end_ns),
             steps=state.steps_completed_total,
             phases=state.phases_started_total,
             anomalies={kind.value: count for kind, count in sorted(state.anomalies.items())},
             anomaly_details=list(self._anomaly_details),
             builder_error=self._builder_error,
-            threads=list(dict.fromkeys(clip(t, 100) for t in self._threads.values())),
+            threads=self._rows.threads,
         )
 
 
@@ -328,114 +291,6 @@ def _record(attributes: dict[str, Any]) -> dict[str, str]:
 
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else str(value)
-
-
-def _silences(
-    state: BuildState, gaps: list[tuple[int, int]], origin: int, duration_s: float
-) -> list[Silence]:
-    threshold_ns = silence_threshold_s(duration_s) * 1e9
-    silences: list[Silence] = []
-    for before, after in gaps:
-        if after - before >= threshold_ns:
-            silences.append(
-                Silence(
-                    start_s=(before - origin) / 1e9,
-                    length_s=(after - before) / 1e9,
-                    phase=_innermost_open_at(state, before, after),
-                )
-            )
-    return silences
-
-
-def _innermost_open_at(state: BuildState, start_ns: int, end_ns: int) -> str | None:
-    """The deepest phase that covers ``[start_ns, end_ns]``."""
-    best: Phase | None = None
-    for phase in state.phases.values():
-        finish = phase.finish_mono_ns
-        covers = phase.start_mono_ns <= start_ns and (finish is None or finish >= end_ns)
-        if covers and (best is None or phase.depth > best.depth):
-            best = phase
-    return None if best is None else clip(best.name)
-
-
-# Long: the rows, their totals and their drawing, made in one walk of the tree.
-def _rows(  # noqa: PLR0917 (private, one caller)
-    state: BuildState,
-    threads: dict[int, str],
-    origin: int,
-    end_ns: int,
-    silences: list[Silence],
-    rss: list[tuple[int, int]],
-) -> tuple[list[Row], int]:
-    rows: dict[PathKey, Row] = {}
-    left_out: set[PathKey] = set()
-    windows = [(s.start_s, s.start_s + s.length_s) for s in silences]
-    paths: dict[int, PathKey] = {}
-    for phase in state.walk():
-        parent_path = paths.get(phase.parent_id) if phase.parent_id is not None else ()
-        if parent_path is None:  # its parent's row was left out
-            continue
-        path = (*parent_path, clip(phase.name, 200))
-        row = rows.get(path)
-        if row is None:
-            if len(rows) >= MAX_ROWS:
-                left_out.add(path)
-                continue
-            parent_row = rows.get(parent_path) if parent_path else None
-            row = rows[path] = Row(
-                len(rows), path, None if parent_row is None else parent_row.index
-            )
-            if parent_row is not None:
-                parent_row.children.append(row.index)
-        paths[phase.id] = path
-        finish_ns = phase.finish_mono_ns if phase.finish_mono_ns is not None else end_ns
-        start_s, end_s = (phase.start_mono_ns - origin) / 1e9, (finish_ns - origin) / 1e9
-        covered = _union(
-            (state.phases[c].start_mono_ns, state.phases[c].finish_mono_ns or end_ns)
-            for c in phase.children
-        )
-        row.count += 1
-        row.total_s += end_s - start_s
-        row.self_s += max(0.0, end_s - start_s - covered / 1e9)
-        row.silent_s += sum(max(0.0, min(end_s, b) - max(start_s, a)) for a, b in windows)
-        row.steps += phase.steps_completed
-        if phase.status is PhaseStatus.ABORTED:
-            row.aborted += 1
-        peak = _peak(rss, phase.start_mono_ns, finish_ns)
-        if peak is not None:
-            row.peak_rss_bytes = max(row.peak_rss_bytes or 0, peak)
-        if len(row.spans) < MAX_SPANS_PER_ROW:
-            row.spans.append(
-                Span(
-                    start_s=start_s,
-                    end_s=end_s,
-                    status=phase.status.value,
-                    steps=phase.steps_completed,
-                    num_steps=phase.num_steps,
-                    thread=clip(threads.get(phase.id, ""), 100),
-                )
-            )
-    return list(rows.values()), len(left_out)
-
-
-def _peak(samples: list[tuple[int, int]], start_ns: int, end_ns: int) -> int | None:
-    """The largest sample taken in ``[start_ns, end_ns]`` (samples in time order)."""
-    low = bisect.bisect_left(samples, (start_ns, -1))
-    high = bisect.bisect_right(samples, (end_ns, 2**63))
-    return max((value for _, value in samples[low:high]), default=None)
-
-
-def _union(intervals: Iterable[tuple[int, int]]) -> int:
-    """The length covered by intervals that may overlap (children on several threads)."""
-    total, reach = 0, None
-    for start, end in sorted(intervals):
-        if reach is None or start > reach:
-            total += end - start
-            reach = end
-        elif end > reach:
-            total += end - reach
-            reach = end
-    return total
 
 
 def _series(

@@ -1,0 +1,347 @@
+"""The rows of a build's timeline, folded as its phases start and close.
+
+A row is every instance of one path of phase names (``Building engine > Optimizing graph``):
+TensorRT's thousand "Measuring tactic time" share one row with their count. A phase adds to its
+row when it closes, and is then let go: what the fold keeps is the rows (at most
+:data:`MAX_ROWS`, each with at most :data:`MAX_SPANS_PER_ROW` instances to draw) and the phases
+open now, so a build of a million steps costs what its rows cost, not what its phases did. The
+open phases are added to a copy of their rows when the timeline is drawn.
+
+It is told of phases by a read model (:class:`~trt_otel.core.readmodel.ReadModel`), whose
+forgetting fold lets a closed phase go once its views have seen it: the rows are made from what
+the read model already folded, not from a fold of their own.
+"""
+
+from __future__ import annotations
+
+import bisect
+import copy
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from trt_otel.core.events import ProcessSample
+from trt_otel.core.gaps import Gap, Gaps
+from trt_otel.core.state import Phase, PhaseStatus
+
+MAX_ROWS = 300
+"""Timeline rows (distinct phase paths) kept per build; the rest are counted, not drawn."""
+MAX_SPANS_PER_ROW = 2000
+"""Instances of one row kept for drawing (the row's totals count them all)."""
+MAX_LEFT_OUT = 10_000
+"""Distinct paths left out that are counted (a crafted journal can make any number)."""
+MAX_THREADS = 100
+MAX_TEXT = 500
+"""The longest name kept (a journal could hold megabytes in one)."""
+
+PathKey = tuple[str, ...]
+
+
+def clip(text: str, limit: int = MAX_TEXT) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One phase instance on the timeline."""
+
+    start_s: float
+    end_s: float
+    status: str
+    """``finished``, ``aborted`` (closed without ``phase_finish``) or ``open`` (never closed)."""
+    steps: int
+    num_steps: int
+    thread: str
+
+
+@dataclass(slots=True)
+class Row:
+    """Every instance of one path of phase names (``Building engine > Optimizing graph``)."""
+
+    index: int
+    path: PathKey
+    parent: int | None
+    """The row of the path's parent, None for a root phase."""
+    count: int = 0
+    total_s: float = 0.0
+    self_s: float = 0.0
+    """Time in the row's instances not covered by any of their children."""
+    silent_s: float = 0.0
+    """Time of the row's instances inside silent windows."""
+    steps: int = 0
+    aborted: int = 0
+    peak_rss_bytes: int | None = None
+    """The builder's largest sampled memory while an instance of the row was open."""
+    spans: list[Span] = field(default_factory=list)
+    children: list[int] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.path[-1]
+
+    @property
+    def depth(self) -> int:
+        return len(self.path) - 1
+
+    @property
+    def label(self) -> str:
+        return " > ".join(self.path)
+
+
+@dataclass(slots=True)
+class _Instance:
+    """A phase instance as a row keeps it to draw: times on the build's clock."""
+
+    start_ns: int
+    end_ns: int
+    status: str
+    steps: int
+    num_steps: int
+    thread: str
+
+
+@dataclass(slots=True)
+class _Sums:
+    """A row's totals, on the build's clock, from the instances that closed."""
+
+    index: int
+    path: PathKey
+    parent: int | None
+    children: list[int] = field(default_factory=list)
+    count: int = 0
+    total_ns: int = 0
+    self_ns: int = 0
+    steps: int = 0
+    aborted: int = 0
+    peak_rss_bytes: int | None = None
+    instances: list[_Instance] = field(default_factory=list)
+    gap_overlap: dict[int, int] = field(default_factory=dict)
+    """Per gap (by its start), the time of the row's instances inside it: whether a gap is
+    a silent window is decided when the timeline is drawn."""
+
+    def add(  # noqa: PLR0917 (private, two callers)
+        self,
+        phase: Phase,
+        end_ns: int,
+        covered_ns: int,
+        thread: str,
+        overlaps: Iterable[tuple[Gap, int]],
+        peak_rss_bytes: int | None,
+    ) -> None:
+        duration = end_ns - phase.start_mono_ns
+        self.count += 1
+        self.total_ns += duration
+        self.self_ns += max(0, duration - covered_ns)
+        self.steps += phase.steps_completed
+        if phase.status is PhaseStatus.ABORTED:
+            self.aborted += 1
+        for gap, overlap in overlaps:
+            self.gap_overlap[gap.start_ns] = self.gap_overlap.get(gap.start_ns, 0) + overlap
+        if peak_rss_bytes is not None:
+            self.peak_rss_bytes = max(self.peak_rss_bytes or 0, peak_rss_bytes)
+        if len(self.instances) < MAX_SPANS_PER_ROW:
+            self.instances.append(
+                _Instance(
+                    phase.start_mono_ns,
+                    end_ns,
+                    phase.status.value,
+                    phase.steps_completed,
+                    phase.num_steps,
+                    thread,
+                )
+            )
+
+
+class _Cover:
+    """The time an open phase's closed children covered: their intervals, merged, with the
+    ones no later child can overlap folded into one total (so a parent of a thousand
+    sequential children keeps one or two intervals, not a thousand)."""
+
+    __slots__ = ("covered_ns", "intervals")
+
+    def __init__(self) -> None:
+        self.covered_ns = 0
+        self.intervals: list[tuple[int, int]] = []
+
+    def add(self, start_ns: int, end_ns: int, floor_ns: int) -> None:
+        """A child's ``[start_ns, end_ns]``; no later child starts before ``floor_ns``."""
+        intervals = self.intervals
+        bisect.insort(intervals, (start_ns, end_ns))
+        merged: list[tuple[int, int]] = []
+        for start, end in intervals:
+            if merged and start <= merged[-1][1]:
+                if end > merged[-1][1]:
+                    merged[-1] = (merged[-1][0], end)
+            else:
+                merged.append((start, end))
+        while merged and merged[0][1] <= floor_ns:
+            start, end = merged.pop(0)
+            self.covered_ns += end - start
+        self.intervals = merged
+
+    def total(self, more: Iterable[tuple[int, int]] = ()) -> int:
+        """The time covered, with ``more`` intervals (the open children, up to now)."""
+        covered, reach = self.covered_ns, None
+        for start, end in sorted([*self.intervals, *more]):
+            if reach is None or start > reach:
+                covered += end - start
+                reach = end
+            elif end > reach:
+                covered += end - reach
+                reach = end
+        return covered
+
+
+@dataclass(slots=True)
+class _Open:
+    """What the fold keeps of an open phase."""
+
+    phase: Phase
+    path: PathKey | None
+    """None: its row, or an ancestor's, was left out."""
+    thread: str
+    cover: _Cover = field(default_factory=_Cover)
+    open_children: dict[int, int] = field(default_factory=dict)
+    """Its open children's ids, with their starts."""
+
+
+class RowFold:
+    """A build's timeline rows, told of each phase as it starts and as it closes."""
+
+    def __init__(self) -> None:
+        self._rows: dict[PathKey, _Sums] = {}
+        self._left_out: set[PathKey] = set()
+        self._open: dict[int, _Open] = {}
+        self._threads: dict[str, None] = {}
+        """The threads that started phases, in order of first appearance."""
+
+    @property
+    def threads(self) -> list[str]:
+        return list(self._threads)
+
+    def started(self, phase: Phase, thread: str) -> None:
+        thread = clip(thread, 100)
+        if thread not in self._threads and len(self._threads) < MAX_THREADS:
+            self._threads[thread] = None
+        parent = self._open.get(phase.parent_id) if phase.parent_id is not None else None
+        parent_path = () if phase.parent_id is None else (parent.path if parent else None)
+        path: PathKey | None = None
+        if parent_path is not None:
+            path = (*parent_path, clip(phase.name, 200))
+            if path not in self._rows:
+                if len(self._rows) >= MAX_ROWS:
+                    if len(self._left_out) < MAX_LEFT_OUT:
+                        self._left_out.add(path)
+                    path = None
+                else:
+                    index = len(self._rows)
+                    if parent_path:
+                        parent_row = self._rows[parent_path]
+                        parent_row.children.append(index)
+                        self._rows[path] = _Sums(index, path, parent_row.index)
+                    else:
+                        self._rows[path] = _Sums(index, path, None)
+        self._open[phase.id] = _Open(phase, path, thread)
+        if parent is not None:
+            parent.open_children[phase.id] = phase.start_mono_ns
+
+    def closed(self, phase: Phase, gaps: Gaps, samples: Sequence[ProcessSample]) -> None:
+        """A phase closed (its open descendants closed before it)."""
+        entry = self._open.pop(phase.id, None)
+        if entry is None:
+            return
+        end_ns = phase.finish_mono_ns
+        assert end_ns is not None  # closed
+        parent = self._open.get(phase.parent_id) if phase.parent_id is not None else None
+        if parent is not None:
+            children = parent.open_children
+            children.pop(phase.id, None)
+            floor = min(children.values(), default=end_ns)
+            parent.cover.add(phase.start_mono_ns, end_ns, floor)
+        if entry.path is not None:
+            self._rows[entry.path].add(
+                phase,
+                end_ns,
+                entry.cover.total(),
+                entry.thread,
+                gaps.overlapping(phase.start_mono_ns, end_ns),
+                peak_rss(samples, phase.start_mono_ns, end_ns),
+            )
+
+    def rows(
+        self,
+        origin_ns: int,
+        end_ns: int,
+        silences: Sequence[Gap],
+        samples: Sequence[ProcessSample],
+    ) -> tuple[list[Row], int]:
+        """The rows, with the phases open now drawn up to ``end_ns``, in the order their paths
+        first started; ``silences``: the gaps that count as silent windows (the current one
+        too). How many paths were left out."""
+        sums = self._rows
+        touched: dict[PathKey, _Sums] = {}
+        for entry in self._open.values():
+            if entry.path is None:
+                continue
+            row = touched.get(entry.path)
+            if row is None:
+                row = touched[entry.path] = _copy(sums[entry.path])
+            phase = entry.phase
+            start = phase.start_mono_ns
+            children = ((child_start, end_ns) for child_start in entry.open_children.values())
+            overlaps = [
+                (gap, min(end_ns, gap.end_ns) - max(start, gap.start_ns))
+                for gap in silences  # each before now: those after the phase's start
+                if gap.end_ns > start
+            ]
+            row.add(
+                phase,
+                end_ns,
+                entry.cover.total(children),
+                entry.thread,
+                overlaps,
+                peak_rss(samples, start, end_ns),
+            )
+        silent = {gap.start_ns for gap in silences}
+        rows = [_row(touched.get(path, row), origin_ns, silent) for path, row in sums.items()]
+        return rows, len(self._left_out)
+
+
+def _copy(sums: _Sums) -> _Sums:
+    row = copy.copy(sums)
+    row.instances = list(sums.instances)
+    row.gap_overlap = dict(sums.gap_overlap)
+    return row
+
+
+def _row(sums: _Sums, origin_ns: int, silent: set[int]) -> Row:
+    return Row(
+        index=sums.index,
+        path=sums.path,
+        parent=sums.parent,
+        count=sums.count,
+        total_s=sums.total_ns / 1e9,
+        self_s=sums.self_ns / 1e9,
+        silent_s=sum(ns for start, ns in sums.gap_overlap.items() if start in silent) / 1e9,
+        steps=sums.steps,
+        aborted=sums.aborted,
+        peak_rss_bytes=sums.peak_rss_bytes,
+        spans=[
+            Span(
+                start_s=(i.start_ns - origin_ns) / 1e9,
+                end_s=(i.end_ns - origin_ns) / 1e9,
+                status=i.status,
+                steps=i.steps,
+                num_steps=i.num_steps,
+                thread=i.thread,
+            )
+            for i in sums.instances
+        ],
+        children=list(sums.children),
+    )
+
+
+def peak_rss(samples: Sequence[ProcessSample], start_ns: int, end_ns: int) -> int | None:
+    """The largest resident set sampled in ``[start_ns, end_ns]`` (samples in time order)."""
+    low = bisect.bisect_left(samples, start_ns, key=lambda s: s.mono_ns)
+    high = bisect.bisect_right(samples, end_ns, key=lambda s: s.mono_ns)
+    return max((s.rss_bytes for s in samples[low:high] if s.rss_bytes is not None), default=None)
