@@ -149,9 +149,15 @@ def _role(pid: int) -> str:
 
 
 def run_command(
-    trace: Path, directory: Path, *, speed: float, cancel_after_s: float | None = None
+    trace: Path,
+    directory: Path,
+    *,
+    speed: float,
+    cancel_after_s: float | None = None,
+    http: bool = True,
 ) -> Run:
-    """Run ``trt-otel demo`` on ``trace`` with every projection on; measure it from outside."""
+    """Run ``trt-otel demo`` on ``trace`` with every projection on (``http``: the HTTP view
+    and its live page too); measure it from outside."""
     from prometheus_server import free_port
 
     journal = directory / "run.jsonl"
@@ -166,7 +172,7 @@ def run_command(
         "--speed", str(speed),
         "--journal", str(journal),
         "--prometheus-port", str(metrics_port),
-        "--http-port", str(http_port),
+        *(["--http-port", str(http_port)] if http else []),
         "--otlp-endpoint", f"http://127.0.0.1:{dead_port}",
         "--cancel-file", str(cancel_file),
         "--no-progress",
@@ -315,6 +321,15 @@ def main() -> int:
             f"  marginal CPU per callback between the two largest (start-up excluded): "
             f"{marginal_ns / 1e3:.2f} us ({marginal_ns / own_ns:.1f}x); of which the simulated "
             f"builder's own (the no-op monitor's time): {noop_ns / 1e3:.2f} us"
+        )
+        # The live page's cost in memory: the same largest run without --http-port.
+        bare = run_command(traces[sizes[-1]][0], directory, speed=0, http=False)
+        with_page = max(large.peak_mib.values(), default=math.nan)
+        without = max(bare.peak_mib.values(), default=math.nan)
+        print(
+            f"  the HTTP view and its page at {sizes[-1]:,} steps: peak RSS {with_page:.0f} MiB "
+            f"against {without:.0f} MiB without --http-port ({with_page - without:+.0f} MiB; "
+            f"goal: within 20 MiB); whole-tree CPU {large.cpu_s:.1f} s against {bare.cpu_s:.1f} s"
         )
         print("a cancel file created mid-build: cancel decision to build_end on disk:")
         for label, steps, speed, after_s in (
