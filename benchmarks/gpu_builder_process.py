@@ -47,9 +47,9 @@ def main(idle_s: float = 8.0, busy_s: float = 8.0) -> int:
     print(f"stand-in: {stand_in.stdout.readline().strip()} (pid {stand_in.pid})")
     monitor = BuildMonitor()
     monitor.start()
-    gpu = GpuSampler(monitor.log, reader)
+    gpu = GpuSampler(monitor, reader)
     gpu.watch(stand_in.pid)
-    process = ProcessSampler(monitor.log, pid=stand_in.pid)
+    process = ProcessSampler(monitor, pid=stand_in.pid)
     print("  t(s)  process GPU MiB  card GPU %  process CPU %  verdict")
     began = time.monotonic()
     while stand_in.poll() is None:

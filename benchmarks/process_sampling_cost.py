@@ -24,8 +24,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.process import ProcessReader, ProcessSampler
-from trt_otel.core.log import EventLog
 
 QUICK = "quick" in sys.argv[1:]
 SAMPLES = 100 if QUICK else 400
@@ -59,7 +59,7 @@ def per_sample_cpu_ms(samples: int) -> tuple[float, float, float, int]:
             reader.read(time.monotonic())
         read_ms = (time.thread_time() - started) / samples * 1e3
 
-        sampler = ProcessSampler(EventLog(), interval_s=1.0, pid=child.pid)
+        sampler = ProcessSampler(BuildMonitor(), interval_s=1.0, pid=child.pid)
         sampler.sample_once()
         started, wall = time.thread_time(), time.perf_counter()
         threads = 0

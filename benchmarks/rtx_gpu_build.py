@@ -70,7 +70,7 @@ def build_one(
         monitor.log.follow(JournalWriter(journal_dir / f"{name}.jsonl"))
     reader, line = open_reader()
     print(f"{name}: {line}", file=sys.stderr)
-    sampler = GpuSampler(monitor.log, reader, interval_s=0.2) if reader is not None else None
+    sampler = GpuSampler(monitor, reader, interval_s=0.2) if reader is not None else None
     began = time.monotonic()
     if sampler is not None:
         sampler.start()

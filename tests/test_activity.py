@@ -24,7 +24,6 @@ from trt_otel import BuildMonitor, ManualClock, ProcessSample
 from trt_otel.capture.process import ProcessSampler
 from trt_otel.control.policies import BuildView, MemoryGuard, Stall
 from trt_otel.core.activity import IDLE_AFTER_S, Verdict
-from trt_otel.core.log import EventLog
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.sizes import SizeError, format_bytes, parse_size
 from trt_otel.views.http import status_document
@@ -44,7 +43,7 @@ def sampled_build(clock: ManualClock) -> BuildMonitor:
 
 def sample(monitor: BuildMonitor, status: str = "sleeping", cpu: float = 0.0, rss_mib: int = 300,
            cpu_s: float = 1.0) -> None:  # fmt: skip
-    monitor.log.append(
+    monitor.sample(
         ProcessSample, pid=1234, status=status, cpu_percent=cpu, cpu_seconds=cpu_s,
         rss_bytes=rss_mib * MIB, available_bytes=8 << 30,
     )  # fmt: skip
@@ -250,7 +249,7 @@ def test_the_sampler_tells_a_busy_process_from_an_idle_stopped_and_gone_one(
 ) -> None:
     monitor = BuildMonitor()
     monitor.start()
-    sampler = ProcessSampler(monitor.log, pid=child.pid)
+    sampler = ProcessSampler(monitor, pid=child.pid)
     samples_until(sampler, Verdict.WORKING, monitor, cpu_above=50)
     last = monitor.state.activity.last_sample
     assert last is not None and last.cpu_percent is not None and last.cpu_percent > 50
@@ -273,8 +272,7 @@ def test_the_sampler_tells_a_busy_process_from_an_idle_stopped_and_gone_one(
 def test_the_sampler_samples_on_its_own_thread_once_it_knows_the_process(
     child: subprocess.Popen[bytes],
 ) -> None:
-    log = EventLog()
-    sampler = ProcessSampler(log, interval_s=0.05).start()
+    sampler = ProcessSampler(BuildMonitor(), interval_s=0.05).start()
     try:
         assert sampler.sample_once() is None, "no process named yet"
         sampler.watch(child.pid)
@@ -291,7 +289,7 @@ def test_no_sample_follows_the_builds_end(child: subprocess.Popen[bytes]) -> Non
     monitor = BuildMonitor()
     monitor.start()
     sampler = ProcessSampler(
-        monitor.log, pid=child.pid, build_open=lambda: monitor.state.outcome is None
+        monitor, pid=child.pid, build_open=lambda: monitor.state.outcome is None
     )
     assert sampler.sample_once() is not None
     monitor.end()
@@ -302,7 +300,7 @@ def test_no_sample_follows_the_builds_end(child: subprocess.Popen[bytes]) -> Non
 
 def test_a_process_that_cannot_be_read_is_said_once() -> None:
     said: list[str] = []
-    sampler = ProcessSampler(EventLog(), warn=said.append, pid=2**22 + 12345)
+    sampler = ProcessSampler(BuildMonitor(), warn=said.append, pid=2**22 + 12345)
     assert sampler.sample_once() is None
     assert len(said) == 1 and "reading the builder's process failed" in said[0]
 

@@ -77,7 +77,7 @@ def sampled_build(reader: RecordedReader, warnings: list[str]) -> tuple[BuildMon
     monitor = BuildMonitor(clock=clock)
     collector = CollectingFollower()
     monitor.log.follow(collector, min_interval_s=0.0)
-    sampler = GpuSampler(monitor.log, reader, interval_s=1.0, warn=warnings.append)
+    sampler = GpuSampler(monitor, reader, interval_s=1.0, warn=warnings.append)
     next_sample = [0.0]
     elapsed = [0.0]
 
@@ -150,7 +150,7 @@ def test_a_failing_reader_costs_samples_not_the_build() -> None:
 def test_the_sampler_thread_samples_and_stops(tmp_path: Path) -> None:
     reader = RecordedReader(rising_series(5))
     monitor = BuildMonitor()
-    with GpuSampler(monitor.log, reader, interval_s=0.01) as sampler:
+    with GpuSampler(monitor, reader, interval_s=0.01) as sampler:
         monitor.start()
         deadline = time.monotonic() + 30
         while sampler.samples < 5:
@@ -161,7 +161,7 @@ def test_the_sampler_thread_samples_and_stops(tmp_path: Path) -> None:
     assert monitor.state.gpu is not None and monitor.state.gpu.index == 0
     assert sum(1 for e in monitor.log.recent() if isinstance(e, GpuSample)) == count
     with pytest.raises(ValueError, match="longer than 0s"):
-        GpuSampler(monitor.log, reader, interval_s=0)
+        GpuSampler(monitor, reader, interval_s=0)
 
 
 def test_gauges_show_the_latest_sample_and_pass_promtool() -> None:
@@ -175,7 +175,7 @@ def test_gauges_show_the_latest_sample_and_pass_promtool() -> None:
     server = MetricsServer(metrics_registry(MetricSources(monitor)), 0)
     try:
         monitor.start()
-        GpuSampler(monitor.log, reader).sample_once()
+        GpuSampler(monitor, reader).sample_once()
         text = generate_latest(server.registry).decode()
     finally:
         server.close()
@@ -196,7 +196,7 @@ def test_samples_survive_the_journal(tmp_path: Path) -> None:
     monitor = BuildMonitor()
     monitor.log.follow(JournalWriter(tmp_path / "gpu.jsonl"))
     monitor.start()
-    sample = GpuSampler(monitor.log, reader).sample_once()
+    sample = GpuSampler(monitor, reader).sample_once()
     monitor.end()
     monitor.close()
     (recorded,) = [e for e in read_journal(tmp_path / "gpu.jsonl").events if e.type == "gpu"]
@@ -251,7 +251,7 @@ def test_the_builders_own_gpu_memory_joins_the_sample_once_its_process_is_known(
     monitor = BuildMonitor()
     monitor.log.follow(JournalWriter(tmp_path / "gpu.jsonl"))
     monitor.start()
-    sampler = GpuSampler(monitor.log, reader)
+    sampler = GpuSampler(monitor, reader)
     before = sampler.sample_once()
     sampler.watch(4242)
     after = sampler.sample_once()

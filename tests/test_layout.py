@@ -210,3 +210,31 @@ def test_the_command_line_imports_no_room_a_build_does_not_ask_for() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def _producer_calls(path: Path) -> Iterator[str]:
+    """Calls of an event log's producer (``log.append``, ``self.log.append``, ...) in ``path``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        receiver = node.func.value
+        name = receiver.attr if isinstance(receiver, ast.Attribute) else getattr(receiver, "id", "")
+        if node.func.attr == "append" and name in ("log", "_log", "event_log"):
+            yield f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+
+
+def test_the_monitor_is_the_only_producer_of_the_log() -> None:
+    """Every event enters the log through the build's monitor, which checks it against the
+    protocol first and stamps it with the time and thread it was made at; the samplers, a
+    program's builds and a followed build go through it too."""
+    monitor = PACKAGE / "capture" / "monitor.py"
+    assert list(_producer_calls(monitor)), "the monitor itself produces through log.append"
+    others = [
+        call for path in modules().values() if path != monitor for call in _producer_calls(path)
+    ]
+    assert others == []
+    log_source = (PACKAGE / "core" / "log.py").read_text(encoding="utf-8")
+    for removed in ("def append_locked", "def append_made", "def append_at", "def extend",
+                    "self.stamp"):  # fmt: skip
+        assert removed not in log_source, f"a second way into the log: {removed}"

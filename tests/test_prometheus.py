@@ -214,7 +214,7 @@ def test_every_dashboard_expression_returns_data_during_a_build(
     server = MetricsServer(metrics_registry(MetricSources(monitor)), exporter_port)
     build = SlowBuild(monitor, speed=0.5)
     # No GPU here: a recorded series stands in for NVML, so the GPU panels have data too.
-    sampler = GpuSampler(monitor.log, RecordedGpu(), interval_s=0.2)
+    sampler = GpuSampler(monitor, RecordedGpu(), interval_s=0.2)
     build.thread.start()
     sampler.start()
     try:

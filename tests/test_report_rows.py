@@ -50,7 +50,7 @@ def build(calls: list[tuple[Any, ...]], *, end: bool = True) -> list[Event]:
         elif call[0] == "wait":
             clock.advance(call[1])
         else:
-            monitor.log.append(ProcessSample, pid=1, status="running", rss_bytes=call[1])
+            monitor.sample(ProcessSample, pid=1, status="running", rss_bytes=call[1])
     if end:
         monitor.end()
     return monitor.log.recent()

@@ -396,7 +396,7 @@ def test_gpu_samples_are_drawn_over_time(
     page.get(server.url + "/")
     wait_for("the page", lambda: text_of(page, "link") == "live")
     assert not visible(page, "gpu")  # nothing sampled, nothing shown
-    with GpuSampler(monitor.log, RisingGpu(), interval_s=0.05):
+    with GpuSampler(monitor, RisingGpu(), interval_s=0.05):
         wait_for("ten samples", lambda: "100% busy" in text_of(page, "gpu-now"))
     assert text_of(page, "gpu-now") == "GPU 0 · 100% busy · 8.0 of 80 GiB used"
     points = str(page.find_element(By.ID, "gpu-util-line").get_attribute("points")).split()

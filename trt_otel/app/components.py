@@ -168,12 +168,10 @@ def sampling(
         samplers: list[ProcessSampler | GpuSampler] = []
         if gpu is not None:
             gpu_sampler = GpuSampler(
-                monitor.log, gpu, interval_s=interval_s, warn=warn, build_open=build_open
+                monitor, gpu, interval_s=interval_s, warn=warn, build_open=build_open
             )
             samplers.append(stack.enter_context(gpu_sampler))
-        builder = ProcessSampler(
-            monitor.log, interval_s=interval_s, warn=warn, build_open=build_open
-        )
+        builder = ProcessSampler(monitor, interval_s=interval_s, warn=warn, build_open=build_open)
         samplers.append(stack.enter_context(builder))
 
         def watch(pid: int) -> None:

@@ -34,6 +34,7 @@ from trt_otel.app.components import (
 )
 from trt_otel.app.config import SessionConfig, UsageError, supervises
 from trt_otel.capture.liveness import DEFAULT_LOST_AFTER_S, Writer
+from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.process import ProcessSampler
 from trt_otel.capture.watch import follow_journal
 from trt_otel.control.policies import PolicyRunner
@@ -50,7 +51,6 @@ from trt_otel.core.journal import (
     encode_events,
     parse_header,
 )
-from trt_otel.core.log import EventLog
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.state import BuildState
 from trt_otel.views.terminal import say, warn
@@ -71,8 +71,9 @@ class RemoteBuild:
     def __init__(
         self, control_file: Path | None, *, started: BuildStarted, model: ReadModel
     ) -> None:
-        self.log = EventLog()
-        model.fold_of(self.log)
+        # Its monitor only mirrors the build's own events: it answers no callback.
+        self._mirror = BuildMonitor(model=model, backend="none")
+        self.log = self._mirror.log
         self.model = model
         self.build_id = started.build_id
         self.control_file = control_file
@@ -127,7 +128,7 @@ class RemoteBuild:
     def feed(self, events: Sequence[Event]) -> None:
         """Append the build's events as they were recorded. A gap in ``seq`` (events its writer
         lost, which the reader has reported) continues from the next event's ``seq``."""
-        self.log.extend(list(events), resync=True)
+        self._mirror.mirror(events)
 
 
 def first_event(
@@ -321,7 +322,7 @@ def _sample_the_writer(
 
     interval_s = config.observe.sample_interval_s
     stack.enter_context(
-        ProcessSampler(monitor.log, interval_s=interval_s, warn=warn, pid=writer.pid, record=record)
+        ProcessSampler(None, interval_s=interval_s, warn=warn, pid=writer.pid, record=record)
     )
 
 

@@ -20,10 +20,12 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trt_otel.core.events import GpuSample
-from trt_otel.core.log import EventLog
+
+if TYPE_CHECKING:
+    from trt_otel.capture.monitor import BuildMonitor
 
 _logger = logging.getLogger(__name__)
 
@@ -181,11 +183,12 @@ def open_reader(device: str | None = None) -> tuple[NvmlReader | None, str]:
 
 
 class GpuSampler:
-    """Appends a ``gpu`` event to ``log`` every ``interval_s``, on its own thread."""
+    """Records a ``gpu`` event through the build's ``monitor`` every ``interval_s``, on its own
+    thread."""
 
     def __init__(
         self,
-        log: EventLog,
+        monitor: BuildMonitor,
         reader: GpuReader,
         *,
         interval_s: float = 1.0,
@@ -196,7 +199,7 @@ class GpuSampler:
         that no sample follows its end."""
         if not interval_s > 0:
             raise ValueError("the sampling interval must be longer than 0s")
-        self.log = log
+        self.monitor = monitor
         self.reader = reader
         self.build_open = build_open
         self.interval_s = interval_s
@@ -245,12 +248,11 @@ class GpuSampler:
                     "further failures are only counted"
                 )
             return None
-        with self.log.lock:
-            if self.build_open is not None and not self.build_open():
-                return None
+        fields = dataclasses.asdict(reading)
+        sample = self.monitor.sample(GpuSample, self.build_open, index=self.reader.index, **fields)
+        if sample is not None:
             self.samples += 1
-            fields = dataclasses.asdict(reading)
-            return self.log.append_locked(GpuSample, index=self.reader.index, **fields)
+        return sample
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import msgspec
 
@@ -57,6 +57,11 @@ from trt_otel.core.state import BuildState
 
 _logger = logging.getLogger(__name__)
 
+E = TypeVar("E", bound=Event)
+Stamp = tuple[int, int, str]
+"""When and where an event was made: (wall_ns, mono_ns, thread)."""
+BuildOpen = Callable[[], bool]
+"""Whether the build is still open (asked under the log's lock): no sample follows its end."""
 CancelListener = Callable[[CancelRequested], None]
 CallbackRecord = tuple[Any, ...]
 """A callback made elsewhere: its kind (``phase_start``, ``step``, ``phase_finish``, ``log``,
@@ -130,12 +135,27 @@ class BuildMonitor(ProgressMonitorBase):
     def start(self, **attributes: Any) -> None:
         """Record the build's start (done implicitly by the first callback if not called)."""
         with self.log.lock:
-            self._start_locked(attributes)
+            self._start_locked(self._now(), attributes)
 
-    def _start_locked(self, extra: Mapping[str, Any] | None = None) -> None:
+    def start_at(self, wall_ns: int, mono_ns: int, thread: str) -> None:
+        """Record the build's start at the time it began elsewhere (a program's build, which
+        began when the program called the builder, not when its message arrived)."""
+        with self.log.lock:
+            self._start_locked((wall_ns, mono_ns, thread))
+
+    def _now(self) -> Stamp:
+        """The time and thread of an event made here, now (the caller holds the log's lock:
+        the log's order is the time's)."""
+        clock = self.log.clock
+        return clock.wall_ns(), clock.mono_ns(), current_thread_name()
+
+    def _append(self, stamp: Stamp, make: Callable[..., E], /, **fields: Any) -> E:
+        return self.log.append(make, *stamp, **fields)
+
+    def _start_locked(self, stamp: Stamp, extra: Mapping[str, Any] | None = None) -> None:
         if self.state.build_id is None:
             attributes = {**self._attributes, **(extra or {})}
-            self.log.append_locked(BuildStarted, build_id=self.build_id, attributes=attributes)
+            self._append(stamp, BuildStarted, build_id=self.build_id, attributes=attributes)
 
     def end(
         self, outcome: Outcome | None = None, detail: str = "", error_type: str | None = None
@@ -146,12 +166,14 @@ class BuildMonitor(ProgressMonitorBase):
         cancel was one) and any other as a success. Calling it again changes nothing.
         """
         with self.log.lock:
-            return self._end_locked(outcome, detail, error_type)
+            return self._end_locked(self._now(), outcome, detail, error_type)
 
-    def _end_locked(self, outcome: Outcome | None, detail: str, error_type: str | None) -> Outcome:
+    def _end_locked(
+        self, stamp: Stamp, outcome: Outcome | None, detail: str, error_type: str | None
+    ) -> Outcome:
         if self.state.outcome is not None:
             return self.state.outcome
-        self._start_locked()
+        self._start_locked(stamp)
         self._release_cancel_locked()
         cancel = self.state.cancel
         if outcome is None:
@@ -163,7 +185,7 @@ class BuildMonitor(ProgressMonitorBase):
             detail = cancel.reason
         if error_type is None and outcome is Outcome.TIMEOUT:
             error_type = "timeout"
-        self.log.append_locked(BuildFinished, outcome=outcome, detail=detail, error_type=error_type)
+        self._append(stamp, BuildFinished, outcome=outcome, detail=detail, error_type=error_type)
         self._ended = True
         return outcome
 
@@ -175,12 +197,35 @@ class BuildMonitor(ProgressMonitorBase):
         """Record what the build produced (``engine.sha256``, ...), before its end: a
         :class:`~trt_otel.core.events.BuildOutput` event. Once the build ended, nothing."""
         with self.log.lock:
-            self._output_locked(attributes)
+            self._output_locked(self._now(), attributes)
 
-    def _output_locked(self, attributes: dict[str, Any]) -> None:
+    def _output_locked(self, stamp: Stamp, attributes: dict[str, Any]) -> None:
         if self._ended or self.state.build_id is None:
             return
-        self.log.append_locked(BuildOutput, attributes=dict(attributes))
+        self._append(stamp, BuildOutput, attributes=dict(attributes))
+
+    def sample(
+        self, make: Callable[..., E], build_open: BuildOpen | None = None, /, **fields: Any
+    ) -> E | None:
+        """Record a reading of the builder's process or its GPU (a sampler's thread), stamped
+        now; nothing when ``build_open`` (asked under the log's lock) says the build ended, so
+        that no sample follows its end."""
+        with self.log.lock:
+            if build_open is not None and not build_open():
+                return None
+            return self._append(self._now(), make, **fields)
+
+    def mirror(self, events: Iterable[Event]) -> None:
+        """Take events numbered by the log they were recorded in (a build followed through
+        its journal or its event stream), keeping their ``seq`` and stamps, so that what is
+        served from here has the build's own numbers. An event already taken is skipped; a
+        jump forward (events that log's reader lost, and reported) continues from it."""
+        log = self.log
+        with log.batch():
+            for event in events:
+                if event.seq >= log.next_seq:
+                    log.append(_as_is(event), event.wall_ns, event.mono_ns, event.thread,
+                               seq=event.seq)  # fmt: skip
 
     def close(self, timeout_s: float = 5.0) -> bool:
         """Flush and stop every follower of the log; True if they all finished in time."""
@@ -225,17 +270,20 @@ class BuildMonitor(ProgressMonitorBase):
             with self._cancel_lock:
                 if self._cancelled:
                     return False
-                clock = self.log.clock
-                stamp = (clock.wall_ns(), clock.mono_ns(), current_thread_name())
-                event = CancelRequested(-1, *stamp, reason, source, timeout, policy)
+                event = CancelRequested(-1, *self._now(), reason, source, timeout, policy)
                 self._held_cancel = event
                 self._cancelled = True
         else:
             with self.log.lock, self._cancel_lock:
                 if self._cancelled:
                     return False
-                event = self.log.append_locked(
-                    CancelRequested, reason=reason, source=source, timeout=timeout, policy=policy
+                event = self._append(
+                    self._now(),
+                    CancelRequested,
+                    reason=reason,
+                    source=source,
+                    timeout=timeout,
+                    policy=policy,
                 )
                 self._cancelled = True
         for listener in self._cancel_listeners:
@@ -267,18 +315,14 @@ class BuildMonitor(ProgressMonitorBase):
             held, self._held_cancel = self._held_cancel, None
         if held is None:
             return
-        log = self.log
-        saved, log.stamp = log.stamp, (held.wall_ns, held.mono_ns, held.thread)
-        try:
-            log.append_locked(
-                CancelRequested,
-                reason=held.reason,
-                source=held.source,
-                timeout=held.timeout,
-                policy=held.policy,
-            )
-        finally:
-            log.stamp = saved
+        self._append(  # at the time it was decided
+            (held.wall_ns, held.mono_ns, held.thread),
+            CancelRequested,
+            reason=held.reason,
+            source=held.source,
+            timeout=held.timeout,
+            policy=held.policy,
+        )
 
     # -- TensorRT's callbacks (builder threads) -------------------------------------------------
 
@@ -417,7 +461,7 @@ class BuildMonitor(ProgressMonitorBase):
         make = self._plain_event(record)
         if make is not None:
             try:
-                self.log.append_at(make, *record[1:])
+                self.log.append(make, *record[1:])
             except BaseException as caught:
                 return caught
             return None
@@ -455,60 +499,57 @@ class BuildMonitor(ProgressMonitorBase):
     def _checked_locked(self, record: CallbackRecord) -> BaseException | None:
         """A record the fast path did not take: its arguments checked and coerced, what is
         wrong recorded as anomalies, every event stamped with the record's time and thread."""
-        log = self.log
         try:
             kind, wall_ns, mono_ns, thread, *arguments = record
-            log.stamp = (wall_ns, mono_ns, thread)
+            stamp: Stamp = (wall_ns, mono_ns, thread)
             if kind == "step":
-                self._step_locked(*arguments)
+                self._step_locked(stamp, *arguments)
             elif kind == "phase_start":
-                self._phase_start_locked(*arguments)
+                self._phase_start_locked(stamp, *arguments)
             elif kind == "phase_finish":
-                self._phase_finish_locked(*arguments)
+                self._phase_finish_locked(stamp, *arguments)
             elif kind == "log":
                 severity, message = arguments
-                log.append_locked(LogMessage, severity=str(severity), message=str(message))
+                self._append(stamp, LogMessage, severity=str(severity), message=str(message))
             elif kind == "end":
                 outcome, detail, error_type = arguments
-                self._end_locked(Outcome(outcome), detail, error_type)
+                self._end_locked(stamp, Outcome(outcome), detail, error_type)
             elif kind == "output":
                 (attributes,) = arguments
                 if isinstance(attributes, dict):
-                    self._output_locked(attributes)
+                    self._output_locked(stamp, attributes)
             elif kind == "event":
                 (event,) = arguments
                 self._recorded_locked(event)
         except BaseException as caught:
             return caught
-        finally:
-            log.stamp = None
         return None
 
     def _phase_start_locked(
-        self, phase_name: object, parent_phase: object, num_steps: object
+        self, stamp: Stamp, phase_name: object, parent_phase: object, num_steps: object
     ) -> None:
-        self._before_callback()
-        name = self._text(phase_name, "phase_name")
-        parent = None if parent_phase is None else self._text(parent_phase, "parent_phase")
-        steps = self._count(num_steps, "num_steps", name)
+        self._before_callback(stamp)
+        name = self._text(stamp, phase_name, "phase_name")
+        parent = None if parent_phase is None else self._text(stamp, parent_phase, "parent_phase")
+        steps = self._count(stamp, num_steps, "num_steps", name)
         for kind, detail in self.state.check_phase_start(name, parent):
-            self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
-        self.log.append_made(PhaseStarted, name, parent, steps)
+            self._append(stamp, Anomaly, kind=kind, detail=detail, phase=name)
+        self.log.append(PhaseStarted, *stamp, name, parent, steps)
 
-    def _step_locked(self, phase_name: object, step: object) -> None:
-        self._before_callback()
-        name = self._text(phase_name, "phase_name")
-        number = self._count(step, "step", name, minimum=None)
+    def _step_locked(self, stamp: Stamp, phase_name: object, step: object) -> None:
+        self._before_callback(stamp)
+        name = self._text(stamp, phase_name, "phase_name")
+        number = self._count(stamp, step, "step", name, minimum=None)
         for kind, detail in self.state.check_step(name, number):
-            self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
-        self.log.append_made(StepCompleted, name, number)
+            self._append(stamp, Anomaly, kind=kind, detail=detail, phase=name)
+        self.log.append(StepCompleted, *stamp, name, number)
 
-    def _phase_finish_locked(self, phase_name: object) -> None:
-        self._before_callback()
-        name = self._text(phase_name, "phase_name")
+    def _phase_finish_locked(self, stamp: Stamp, phase_name: object) -> None:
+        self._before_callback(stamp)
+        name = self._text(stamp, phase_name, "phase_name")
         for kind, detail in self.state.check_phase_finish(name):
-            self.log.append_locked(Anomaly, kind=kind, detail=detail, phase=name)
-        self.log.append_made(PhaseFinished, name)
+            self._append(stamp, Anomaly, kind=kind, detail=detail, phase=name)
+        self.log.append(PhaseFinished, *stamp, name)
 
     def _recorded_locked(self, event: Event) -> None:
         """An event a recorder elsewhere made itself, appended as it is (numbered in this log).
@@ -518,38 +559,43 @@ class BuildMonitor(ProgressMonitorBase):
                 if self._cancelled:
                     return  # only the first cancel is an event
                 self._cancelled = True
-        self.log.append_at(_renumbered(event), event.wall_ns, event.mono_ns, event.thread)
+        self.log.append(_renumbered(event), event.wall_ns, event.mono_ns, event.thread)
 
     # -- helpers (called with the log's lock held) ---------------------------------------------
 
-    def _before_callback(self) -> None:
+    def _before_callback(self, stamp: Stamp) -> None:
         if self._ended:
-            self.log.append_locked(
+            self._append(
+                stamp,
                 Anomaly,
                 kind=AnomalyKind.CALLBACK_OUTSIDE_BUILD,
                 detail="a callback arrived after the build ended; one monitor serves one build",
             )
         else:
-            self._start_locked()
+            self._start_locked(stamp)
 
-    def _text(self, value: object, argument: str) -> str:
+    def _text(self, stamp: Stamp, value: object, argument: str) -> str:
         if type(value) is str:
             return value
-        self.log.append_locked(
+        self._append(
+            stamp,
             Anomaly,
             kind=AnomalyKind.INVALID_ARGUMENT,
             detail=f"{argument} is a {type(value).__name__}, not a str",
         )
         return str(value)
 
-    def _count(self, value: object, argument: str, phase: str, minimum: int | None = 1) -> int:
+    def _count(
+        self, stamp: Stamp, value: object, argument: str, phase: str, minimum: int | None = 1
+    ) -> int:
         try:
             number = int(value)  # type: ignore[call-overload]
             assert isinstance(number, int)
         except (TypeError, ValueError, OverflowError):
             number = 0
         if type(value) is not int or (minimum is not None and number < minimum):
-            self.log.append_locked(
+            self._append(
+                stamp,
                 Anomaly,
                 kind=AnomalyKind.INVALID_ARGUMENT,
                 detail=f"{argument} {value!r} is not a valid count",
@@ -571,7 +617,8 @@ class BuildMonitor(ProgressMonitorBase):
         if isinstance(error, KeyboardInterrupt):
             return True
         with contextlib.suppress(BaseException):
-            self.log.append_locked(
+            self._append(
+                self._now(),
                 Anomaly,
                 kind=AnomalyKind.MONITOR_ERROR,
                 detail=f"{callback}: {type(error).__name__}: {error}",
@@ -581,8 +628,17 @@ class BuildMonitor(ProgressMonitorBase):
         return False
 
 
+def _as_is(event: Event) -> Callable[..., Event]:
+    """Makes ``event`` as it is (its ``seq`` kept: see :meth:`EventLog.append`)."""
+
+    def make(*_numbered: object) -> Event:
+        return event
+
+    return make
+
+
 def _renumbered(event: Event) -> Callable[..., Event]:
-    """Makes ``event`` again with the ``seq`` a log gives it (see :meth:`EventLog.append_at`)."""
+    """Makes ``event`` again with the ``seq`` a log gives it (see :meth:`EventLog.append`)."""
 
     def make(seq: int, *_stamp: object) -> Event:
         return msgspec.structs.replace(event, seq=seq)

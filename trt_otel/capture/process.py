@@ -13,11 +13,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import psutil
 
+from trt_otel.core.clock import SYSTEM_CLOCK
 from trt_otel.core.events import ProcessSample
-from trt_otel.core.log import EventLog
+
+if TYPE_CHECKING:
+    from trt_otel.capture.monitor import BuildMonitor, BuildOpen
 
 _logger = logging.getLogger(__name__)
 
@@ -83,32 +87,25 @@ Record = Callable[[int, dict[str, object]], ProcessSample | None]
 not recorded, the build has ended)."""
 
 
-BuildOpen = Callable[[], bool]
-"""Whether the build is still open (asked under the log's lock): no sample follows its end."""
-
-
-def appending_to(log: EventLog, build_open: BuildOpen | None = None) -> Record:
-    """Each reading appended to ``log`` as a ``process`` event (journaled, replayed, projected),
-    while ``build_open`` says the build has not ended."""
+def appending_to(monitor: BuildMonitor, build_open: BuildOpen | None = None) -> Record:
+    """Each reading recorded by ``monitor`` as a ``process`` event (journaled, replayed,
+    projected), while ``build_open`` says the build has not ended."""
 
     def record(pid: int, fields: dict[str, object]) -> ProcessSample | None:
-        with log.lock:
-            if build_open is not None and not build_open():
-                return None
-            return log.append_locked(ProcessSample, pid=pid, **fields)
+        return monitor.sample(ProcessSample, build_open, pid=pid, **fields)
 
     return record
 
 
 class ProcessSampler:
     """Records a ``process`` event every ``interval_s``, on its own thread, for the process
-    :meth:`watch` names (none until then): appended to ``log``, or handed to ``record`` (a
-    follower of a journal cannot add to the build's own log). A process that is gone is said
-    once, and sampling stops."""
+    :meth:`watch` names (none until then): recorded by the build's ``monitor``, or handed to
+    ``record`` (a follower of a journal cannot add to the build's own log). A process that is
+    gone is said once, and sampling stops."""
 
     def __init__(
         self,
-        log: EventLog,
+        monitor: BuildMonitor | None,
         *,
         interval_s: float = 1.0,
         warn: Warn | None = None,
@@ -118,8 +115,12 @@ class ProcessSampler:
     ) -> None:
         if not interval_s > 0:
             raise ValueError("the sampling interval must be longer than 0s")
-        self.log = log
-        self._record = record or appending_to(log, build_open)
+        if record is None:
+            if monitor is None:
+                raise ValueError("a sampler needs a monitor to record its samples, or a record")
+            record = appending_to(monitor, build_open)
+        self._record = record
+        self._clock = monitor.log.clock if monitor is not None else SYSTEM_CLOCK
         self.interval_s = interval_s
         self.samples = 0
         self.errors = 0
@@ -161,7 +162,7 @@ class ProcessSampler:
         if reader is None:
             return None
         try:
-            reading = reader.read(self.log.clock.mono_ns() / 1e9)
+            reading = reader.read(self._clock.mono_ns() / 1e9)
             reading["available_bytes"] = psutil.virtual_memory().available
         except Exception as error:  # a failing read costs this sample, nothing else
             self._fail(error)

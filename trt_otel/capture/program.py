@@ -195,13 +195,8 @@ class ProgramBuilds:
         # the cancel, the end), not every phase a long run makes; the views' model keeps theirs.
         monitor = BuildMonitor(log=self.log, attributes=build.attributes, forget_closed=True)
         build.monitor = self.latest = monitor
-        with self.log.lock:
-            # The build began when the program called it, not when its message arrived.
-            self.log.stamp = (*build.began, "MainThread")
-            try:
-                monitor._start_locked()
-            finally:
-                self.log.stamp = None
+        # The build began when the program called it, not when its message arrived.
+        monitor.start_at(*build.began, "MainThread")
         self._say(_describe(build))
 
         def pass_cancel_on(event: CancelRequested) -> None:

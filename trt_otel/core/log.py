@@ -1,12 +1,13 @@
 """The append-only event log: the single source of truth of a build.
 
-Producers (the monitor's callbacks, cancel policies, the CLI) append under one short lock, which
-assigns each event its ``seq`` and so fixes a single order. Inside that lock the log runs its
-*folds*: pure, O(1) projections such as :class:`~trt_otel.core.state.BuildState` that must see every
-event before the next is appended. Everything slow is a *follower*: it gets its own bounded queue
-and thread (see :mod:`trt_otel.core.followers`), so a follower that raises or hangs costs the
-callback
-thread nothing but a deque append.
+One producer (:meth:`EventLog.append`, called by the build's monitor alone, which checks every
+record against the protocol first) appends under one short lock, which assigns each event its
+``seq`` and so fixes a single order; every event comes with the time and thread it was made at.
+Inside that lock the log runs its *folds*: pure, O(1) projections such as
+:class:`~trt_otel.core.state.BuildState` that must see every event before the next is appended.
+Everything slow is a *follower*: it gets its own bounded queue and thread (see
+:mod:`trt_otel.core.followers`), so a follower that raises or hangs costs the callback thread
+nothing but a deque append.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class EventLog:
 
     def __init__(self, *, clock: Clock = SYSTEM_CLOCK, retain: int = DEFAULT_RETAINED_EVENTS):
         self.clock = clock
+        """The producer's clock (the log itself reads no time: every event comes stamped)."""
         self.lock = threading.Lock()
         """Held by :meth:`transaction`; the monitor's callbacks take it directly (a plain
         ``with`` costs less than a generator-based context manager on the hot path)."""
@@ -63,17 +65,38 @@ class EventLog:
         self._consumers: tuple[Callable[[list[Event]], None], ...] = ()
         self._batch: list[Event] | None = None
         """While :meth:`batch` is open: the events appended so far, for the followers."""
-        self.stamp: tuple[int, int, str] | None = None
-        """While set (under the lock), appends take this (wall_ns, mono_ns, thread) instead of
-        reading the clock: events recorded elsewhere (a build's worker process) keep the time
-        and thread at which they happened."""
 
     # -- producing -----------------------------------------------------------------------------
 
-    def append(self, cls: type[E], /, **fields: Any) -> E:
-        """Stamp, number and record one event; returns it. Safe from any thread."""
-        with self.lock:
-            return self.append_locked(cls, **fields)
+    def append(
+        self,
+        make: Callable[..., E],
+        wall_ns: int,
+        mono_ns: int,
+        thread: str,
+        /,
+        *fields: Any,
+        seq: int | None = None,
+        **named: Any,
+    ) -> E:
+        """The log's one producer: number one event and record it, with the time and thread it
+        was made at (data, never read here). ``make`` is an event class (or makes one):
+        ``make(seq, wall_ns, mono_ns, thread, *fields, **named)``. The caller holds
+        :attr:`lock`; :class:`~trt_otel.capture.monitor.BuildMonitor` is the only caller
+        (``tests/test_layout.py``), which checks every callback against the protocol first.
+
+        ``seq``: an event numbered by the log it was first recorded in (a build followed from
+        elsewhere), which keeps it: it must not go back (a jump forward is events that log's
+        reader lost, and this log continues from it).
+        """
+        if seq is not None:
+            if seq < self._next_seq:
+                raise ValueError(f"event seq {seq} goes back in the log, at {self._next_seq}")
+            self._next_seq = seq
+        event = make(self._next_seq, wall_ns, mono_ns, thread, *fields, **named)
+        self._next_seq += 1
+        self._publish(event)
+        return event
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -115,62 +138,6 @@ class EventLog:
         self.fold_errors += 1
         if self.fold_errors == 1:
             _logger.exception(message, *arguments)
-
-    def append_locked(self, cls: type[E], /, **fields: Any) -> E:
-        """Like :meth:`append`, for a caller inside :meth:`transaction`."""
-        if self.stamp is None:
-            clock = self.clock
-            wall_ns, mono_ns, thread = clock.wall_ns(), clock.mono_ns(), current_thread_name()
-        else:
-            wall_ns, mono_ns, thread = self.stamp
-        event = cls(seq=self._next_seq, wall_ns=wall_ns, mono_ns=mono_ns, thread=thread, **fields)
-        self._next_seq += 1
-        self._publish(event)
-        return event
-
-    def append_made(self, make: Callable[..., E], /, *fields: Any) -> E:
-        """:meth:`append_locked` for the callbacks: ``make`` is an event class's
-        class (positional: ``seq``, ``wall_ns``, ``mono_ns``, ``thread``, then ``fields``)."""
-        if self.stamp is None:
-            clock = self.clock
-            event = make(
-                self._next_seq, clock.wall_ns(), clock.mono_ns(), current_thread_name(), *fields
-            )
-        else:
-            event = make(self._next_seq, *self.stamp, *fields)
-        self._next_seq += 1
-        self._publish(event)
-        return event
-
-    def append_at(
-        self, make: Callable[..., E], wall_ns: int, mono_ns: int, thread: str, /, *fields: Any
-    ) -> E:
-        """:meth:`append_made` of a callback made elsewhere, at its own time and thread (the
-        caller holds the lock)."""
-        event = make(self._next_seq, wall_ns, mono_ns, thread, *fields)
-        self._next_seq += 1
-        self._publish(event)
-        return event
-
-    def extend(self, events: list[Event], *, resync: bool = False) -> None:
-        """Append events recorded elsewhere (a replayed journal), keeping their stamps.
-
-        Their ``seq`` must continue this log's sequence, so a replay equals the live run. With
-        ``resync``, a jump forward (events the journal's writer lost, which its reader reports)
-        continues from the event's ``seq``, and an event already appended is skipped.
-        """
-        with self.lock:
-            for event in events:
-                if resync and event.seq != self._next_seq:
-                    if event.seq < self._next_seq:
-                        continue
-                    self._next_seq = event.seq
-                if event.seq != self._next_seq:
-                    raise ValueError(
-                        f"event seq {event.seq} does not continue the log at {self._next_seq}"
-                    )
-                self._next_seq += 1
-                self._publish(event)
 
     def _publish(self, event: Event) -> None:
         self._recent.append(event)
