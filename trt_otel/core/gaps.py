@@ -78,6 +78,11 @@ class Gaps:
         self._ends.append(gap.end_ns)
 
     @property
+    def any(self) -> bool:
+        """Whether a gap is kept (most fast builds have none)."""
+        return bool(self._kept)
+
+    @property
     def kept(self) -> list[Gap]:
         """The gaps kept, in time order (a copy)."""
         return list(self._kept)

@@ -165,14 +165,18 @@ class _Cover:
     def add(self, start_ns: int, end_ns: int, floor_ns: int) -> None:
         """A child's ``[start_ns, end_ns]``; no later child starts before ``floor_ns``."""
         intervals = self.intervals
-        bisect.insort(intervals, (start_ns, end_ns))
-        merged: list[tuple[int, int]] = []
-        for start, end in intervals:
-            if merged and start <= merged[-1][1]:
-                if end > merged[-1][1]:
-                    merged[-1] = (merged[-1][0], end)
-            else:
-                merged.append((start, end))
+        if not intervals or start_ns > intervals[-1][1]:  # the usual case: after the others
+            intervals.append((start_ns, end_ns))
+            merged = intervals
+        else:
+            bisect.insort(intervals, (start_ns, end_ns))
+            merged = []
+            for start, end in intervals:
+                if merged and start <= merged[-1][1]:
+                    if end > merged[-1][1]:
+                        merged[-1] = (merged[-1][0], end)
+                else:
+                    merged.append((start, end))
         while merged and merged[0][1] <= floor_ns:
             start, end = merged.pop(0)
             self.covered_ns += end - start
@@ -181,7 +185,10 @@ class _Cover:
     def total(self, more: Iterable[tuple[int, int]] = ()) -> int:
         """The time covered, with ``more`` intervals (the open children, up to now)."""
         covered, reach = self.covered_ns, None
-        for start, end in sorted([*self.intervals, *more]):
+        intervals = [*self.intervals, *more]
+        if not intervals:
+            return covered
+        for start, end in sorted(intervals):
             if reach is None or start > reach:
                 covered += end - start
                 reach = end
@@ -199,9 +206,10 @@ class _Open:
     path: PathKey | None
     """None: its row, or an ancestor's, was left out."""
     thread: str
-    cover: _Cover = field(default_factory=_Cover)
-    open_children: dict[int, int] = field(default_factory=dict)
-    """Its open children's ids, with their starts."""
+    cover: _Cover | None = None
+    """Made when its first child closes (most phases have none)."""
+    open_children: dict[int, int] | None = None
+    """Its open children's ids, with their starts (made when its first child starts)."""
 
 
 class RowFold:
@@ -242,6 +250,8 @@ class RowFold:
                         self._rows[path] = _Sums(index, path, None)
         self._open[phase.id] = _Open(phase, path, thread)
         if parent is not None:
+            if parent.open_children is None:
+                parent.open_children = {}
             parent.open_children[phase.id] = phase.start_mono_ns
 
     def closed(self, phase: Phase, gaps: Gaps, samples: Sequence[ProcessSample]) -> None:
@@ -254,17 +264,23 @@ class RowFold:
         parent = self._open.get(phase.parent_id) if phase.parent_id is not None else None
         if parent is not None:
             children = parent.open_children
-            children.pop(phase.id, None)
-            floor = min(children.values(), default=end_ns)
+            floor = end_ns
+            if children is not None:
+                children.pop(phase.id, None)
+                if children:
+                    floor = min(children.values())
+            if parent.cover is None:
+                parent.cover = _Cover()
             parent.cover.add(phase.start_mono_ns, end_ns, floor)
         if entry.path is not None:
+            start_ns = phase.start_mono_ns
             self._rows[entry.path].add(
                 phase,
                 end_ns,
-                entry.cover.total(),
+                0 if entry.cover is None else entry.cover.total(),
                 entry.thread,
-                gaps.overlapping(phase.start_mono_ns, end_ns),
-                peak_rss(samples, phase.start_mono_ns, end_ns),
+                gaps.overlapping(start_ns, end_ns) if gaps.any else (),
+                peak_rss(samples, start_ns, end_ns) if samples else None,
             )
 
     def rows(
@@ -287,7 +303,9 @@ class RowFold:
                 row = touched[entry.path] = _copy(sums[entry.path])
             phase = entry.phase
             start = phase.start_mono_ns
-            children = ((child_start, end_ns) for child_start in entry.open_children.values())
+            children = [
+                (child_start, end_ns) for child_start in (entry.open_children or {}).values()
+            ]
             overlaps = [
                 (gap, min(end_ns, gap.end_ns) - max(start, gap.start_ns))
                 for gap in silences  # each before now: those after the phase's start
@@ -296,7 +314,7 @@ class RowFold:
             row.add(
                 phase,
                 end_ns,
-                entry.cover.total(children),
+                (entry.cover or _Cover()).total(children),
                 entry.thread,
                 overlaps,
                 peak_rss(samples, start, end_ns),
