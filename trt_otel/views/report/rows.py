@@ -360,6 +360,8 @@ def _row(sums: _Sums, origin_ns: int, silent: set[int]) -> Row:
 
 def peak_rss(samples: Sequence[ProcessSample], start_ns: int, end_ns: int) -> int | None:
     """The largest resident set sampled in ``[start_ns, end_ns]`` (samples in time order)."""
+    if not samples or samples[-1].mono_ns < start_ns:  # none since it started (most phases)
+        return None
     low = bisect.bisect_left(samples, start_ns, key=lambda s: s.mono_ns)
     high = bisect.bisect_right(samples, end_ns, key=lambda s: s.mono_ns)
     return max((s.rss_bytes for s in samples[low:high] if s.rss_bytes is not None), default=None)
