@@ -9,6 +9,7 @@ inside a function too, since they are dependencies all the same.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -238,3 +239,16 @@ def test_the_monitor_is_the_only_producer_of_the_log() -> None:
     for removed in ("def append_locked", "def append_made", "def append_at", "def extend",
                     "self.stamp"):  # fmt: skip
         assert removed not in log_source, f"a second way into the log: {removed}"
+
+
+def test_every_module_is_named_on_the_architecture_page() -> None:
+    """docs/architecture.md names every module of the package in its room's list (a folder's
+    modules in the folder's entry), so a reader finds where each piece lives."""
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"(?<![\w.])([A-Za-z_][\w]*\.py)\b", page))
+    missing = [
+        str(path.relative_to(PACKAGE))
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.name != "__init__.py" and path.name not in named
+    ]
+    assert missing == []
