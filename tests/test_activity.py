@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -26,9 +27,9 @@ from trt_otel.control.policies import BuildView, MemoryGuard, Stall
 from trt_otel.core.activity import IDLE_AFTER_S, Verdict
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.sizes import SizeError, format_bytes, parse_size
-from trt_otel.views.http import status_document
 from trt_otel.views.prometheus import MetricSources, metrics_registry
 from trt_otel.views.spans import SpanProjection
+from trt_otel.views.status import status_document
 
 S = 1_000_000_000
 MIB = 1 << 20
@@ -319,7 +320,9 @@ def test_status_metrics_and_spans_carry_the_builder() -> None:
     model = ReadModel()
     model.handle(monitor.log.recent())
     now = clock.mono_ns()
-    builder = status_document(model, model.estimate_locked(now), now)["builder"]
+    builder = msgspec.to_builtins(status_document(model, model.estimate_locked(now), now))[
+        "builder"
+    ]
     assert builder["state"] == "stopped" and builder["rss_bytes"] == 350 * MIB
     assert builder["peak_rss_bytes"] == 400 * MIB and builder["cpu_percent"] == 0.0
     assert builder["since_s"] == 0.0

@@ -24,8 +24,9 @@ import pytest
 from trt_otel import BuildMonitor, Outcome, read_journal
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.core.readmodel import ReadModel
-from trt_otel.views.http import MAX_TREE_DEPTH, EventFeed, StatusServer
+from trt_otel.views.http import EventFeed, StatusServer
 from trt_otel.views.prometheus import MetricSources, MetricsServer, metrics_registry
+from trt_otel.views.status import MAX_TREE_DEPTH
 from waiting import wait_until
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
@@ -805,3 +806,38 @@ def test_status_says_how_a_failed_build_failed(served: tuple[BuildMonitor, Statu
     assert (status["outcome"], status["detail"], status["error_type"]) == (
         "failure", "out of GPU memory", "OutOfMemory",
     )  # fmt: skip
+
+
+def test_the_status_schema_is_the_one_published_and_the_documents_follow_it(
+    served: tuple[BuildMonitor, StatusServer],
+) -> None:
+    """docs/schemas/status.schema.json is the schema derived from the typed document (regenerate
+    it with ``python -m trt_otel.views.status``), the view serves it, and a build's /status
+    validates against it, running and ended."""
+    import jsonschema
+
+    from trt_otel.views.status import schema_text
+
+    monitor, server = served
+    published = Path(__file__).resolve().parents[1] / "docs" / "schemas" / "status.schema.json"
+    assert published.read_text(encoding="utf-8") == schema_text()
+    schema = get_json(f"{server.url}/status.schema.json")
+    assert schema == json.loads(schema_text())
+    monitor.phase_start("Building engine", None, 2)
+    for _ in range(2):
+        monitor.phase_start("Timing", "Building engine", 1)
+        monitor.phase_finish("Timing")
+    monitor.phase_start("Optimizing", "Building engine", 3)
+    monitor.cancel("enough", source="user")
+    assert monitor.log.flush(10)
+    document = get_json(f"{server.url}/status")
+    jsonschema.validate(document, schema)
+    children = document["phases"][0]["children"]
+    assert [(n["kind"], n["name"]) for n in children] == [
+        ("group", "Timing"),
+        ("phase", "Optimizing"),
+    ]
+    assert children[0]["count"] == 2 and document["cancel"]["source"] == "user"
+    monitor.end()
+    assert monitor.log.flush(10)
+    jsonschema.validate(get_json(f"{server.url}/status"), schema)

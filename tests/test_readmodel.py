@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from rich.console import Console
 
@@ -24,8 +25,8 @@ from trt_otel.core.log import EventLog
 from trt_otel.core.readmodel import ReadModel, SiblingGroup, TreeNode
 from trt_otel.core.state import BuildState, Phase
 from trt_otel.views.console import render_build
-from trt_otel.views.http import status_document
 from trt_otel.views.spans import SpanProjection
+from trt_otel.views.status import status_document
 
 
 def recorded(plan_or_trace: Any, *, cancel_at: int | None = None) -> list[Event]:
@@ -101,7 +102,7 @@ def test_the_terminal_and_status_fold_a_real_build_alike(trace: Path, cancelled:
     events = recorded(callbacks, cancel_at=len(callbacks) // 2 if cancelled else None)
     model = model_of(events)
     now = events[-1].mono_ns
-    document = status_document(model, model.estimate_locked(now), now)
+    document = msgspec.to_builtins(status_document(model, model.estimate_locked(now), now))
     terminal, status = console_nodes(model), status_nodes(document)
     assert terminal == status
     assert any(count > 1 for _, _, count in status), "repeated phases are folded"
@@ -360,7 +361,7 @@ def test_forgetting_closed_phases_changes_nothing_a_view_shows(trace: Path) -> N
     assert console_nodes(forgetting) == console_nodes(remembering)
     now = events[-1].mono_ns
     documents = [
-        status_document(m, m.estimate_locked(now), now)["phases"] for m in (forgetting, remembering)
+        status_document(m, m.estimate_locked(now), now).phases for m in (forgetting, remembering)
     ]
     assert documents[0] == documents[1]
     assert max(kept) < 100 < len(remembering.state.phases) / 10

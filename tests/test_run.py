@@ -235,7 +235,8 @@ def wait_for_journal(
     """Until the journal has an event of type ``kind`` (and that ``name``, for a phase)."""
     deadline = time.monotonic() + 120
     while True:
-        if journal.exists():
+        # Created before its header is written: an empty journal is one just begun.
+        if journal.exists() and journal.stat().st_size > 0:
             events = read_journal(journal).events
             if any(e.type == kind and getattr(e, "name", name) == name for e in events):
                 return

@@ -2,6 +2,7 @@
 
 - ``GET /``: a live web page of the build (:mod:`trt_otel.views.web`);
 - ``GET /status``: the build as JSON (phase tree, progress, elapsed, estimates, outcome);
+  ``GET /status.schema.json``: its JSON Schema (:mod:`trt_otel.views.status`);
 - ``GET /events``: Server-Sent Events of the event log. Each event's ``id:`` is its ``seq``, so a
   client that reconnects with ``Last-Event-ID`` (or asks ``?since=N``) misses nothing and gets
   nothing twice; a new client gets the build from its first event;
@@ -22,7 +23,6 @@ the log's lock. A slow client only fills its own socket, and is dropped after a 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hmac
 import ipaddress
 import json
@@ -36,20 +36,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from prometheus_client import CollectorRegistry
 
-from trt_otel.core.attempts import attempt_of
 from trt_otel.core.clock import SYSTEM_CLOCK, Clock
-from trt_otel.core.eta import BuildEta, Estimate
 from trt_otel.core.events import BuildFinished, Event
-from trt_otel.core.journal import encode_event, event_to_dict
+from trt_otel.core.journal import encode_event
 from trt_otel.core.observed import CancellableBuild
-from trt_otel.core.projection import project
-from trt_otel.core.readmodel import ReadModel, SiblingGroup
-from trt_otel.core.state import BuildState, Phase
+from trt_otel.core.readmodel import ReadModel
 from trt_otel.views import web
 from trt_otel.views.prometheus import exposition
 from trt_otel.views.report.live import LiveTimeline
+from trt_otel.views.status import StatusDocument, status_document, status_schema
 
 _logger = logging.getLogger(__name__)
 
@@ -63,6 +61,8 @@ CLIENT_TIMEOUT_S = 30.0
 MAX_CONNECTIONS = 256
 """Connections served at once (each on a thread of its own); past it, a connection is
 answered 503 and closed."""
+_STATUS_ENCODER = msgspec.json.Encoder(enc_hook=str)
+"""A build's attributes come from its caller: what JSON has no type for is shown as text."""
 _TOO_MANY = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 20\r\n"
     b"Connection: close\r\n\r\ntoo many connections"
@@ -147,123 +147,6 @@ class EventFeed:
 def _frame(event: Event) -> bytes:
     # The data is the journal's line, encoded by the journal's codec (JSON has no raw newline).
     return f"id: {event.seq}\nevent: {event.type}\ndata: ".encode() + encode_event(event) + b"\n\n"
-
-
-# -- /status -----------------------------------------------------------------------------------
-
-
-def _estimate_json(value: Estimate) -> dict[str, Any]:
-    return {"seconds": value.seconds, "basis": value.basis, "unknown": value.unknown}
-
-
-def status_document(model: ReadModel, eta: BuildEta, now_mono_ns: int) -> dict[str, Any]:
-    """The build as one JSON document (hold the model's lock, or own it)."""
-    state = model.state
-    start = state.start_mono_ns
-    end = state.end_mono_ns if state.end_mono_ns is not None else now_mono_ns
-    cancel = state.cancel
-    return {
-        "build_id": state.build_id,
-        "status": state.status.value,
-        "outcome": state.outcome.value if state.outcome is not None else None,
-        "detail": state.outcome_detail or None,
-        "error_type": state.error_type,
-        "elapsed_s": (end - start) / 1e9 if start is not None else None,
-        "progress": state.progress_ratio(),
-        "steps_completed": state.steps_completed_total,
-        "phases_started": state.phases_started_total,
-        "eta": _estimate_json(eta.build),
-        "eta_progress": _estimate_json(eta.progress),
-        "eta_history": _estimate_json(eta.history),
-        "cancel": None
-        if cancel is None
-        else {"reason": cancel.reason, "source": cancel.source, "policy": cancel.policy},
-        "anomalies": {kind.value: count for kind, count in state.anomalies.items()},
-        "gpu": _gpu_json(state),
-        "builder": state.activity.as_json(),
-        "attributes": state.attributes,
-        "attempt": _attempt_json(state.attributes),
-        "projection": _projection_json(model, now_mono_ns),
-        "phases": _nodes_json(model, eta, now_mono_ns),
-    }
-
-
-def _attempt_json(attributes: dict[str, Any]) -> dict[str, Any] | None:
-    """The attempt of a retry ladder this build is, or None outside one."""
-    attempt = attempt_of(attributes)
-    return dataclasses.asdict(attempt) if attempt is not None else None
-
-
-def _projection_json(model: ReadModel, now_mono_ns: int) -> dict[str, Any] | None:
-    """When the open build is expected to end (a deadline's projection), or None."""
-    projection = project(model.state, model.boundaries, now_mono_ns, model.history)
-    return dataclasses.asdict(projection) if projection is not None else None
-
-
-def _gpu_json(state: BuildState) -> dict[str, Any] | None:
-    if state.gpu is None:
-        return None
-    record = event_to_dict(state.gpu)
-    for key in ("seq", "type", "mono_ns", "thread"):
-        record.pop(key, None)
-    return record
-
-
-MAX_TREE_DEPTH = 64
-"""How deep ``/status`` nests the phase tree. TensorRT nests a handful of levels; a crafted
-journal may nest thousands, which no JSON encoder or browser should be asked to recurse into.
-A phase at this depth lists no children and says how many it has (``children_hidden``)."""
-
-
-def _nodes_json(model: ReadModel, eta: BuildEta, now: int) -> list[dict[str, Any]]:
-    """The phase tree, repeated phases folded by the model's rule (the terminal folds them the
-    same way). A stack, not recursion: a journal may nest phases as deep as it likes."""
-    roots: list[dict[str, Any]] = []
-    stack: list[tuple[list[dict[str, Any]], int | None, int]] = [(roots, None, 0)]
-    while stack:
-        into, parent_id, depth = stack.pop()
-        for node in model.tree(parent_id):
-            if isinstance(node, SiblingGroup):
-                into.append(_group_json(node))
-                continue
-            phase = _phase_json(model, node, eta, now)
-            into.append(phase)
-            if not node.children:
-                continue
-            if depth + 1 < MAX_TREE_DEPTH:
-                stack.append((phase["children"], node.id, depth + 1))
-            else:
-                phase["children_hidden"] = len(model.tree(node.id))
-    return roots
-
-
-def _group_json(group: SiblingGroup) -> dict[str, Any]:
-    return {
-        "name": group.name,
-        "status": "finished",
-        "count": group.count,
-        "elapsed_s": group.total_ns / 1e9,
-        "longest_s": group.longest_ns / 1e9,
-    }
-
-
-def _phase_json(model: ReadModel, phase: Phase, eta: BuildEta, now: int) -> dict[str, Any]:
-    """One phase, its ``children`` left empty for the caller to fill."""
-    node: dict[str, Any] = {
-        "name": phase.name,
-        "status": phase.status.value,
-        "num_steps": phase.num_steps,
-        "steps_completed": phase.steps_completed,
-        "last_step": phase.last_step,
-        "progress": model.state.phase_progress(phase.id),
-        "elapsed_s": (phase.duration_ns(now) or 0) / 1e9,
-    }
-    if phase.close_reason:
-        node["close_reason"] = phase.close_reason
-    if phase.id in eta.phases:
-        node["eta"] = _estimate_json(eta.phases[phase.id])
-    node["children"] = []
-    return node
 
 
 # -- the server --------------------------------------------------------------------------------
@@ -420,7 +303,7 @@ class StatusServer:
     def sse_clients(self) -> int:
         return self._sse_clients
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> StatusDocument:
         now = self.clock.mono_ns()
         with self.model.reading() as model:
             return status_document(model, model.estimate_locked(now), now)
@@ -486,9 +369,11 @@ def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
             path, _, query = self.path.partition("?")
             if path == "/status":
                 status = server.status()
-                self._json(200, status)
-                if status.get("outcome") is not None and not self.head_only:
+                self._send(200, "application/json", _STATUS_ENCODER.encode(status))
+                if status.outcome is not None and not self.head_only:
                     server.final_served.set()
+            elif path == "/status.schema.json":
+                self._json(200, status_schema())
             elif path == "/events":
                 self._events(urllib.parse.parse_qs(query))
             elif path == "/metrics":  # negotiated as the Prometheus endpoint does
