@@ -27,10 +27,12 @@ from trt_otel.app.session import EXIT_CANCELLED, Ended, run_build
 from trt_otel.builder.build import BuildJob
 from trt_otel.core import attempts
 from trt_otel.core.durations import format_duration
-from trt_otel.core.events import Outcome
+from trt_otel.core.events import CancelSource, Outcome
 from trt_otel.views.terminal import say, warn
 
-RETRIED_SOURCES = frozenset({"timeout", "deadline", "stall", "memory"})
+RETRIED_SOURCES = frozenset(
+    {CancelSource.TIMEOUT, CancelSource.DEADLINE, CancelSource.STALL, CancelSource.MEMORY}
+)
 """Cancels another attempt may mend: the build ran out of time or memory."""
 WORKER_DEATHS = ("WorkerDied", "SIGKILL", "SIGSEGV", "SIGBUS", "SIGABRT")
 """How a worker that died is recorded (``error_type``): the kernel's OOM killer, a crash."""

@@ -39,7 +39,14 @@ from trt_otel.capture.watch import follow_journal
 from trt_otel.control.policies import PolicyRunner
 from trt_otel.control.stopping import holds_open, owned_by_this_user, polling, stop_process
 from trt_otel.core.durations import format_duration
-from trt_otel.core.events import BuildFinished, BuildStarted, Event, Outcome, ProcessSample
+from trt_otel.core.events import (
+    BuildFinished,
+    BuildStarted,
+    CancelSource,
+    Event,
+    Outcome,
+    ProcessSample,
+)
 from trt_otel.core.files import open_regular_for_reading, write_atomically
 from trt_otel.core.followers import Follower
 from trt_otel.core.journal import (
@@ -97,7 +104,12 @@ class RemoteBuild:
         return self._requested or self.state.cancel is not None
 
     def cancel(
-        self, reason: str, *, source: str = "user", timeout: bool = False, policy: str = ""
+        self,
+        reason: str,
+        *,
+        source: str = CancelSource.USER,
+        timeout: bool = False,
+        policy: str = "",
     ) -> bool:
         """Write the decision to the control file, for the build's monitor to act on at its
         next poll (it records the ``cancel`` event). Only the first request is written."""

@@ -25,6 +25,7 @@ from trt_otel.control import defaults
 from trt_otel.control.policies import BuildView, Decision, Policy
 from trt_otel.core.durations import format_duration
 from trt_otel.core.eta import History
+from trt_otel.core.events import CancelSource
 from trt_otel.core.projection import Projection, before_start
 
 DEFAULT_MARGIN = defaults.DEFAULT_MARGIN
@@ -37,7 +38,7 @@ class Deadline(Policy):
     """Stop the build once the margin rule says it cannot end within ``seconds`` (outcome
     ``timeout``), and at ``seconds`` in any case."""
 
-    source = "deadline"
+    source = CancelSource.DEADLINE
 
     def __init__(
         self,

@@ -33,6 +33,7 @@ from typing import Any
 from trt_otel.control import defaults
 from trt_otel.core.activity import Verdict
 from trt_otel.core.durations import format_duration
+from trt_otel.core.events import CancelSource
 from trt_otel.core.observed import CancellableBuild
 from trt_otel.core.sizes import format_bytes
 
@@ -71,7 +72,7 @@ class BuildView:
 class Decision:
     reason: str
     source: str
-    """The kind of decider, short and bounded: ``timeout``, ``file``, ``http``, ``stall``."""
+    """The kind of decider, short and bounded: a :class:`~trt_otel.core.events.CancelSource`."""
     timeout: bool = False
 
 
@@ -88,7 +89,7 @@ class PolicyHealth:
 class Policy:
     """Base of every policy. Subclasses implement :meth:`check` and :meth:`describe`."""
 
-    source = "policy"
+    source: str = CancelSource.POLICY
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -123,7 +124,7 @@ class Policy:
 class Timeout(Policy):
     """Stop the build once it has run ``seconds`` (an outcome of ``timeout``)."""
 
-    source = "timeout"
+    source = CancelSource.TIMEOUT
 
     def __init__(self, seconds: float) -> None:
         if not seconds > 0:
@@ -150,7 +151,7 @@ class Stall(Policy):
     ``on="callbacks"``: progress alone, always.
     """
 
-    source = "stall"
+    source = CancelSource.STALL
 
     def __init__(self, seconds: float, *, on: str = "activity") -> None:
         if not seconds > 0:
@@ -197,7 +198,7 @@ class MemoryGuard(Policy):
     reads the builder's process samples, so it decides even inside a silent window (where the
     build is then stopped from outside after the grace period)."""
 
-    source = "memory"
+    source = CancelSource.MEMORY
 
     def __init__(
         self, *, max_rss_bytes: int | None = None, min_available_bytes: int | None = None
@@ -371,7 +372,7 @@ class CancelFile(Polled):
     stuck, and the other policies keep deciding.
     """
 
-    source = "file"
+    source = CancelSource.FILE
 
     def __init__(
         self, path: str | Path, *, interval_s: float = 0.1, stuck_after_s: float = 2.0
@@ -462,7 +463,7 @@ class CancelUrl(Polled):
     a row stop the build.
     """
 
-    source = "http"
+    source = CancelSource.HTTP
     stuck_hint = "a name lookup or a connection that hangs?"
 
     def __init__(
@@ -622,7 +623,7 @@ class AllOf(_Composite):
             decisions.append(decision)
         return Decision(
             "; ".join(d.reason for d in decisions),
-            decisions[0].source if len(decisions) == 1 else "all_of",
+            decisions[0].source if len(decisions) == 1 else CancelSource.ALL_OF,
             timeout=all(d.timeout for d in decisions),
         )
 
