@@ -91,7 +91,7 @@ def run_build(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]) 
     """Run one build with everything ``config`` asks for attached; how it ended."""
     observe = config.observe
     with contextlib.ExitStack() as stack:
-        gpu, history = build_context(stack, observe, attributes, config.policy.min_available_bytes)
+        gpu, history = build_context(stack, observe, attributes, config.policy)
         attributes[FINGERPRINT] = fingerprint(attributes)  # the GPU's architecture is known now
         model = ReadModel(history)  # the build folded once, for every view below
         policy = config.policy.policy(history=history, project=model.project)

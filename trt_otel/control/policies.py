@@ -31,9 +31,18 @@ from pathlib import Path
 from typing import Any
 
 from trt_otel.control import defaults
+from trt_otel.control.registry import (
+    CancelFileConfig,
+    CancelUrlConfig,
+    MemoryConfig,
+    PolicyContext,
+    StallConfig,
+    TimeoutConfig,
+    required,
+)
 from trt_otel.core.activity import Verdict
 from trt_otel.core.durations import format_duration
-from trt_otel.core.events import CancelSource
+from trt_otel.core.events import CancelSource, GpuSample
 from trt_otel.core.observed import CancellableBuild
 from trt_otel.core.sizes import format_bytes
 
@@ -66,6 +75,8 @@ class BuildView:
     rss_bytes: int | None = None
     available_bytes: int | None = None
     """The host's available memory, at the latest sample."""
+    gpu: GpuSample | None = None
+    """The latest sample of the build's GPU; None where it is not sampled."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -628,6 +639,35 @@ class AllOf(_Composite):
         )
 
 
+# -- made from their settings (the registry names these) -------------------------------------------
+
+
+def make_timeout(config: TimeoutConfig, context: PolicyContext) -> Policy:
+    return Timeout(required(config.timeout_s))
+
+
+def make_stall(config: StallConfig, context: PolicyContext) -> Policy:
+    return Stall(required(config.stall_timeout_s), on=config.stall_on)
+
+
+def make_memory_guard(config: MemoryConfig, context: PolicyContext) -> Policy:
+    return MemoryGuard(
+        max_rss_bytes=config.max_memory_bytes, min_available_bytes=config.min_available_bytes
+    )
+
+
+def make_cancel_file(config: CancelFileConfig, context: PolicyContext) -> Policy:
+    return CancelFile(required(config.cancel_file))
+
+
+def make_cancel_url(config: CancelUrlConfig, context: PolicyContext) -> Policy:
+    return CancelUrl(
+        required(config.cancel_url),
+        interval_s=config.cancel_url_interval_s,
+        fail_closed=config.cancel_url_fail_closed,
+    )
+
+
 def any_of(*policies: Policy) -> Policy:
     """One policy from several: the policy itself when there is one."""
     return policies[0] if len(policies) == 1 else AnyOf(*policies)
@@ -687,6 +727,7 @@ class PolicyRunner:
                 evidence=activity.evidence(),
                 rss_bytes=sample.rss_bytes if sample is not None else None,
                 available_bytes=sample.available_bytes if sample is not None else None,
+                gpu=state.gpu,
             )
 
     def check_before_start(self) -> Decision | None:
