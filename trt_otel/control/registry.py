@@ -298,6 +298,31 @@ register(
 
 
 @dataclass(frozen=True, slots=True)
+class GpuMemoryConfig:
+    max_gpu_memory_bytes: int | None = None
+
+
+register(
+    "gpu-memory",
+    config=GpuMemoryConfig,
+    factory="trt_otel.control.gpu_memory:make_gpu_memory_guard",
+    source=CancelSource.MEMORY,
+    retried_by_ladder=True,
+    samplers=("gpu",),
+    options=(
+        Option(
+            "--max-gpu-memory",
+            "max_gpu_memory_bytes",
+            "size",
+            "stop the build when its builder's process holds more than SIZE of GPU memory "
+            "(e.g. 8GiB); refused where no GPU is sampled",
+            "SIZE",
+        ),
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
 class CancelFileConfig:
     cancel_file: Path | None = None
 
