@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
 
 from trt_otel import BuildMonitor, ManualClock, read_journal
+from trt_otel.control import registry
 from trt_otel.core.events import CancelRequested, CancelSource
 from trt_otel.core.journal import JournalWriter, decode_event, encode_event
 from trt_otel.core.readmodel import ReadModel
@@ -25,6 +27,7 @@ from trt_otel.views.prometheus import CANCEL_REASONS, MetricSources, metrics_reg
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "trt_otel"
 RECORDED = REPO / "tests" / "data" / "rtx-residual400-cancelled.jsonl"
+CPP_MONITOR = REPO / "cpp" / "include" / "trt_otel" / "progress_monitor.h"
 
 
 def test_the_sources_are_the_strings_they_always_were() -> None:
@@ -140,3 +143,17 @@ def test_the_package_names_every_source_by_the_enum_not_by_a_string() -> None:
 )
 def test_the_scan_finds_a_source_written_as_a_string(code: str) -> None:
     assert len(_source_literals(code, "example.py")) == 1
+
+
+def test_the_cpp_monitor_records_every_source_watch_may_send_it() -> None:
+    """``trt-otel watch`` cancels a C++ build through its control file, naming the source; the
+    C++ monitor keeps a source it knows and records any other as ``file``. It must know every
+    source of the registered policies, ``POST /cancel``'s and a signal's, or a memory limit
+    decided by watch would be recorded (and counted, and not retried) as a cancel file."""
+    text = CPP_MONITOR.read_text(encoding="utf-8")
+    (listed,) = re.findall(r"kSources\[\] = \{([^}]*)\}", text)
+    known = set(re.findall(r'"([^"]+)"', listed))
+    sent = {entry.source.value for entry in registry.policies()}
+    sent |= {CancelSource.HTTP, CancelSource.SIGNAL, CancelSource.USER}
+    assert sorted(sent - known) == []
+    assert sorted(known - {s.value for s in CancelSource}) == []
