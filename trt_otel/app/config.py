@@ -9,6 +9,7 @@ groups it needs (``replay`` takes :class:`SpanConfig`, ``watch`` :class:`Console
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -94,7 +95,7 @@ class PolicyConfig:
 
     def _settings_of(self, entry: PolicyEntry) -> Any:
         names = entry.fields
-        if all(hasattr(self, name) for name in names):  # fields of their own here
+        if set(names) <= {field.name for field in dataclasses.fields(self)}:  # fields here
             return entry.config(**{name: getattr(self, name) for name in names})
         return next((s for s in self.more if type(s) is entry.config), None)
 
