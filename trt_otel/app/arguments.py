@@ -11,10 +11,11 @@ argparse's own message); those that need several options together raise :class:`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -42,7 +43,8 @@ from trt_otel.builder.options import (
     shape_ranges,
 )
 from trt_otel.capture.supervisor import DEFAULT_GRACE_S
-from trt_otel.control.defaults import DEFAULT_MARGIN, STALL_ON
+from trt_otel.control import registry
+from trt_otel.control.registry import Option
 from trt_otel.core import sizes
 from trt_otel.core.durations import DurationError, parse_duration, parse_positive_duration
 from trt_otel.core.events import TENSORRT_SEVERITIES
@@ -400,84 +402,17 @@ def builder_options(args: argparse.Namespace, *, threads: int | None = None) -> 
 # -- cancel policies -----------------------------------------------------------------------------
 
 
-# Long: one add_argument per cancel policy option, in the order --help shows them.
 def add_policy_options(parser: argparse.ArgumentParser) -> Group:
-    """The cancel policies and ``--grace``; the group is returned for a command's own
-    additions (``build`` and ``demo`` add ``--in-process``)."""
+    """The options of every registered cancel policy (:mod:`trt_otel.control.registry`), in
+    its order, and ``--grace``; the group is returned for a command's own additions (``build``
+    and ``demo`` add ``--in-process``)."""
     group = parser.add_argument_group(
         "cancel policies (any of them stops the build; the reason shows everywhere)"
     )
-    group.add_argument(
-        "--timeout", type=positive_seconds, metavar="DURATION", help="stop after this long"
-    )
-    group.add_argument(
-        "--deadline",
-        type=positive_seconds,
-        metavar="DURATION",
-        help="the build must end within this long: stopped as soon as its projection (from "
-        "--history, or from its progress once half done) says it cannot, even with the "
-        "margin; refused before it starts when its history says so; else a --timeout",
-    )
-    group.add_argument(
-        "--deadline-margin",
-        type=share,
-        default=DEFAULT_MARGIN,
-        metavar="PERCENT",
-        help="how far past the deadline the earliest projected end must be before a build is "
-        f"stopped early (default: {DEFAULT_MARGIN * 100:.0f}%%)",
-    )
-    group.add_argument(
-        "--stall-timeout",
-        type=positive_seconds,
-        metavar="DURATION",
-        help="stop when the build made no progress (no step, no phase started or finished) "
-        "and its builder's process did no work (idle, stopped or gone) for this long; a "
-        "builder computing through a silent window is not stalled",
-    )
-    group.add_argument(
-        "--stall-on",
-        choices=STALL_ON,
-        default="activity",
-        help="what --stall-timeout counts: activity (progress or work by the builder's "
-        "process; the default) or callbacks (progress alone, however busy the builder)",
-    )
-    group.add_argument(
-        "--max-memory",
-        type=size,
-        metavar="SIZE",
-        help="stop the build when its builder's resident memory exceeds SIZE (e.g. 6GiB)",
-    )
-    group.add_argument(
-        "--min-available",
-        type=size,
-        metavar="SIZE",
-        help="stop the build when the host's available memory falls below SIZE (e.g. 2GiB)",
-    )
-    group.add_argument(
-        "--cancel-file",
-        type=Path,
-        metavar="PATH",
-        help="stop when this file appears (its first line, if any, is the reason); it must "
-        "not exist when the build starts",
-    )
-    group.add_argument(
-        "--cancel-url",
-        type=http_url,
-        metavar="URL",
-        help="stop when this URL answers true (polled; see the README for the answer format)",
-    )
-    group.add_argument(
-        "--cancel-url-interval",
-        type=positive_seconds,
-        default=5.0,
-        metavar="DURATION",
-        help="how often to poll --cancel-url (default: 5s)",
-    )
-    group.add_argument(
-        "--cancel-url-fail-closed",
-        action="store_true",
-        help="stop the build after 3 failed polls in a row (default: keep building)",
-    )
+    for entry in registry.policies():
+        defaults = entry.defaults()
+        for option in entry.options:
+            add_policy_option(group, option, defaults.get(option.field))
     group.add_argument(
         "--grace",
         type=seconds,
@@ -489,21 +424,47 @@ def add_policy_options(parser: argparse.ArgumentParser) -> Group:
     return group
 
 
+OPTION_TYPES: dict[str, Callable[[str], Any]] = {
+    "duration": positive_seconds,
+    "size": size,
+    "share": share,
+    "path": Path,
+    "url": http_url,
+}
+"""How each kind of policy option's value is read (``choice`` and ``flag`` take no type)."""
+
+
+def add_policy_option(group: Group, option: Option, default: Any) -> None:
+    help_text = option.help.replace("%", "%%")  # argparse formats help with %
+    if option.kind == "flag":
+        group.add_argument(option.flag, action="store_true", help=help_text)
+    elif option.kind == "choice":
+        group.add_argument(option.flag, choices=option.choices, default=default, help=help_text)
+    else:
+        group.add_argument(
+            option.flag,
+            type=OPTION_TYPES[option.kind],
+            default=default,
+            metavar=option.metavar,
+            help=help_text,
+        )
+
+
 def policy_config(args: argparse.Namespace) -> PolicyConfig:
-    return PolicyConfig(
-        timeout_s=args.timeout,
-        deadline_s=args.deadline,
-        deadline_margin=args.deadline_margin,
-        stall_timeout_s=args.stall_timeout,
-        stall_on=args.stall_on,
-        max_memory_bytes=args.max_memory,
-        min_available_bytes=args.min_available,
-        cancel_file=args.cancel_file,
-        cancel_url=args.cancel_url,
-        cancel_url_interval_s=args.cancel_url_interval,
-        cancel_url_fail_closed=args.cancel_url_fail_closed,
-        grace_s=args.grace,
-    )
+    """The policies' settings from their options: as fields of :class:`PolicyConfig` for the
+    policies that have them there, else as their own settings in ``more``."""
+    fields: dict[str, Any] = {}
+    more: list[object] = []
+    own = {field.name for field in dataclasses.fields(PolicyConfig)}
+    for entry in registry.policies():
+        values = {option.field: getattr(args, option.dest) for option in entry.options}
+        if own.issuperset(values):
+            fields.update(values)
+            continue
+        settings = entry.config(**values)
+        if entry.enabled(settings):
+            more.append(settings)
+    return PolicyConfig(**fields, grace_s=args.grace, more=tuple(more))
 
 
 def add_in_process_option(group: Group) -> None:

@@ -28,6 +28,7 @@ from trt_otel.app.config import (
     HttpConfig,
     MetricsConfig,
     ObservabilityConfig,
+    PolicyConfig,
     SpanConfig,
     UsageError,
 )
@@ -70,12 +71,20 @@ way get a queue this deep."""
 
 
 @contextlib.contextmanager
-def gpu_reader(config: GpuConfig) -> Iterator[GpuReader | None]:
-    """The build's GPU, unless turned off; one line says which, or why not."""
+def gpu_reader(config: GpuConfig, needed_by: Sequence[str] = ()) -> Iterator[GpuReader | None]:
+    """The build's GPU, unless turned off; one line says which, or why not. ``needed_by``: the
+    options of policies that read the GPU's samples, which refuse to start a build (exit 2)
+    where it is not sampled."""
+    needing = " and ".join(needed_by)
     if not config.enabled:
+        if needed_by:
+            raise UsageError(f"{needing} needs the build's GPU sampled, which --no-gpu turns off")
         yield None
         return
     reader, line = open_reader(config.device)
+    if reader is None and needed_by:
+        why = line.removeprefix("gpu: no telemetry: ")
+        raise UsageError(f"{needing} needs the build's GPU sampled, and no GPU is visible: {why}")
     say(line)
     try:
         yield reader
@@ -99,18 +108,19 @@ def build_context(
     stack: contextlib.ExitStack[Any],
     observe: ObservabilityConfig,
     attributes: dict[str, Any],
-    min_available_bytes: int | None = None,
+    policy: PolicyConfig | None = None,
 ) -> tuple[GpuReader | None, History | None]:
     """What a session knows of its builds before the first one, entered on ``stack``: the GPU
-    (its description added to ``attributes``), the traced job's trace to join, and the
-    history of earlier builds."""
-    gpu = stack.enter_context(gpu_reader(observe.gpu))
+    (its description added to ``attributes``; where ``policy`` reads it, there must be one),
+    the traced job's trace to join, and the history of earlier builds."""
+    policy = policy if policy is not None else PolicyConfig()
+    gpu = stack.enter_context(gpu_reader(observe.gpu, policy.options_reading("gpu")))
     if gpu is not None:
         attributes.update(gpu.describe())
     join_parent_trace(attributes)
     history = load_history(observe.history, attributes)
     if history is not None:
-        check_memory_history(history, min_available_bytes)
+        check_memory_history(history, policy.min_available_bytes)
     return gpu, history
 
 

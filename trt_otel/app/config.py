@@ -9,14 +9,17 @@ groups it needs (``replay`` takes :class:`SpanConfig`, ``watch`` :class:`Console
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trt_otel.capture.supervisor import DEFAULT_GRACE_S
+from trt_otel.control import registry
 from trt_otel.control.defaults import DEFAULT_MARGIN
+from trt_otel.control.registry import PolicyEntry
 from trt_otel.views.otlp_settings import (
     DEFAULT_FOLD_UNDER_NS,
     DEFAULT_LOGS_LEVEL,
@@ -43,7 +46,13 @@ class UsageError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
-    """When to cancel the build, and how long a cancelled build gets before it is stopped."""
+    """When to cancel the build, and how long a cancelled build gets before it is stopped.
+
+    The policies are those of :mod:`trt_otel.control.registry`. Those registered first have
+    their settings as fields here (``PolicyConfig(timeout_s=90.0)``: each entry's settings'
+    fields, by the same names); a policy registered since has its settings in ``more``, as its
+    entry's own type (``more=(GpuMemoryConfig(max_gpu_memory_bytes=8 << 30),)``), so that a new
+    policy changes nothing here."""
 
     timeout_s: float | None = None
     deadline_s: float | None = None
@@ -63,6 +72,42 @@ class PolicyConfig:
     grace_s: float = DEFAULT_GRACE_S
     """Time a cancelled build gets to stop at TensorRT's next step before its process is
     stopped from outside."""
+    more: tuple[object, ...] = ()
+    """The settings of registered policies that have no fields above, one of each at most."""
+
+    def __post_init__(self) -> None:
+        kinds = {entry.config for entry in registry.policies()}
+        for settings in self.more:
+            if type(settings) not in kinds:
+                raise TypeError(f"{settings!r} are not the settings of a registered policy")
+        if len({type(settings) for settings in self.more}) != len(self.more):
+            raise ValueError("the settings of a policy are given twice")
+
+    def settings(self) -> list[tuple[PolicyEntry, Any]]:
+        """The registered policies these settings turn on, each with its settings, in the
+        registry's order."""
+        chosen = []
+        for entry in registry.policies():
+            settings = self._settings_of(entry)
+            if settings is not None and entry.enabled(settings):
+                chosen.append((entry, settings))
+        return chosen
+
+    def _settings_of(self, entry: PolicyEntry) -> Any:
+        names = entry.fields
+        if set(names) <= {field.name for field in dataclasses.fields(self)}:  # fields here
+            return entry.config(**{name: getattr(self, name) for name in names})
+        return next((s for s in self.more if type(s) is entry.config), None)
+
+    def options_reading(self, sampler: str) -> list[str]:
+        """The options given whose policies read ``sampler``'s samples (``process``, ``gpu``):
+        for a message saying they need it."""
+        return [
+            flag
+            for entry, settings in self.settings()
+            if sampler in entry.samplers
+            for flag in entry.given(settings)
+        ]
 
     def policy(
         self, *, history: History | None = None, project: Projector | None = None
@@ -70,50 +115,15 @@ class PolicyConfig:
         """The cancel policy these settings describe (any of them decides), or None. A
         deadline projects the build's end from ``history`` and ``project`` (without them it is
         a timeout)."""
+        chosen = self.settings()
+        if not chosen:
+            return None
         # Imported here: a build that asks for no policy (most) never pays for them.
-        from trt_otel.control.deadline import Deadline
-        from trt_otel.control.policies import (
-            CancelFile,
-            CancelUrl,
-            MemoryGuard,
-            Stall,
-            Timeout,
-            any_of,
-        )
-        from trt_otel.core.projection import before_start
+        from trt_otel.control.policies import any_of
 
-        policies: list[Policy] = []
-        if self.timeout_s is not None:
-            policies.append(Timeout(self.timeout_s))
-        if self.deadline_s is not None:
-            policies.append(
-                Deadline(
-                    self.deadline_s,
-                    margin=self.deadline_margin,
-                    project=project,
-                    at_start=before_start(history),
-                )
-            )
-        if self.stall_timeout_s is not None:
-            policies.append(Stall(self.stall_timeout_s, on=self.stall_on))
-        if self.max_memory_bytes is not None or self.min_available_bytes is not None:
-            policies.append(
-                MemoryGuard(
-                    max_rss_bytes=self.max_memory_bytes,
-                    min_available_bytes=self.min_available_bytes,
-                )
-            )
-        if self.cancel_file is not None:
-            policies.append(CancelFile(self.cancel_file))
-        if self.cancel_url is not None:
-            policies.append(
-                CancelUrl(
-                    self.cancel_url,
-                    interval_s=self.cancel_url_interval_s,
-                    fail_closed=self.cancel_url_fail_closed,
-                )
-            )
-        return any_of(*policies) if policies else None
+        context = registry.PolicyContext(history=history, project=project)
+        made: list[Policy] = [entry.make(settings, context) for entry, settings in chosen]
+        return any_of(*made)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,13 +25,12 @@ from trt_otel.app.config import SessionConfig
 from trt_otel.app.retries import Rung
 from trt_otel.app.session import EXIT_CANCELLED, Ended, run_build
 from trt_otel.builder.build import BuildJob
+from trt_otel.control.registry import retried_sources
 from trt_otel.core import attempts
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import Outcome
 from trt_otel.views.terminal import say, warn
 
-RETRIED_SOURCES = frozenset({"timeout", "deadline", "stall", "memory"})
-"""Cancels another attempt may mend: the build ran out of time or memory."""
 WORKER_DEATHS = ("WorkerDied", "SIGKILL", "SIGSEGV", "SIGBUS", "SIGABRT")
 """How a worker that died is recorded (``error_type``): the kernel's OOM killer, a crash."""
 
@@ -39,7 +38,9 @@ WORKER_DEATHS = ("WorkerDied", "SIGKILL", "SIGSEGV", "SIGBUS", "SIGABRT")
 def retry_reason(ended: Ended) -> str | None:
     """Why ``ended`` is worth another attempt, or None when it is not."""
     if ended.outcome in (Outcome.TIMEOUT, Outcome.CANCELLATION):
-        if ended.cancel_source in RETRIED_SOURCES:
+        # Cancels another attempt may mend: the build ran out of time or memory (the
+        # registered policies that say so).
+        if ended.cancel_source in retried_sources():
             return f"{ended.outcome.value} ({ended.cancel_source}): {ended.detail}"
         return None
     if ended.outcome is Outcome.FAILURE and ended.error_type in WORKER_DEATHS:

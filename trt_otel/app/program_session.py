@@ -73,7 +73,7 @@ def observed_builds(
     lines on stderr. ``run``: the run's span, every build's parent, exported at the end."""
     observe = config.observe
     with contextlib.ExitStack() as stack:
-        gpu, history = build_context(stack, observe, attributes, config.policy.min_available_bytes)
+        gpu, history = build_context(stack, observe, attributes, config.policy)
         if run is not None:  # inside the traced job's trace (build_context read TRACEPARENT)
             attributes[TRACEPARENT_ATTRIBUTE] = run.traceparent
         log = EventLog()

@@ -40,7 +40,14 @@ from trt_otel.capture.watch import follow_journal
 from trt_otel.control.policies import PolicyRunner
 from trt_otel.control.stopping import holds_open, owned_by_this_user, polling, stop_process
 from trt_otel.core.durations import format_duration
-from trt_otel.core.events import BuildFinished, BuildStarted, Event, Outcome, ProcessSample
+from trt_otel.core.events import (
+    BuildFinished,
+    BuildStarted,
+    CancelSource,
+    Event,
+    Outcome,
+    ProcessSample,
+)
 from trt_otel.core.files import open_regular_for_reading, write_atomically
 from trt_otel.core.followers import Follower
 from trt_otel.core.journal import (
@@ -98,7 +105,12 @@ class RemoteBuild:
         return self._requested or self.state.cancel is not None
 
     def cancel(
-        self, reason: str, *, source: str = "user", timeout: bool = False, policy: str = ""
+        self,
+        reason: str,
+        *,
+        source: str = CancelSource.USER,
+        timeout: bool = False,
+        policy: str = "",
     ) -> bool:
         """Write the decision to the control file, for the build's monitor to act on at its
         next poll (it records the ``cancel`` event). Only the first request is written."""
@@ -301,7 +313,7 @@ def _sample_the_writer(
     sequence is the journal's."""
     writer = Writer.from_header(header)
     if writer.pid is None or writer.running_here() is not True:
-        if config.policy.stall_timeout_s is not None or config.policy.max_memory_bytes is not None:
+        if config.policy.options_reading("process"):
             warn(
                 "the build's process cannot be sampled from here (not on this host, or not "
                 "named in its journal): --stall-timeout counts callbacks alone, and the memory "
@@ -340,6 +352,20 @@ def check_control_file(control_file: Path) -> None:
         raise UsageError(f"--control-file {shown}: its directory {str(folder)!r} is not writable")
 
 
+def _check_watch_options(config: SessionConfig) -> None:
+    """What watch cannot do for a build elsewhere (exit 2): write its journal, sample its GPU."""
+    if config.observe.journal is not None:
+        raise UsageError("watch reads the build's journal; --journal does not apply to it")
+    if config.observe.gpu.device is not None:
+        raise UsageError("watch does not sample the GPU: the build's own process would have to")
+    reading_gpu = config.policy.options_reading("gpu")
+    if reading_gpu:
+        raise UsageError(
+            f"{' and '.join(reading_gpu)} needs the build's GPU sampled, and watch does not "
+            "sample the GPU: the build's own process would have to"
+        )
+
+
 def watch_and_supervise(
     journal: Path,
     config: SessionConfig,
@@ -353,10 +379,7 @@ def watch_and_supervise(
     delivered (the control file could not be written) is not a silent success: the end
     returned is then a failure saying so (exit 4), whatever the build did."""
     observe = config.observe
-    if observe.journal is not None:
-        raise UsageError("watch reads the build's journal; --journal does not apply to it")
-    if observe.gpu.device is not None:
-        raise UsageError("watch does not sample the GPU: the build's own process would have to")
+    _check_watch_options(config)
     policy = config.policy.policy()
     if policy is not None and control_file is None:
         raise UsageError(

@@ -38,7 +38,7 @@ from trt_otel.capture.program import ProgramBuild, ProgramBuilds, ProgramChannel
 from trt_otel.control.signals import handling_interrupts
 from trt_otel.control.stopping import polling, stop_process
 from trt_otel.core.durations import format_duration
-from trt_otel.core.events import Outcome
+from trt_otel.core.events import CancelSource, Outcome
 
 EXIT_CANCELLED = 3
 EXIT_DIED = 4
@@ -96,7 +96,7 @@ def _handle_signals(builds: ProgramBuilds, say: Say) -> Iterator[_Signals]:
     state = _Signals()
 
     def cancel(reason: str, message: str) -> None:
-        builds.cancel_all(reason, "signal")
+        builds.cancel_all(reason, CancelSource.SIGNAL)
         say(message)
 
     def handler(signum: int, frame: FrameType | None) -> None:

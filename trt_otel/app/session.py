@@ -38,7 +38,7 @@ from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.supervisor import IsolatedResult, StopNow, run_isolated
 from trt_otel.control.signals import handling_interrupts
 from trt_otel.core.durations import format_duration
-from trt_otel.core.events import Outcome
+from trt_otel.core.events import CancelSource, Outcome
 from trt_otel.core.followers import Follower
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.views.terminal import say, warn
@@ -91,7 +91,7 @@ def run_build(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]) 
     """Run one build with everything ``config`` asks for attached; how it ended."""
     observe = config.observe
     with contextlib.ExitStack() as stack:
-        gpu, history = build_context(stack, observe, attributes, config.policy.min_available_bytes)
+        gpu, history = build_context(stack, observe, attributes, config.policy)
         attributes[FINGERPRINT] = fingerprint(attributes)  # the GPU's architecture is known now
         model = ReadModel(history)  # the build folded once, for every view below
         policy = config.policy.policy(history=history, project=model.project)
@@ -208,11 +208,11 @@ def _build(
         return _conclude(monitor, isolated, job, grace_s), isolated.interrupted
     except StopNow as stop:  # in-process: nothing to stop but this build, which ends here
         detail = f"received {stop.signal_name} again: stopped at once"
-        monitor.cancel(f"received {stop.signal_name}", source="signal")
+        monitor.cancel(f"received {stop.signal_name}", source=CancelSource.SIGNAL)
         monitor.end(Outcome.CANCELLATION, detail)
         return BuildResult(Outcome.CANCELLATION, detail, None, 0), False
     except KeyboardInterrupt:
-        monitor.cancel("interrupted by the user", source="signal")
+        monitor.cancel("interrupted by the user", source=CancelSource.SIGNAL)
         monitor.end(Outcome.CANCELLATION, "interrupted by the user")
         return None, True
 
@@ -285,7 +285,7 @@ def _cancel_on_signals(monitor: BuildMonitor) -> Iterator[_SignalState]:
     state = _SignalState()
 
     def cancel(name: str) -> None:
-        if monitor.cancel(f"received {name}", source="signal"):
+        if monitor.cancel(f"received {name}", source=CancelSource.SIGNAL):
             print(
                 f"\ntrt-otel: {name}: cancelling at TensorRT's next step (again to stop now)",
                 file=sys.stderr,

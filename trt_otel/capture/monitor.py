@@ -44,6 +44,7 @@ from trt_otel.core.events import (
     BuildOutput,
     BuildStarted,
     CancelRequested,
+    CancelSource,
     Event,
     LogMessage,
     Outcome,
@@ -244,7 +245,7 @@ class BuildMonitor(ProgressMonitorBase):
         if exc_type is None:
             self.end()
         elif issubclass(exc_type, KeyboardInterrupt):
-            self.cancel("interrupted by the user", source="signal")
+            self.cancel("interrupted by the user", source=CancelSource.SIGNAL)
             self.end(Outcome.CANCELLATION)
         else:
             self.end(Outcome.FAILURE, f"{exc_type.__name__}: {exc}", error_type=exc_type.__name__)
@@ -257,12 +258,20 @@ class BuildMonitor(ProgressMonitorBase):
         return self._cancelled
 
     def cancel(
-        self, reason: str, *, source: str = "user", timeout: bool = False, policy: str = ""
+        self,
+        reason: str,
+        *,
+        source: str = CancelSource.USER,
+        timeout: bool = False,
+        policy: str = "",
     ) -> bool:
         """Ask TensorRT to stop: the next ``step_complete`` answers False. Safe from any thread.
 
         Only the first request is recorded as the reason; returns True if this one was it.
+        ``source`` is a :class:`~trt_otel.core.events.CancelSource` (or a string of the caller's
+        own); the event holds it as a plain string, as the journal does.
         """
+        source = str(source)
         event: CancelRequested
         if self.hold_cancels:
             # Held, not appended: no need to wait for the log's lock, which a replay holds
@@ -449,7 +458,7 @@ class BuildMonitor(ProgressMonitorBase):
                     interrupted |= self._internal_error_locked(str(record[0]), error)
         if interrupted and not self.reads_a_record:
             # Ctrl-C landed inside the replay: honour it as a graceful cancel, not a crash.
-            self.cancel("interrupted by the user", source="signal")
+            self.cancel("interrupted by the user", source=CancelSource.SIGNAL)
         elif interrupted:
             raise KeyboardInterrupt
 
@@ -608,7 +617,7 @@ class BuildMonitor(ProgressMonitorBase):
             interrupted = self._internal_error_locked(callback, error)
         if interrupted:
             # Ctrl-C landed inside a callback: honour it as a graceful cancel, not a crash.
-            self.cancel("interrupted by the user", source="signal")
+            self.cancel("interrupted by the user", source=CancelSource.SIGNAL)
 
     def _internal_error_locked(self, callback: str, error: BaseException) -> bool:
         """Count and record the monitor's own failure; True when it was a Ctrl-C, which the

@@ -35,7 +35,7 @@ from prometheus_client.registry import Collector
 
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.control.policies import Policy, PolicyRunner
-from trt_otel.core.events import CancelRequested, Outcome
+from trt_otel.core.events import CancelRequested, CancelSource, Outcome
 from trt_otel.core.log import EventLog
 from trt_otel.core.state import BuildState
 
@@ -44,7 +44,7 @@ _logger = logging.getLogger(__name__)
 BOOTSTRAP_DIR = Path(__file__).parent / "bootstrap"
 SOCKET_ENV = "TRT_OTEL_RUN_SOCKET"
 AUTHKEY_ENV = "TRT_OTEL_RUN_AUTHKEY"
-PROGRAM_SOURCE = "program"
+PROGRAM_SOURCE = CancelSource.PROGRAM
 """The cancel source of a build the program's own progress monitor cancelled."""
 
 Say = Callable[[str], None]
@@ -238,7 +238,7 @@ class ProgramBuilds:
                     f"the program's own progress monitor {record[4]}", source=PROGRAM_SOURCE
                 )
             elif kind == "interrupt":
-                monitor.cancel("the program was interrupted (SIGINT)", source="signal")
+                monitor.cancel("the program was interrupted (SIGINT)", source=CancelSource.SIGNAL)
             else:
                 self._end(build, record)
         monitor.record(callbacks_run)
@@ -464,7 +464,12 @@ class CurrentBuild:
         return self.state.cancel is not None
 
     def cancel(
-        self, reason: str, *, source: str = "user", timeout: bool = False, policy: str = ""
+        self,
+        reason: str,
+        *,
+        source: str = CancelSource.USER,
+        timeout: bool = False,
+        policy: str = "",
     ) -> bool:
         monitor = self._monitor()
         if monitor is None or monitor.state.outcome is not None:

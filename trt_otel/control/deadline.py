@@ -23,8 +23,10 @@ from dataclasses import dataclass
 
 from trt_otel.control import defaults
 from trt_otel.control.policies import BuildView, Decision, Policy
+from trt_otel.control.registry import DeadlineConfig, PolicyContext, required
 from trt_otel.core.durations import format_duration
 from trt_otel.core.eta import History
+from trt_otel.core.events import CancelSource
 from trt_otel.core.projection import Projection, before_start
 
 DEFAULT_MARGIN = defaults.DEFAULT_MARGIN
@@ -37,7 +39,7 @@ class Deadline(Policy):
     """Stop the build once the margin rule says it cannot end within ``seconds`` (outcome
     ``timeout``), and at ``seconds`` in any case."""
 
-    source = "deadline"
+    source = CancelSource.DEADLINE
 
     def __init__(
         self,
@@ -119,3 +121,13 @@ def would_fit(history: History | None, seconds: float, *, margin: float = DEFAUL
         return Fit("no", f"{said}: --deadline {limit} would refuse it", within, count, projection)
     answer = "yes" if within == count else "maybe"
     return Fit(answer, said, within, count, projection)
+
+
+def make_deadline(config: DeadlineConfig, context: PolicyContext) -> Deadline:
+    """A deadline projecting the build's end from ``context`` (without it, a timeout)."""
+    return Deadline(
+        required(config.deadline_s),
+        margin=config.deadline_margin,
+        project=context.project,
+        at_start=before_start(context.history),
+    )

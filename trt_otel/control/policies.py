@@ -31,8 +31,18 @@ from pathlib import Path
 from typing import Any
 
 from trt_otel.control import defaults
+from trt_otel.control.registry import (
+    CancelFileConfig,
+    CancelUrlConfig,
+    MemoryConfig,
+    PolicyContext,
+    StallConfig,
+    TimeoutConfig,
+    required,
+)
 from trt_otel.core.activity import Verdict
 from trt_otel.core.durations import format_duration
+from trt_otel.core.events import CancelSource, GpuSample
 from trt_otel.core.observed import CancellableBuild
 from trt_otel.core.sizes import format_bytes
 
@@ -65,13 +75,15 @@ class BuildView:
     rss_bytes: int | None = None
     available_bytes: int | None = None
     """The host's available memory, at the latest sample."""
+    gpu: GpuSample | None = None
+    """The latest sample of the build's GPU; None where it is not sampled."""
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
     reason: str
     source: str
-    """The kind of decider, short and bounded: ``timeout``, ``file``, ``http``, ``stall``."""
+    """The kind of decider, short and bounded: a :class:`~trt_otel.core.events.CancelSource`."""
     timeout: bool = False
 
 
@@ -88,7 +100,7 @@ class PolicyHealth:
 class Policy:
     """Base of every policy. Subclasses implement :meth:`check` and :meth:`describe`."""
 
-    source = "policy"
+    source: str = CancelSource.POLICY
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -123,7 +135,7 @@ class Policy:
 class Timeout(Policy):
     """Stop the build once it has run ``seconds`` (an outcome of ``timeout``)."""
 
-    source = "timeout"
+    source = CancelSource.TIMEOUT
 
     def __init__(self, seconds: float) -> None:
         if not seconds > 0:
@@ -150,7 +162,7 @@ class Stall(Policy):
     ``on="callbacks"``: progress alone, always.
     """
 
-    source = "stall"
+    source = CancelSource.STALL
 
     def __init__(self, seconds: float, *, on: str = "activity") -> None:
         if not seconds > 0:
@@ -197,7 +209,7 @@ class MemoryGuard(Policy):
     reads the builder's process samples, so it decides even inside a silent window (where the
     build is then stopped from outside after the grace period)."""
 
-    source = "memory"
+    source = CancelSource.MEMORY
 
     def __init__(
         self, *, max_rss_bytes: int | None = None, min_available_bytes: int | None = None
@@ -371,7 +383,7 @@ class CancelFile(Polled):
     stuck, and the other policies keep deciding.
     """
 
-    source = "file"
+    source = CancelSource.FILE
 
     def __init__(
         self, path: str | Path, *, interval_s: float = 0.1, stuck_after_s: float = 2.0
@@ -462,7 +474,7 @@ class CancelUrl(Polled):
     a row stop the build.
     """
 
-    source = "http"
+    source = CancelSource.HTTP
     stuck_hint = "a name lookup or a connection that hangs?"
 
     def __init__(
@@ -622,9 +634,38 @@ class AllOf(_Composite):
             decisions.append(decision)
         return Decision(
             "; ".join(d.reason for d in decisions),
-            decisions[0].source if len(decisions) == 1 else "all_of",
+            decisions[0].source if len(decisions) == 1 else CancelSource.ALL_OF,
             timeout=all(d.timeout for d in decisions),
         )
+
+
+# -- made from their settings (the registry names these) -------------------------------------------
+
+
+def make_timeout(config: TimeoutConfig, context: PolicyContext) -> Policy:
+    return Timeout(required(config.timeout_s))
+
+
+def make_stall(config: StallConfig, context: PolicyContext) -> Policy:
+    return Stall(required(config.stall_timeout_s), on=config.stall_on)
+
+
+def make_memory_guard(config: MemoryConfig, context: PolicyContext) -> Policy:
+    return MemoryGuard(
+        max_rss_bytes=config.max_memory_bytes, min_available_bytes=config.min_available_bytes
+    )
+
+
+def make_cancel_file(config: CancelFileConfig, context: PolicyContext) -> Policy:
+    return CancelFile(required(config.cancel_file))
+
+
+def make_cancel_url(config: CancelUrlConfig, context: PolicyContext) -> Policy:
+    return CancelUrl(
+        required(config.cancel_url),
+        interval_s=config.cancel_url_interval_s,
+        fail_closed=config.cancel_url_fail_closed,
+    )
 
 
 def any_of(*policies: Policy) -> Policy:
@@ -686,6 +727,7 @@ class PolicyRunner:
                 evidence=activity.evidence(),
                 rss_bytes=sample.rss_bytes if sample is not None else None,
                 available_bytes=sample.available_bytes if sample is not None else None,
+                gpu=state.gpu,
             )
 
     def check_before_start(self) -> Decision | None:

@@ -30,6 +30,36 @@ class Outcome(enum.StrEnum):
     TIMEOUT = "timeout"
 
 
+class CancelSource(enum.StrEnum):
+    """The kind of decider a cancel names (its ``source``): short and bounded, so it can be a
+    metric label (``trt_build_cancellations_total{reason}``). The cancel event, the journal and
+    ``/status`` carry the plain string; a journal may hold another (a program's own monitor
+    names its own), which is read as it is."""
+
+    TIMEOUT = "timeout"
+    """``--timeout``: the build ran past its limit."""
+    DEADLINE = "deadline"
+    """``--deadline``: the build cannot end in time, or did not."""
+    STALL = "stall"
+    """``--stall-timeout``: no progress and no activity."""
+    MEMORY = "memory"
+    """A memory limit: ``--max-memory``, ``--min-available``, ``--max-gpu-memory``."""
+    FILE = "file"
+    """``--cancel-file`` appeared."""
+    HTTP = "http"
+    """``--cancel-url`` said so, or ``POST /cancel``."""
+    SIGNAL = "signal"
+    """SIGTERM, SIGHUP, SIGINT (Ctrl-C)."""
+    USER = "user"
+    """A caller of the monitor's ``cancel`` that names no other."""
+    PROGRAM = "program"
+    """The progress monitor of a program ``trt-otel run`` observes cancelled its build."""
+    ALL_OF = "all_of"
+    """Several policies of an ``AllOf`` decided together."""
+    POLICY = "policy"
+    """A policy that names no source of its own."""
+
+
 class AnomalyKind(enum.StrEnum):
     """A departure from TensorRT's progress-monitor protocol, tolerated and recorded."""
 
@@ -109,9 +139,10 @@ class PhaseFinished(Event, frozen=True, tag="phase_finish"):
 class CancelRequested(Event, frozen=True, tag="cancel"):
     """Something decided the build must stop; from now on ``step_complete`` answers False.
 
-    ``source`` names the kind of decider (``timeout``, ``file``, ``http``, ``stall``, ``signal``,
-    ``user``), short and bounded so it can be a metric label; ``reason`` says why, in words fit for
-    a terminal and a span; ``timeout`` makes the outcome a timeout rather than a cancellation.
+    ``source`` names the kind of decider (a :class:`CancelSource`: ``timeout``, ``file``,
+    ``http``, ``stall``, ``signal``, ``user``, ...), short and bounded so it can be a metric label,
+    and always a plain string here, as in the journal; ``reason`` says why, in words fit for a
+    terminal and a span; ``timeout`` makes the outcome a timeout rather than a cancellation.
     """
 
     type: ClassVar[str] = "cancel"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from trt_otel.core.events import CancelSource
 from trt_otel.core.log import EventLog
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.state import BuildState
@@ -27,7 +28,12 @@ class CancellableBuild(Protocol):
     def cancelled(self) -> bool: ...
 
     def cancel(
-        self, reason: str, *, source: str = "user", timeout: bool = False, policy: str = ""
+        self,
+        reason: str,
+        *,
+        source: str = CancelSource.USER,
+        timeout: bool = False,
+        policy: str = "",
     ) -> bool: ...
 
 

@@ -40,7 +40,7 @@ import msgspec
 from prometheus_client import CollectorRegistry
 
 from trt_otel.core.clock import SYSTEM_CLOCK, Clock
-from trt_otel.core.events import BuildFinished, Event
+from trt_otel.core.events import BuildFinished, CancelSource, Event
 from trt_otel.core.journal import encode_event
 from trt_otel.core.observed import CancellableBuild
 from trt_otel.core.readmodel import ReadModel
@@ -433,7 +433,7 @@ def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
             if monitor.state.outcome is not None:
                 self._json(409, {"error": "the build has ended", "outcome": monitor.state.outcome})
                 return
-            first = monitor.cancel(reason or "cancelled over HTTP", source="http")
+            first = monitor.cancel(reason or "cancelled over HTTP", source=CancelSource.HTTP)
             cancel = monitor.state.cancel
             self._json(
                 202 if first else 200,

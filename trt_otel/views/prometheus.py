@@ -39,7 +39,7 @@ from prometheus_client.samples import Exemplar
 
 from trt_otel.control.policies import PolicyHealth
 from trt_otel.core.activity import Verdict
-from trt_otel.core.events import AnomalyKind, GpuSample, ProcessSample
+from trt_otel.core.events import AnomalyKind, CancelSource, GpuSample, ProcessSample
 from trt_otel.core.followers import FollowerHealth
 from trt_otel.core.observed import ObservedBuild
 from trt_otel.core.state import BuildState
@@ -54,9 +54,10 @@ EtaSource = Callable[[], float | None]
 BUILD_STATES = ("pending", "running", "cancelling", "success", "failure", "cancellation", "timeout")
 """Values of ``trt_build_state{state}``: one is 1, the others 0."""
 
-CANCEL_REASONS = ("timeout", "deadline", "stall", "memory", "file", "http", "signal", "user")
-"""Values of ``trt_build_cancellations_total{reason}`` (the cancel's ``source``), each present
-from the start at 0; a source outside them gets its series when it happens."""
+CANCEL_REASONS = tuple(source.value for source in CancelSource)
+"""Values of ``trt_build_cancellations_total{reason}`` (the cancel's ``source``): every
+:class:`~trt_otel.core.events.CancelSource`, each present from the start at 0; a source outside
+them (a program's own) gets its series when it happens."""
 
 _INFO_ATTRIBUTES = {
     "trt.backend": "backend",

@@ -1093,7 +1093,8 @@ private:
                 reason = *value;
             if (auto const* value = text("source"))
             {
-                static constexpr std::string_view kSources[] = {"timeout", "stall", "file", "http", "signal", "user"};
+                // What trt-otel watch may write: its policies' sources (trt_otel.core.events.CancelSource), POST /cancel's, a signal's.
+                static constexpr std::string_view kSources[] = {"timeout", "deadline", "stall", "memory", "file", "http", "signal", "user"};
                 if (std::find(std::begin(kSources), std::end(kSources), *value) != std::end(kSources))
                     source = *value;
             }
