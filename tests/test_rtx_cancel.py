@@ -247,14 +247,17 @@ def test_a_stopped_builder_is_stalled_and_killed_within_stall_grace_and_kill(
 
 
 def test_max_memory_stops_a_real_build_whose_memory_rises_past_it(launch: Launcher) -> None:
-    build = launch.start("--max-memory", "260MiB", "--grace", "1s", "--sample-interval", "0.2s")
+    """The builder's resident set stays near 182 MiB once the model is parsed, then rises to
+    about 240 MiB (300 in some runs) as TensorRT-RTX builds: a limit between the two is crossed
+    by the build, not by its start."""
+    build = launch.start("--max-memory", "215MiB", "--grace", "1s", "--sample-interval", "0.2s")
     assert build.finish() == 3, build.stderr
     events = read_journal(build.journal).events
     cancel = next(e for e in events if isinstance(e, CancelRequested))
     assert cancel.source == "memory"
-    assert re.fullmatch(r"resident memory \d+ MiB exceeds --max-memory 260 MiB", cancel.reason)
+    assert re.fullmatch(r"resident memory \d+ MiB exceeds --max-memory 215 MiB", cancel.reason)
     before = [e for e in events if isinstance(e, ProcessSample) and e.seq < cancel.seq]
-    assert (before[-1].rss_bytes or 0) > 260 << 20, "decided on the sample that crossed it"
+    assert (before[-1].rss_bytes or 0) > 215 << 20, "decided on the sample that crossed it"
     assert build.end().outcome == "cancellation"
     assert "resident memory" in build.stderr
     assert not build.engine.exists()
