@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import re
+import select
 import socket
 import stat
 import subprocess
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from trt_otel import BuildMonitor, Outcome, read_journal
 from trt_otel.builder.simulator import Driver, generate_plan
@@ -713,7 +715,7 @@ def test_a_flood_of_idle_connections_gets_no_more_threads_than_the_cap(
     """Connections that never send a request each hold a thread until the client timeout: past
     MAX_CONNECTIONS they are answered 503 and closed, so the threads stay bounded; once the
     flood goes, the view answers again."""
-    from trt_otel.views.http import MAX_CONNECTIONS
+    from trt_otel.views.http import MAX_CONNECTIONS, RESERVED_CONNECTIONS
 
     monitor, server = served
     monitor.start()
@@ -728,12 +730,12 @@ def test_a_flood_of_idle_connections_gets_no_more_threads_than_the_cap(
             assert time.monotonic() < deadline, threading.active_count() - threads_before
             time.sleep(0.05)
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as extra:
-            extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            extra.sendall(b"GET /status HTTP/1.1\r\nHost: localhost\r\n\r\n")
             answer = b""
             while chunk := extra.recv(65536):
                 answer += chunk
         assert answer.startswith(b"HTTP/1.1 503"), answer[:80]
-        assert threading.active_count() <= threads_before + MAX_CONNECTIONS
+        assert threading.active_count() <= threads_before + MAX_CONNECTIONS + RESERVED_CONNECTIONS
     finally:
         for connection in idle:
             connection.close()
@@ -841,3 +843,78 @@ def test_the_status_schema_is_the_one_published_and_the_documents_follow_it(
     monitor.end()
     assert monitor.log.flush(10)
     jsonschema.validate(get_json(f"{server.url}/status"), schema)
+
+
+def raw_answer(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+        connection.sendall(request)
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_the_owners_controls_are_answered_while_others_hold_every_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Idle connections hold every ordinary slot: /status is refused (503), but /healthz and
+    an authenticated POST /cancel are answered, from the slots kept for them."""
+    from trt_otel.views import http as view
+
+    monkeypatch.setattr(view, "MAX_CONNECTIONS", 4)
+    monitor = BuildMonitor()
+    model = ReadModel()
+    monitor.log.follow(model)
+    server = StatusServer(monitor, model, CollectorRegistry(), port=0, cancel_token=TOKEN)
+    monitor.start()
+    idle = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(4)]
+    try:
+        # Each idle one holds its slot once accepted: the next connection is past them.
+        wait_until(
+            lambda: raw_answer(server.port, b"GET /status HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .split(b" ")[1] == b"503",
+            "the ordinary slots taken",
+        )  # fmt: skip
+        healthz = raw_answer(server.port, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        assert healthz.split(b" ")[1] == b"200", healthz[:80]
+        cancel = raw_answer(
+            server.port,
+            b"POST /cancel HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n"
+            + f"Authorization: Bearer {TOKEN}\r\n\r\n".encode(),
+        )
+        assert cancel.split(b" ")[1] == b"202", cancel[:80]
+        assert monitor.state.cancel is not None and monitor.state.cancel.source == "http"
+        wrong = raw_answer(server.port, b"POST /cancel HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        assert wrong.split(b" ")[1] == b"401", wrong[:80]
+    finally:
+        for connection in idle:
+            connection.close()
+        server.close(linger_s=0)
+        monitor.close()
+
+
+def test_a_request_that_trickles_in_is_dropped_at_its_deadline(
+    served: tuple[BuildMonitor, StatusServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that sends its headers a byte at a time, each well inside the read timeout, is
+    cut off once the request's deadline passes, so it cannot hold a slot for ever."""
+    from trt_otel.views import http as view
+
+    monkeypatch.setattr(view, "REQUEST_DEADLINE_S", 1.0)
+    _, server = served
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as connection:
+        began = time.monotonic()
+        closed = False
+        for byte in b"GET /status HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + b"a" * 60:
+            try:
+                connection.sendall(bytes([byte]))
+            except OSError:
+                closed = True
+                break
+            readable, _, _ = select.select([connection], [], [], 0.2)  # a drip every 0.2 s
+            if readable and connection.recv(65536) == b"":
+                closed = True
+                break
+        took = time.monotonic() - began
+    assert closed, "the trickling request was still being read after 12 s"
+    assert 1.0 <= took < 4.0, took

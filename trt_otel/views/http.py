@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import io
 import ipaddress
 import json
 import logging
+import socket
 import sys
 import threading
 import time
@@ -60,7 +62,17 @@ KEEPALIVE_S = 15.0
 CLIENT_TIMEOUT_S = 30.0
 MAX_CONNECTIONS = 256
 """Connections served at once (each on a thread of its own); past it, a connection is
-answered 503 and closed."""
+answered 503 and closed, unless it is one of the owner's controls (below)."""
+RESERVED_CONNECTIONS = 16
+"""Connections kept, past :data:`MAX_CONNECTIONS`, for the owner's controls: ``GET /healthz``
+and ``POST /cancel`` are answered while others hold every other slot; any other request that
+lands in one is answered 503."""
+REQUEST_DEADLINE_S = 10.0
+"""A request's line, headers and body must all arrive within this, however slowly they trickle
+(a read waits at most :data:`CLIENT_TIMEOUT_S`, and a byte every few seconds would otherwise
+hold a slot for ever)."""
+RESERVED_DEADLINE_S = 2.0
+"""The same for a request in a reserved slot: the owner's controls are short."""
 _STATUS_ENCODER = msgspec.json.Encoder(enc_hook=str)
 """A build's attributes come from its caller: what JSON has no type for is shown as text."""
 _TOO_MANY = (
@@ -201,29 +213,63 @@ def _host_name(header: str) -> str | None:
     return _canonical(name) or None
 
 
+class _DeadlineReader(io.RawIOBase):
+    """A connection's bytes, read by a request that must arrive by :attr:`deadline`."""
+
+    def __init__(self, connection: socket.socket) -> None:
+        self._connection = connection
+        self.deadline: float | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        deadline = self.deadline
+        if deadline is None:
+            return self._connection.recv_into(buffer)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request did not arrive in time")
+        self._connection.settimeout(min(left, CLIENT_TIMEOUT_S))
+        try:
+            return self._connection.recv_into(buffer)
+        finally:  # an answer's writes keep the client timeout
+            self._connection.settimeout(CLIENT_TIMEOUT_S)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 64
 
     def server_activate(self) -> None:
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._reserve = threading.BoundedSemaphore(RESERVED_CONNECTIONS)
+        self.reserved: set[Any] = set()
+        """The connections in a reserved slot, which serve the owner's controls alone."""
         super().server_activate()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         # A thread a connection, at most MAX_CONNECTIONS of them: a flood of idle connections
-        # (each held up to CLIENT_TIMEOUT_S) is answered 503 past that, not given a thread.
+        # (each held up to REQUEST_DEADLINE_S) is answered 503 past that, not given a thread,
+        # but for the few kept for the owner's controls.
         if not self._slots.acquire(blocking=False):
-            with contextlib.suppress(OSError):
-                request.sendall(_TOO_MANY)
-            self.shutdown_request(request)
-            return
+            if not self._reserve.acquire(blocking=False):
+                with contextlib.suppress(OSError):
+                    request.sendall(_TOO_MANY)
+                self.shutdown_request(request)
+                return
+            self.reserved.add(request)
         super().process_request(request, client_address)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            if request in self.reserved:
+                self.reserved.discard(request)
+                self._reserve.release()
+            else:
+                self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that goes away mid-answer is its own business; anything else is logged, not
@@ -337,6 +383,29 @@ def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
         head_only = False
         """A HEAD request: everything a GET would send but the body."""
 
+        def setup(self) -> None:
+            super().setup()
+            self.rfile.close()  # read through the deadline instead (the socket stays open)
+            self._reader = _DeadlineReader(self.connection)
+            self.rfile = io.BufferedReader(self._reader)
+            self._reserved = self.request in self.server.reserved  # type: ignore[attr-defined]
+
+        def handle_one_request(self) -> None:
+            budget = RESERVED_DEADLINE_S if self._reserved else REQUEST_DEADLINE_S
+            self._reader.deadline = time.monotonic() + budget
+            super().handle_one_request()
+
+        def _refused_in_reserve(self, control: bool) -> bool:
+            """In a reserved slot, only the owner's controls are served, once each."""
+            if not self._reserved:
+                return False
+            self.close_connection = True
+            if control:
+                return False
+            with contextlib.suppress(OSError):
+                self.wfile.write(_TOO_MANY)
+            return True
+
         def do_HEAD(self) -> None:
             self.head_only = True
             try:
@@ -363,6 +432,8 @@ def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
             return False
 
         def do_GET(self) -> None:
+            if self._refused_in_reserve(self.path.partition("?")[0] == "/healthz"):
+                return
             if not self._host_allowed():
                 return
             server.client_seen.set()
@@ -398,6 +469,8 @@ def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
                 self._json(404, {"error": f"no such resource: {path}"})
 
         def do_POST(self) -> None:
+            if self._refused_in_reserve(self.path.partition("?")[0] == "/cancel"):
+                return
             if not self._host_allowed():
                 return
             server.client_seen.set()
