@@ -42,9 +42,14 @@ from trt_otel.builder.options import (
     shape_ranges,
 )
 from trt_otel.capture.supervisor import DEFAULT_GRACE_S
-from trt_otel.control.defaults import DEFAULT_MARGIN, STALL_ON
+from trt_otel.control.defaults import DEFAULT_MARGIN, SAMPLES_PER_STALL, STALL_ON
 from trt_otel.core import sizes
-from trt_otel.core.durations import DurationError, parse_duration, parse_positive_duration
+from trt_otel.core.durations import (
+    DurationError,
+    format_duration,
+    parse_duration,
+    parse_positive_duration,
+)
 from trt_otel.core.events import TENSORRT_SEVERITIES
 from trt_otel.views.otlp_settings import (
     DEFAULT_FOLD_UNDER_NS,
@@ -584,7 +589,8 @@ def add_observability_options(parser: argparse.ArgumentParser) -> Group:
         type=positive_seconds,
         default=1.0,
         metavar="DURATION",
-        help="how often to sample the builder's process and the GPU (default: 1s)",
+        help="how often to sample the builder's process and the GPU (default: 1s); at most "
+        "half of --stall-timeout, which needs two samples to see the builder work",
     )
     group.add_argument(
         "--no-gpu", action="store_true", help="do not sample the GPU (on where NVML is present)"
@@ -705,7 +711,28 @@ def add_session_options(parser: argparse.ArgumentParser, *, in_process: bool = T
     add_observability_options(parser)
 
 
+def check_sampling(
+    stall_timeout_s: float | None, stall_on: str, sample_interval_s: float | None
+) -> None:
+    """A stall counted on activity needs fresh samples of the builder's process within its
+    timeout (:data:`~trt_otel.control.defaults.SAMPLES_PER_STALL`): with fewer, a builder
+    computing through a silent window would be stopped as hung."""
+    if stall_timeout_s is None or stall_on != "activity" or sample_interval_s is None:
+        return
+    if sample_interval_s * SAMPLES_PER_STALL <= stall_timeout_s:
+        return
+    interval, timeout = format_duration(sample_interval_s), format_duration(stall_timeout_s)
+    most = format_duration(stall_timeout_s / SAMPLES_PER_STALL)
+    raise UsageError(
+        f"--sample-interval {interval} is too long for --stall-timeout {timeout}: the "
+        "builder's work is measured between two samples, so the stall timeout must hold at "
+        f"least {SAMPLES_PER_STALL} intervals (--sample-interval {most} or less, a longer "
+        "--stall-timeout, or --stall-on callbacks)"
+    )
+
+
 def session_config(args: argparse.Namespace) -> SessionConfig:
+    check_sampling(args.stall_timeout, args.stall_on, getattr(args, "sample_interval", None))
     return SessionConfig(
         observe=observability_config(args),
         policy=policy_config(args),
