@@ -11,6 +11,7 @@ argparse's own message); those that need several options together raise :class:`
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import urllib.parse
@@ -71,6 +72,25 @@ def non_negative_float(text: str) -> float:
     if not value >= 0:  # also rejects NaN
         raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
     return value
+
+
+def percent(text: str) -> float:
+    """A percentage, as people write one: ``5``, ``5%``, ``12.5 %``; finite and 0 or more (a
+    gate of ``inf`` percent could never fire)."""
+    number = text.strip().removesuffix("%").strip()
+    try:
+        value = float(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage (5, 5%)") from None
+    if math.isnan(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage (5, 5%)")
+    if math.isinf(value):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is no limit: a gate that can never fire; give a percentage (5, 5%)"
+        )
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0% or more")
+    return value + 0.0  # -0 is 0
 
 
 def seconds(text: str) -> float:
