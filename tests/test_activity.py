@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from trt_otel import BuildMonitor, ManualClock, ProcessSample
 from trt_otel.capture.process import ProcessSampler
-from trt_otel.control.policies import BuildView, MemoryGuard, Stall
+from trt_otel.control.policies import BuildView, MemoryGuard, PolicyRunner, Stall
 from trt_otel.core.activity import IDLE_AFTER_S, Verdict
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.sizes import SizeError, format_bytes, parse_size
@@ -160,6 +160,68 @@ def test_a_stall_falls_back_to_callbacks_where_the_process_is_not_sampled() -> N
     )
     with pytest.raises(ValueError, match="activity or callbacks"):
         Stall(10, on="cpu")
+
+
+def test_the_first_sample_is_no_activity_and_a_working_verdict_is_never_called_idle() -> None:
+    """The real sampler's first sample measures no CPU use (there is no sample before it): the
+    builder is working, as it has only just started, but the sample's time is no sign of work,
+    so the stall counts from the last progress; and when it decides on a verdict that still
+    says working (no fresh sample since), it says so."""
+    clock = ManualClock()
+    monitor = sampled_build(clock)  # progress (the phase's start) at 0 s
+    clock.advance(2)
+    monitor.sample(
+        ProcessSample, pid=1234, status="running", cpu_seconds=1.0, rss_bytes=300 * MIB
+    )  # as ProcessReader's first reading: no cpu_percent
+    activity = monitor.state.activity
+    assert activity.verdict is Verdict.WORKING and activity.last_active_mono_ns is None
+    runner = PolicyRunner(monitor, Stall(5))
+    clock.advance(3.5)  # 5.5 s after the progress, 3.5 s after the first sample
+    decision = runner.check_now()
+    assert decision is not None, "the first sample's time is not the last activity"
+    assert "idle" not in decision.reason
+    assert decision.reason == (
+        "no progress for 5.0s in 'Building engine', and no sample of the builder's process in "
+        "that time showed work (the last one: working (300 MiB))"
+    )
+
+
+def test_a_fresh_sample_that_measures_work_is_activity() -> None:
+    clock = ManualClock()
+    monitor = sampled_build(clock)
+    stall = PolicyRunner(monitor, Stall(5))
+    sample(monitor, "running", cpu=0.0, cpu_s=1.0)
+    for second in range(1, 20):
+        clock.advance(1)
+        sample(monitor, "running", cpu=99.0, cpu_s=1.0 + second)
+        assert stall.check_now() is None, f"working at {second}s"
+    assert monitor.state.activity.last_active_mono_ns == clock.mono_ns()
+
+
+def test_a_sample_interval_the_stall_timeout_cannot_hold_is_refused_before_the_build() -> None:
+    """``--sample-interval 1m --stall-timeout 5s``: no second sample could come within the
+    timeout to show a builder computing through a silent window, so it would be stopped as
+    hung. Refused (exit 2, one line naming both), given directly or by a retry's rung."""
+    cli = [sys.executable, "-m", "trt_otel.app.cli", "demo", "--speed", "0", "--no-progress"]
+    for options in (
+        ["--sample-interval", "1m", "--stall-timeout", "5s"],
+        ["--sample-interval", "3s", "--stall-timeout", "5s"],
+        ["--stall-timeout", "1h", "--retry", "--stall-timeout 1s"],
+    ):
+        result = subprocess.run(
+            [*cli, *options], check=False, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 2, (options, result.stderr)
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1, lines
+        assert "--sample-interval" in lines[0] and "--stall-timeout" in lines[0], lines
+        assert "build started" not in result.stderr
+    # Counted on callbacks alone, or with two samples in the window, the pair is fine.
+    from trt_otel.app.fleet import check_command_line
+
+    check_command_line(["demo", "--sample-interval", "1m", "--stall-timeout", "5s",
+                        "--stall-on", "callbacks"])  # fmt: skip
+    check_command_line(["demo", "--sample-interval", "2.5s", "--stall-timeout", "5s"])
 
 
 def test_the_memory_guard_names_the_figures() -> None:

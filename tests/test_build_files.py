@@ -262,3 +262,31 @@ def test_an_output_over_the_trace_being_replayed_is_refused(tmp_path: Path) -> N
             trace=trace,
         )  # fmt: skip
     assert trace.read_text() == "{}\n"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_engines_reports_and_caches_are_written_with_the_users_umask(
+    tmp_path: Path, umask: int
+) -> None:
+    """Data files are ``0666`` less the umask, as any program's, so a server running as
+    another user can read an engine or a report the umask lets it read (the HTTP view's cancel
+    token stays its owner's alone: test_http)."""
+    import stat
+
+    engine, cache = tmp_path / "model.engine", tmp_path / "timing.cache"
+    journal, page = tmp_path / "build.jsonl", tmp_path / "report.html"
+
+    def trt_otel(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*CLI, *args], capture_output=True, text=True, timeout=120, check=False,
+            cwd=tmp_path, umask=umask,
+        )  # fmt: skip
+
+    built = trt_otel("demo", "--speed", "0", "--no-progress", "-o", str(engine),
+                     "--timing-cache", str(cache), "--journal", str(journal))  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    reported = trt_otel("report", str(journal), "-o", str(page))
+    assert reported.returncode == 0, reported.stderr
+    for path in (engine, cache, journal, page):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path
+    assert not list(tmp_path.glob(".*.partial"))

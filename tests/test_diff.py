@@ -86,6 +86,18 @@ def test_the_gate_passes_within_its_margin_and_the_reverse_diff_says_faster(
     assert verdict(reverse.stdout).startswith("verdict: faster by ")
 
 
+def test_the_gate_takes_a_percentage_as_people_write_it(simulated: dict[str, Path]) -> None:
+    """``--fail-if-slower 20%`` is 20 percent, as ``20`` is: the slower build fails it, and
+    the same build passes a gate of ``10000%``."""
+    done = trt_otel("diff", str(simulated["quick"]), str(simulated["silent"]),
+                    "--fail-if-slower", "20%")  # fmt: skip
+    assert done.returncode == EXIT_SLOWER, done.stderr
+    assert "slower than the baseline by more than 20%" in done.stderr
+    wide = trt_otel("diff", str(simulated["quick"]), str(simulated["silent"]),
+                    "--fail-if-slower", " 10000 % ")  # fmt: skip
+    assert wide.returncode == 0, wide.stderr
+
+
 def test_the_median_of_a_history_folder_is_the_baseline(simulated: dict[str, Path]) -> None:
     done = trt_otel("diff", "--history", str(simulated["history"]), str(simulated["silent"]),
                     "--fail-if-slower", "20")  # fmt: skip
@@ -167,6 +179,13 @@ def test_two_real_builds_with_different_options_say_which_option_changed(tmp_pat
         (["diff", "/", "/"], "not a regular file"),
         (["demo", "--fail-if-slower", "10"], "--fail-if-slower needs --history"),
         (["diff", "a", "b", "--fail-if-slower", "-3"], "--fail-if-slower"),
+        (["diff", "a", "b", "--fail-if-slower", "-3%"], "'-3%' must be 0% or more"),
+        (["diff", "a", "b", "--fail-if-slower", "five%"], "'five%' is not a percentage"),
+        (["diff", "a", "b", "--fail-if-slower", "nan"], "'nan' is not a percentage"),
+        # A gate that could never fire is no gate: refused, not passed for ever.
+        (["diff", "a", "b", "--fail-if-slower", "inf"], "a gate that can never fire"),
+        (["demo", "--history", ".", "--fail-if-slower", "inf%"], "a gate that can never fire"),
+        (["build", "m.onnx", "-o", "e", "--fail-if-slower", "1e400"], "can never fire"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], said: str) -> None:

@@ -42,6 +42,7 @@ from trt_otel.app.fleet import (  # noqa: E402
     Fleet,
     FleetError,
     JournalFold,
+    check_command_line,
 )
 from trt_otel.app.mcp_server import MAX_LOG_CHARS, bound_log_lines  # noqa: E402
 from trt_otel.builder.onnx_models import demo_model_bytes  # noqa: E402
@@ -350,6 +351,35 @@ def test_bad_requests_are_tool_errors(tmp_path: Path, model: Path) -> None:
             assert [b["state"] for b in listed] == ["failed_to_start"]
 
     run(test)
+
+
+def test_a_sample_interval_the_stall_timeout_cannot_hold_is_refused_from_an_agent(
+    tmp_path: Path,
+) -> None:
+    """The command line's refusal holds for an agent's request, given in options or in a
+    retry's rung, and nothing is started; the fleet's check (the local fleet's and Ray's) says
+    the same."""
+
+    async def test() -> None:
+        async with server(tmp_path / "state") as client:
+
+            async def refused(arguments: dict[str, Any]) -> str:
+                return error_text(await client.call_tool("start_build", arguments))
+
+            said = await refused(
+                {"kind": "demo", "options": ["--sample-interval", "1m", "--stall-timeout", "5s"]}
+            )
+            assert "--sample-interval 1m00s is too long for --stall-timeout 5.0s" in said, said
+            said = await refused(
+                {"kind": "demo", "options": ["--sample-interval", "10s"],
+                 "retries": ["--stall-timeout 5s"]}
+            )  # fmt: skip
+            assert "--sample-interval 10.0s is too long for --stall-timeout 5.0s" in said, said
+            assert payload(await client.call_tool("list_builds", {}))["builds"] == []
+
+    run(test)
+    with pytest.raises(FleetError, match="is too long for --stall-timeout"):
+        check_command_line(["demo", "--sample-interval", "1m", "--stall-timeout", "5s"])
 
 
 def test_a_restarted_server_finds_its_builds_again(tmp_path: Path, model: Path) -> None:

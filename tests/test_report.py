@@ -353,6 +353,8 @@ def test_several_journals_give_one_section_per_build(tmp_path: Path) -> None:
         (["missing.jsonl"], "cannot read journal"),
         ([str(CANCELLED), "-o", "/"], "is a directory, not a regular file"),
         ([str(CANCELLED), "-o", "/no/such/dir/r.html"], "no directory /no/such/dir"),
+        # A folder that takes no new file, whoever runs it (root too).
+        ([str(CANCELLED), "-o", "/proc/r.html"], "-o /proc/r.html: cannot write in /proc"),
         ([str(CANCELLED), "--format", "pdf"], "invalid choice"),
     ],
 )
@@ -360,3 +362,21 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], said: str, tmp_path: 
     done = trt_otel("report", *args, cwd=tmp_path)
     assert done.returncode == 2
     assert said in done.stderr and "Traceback" not in done.stderr
+    if "--format" not in args:  # argparse's own errors come after the usage
+        assert len(done.stderr.splitlines()) == 1, done.stderr
+
+
+def test_the_output_is_never_one_of_the_journals(tmp_path: Path) -> None:
+    """``report J -o J`` would replace the build's record with its page: refused, by the real
+    path (a symlink to it, a ``..`` through another folder), and the journal stays whole."""
+    journal = tmp_path / "build.jsonl"
+    journal.write_bytes(CANCELLED.read_bytes())
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.jsonl").symlink_to(journal)
+    for output in ("build.jsonl", "sub/../build.jsonl", "link.jsonl", str(journal)):
+        done = trt_otel("report", str(CANCELLED), "build.jsonl", "-o", output, cwd=tmp_path)
+        assert done.returncode == 2, (output, done.stderr)
+        assert "is also the journal" in done.stderr and "Traceback" not in done.stderr
+        assert len(done.stderr.splitlines()) == 1, done.stderr
+        assert journal.read_bytes() == CANCELLED.read_bytes(), output
+    assert (tmp_path / "link.jsonl").is_symlink()

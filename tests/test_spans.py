@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -425,6 +427,63 @@ def test_a_refusing_collector_is_reported_once_and_every_span_counted() -> None:
     assert health.failed + health.dropped == monitor.state.phases_started_total + 1
     assert len(warnings) == 1, warnings
     assert "OTLP export to" in warnings[0]
+
+
+@contextlib.contextmanager
+def redirecting_collector(status: int, target: str) -> Iterator[tuple[int, list[str]]]:
+    """A real HTTP server that answers every POST with ``status``, to ``target`` + its path
+    (an http-to-https ingress in front of a collector); its port and the paths posted."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    posts: list[str] = []
+
+    class Redirecting(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            posts.append(self.path)
+            self.send_response(status)
+            self.send_header("Location", target + self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirecting)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_port, posts
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("status", [307, 302])
+def test_a_collector_that_redirects_is_a_failure_and_nothing_is_counted_exported(
+    status: int, receiver: OtlpReceiver
+) -> None:
+    """A redirect (an ingress sending http to https) is no acceptance: the SDK counts any answer
+    under 400 as one. Spans, log records and metrics are each said not exported, with what the
+    collector answered, once; nothing is followed to the target."""
+    target = endpoint(receiver, HTTP_PROTOBUF)
+    with redirecting_collector(status, target) as (port, posts):
+        result = run_demo(
+            "--speed", "0", "--otlp-endpoint", f"http://127.0.0.1:{port}",
+            "--otlp-protocol", HTTP_PROTOBUF, "--otlp-logs-level", "info", "--otlp-metrics",
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert {"/v1/traces", "/v1/logs", "/v1/metrics"} <= set(posts), posts
+    err = result.stderr
+    assert re.search(r"spans: [\d,]+ exported", err) is None, "no span is said exported"
+    assert "records exported" not in err
+    assert err.count("OTLP export to") == 1, "the spans' failure is said once"
+    assert f"{DEMO_SPANS:,} spans not exported ({DEMO_SPANS:,} refused" in err
+    assert "log records not exported (the collector answered" in err
+    assert "OTLP metric exports failed (the collector answered" in err
+    assert err.count(f"answered {status} ") >= 3 and f"to '{target}/v1/traces'" in err
+    assert "Traceback" not in err
+    assert receiver.spans == [] and receiver.logs == [] and receiver.points == []
 
 
 def trace_files_or_plan() -> list[Path]:

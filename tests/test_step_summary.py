@@ -91,6 +91,75 @@ def test_a_summary_that_is_not_a_regular_file_is_a_warning_not_a_failure(tmp_pat
     assert "GITHUB_STEP_SUMMARY not written" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_a_summary_that_is_one_of_the_runs_files_is_not_written(tmp_path: Path) -> None:
+    """``$GITHUB_STEP_SUMMARY`` naming the engine, the model or the journal of the same run (by
+    its real path: through a symlink or ``..``): no markdown is appended to it, the build's
+    exit code stands, and the warning says which file it is."""
+    model = tmp_path / "model.onnx"
+    model.write_bytes(demo_model_bytes())
+    engine, journal = tmp_path / "out.engine", tmp_path / "b.jsonl"
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "engine-link").symlink_to(engine)
+    demo = ["demo", "--model", str(model), "-o", str(engine), "--journal", str(journal),
+            "--speed", "0", "--no-progress"]  # fmt: skip
+    for named, target in (
+        ("engine", tmp_path / "sub" / ".." / "out.engine"),
+        ("engine", tmp_path / "engine-link"),
+        ("model", model),
+        ("journal", journal),
+    ):
+        env = {**os.environ, "GITHUB_STEP_SUMMARY": str(target), "RUNNER_TEMP": str(tmp_path)}
+        done = subprocess.run(
+            [*CLI, *demo], capture_output=True, text=True, timeout=300, env=env, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        assert f"is the build's {named}; no summary appended" in done.stderr, done.stderr
+        assert model.read_bytes() == demo_model_bytes()
+        assert b"TensorRT build" not in engine.read_bytes()
+        assert b"TensorRT build" not in journal.read_bytes()
+        assert "Traceback" not in done.stderr
+
+
+def test_a_runner_temp_that_is_not_there_is_not_made(tmp_path: Path) -> None:
+    """The journal kept for the summary goes to ``$RUNNER_TEMP`` only when it is a folder:
+    none is made for it (at the root, run as root), and the summary is still written."""
+    missing = tmp_path / "nonexistent" / "deeper"
+    (tmp_path / "summary.md").write_text(BEFORE, encoding="utf-8")
+    env = {
+        **os.environ,
+        "RUNNER_TEMP": str(missing),
+        "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"),
+    }
+    done = subprocess.run(
+        [*CLI, "demo", "--speed", "0", "--no-progress"],
+        capture_output=True, text=True, timeout=300, env=env, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "nonexistent").exists()
+    assert f"RUNNER_TEMP {missing} is not a folder" in done.stderr
+    assert "success" in summary(tmp_path)
+    kept = [line.split("journal: ", 1)[1] for line in done.stderr.splitlines()
+            if line.startswith("journal: ")]  # fmt: skip
+    assert kept and not kept[0].startswith(str(missing))
+    Path(kept[0]).unlink()
+
+
+def test_a_summary_that_cannot_be_written_is_a_warning_with_the_builds_exit_code(
+    tmp_path: Path,
+) -> None:
+    for target in ("/proc/summary.md", str(tmp_path / "no" / "such" / "summary.md")):
+        env = {**os.environ, "GITHUB_STEP_SUMMARY": target, "RUNNER_TEMP": str(tmp_path)}
+        done = subprocess.run(
+            [*CLI, "demo", "--speed", "0", "--no-progress", "--timeout", "1s", "--silence",
+             "30s", "--grace", "1s"],
+            capture_output=True, text=True, timeout=300, env=env, check=False,
+        )  # fmt: skip
+        assert done.returncode == 3, done.stderr  # cancelled: the code stands
+        assert "GITHUB_STEP_SUMMARY not written" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    assert not (tmp_path / "no").exists()
+
+
 @pytest.mark.slow
 def test_a_real_build_and_a_programs_builds_append_their_reports(tmp_path: Path) -> None:
     import_rtx()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import re
 import urllib.parse
@@ -44,9 +45,15 @@ from trt_otel.builder.options import (
 )
 from trt_otel.capture.supervisor import DEFAULT_GRACE_S
 from trt_otel.control import registry
+from trt_otel.control.defaults import SAMPLES_PER_STALL
 from trt_otel.control.registry import Option
 from trt_otel.core import sizes
-from trt_otel.core.durations import DurationError, parse_duration, parse_positive_duration
+from trt_otel.core.durations import (
+    DurationError,
+    format_duration,
+    parse_duration,
+    parse_positive_duration,
+)
 from trt_otel.core.events import TENSORRT_SEVERITIES
 from trt_otel.views.otlp_settings import (
     DEFAULT_FOLD_UNDER_NS,
@@ -68,6 +75,25 @@ def non_negative_float(text: str) -> float:
     if not value >= 0:  # also rejects NaN
         raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
     return value
+
+
+def percent(text: str) -> float:
+    """A percentage, as people write one: ``5``, ``5%``, ``12.5 %``; finite and 0 or more (a
+    gate of ``inf`` percent could never fire)."""
+    number = text.strip().removesuffix("%").strip()
+    try:
+        value = float(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage (5, 5%)") from None
+    if math.isnan(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage (5, 5%)")
+    if math.isinf(value):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is no limit: a gate that can never fire; give a percentage (5, 5%)"
+        )
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0% or more")
+    return value + 0.0  # -0 is 0
 
 
 def seconds(text: str) -> float:
@@ -545,7 +571,8 @@ def add_observability_options(parser: argparse.ArgumentParser) -> Group:
         type=positive_seconds,
         default=1.0,
         metavar="DURATION",
-        help="how often to sample the builder's process and the GPU (default: 1s)",
+        help="how often to sample the builder's process and the GPU (default: 1s); at most "
+        "half of --stall-timeout, which needs two samples to see the builder work",
     )
     group.add_argument(
         "--no-gpu", action="store_true", help="do not sample the GPU (on where NVML is present)"
@@ -666,7 +693,28 @@ def add_session_options(parser: argparse.ArgumentParser, *, in_process: bool = T
     add_observability_options(parser)
 
 
+def check_sampling(
+    stall_timeout_s: float | None, stall_on: str, sample_interval_s: float | None
+) -> None:
+    """A stall counted on activity needs fresh samples of the builder's process within its
+    timeout (:data:`~trt_otel.control.defaults.SAMPLES_PER_STALL`): with fewer, a builder
+    computing through a silent window would be stopped as hung."""
+    if stall_timeout_s is None or stall_on != "activity" or sample_interval_s is None:
+        return
+    if sample_interval_s * SAMPLES_PER_STALL <= stall_timeout_s:
+        return
+    interval, timeout = format_duration(sample_interval_s), format_duration(stall_timeout_s)
+    most = format_duration(stall_timeout_s / SAMPLES_PER_STALL)
+    raise UsageError(
+        f"--sample-interval {interval} is too long for --stall-timeout {timeout}: the "
+        "builder's work is measured between two samples, so the stall timeout must hold at "
+        f"least {SAMPLES_PER_STALL} intervals (--sample-interval {most} or less, a longer "
+        "--stall-timeout, or --stall-on callbacks)"
+    )
+
+
 def session_config(args: argparse.Namespace) -> SessionConfig:
+    check_sampling(args.stall_timeout, args.stall_on, getattr(args, "sample_interval", None))
     return SessionConfig(
         observe=observability_config(args),
         policy=policy_config(args),

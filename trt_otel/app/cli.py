@@ -146,7 +146,13 @@ def _build_or_demo(command: DemoCommand | BuildCommand) -> int:
     """The build, its summary for CI (``$GITHUB_STEP_SUMMARY``), and with
     ``--fail-if-slower``, the gate against its history, which needs a journal of the build."""
     gated = command.fail_if_slower is not None
-    with summarised(command.session, command.summary, keep_journal=gated) as session:
+    files = [
+        ("model", command.model),
+        ("engine", command.output),
+        ("timing cache", command.builder.timing_cache),
+        ("trace", command.simulator.trace if isinstance(command, DemoCommand) else None),
+    ]
+    with summarised(command.session, command.summary, keep_journal=gated, files=files) as session:
         command = dataclasses.replace(command, session=session)
         code = demo(command) if isinstance(command, DemoCommand) else build(command)
     if code == EXIT_OK and command.fail_if_slower is not None:

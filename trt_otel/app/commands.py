@@ -17,6 +17,7 @@ from trt_otel.app.arguments import (
     add_span_options,
     builder_options,
     non_negative_float,
+    percent,
     positive_seconds,
     seconds,
     session_config,
@@ -252,11 +253,11 @@ def _add_summary_option(parser: Parser) -> None:
 def _add_gate_option(parser: Parser, *, after_build: bool = True) -> None:
     parser.add_argument(
         "--fail-if-slower",
-        type=non_negative_float,
+        type=percent,
         metavar="PCT",
         help="exit 5 when the build is slower than "
         + ("the median of the matching builds of --history" if after_build else "the baseline")
-        + " by more than PCT percent (a CI gate)",
+        + " by more than PCT percent (5 or 5%%; a CI gate)",
     )
 
 

@@ -287,7 +287,11 @@ def otlp_metrics(
     if completed and health.reason is not None:
         warn(f"the final metrics were not exported over OTLP ({health.reason})")
     elif completed and health.failed:
-        warn(f"{health.failed:,} of {health.exported + health.failed:,} OTLP metric exports failed")
+        why = f" ({health.refusal})" if health.refusal else ""
+        warn(
+            f"{health.failed:,} of {health.exported + health.failed:,} OTLP metric exports "
+            f"failed{why}"
+        )
 
 
 def metric_sources(

@@ -18,7 +18,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from trt_otel.app.arguments import Parser, add_builder_options, builder_options, positive_seconds
+from trt_otel.app.arguments import (
+    Parser,
+    add_builder_options,
+    builder_options,
+    check_sampling,
+    positive_seconds,
+)
 from trt_otel.app.config import SessionConfig, UsageError
 from trt_otel.builder.options import BuildOptions
 
@@ -96,6 +102,7 @@ def parse_rung(args: argparse.Namespace, text: str, *, threads: int | None = Non
     try:
         _rung_parser().parse_args(tokens, namespace=laid)
         builder = builder_options(laid, threads=threads)
+        check_sampling(laid.stall_timeout, laid.stall_on, getattr(laid, "sample_interval", None))
     except UsageError as error:
         raise UsageError(f"--retry {shown!r}: {error}") from None
     return Rung(" ".join(tokens), builder, laid.timeout, laid.stall_timeout)

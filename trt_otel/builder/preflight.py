@@ -109,7 +109,7 @@ def check_distinct(
     given_inputs = [(name, path) for name, path in inputs if path is not None]
     for index, (name, path) in enumerate(given_outputs):
         for other_name, other in given_inputs + given_outputs[index + 1 :]:
-            if _same_file(path, other):
+            if same_file(path, other):
                 raise PreflightError(
                     f"{name} {path} is also the {other_name}: writing one would destroy the other"
                 )
@@ -169,7 +169,9 @@ def check_build_files(
         check_cancel_file(cancel_file)
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` are one file: by device and inode when both exist (hard links and
+    symlinks alike), else by their real paths (symlinks and ``..`` resolved)."""
     try:
         return os.path.samefile(a, b)  # hard links and symlinks alike, when both exist
     except OSError:

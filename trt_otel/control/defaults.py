@@ -11,3 +11,8 @@ early (a share of the deadline)."""
 STALL_ON = ("activity", "callbacks")
 """What ``--stall-timeout`` counts: progress or work by the builder's process, or progress
 alone."""
+
+SAMPLES_PER_STALL = 2
+"""A stall counted on activity needs at least this many of the builder's process samples within
+its timeout: work is measured between two samples, so a window with fewer cannot see a builder
+that computes, and would stop it as if it were hung."""

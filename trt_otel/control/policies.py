@@ -189,13 +189,18 @@ class Stall(Policy):
         limit = format_duration(self.limit_ns / 1e9)
         if not watched:
             return Decision(f"no progress for {limit}{where}", self.source)
-        state = {
-            Verdict.IDLE: "idle",
-            Verdict.STOPPED: "stopped",
-            Verdict.GONE: "gone",
-            Verdict.WORKING: "idle",  # not reached: working is activity
-        }[view.verdict]  # type: ignore[index]
         evidence = f" ({view.evidence})" if view.evidence else ""
+        if view.verdict is Verdict.WORKING:
+            # Its last sample said working, but no sample in the window showed work (they came
+            # late, or only the first one came): said as it is, never as idle.
+            return Decision(
+                f"no progress for {limit}{where}, and no sample of the builder's process in "
+                f"that time showed work (the last one: working{evidence})",
+                self.source,
+            )
+        state = {Verdict.IDLE: "idle", Verdict.STOPPED: "stopped", Verdict.GONE: "gone"}[
+            view.verdict  # type: ignore[index]
+        ]
         return Decision(
             f"no progress and no activity for {limit}{where}: the builder's process is "
             f"{state}{evidence}",

@@ -55,6 +55,7 @@ class Activity:
 
     __slots__ = (
         "_cpu_history",
+        "_first_mono_ns",
         "last_active_mono_ns",
         "last_sample",
         "peak_rss_bytes",
@@ -68,6 +69,9 @@ class Activity:
         self.verdict: Verdict | None = None
         self.since_mono_ns: int | None = None
         self.last_active_mono_ns: int | None = None
+        """The last sample that showed work (a callback since the one before, CPU or GPU use
+        measured): never the first sample's time for its own sake."""
+        self._first_mono_ns: int | None = None
         self.peak_rss_bytes: int | None = None
         self.rss_rising = False
         self._cpu_history: deque[tuple[int, float]] = deque()
@@ -110,21 +114,31 @@ class Activity:
             and gpu.utilization is not None
             and gpu.utilization >= ACTIVE_GPU_UTILIZATION
         )
+        quiet_since: int | None = None
         if sample.status in GONE_STATUSES:
             verdict = Verdict.GONE
         elif sample.status in STOPPED_STATUSES:
             verdict = Verdict.STOPPED
         else:
-            if called_back or busy_cpu or busy_gpu or self.last_active_mono_ns is None:
-                # The first sample counts as work: the builder has only just started.
+            if called_back or busy_cpu or busy_gpu:
                 self.last_active_mono_ns = sample.mono_ns
-            quiet_ns = sample.mono_ns - self.last_active_mono_ns
+            if self._first_mono_ns is None:
+                self._first_mono_ns = sample.mono_ns
+            # A first sample with nothing measured yet is working (the builder has only just
+            # started), but it is no activity: the stall counts from the build's last progress
+            # until a sample shows work.
+            quiet_since = (
+                self._first_mono_ns
+                if self.last_active_mono_ns is None
+                else self.last_active_mono_ns
+            )
+            quiet_ns = sample.mono_ns - quiet_since
             verdict = Verdict.IDLE if quiet_ns > IDLE_AFTER_S * 1e9 else Verdict.WORKING
         if verdict is not self.verdict:
             self.verdict = verdict
             self.since_mono_ns = (
-                self.last_active_mono_ns
-                if verdict is Verdict.IDLE and self.last_active_mono_ns is not None
+                quiet_since
+                if verdict is Verdict.IDLE and quiet_since is not None
                 else sample.mono_ns
             )
         if sample.rss_bytes is not None:

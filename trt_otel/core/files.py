@@ -7,23 +7,21 @@ from __future__ import annotations
 import errno
 import io
 import os
+import secrets
 import stat
-import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
 
 def write_atomically(path: Path, data: bytes, *, mode: int | None = None) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one.
-    ``mode``: the file's permissions (else 0600, the temporary file's), for a file another
-    user's process reads."""
-    directory = path.parent if str(path.parent) else Path(".")
+    ``mode``: the file's permissions; else a data file's, ``0666`` less the process's umask
+    (as ``open()`` makes one): an engine or a report another user's process (a server) reads
+    as the umask allows, never a file only its writer can read."""
     # The pid in the name lets a supervisor that killed this process find what it left.
-    handle, temporary = tempfile.mkstemp(
-        prefix=f".{path.name}.{os.getpid()}.", suffix=".partial", dir=directory
-    )
+    descriptor, temporary = _new_file_beside(path)
     try:
-        with os.fdopen(handle, "wb") as file:
+        with os.fdopen(descriptor, "wb") as file:
             if mode is not None:
                 os.fchmod(file.fileno(), mode)
             file.write(data)
@@ -33,6 +31,23 @@ def write_atomically(path: Path, data: bytes, *, mode: int | None = None) -> Non
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _new_file_beside(path: Path) -> tuple[int, str]:
+    """A new file beside ``path`` (``.NAME.PID.RANDOM.partial``), created with ``0666`` for the
+    kernel to take the umask from (``mkstemp`` makes ``0600`` whatever the umask), never an
+    existing file or a link."""
+    directory = path.parent if str(path.parent) else Path(".")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    for _ in range(100):
+        temporary = os.path.join(
+            directory, f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.partial"
+        )
+        try:
+            return os.open(temporary, flags, 0o666), temporary
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary name", os.fspath(directory))
 
 
 # -- files from outside: checked for what they are before they are opened ------------------------

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event as SdkEvent
@@ -72,6 +72,7 @@ class SpanExportQueue(SpanProcessor):
         warn: Warn,
         endpoint: str = "",
         request_timeout_s: float | None = None,
+        refusal: Callable[[], str | None] | None = None,
         capacity: int = SPAN_QUEUE_CAPACITY,
         batch_size: int = 512,
         interval_s: float = 1.0,
@@ -82,6 +83,7 @@ class SpanExportQueue(SpanProcessor):
         self._warn = warn
         self._endpoint = endpoint
         self._request_timeout_s = request_timeout_s
+        self._refusal = refusal
         self._capacity = capacity
         self._batch_size = batch_size
         self._interval_s = interval_s
@@ -193,6 +195,9 @@ class SpanExportQueue(SpanProcessor):
 
     def _why_failed(self, took_s: float) -> str:
         """The likely reason of a FAILURE, the exporter's only answer."""
+        refused = self._refusal() if self._refusal is not None else None
+        if refused is not None:
+            return refused
         unreachable = unreachable_because(self._endpoint) if self._endpoint else None
         if unreachable is not None:
             return unreachable
@@ -343,12 +348,14 @@ class OtlpSpanExport:
         """``interval_s`` and ``retry_after_s`` tune the :class:`SpanExportQueue`."""
         self.settings = settings
         self.projection = self._projection(model)
+        session = settings.http_session() if exporter is None else None
         self.queue = SpanExportQueue(
-            exporter or settings.make_exporter(),
+            exporter or settings.make_exporter(session),
             describe=f"{settings.endpoint} ({settings.protocol})",
             warn=warn,
             endpoint=settings.endpoint,
             request_timeout_s=settings.request_timeout_s,
+            refusal=(lambda: session.refusal) if session is not None else None,
             interval_s=interval_s,
             retry_after_s=retry_after_s,
         )

@@ -45,6 +45,7 @@ from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.state import Phase
 from trt_otel.core.version import __version__
 from trt_otel.views.conventions import SCHEMA_URL
+from trt_otel.views.otlp_http import AcceptedOn2xx
 from trt_otel.views.otlp_settings import GRPC, OtlpSettings, unreachable_because
 from trt_otel.views.resource import detect_resource
 from trt_otel.views.trace_ids import build_span_id, build_trace_id, phase_span_id
@@ -194,7 +195,11 @@ class LogProjection:
         )
 
 
-def make_log_exporter(settings: OtlpSettings) -> LogRecordExporter:
+def make_log_exporter(
+    settings: OtlpSettings, session: AcceptedOn2xx | None = None
+) -> LogRecordExporter:
+    """The SDK's exporter; over HTTP, one that counts only a 2xx answer as accepted, through
+    ``session`` (a new one when None)."""
     if settings.protocol == GRPC:
         from opentelemetry.exporter.otlp.proto.grpc._log_exporter import (
             OTLPLogExporter as GrpcLogExporter,
@@ -205,7 +210,11 @@ def make_log_exporter(settings: OtlpSettings) -> LogRecordExporter:
         OTLPLogExporter as HttpLogExporter,
     )
 
-    return HttpLogExporter(endpoint=settings.endpoint, timeout=settings.request_timeout_s)
+    return HttpLogExporter(
+        endpoint=settings.endpoint,
+        timeout=settings.request_timeout_s,
+        session=AcceptedOn2xx() if session is None else session,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +276,8 @@ class OtlpLogExport:
         self._provider = LoggerProvider(
             resource=resource or detect_resource(), shutdown_on_exit=False
         )
-        self._exporter = _CountingExporter(exporter or make_log_exporter(settings))
+        self._session = settings.http_session() if exporter is None else None
+        self._exporter = _CountingExporter(exporter or make_log_exporter(settings, self._session))
         self._provider.add_log_record_processor(
             BatchLogRecordProcessor(
                 self._exporter,
@@ -358,9 +368,9 @@ class OtlpLogExport:
         exported = self._exporter.exported
         reason = self._reason
         if exported < self.emitted and reason is None:
-            reason = (
-                "the collector did not accept them"
-                if self._exporter.failed
-                else (f"no answer within {timeout_s:g}s")
-            )
+            refused = self._session.refusal if self._session is not None else None
+            if self._exporter.failed:
+                reason = refused or "the collector did not accept them"
+            else:
+                reason = f"no answer within {timeout_s:g}s"
         return LogExportHealth(self.emitted, exported, reason)

@@ -37,6 +37,7 @@ from prometheus_client.samples import Sample
 
 from trt_otel.core.version import __version__
 from trt_otel.views.conventions import SCHEMA_URL
+from trt_otel.views.otlp_http import AcceptedOn2xx
 from trt_otel.views.otlp_settings import GRPC, OtlpSettings, unreachable_because
 from trt_otel.views.prometheus import DURATION_BUCKETS_S
 from trt_otel.views.resource import detect_resource
@@ -65,7 +66,11 @@ def unit_of(name: str) -> str:
     return ""
 
 
-def make_metric_exporter(settings: OtlpSettings) -> MetricExporter:
+def make_metric_exporter(
+    settings: OtlpSettings, session: AcceptedOn2xx | None = None
+) -> MetricExporter:
+    """The SDK's exporter; over HTTP, one that counts only a 2xx answer as accepted, through
+    ``session`` (a new one when None)."""
     if settings.protocol == GRPC:
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
             OTLPMetricExporter as GrpcMetricExporter,
@@ -76,7 +81,11 @@ def make_metric_exporter(settings: OtlpSettings) -> MetricExporter:
         OTLPMetricExporter as HttpMetricExporter,
     )
 
-    return HttpMetricExporter(endpoint=settings.endpoint, timeout=settings.request_timeout_s)
+    return HttpMetricExporter(
+        endpoint=settings.endpoint,
+        timeout=settings.request_timeout_s,
+        session=AcceptedOn2xx() if session is None else session,
+    )
 
 
 class _CountingExporter(MetricExporter):
@@ -116,6 +125,8 @@ class MetricExportHealth:
     failed: int
     reason: str | None = None
     """Why the final export did not happen, when it did not."""
+    refusal: str | None = None
+    """What the collector answered to an export it did not accept, when it said."""
 
 
 class OtlpMetricsExport:
@@ -133,7 +144,10 @@ class OtlpMetricsExport:
     ) -> None:
         self.settings = settings
         self._registry = registry
-        self._exporter = _CountingExporter(exporter or make_metric_exporter(settings))
+        self._session = settings.http_session() if exporter is None else None
+        self._exporter = _CountingExporter(
+            exporter or make_metric_exporter(settings, self._session)
+        )
         self._reader = PeriodicExportingMetricReader(
             self._exporter, export_interval_millis=interval_s * 1000
         )
@@ -256,4 +270,5 @@ class OtlpMetricsExport:
         stopping.join(max(timeout_s, 0.05))
         if reason is None and stopping.is_alive():
             reason = f"no answer within {timeout_s:g}s"
-        return MetricExportHealth(self._exporter.exported, self._exporter.failed, reason)
+        refusal = self._session.refusal if self._session is not None else None
+        return MetricExportHealth(self._exporter.exported, self._exporter.failed, reason, refusal)

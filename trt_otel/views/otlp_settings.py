@@ -23,6 +23,8 @@ DEFAULT_FOLD_UNDER_NS = 1_000_000_000
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
+    from trt_otel.views.otlp_http import AcceptedOn2xx
+
 GRPC = "grpc"
 HTTP_PROTOBUF = "http/protobuf"
 PROTOCOLS = (GRPC, HTTP_PROTOBUF)
@@ -120,7 +122,18 @@ class OtlpSettings:
             logs_level=logs_level,
         )
 
-    def make_exporter(self) -> SpanExporter:
+    def http_session(self) -> AcceptedOn2xx | None:
+        """The session an export to these settings sends through (what the collector answered
+        to an export it did not accept is kept there); None over gRPC."""
+        if self.protocol != HTTP_PROTOBUF:
+            return None
+        from trt_otel.views.otlp_http import AcceptedOn2xx
+
+        return AcceptedOn2xx()
+
+    def make_exporter(self, session: AcceptedOn2xx | None = None) -> SpanExporter:
+        """The SDK's exporter for these settings; over HTTP, one that counts only a 2xx answer
+        as accepted, through ``session`` (a new one when None)."""
         if self.protocol == GRPC:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
                 OTLPSpanExporter as GrpcSpanExporter,
@@ -131,7 +144,13 @@ class OtlpSettings:
             OTLPSpanExporter as HttpSpanExporter,
         )
 
-        return HttpSpanExporter(endpoint=self.endpoint, timeout=self.request_timeout_s)
+        from trt_otel.views.otlp_http import AcceptedOn2xx
+
+        return HttpSpanExporter(
+            endpoint=self.endpoint,
+            timeout=self.request_timeout_s,
+            session=AcceptedOn2xx() if session is None else session,
+        )
 
 
 # -- export queue ------------------------------------------------------------------------------
