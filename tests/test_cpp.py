@@ -1361,3 +1361,185 @@ def test_a_null_phase_name_is_the_recorders_own_note(tmp_path: Path) -> None:
     state = fold(events)
     assert state.outcome is Outcome.SUCCESS and sum(state.anomalies.values()) == 5
     assert [state.phases[root].name for root in state.roots] == ["(null)"]
+
+
+JOURNAL_PROGRAM = r"""
+#include <trt_otel/progress_monitor.h>
+#include <iostream>
+#include <string>
+
+// argv: JOURNAL [hold]. Records a one-step build in JOURNAL; with "hold", says "holding" once
+// the journal is open and waits for a line on stdin before it ends the build. Prints "opened"
+// (exit 0), "busy: WHAT" (JournalBusyError, exit 3) or "error: WHAT" (exit 4).
+int main(int argc, char** argv)
+{
+    if (argc < 2)
+        return 2;
+    trt_otel::Options options;
+    options.journal = argv[1];
+    options.poll_interval = std::chrono::milliseconds(10);
+    try
+    {
+        trt_otel::ProgressMonitor monitor(options);
+        monitor.phaseStart("Building engine", nullptr, 1);
+        monitor.stepComplete("Building engine", 0);
+        if (argc > 2)
+        {
+            std::cout << "holding" << std::endl;
+            std::string line;
+            std::getline(std::cin, line);
+        }
+        monitor.phaseFinish("Building engine");
+        monitor.end(true);
+    }
+    catch (trt_otel::JournalBusyError const& error)
+    {
+        std::cout << "busy: " << error.what() << std::endl;
+        return 3;
+    }
+    catch (std::exception const& error)
+    {
+        std::cout << "error: " << error.what() << std::endl;
+        return 4;
+    }
+    std::cout << "opened" << std::endl;
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def journal_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("journal-program")
+    unit, binary = directory / "journal.cpp", directory / "journal"
+    unit.write_text(JOURNAL_PROGRAM)
+    command = ["g++", "-std=c++17", *STRICT, "-O1", *include_flags(), str(unit)]
+    done = subprocess.run(
+        [*command, "-o", str(binary), "-pthread"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return binary
+
+
+def open_journal_from_cpp(program: Path, journal: Path) -> tuple[int, str]:
+    """The program's exit code and what it said; a constructor that blocks fails the test."""
+    done = subprocess.run(
+        [str(program), str(journal)], capture_output=True, text=True, timeout=30, check=False
+    )
+    return done.returncode, done.stdout.strip()
+
+
+def test_a_journal_a_python_build_writes_is_refused_by_the_cpp_monitor_and_left_whole(
+    journal_program: Path, tmp_path: Path
+) -> None:
+    """A Python build writes the journal (it holds its lock): the C++ monitor given the same
+    path refuses it (JournalBusyError, naming the writer) and neither empties nor writes it, so
+    the Python build's record stays one whole build."""
+    journal = tmp_path / "build.jsonl"
+    now = time.monotonic_ns()
+    started = BuildStarted(
+        seq=0, wall_ns=time.time_ns(), mono_ns=now, thread="Main", build_id="a" * 32,
+        attributes={"model.path": "python.onnx"},
+    )  # fmt: skip
+    writer = JournalWriter(journal)
+    writer.handle(
+        [started, PhaseStarted(seq=1, wall_ns=time.time_ns(), mono_ns=now, thread="Main",
+                               name="Building engine", parent=None, num_steps=2)]
+    )  # fmt: skip
+    try:
+        before = journal.read_bytes()
+        code, said = open_journal_from_cpp(journal_program, journal)
+        assert code == 3, said
+        assert said == (
+            f"busy: trt-otel: journal {journal} is already being written by trt-otel pid "
+            f"{os.getpid()} on host {socket.gethostname()} (give each build its own journal)"
+        )
+        assert journal.read_bytes() == before
+        writer.handle(
+            [StepCompleted(seq=2, wall_ns=time.time_ns(), mono_ns=now, thread="Main",
+                           name="Building engine", step=0),
+             PhaseFinished(seq=3, wall_ns=time.time_ns(), mono_ns=now, thread="Main",
+                           name="Building engine"),
+             BuildFinished(seq=4, wall_ns=time.time_ns(), mono_ns=now, thread="Main",
+                           outcome=Outcome.SUCCESS, detail="", error_type=None)]
+        )  # fmt: skip
+    finally:
+        writer.close()
+    events = read_clean(journal).events
+    assert [e.type for e in events] == [
+        "build_start", "phase_start", "step", "phase_finish", "build_end"
+    ]  # fmt: skip
+    assert isinstance(events[0], BuildStarted) and events[0].build_id == "a" * 32
+
+
+def test_the_journal_a_cpp_build_writes_is_locked_as_pythons_and_replaced_once_it_ends(
+    journal_program: Path, tmp_path: Path
+) -> None:
+    """The C++ monitor takes the lock Python's writer takes: while it writes, Python's writer
+    and a second C++ monitor are refused, naming it; once it has ended, a new build (C++ or
+    Python) writes the path afresh, as Python's writer does a finished journal."""
+    journal = tmp_path / "build.jsonl"
+    holder = subprocess.Popen(
+        [str(journal_program), str(journal), "hold"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        assert holder.stdout.readline().strip() == "holding"
+        named = (
+            f"trt-otel pid {holder.pid} on host {socket.gethostname()} "
+            "(give each build its own journal)"
+        )
+        with pytest.raises(raw_journal.JournalBusyError) as refused:
+            JournalWriter(journal)
+        assert str(refused.value.strerror) == f"already being written by {named}"
+        assert raw_journal.journal_in_use(journal) == named
+        code, said = open_journal_from_cpp(journal_program, journal)
+        assert (code, said) == (3, f"busy: trt-otel: journal {journal} is already being "
+                                   f"written by {named}")  # fmt: skip
+        holder.stdin.write("\n")
+        holder.stdin.close()
+        assert holder.wait(timeout=30) == 0
+    finally:
+        holder.kill()
+        holder.wait()
+        for pipe in (holder.stdin, holder.stdout):
+            if pipe is not None and not pipe.closed:
+                pipe.close()
+    assert raw_journal.journal_in_use(journal) is None  # released with the process
+    assert open_journal_from_cpp(journal_program, journal) == (0, "opened")
+    events = read_clean(journal).events  # one build: the first was replaced, not appended to
+    assert [e.type for e in events] == [
+        "build_start", "phase_start", "step", "phase_finish", "build_end"
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["named pipe", "named pipe with a reader", "directory", "device"])
+def test_a_journal_that_is_not_a_regular_file_is_refused_at_once_by_the_cpp_monitor(
+    journal_program: Path, tmp_path: Path, kind: str
+) -> None:
+    """Documented to throw: a named pipe (with or without a reader), a directory or a device
+    given as the journal is refused at once, in words; never opened blocking (the constructor
+    waited for ever on a pipe with no reader), never written."""
+    journal, reader = tmp_path / "build.jsonl", None
+    if kind.startswith("named pipe"):
+        os.mkfifo(journal)
+        if kind.endswith("reader"):
+            reader = os.open(journal, os.O_RDONLY | os.O_NONBLOCK)
+    elif kind == "directory":
+        journal.mkdir()
+    else:
+        journal = Path(os.devnull)
+    what = {"directory": "a directory", "device": "a device"}.get(kind, "a named pipe")
+    try:
+        code, said = open_journal_from_cpp(journal_program, journal)
+        if reader is not None:
+            assert os.read(reader, 1) == b"", "nothing is written into the pipe"
+    finally:
+        if reader is not None:
+            os.close(reader)
+    assert (code, said) == (4, f"error: trt-otel: journal {journal} is {what}, not a regular file")

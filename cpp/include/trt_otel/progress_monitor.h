@@ -63,6 +63,7 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #if defined(__linux__)
@@ -110,7 +111,11 @@ inline char const* toString(Outcome outcome) noexcept
 //! What the monitor records and watches. Every field has a working default.
 struct Options
 {
-    //! Path of the JSON Lines journal (created, or truncated). Empty: no journal.
+    //! Path of the JSON Lines journal. Empty: no journal. Written as trt-otel's Python writer
+    //! writes one: only a regular file (or a path not there yet, created 0666 less the umask),
+    //! locked (flock, exclusive) for the monitor's life before it is emptied, so a journal that
+    //! another writer (a Python build, another monitor) holds is refused, never cut; see
+    //! ProgressMonitor's constructor.
     std::string journal;
     //! Cancel the build when this file exists. Its first line is the reason, or a JSON object
     //! {"reason": ..., "source": ..., "timeout": bool, "policy": ...} (what `trt-otel watch
@@ -137,6 +142,14 @@ struct Options
     std::chrono::milliseconds end_timeout{5000};
     //! Print the first journal write error and the first loss on stderr.
     bool warn_on_stderr{true};
+};
+
+//! Thrown by ProgressMonitor's constructor when the journal is being written by another writer
+//! (a trt-otel build, another monitor: it holds the file's lock). The journal is left whole.
+class JournalBusyError : public std::runtime_error
+{
+public:
+    using std::runtime_error::runtime_error;
 };
 
 //! The TensorRT library this process has loaded, as the build record names it.
@@ -525,6 +538,129 @@ inline std::optional<std::map<std::string, JsonValue>> parseFlatJsonObject(std::
     }
 }
 
+//! What a file that is not a regular one is, in words (as the Python package says it).
+inline char const* fileKind(mode_t mode) noexcept
+{
+    if (S_ISDIR(mode))
+        return "a directory";
+    if (S_ISFIFO(mode))
+        return "a named pipe";
+    if (S_ISCHR(mode) || S_ISBLK(mode))
+        return "a device";
+    if (S_ISSOCK(mode))
+        return "a socket";
+    return "not a file";
+}
+
+//! At most `limit` characters (code points) of UTF-8 `text`.
+inline std::string firstCharacters(std::string text, std::size_t limit)
+{
+    std::size_t characters = 0;
+    for (std::size_t i = 0; i < text.size(); ++i)
+    {
+        if ((static_cast<unsigned char>(text[i]) & 0xC0) != 0x80 && ++characters > limit)
+        {
+            text.resize(i);
+            break;
+        }
+    }
+    return text;
+}
+
+//! Who writes the journal at `path`, as its header says: the words of the Python package's
+//! JournalBusyError ("trt-otel pid N on host H (give each build its own journal)").
+inline std::string writerOf(std::string const& path)
+{
+    static constexpr std::size_t kMaxHeaderBytes = 64 * 1024;
+    std::string line;
+    int const fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd >= 0)
+    {
+        struct stat info{};
+        if (::fstat(fd, &info) == 0 && S_ISREG(info.st_mode))
+        {
+            char buffer[4096];
+            while (line.size() < kMaxHeaderBytes && line.find('\n') == std::string::npos)
+            {
+                ssize_t const got = ::read(fd, buffer, sizeof buffer);
+                if (got < 0 && errno == EINTR)
+                    continue;
+                if (got <= 0)
+                    break;
+                line.append(buffer, static_cast<std::size_t>(got));
+            }
+        }
+        ::close(fd);
+    }
+    auto const header = parseFlatJsonObject(std::string_view(line).substr(0, line.find('\n')));
+    if (!header)
+        return "another trt-otel";
+    auto const format = header->find("format");
+    if (format == header->end() || format->second.kind != JsonValue::Kind::kSTRING
+        || format->second.text != "trt-otel-journal")
+        return "another trt-otel";
+    auto const shown = [&](char const* key) -> std::optional<std::string> {
+        auto const found = header->find(key);
+        if (found == header->end() || found->second.kind == JsonValue::Kind::kNULL)
+            return std::nullopt;
+        JsonValue const& value = found->second;
+        if (value.kind == JsonValue::Kind::kSTRING)
+            return value.text;
+        if (value.kind == JsonValue::Kind::kBOOL)
+            return std::string(value.boolean ? "True" : "False");
+        char number[32];
+        std::snprintf(number, sizeof number, "%.17g", value.number);
+        return std::string(number);
+    };
+    std::string const where = shown("writer_host") ? " on host " + firstCharacters(*shown("writer_host"), 64) : "";
+    return "trt-otel pid " + firstCharacters(shown("writer_pid").value_or("None"), 20) + where
+        + " (give each build its own journal)";
+}
+
+//! The journal at `path` opened for writing as the Python package's JournalWriter opens it:
+//! only a regular file (a named pipe would block the open, a device is no journal), checked
+//! before it is opened and again on the open descriptor (never opened blocking); locked (flock,
+//! exclusive, released when it is closed or its process dies) before it is emptied, so one
+//! that another writer holds is refused (JournalBusyError) and left whole.
+inline int openJournal(std::string const& path)
+{
+    auto const notRegular = [&](mode_t mode) {
+        return std::runtime_error(
+            "trt-otel: journal " + path + " is " + fileKind(mode) + ", not a regular file");
+    };
+    struct stat info{};
+    if (::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode))
+        throw notRegular(info.st_mode);
+    int const fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0666);
+    if (fd < 0)
+        throw std::runtime_error("trt-otel: cannot create journal " + path + ": " + std::strerror(errno));
+    auto const fail = [&](std::string const& what) {
+        int const error = errno;
+        ::close(fd);
+        return std::runtime_error("trt-otel: cannot " + what + " journal " + path + ": " + std::strerror(error));
+    };
+    if (::fstat(fd, &info) != 0)
+        throw fail("examine");
+    if (!S_ISREG(info.st_mode)) // swapped in after the check above
+    {
+        ::close(fd);
+        throw notRegular(info.st_mode);
+    }
+    int const flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0)
+        throw fail("open");
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0)
+    {
+        if (errno != EWOULDBLOCK)
+            throw fail("lock");
+        ::close(fd);
+        throw JournalBusyError("trt-otel: journal " + path + " is already being written by " + writerOf(path));
+    }
+    if (::ftruncate(fd, 0) != 0)
+        throw fail("empty");
+    return fd;
+}
+
 //! A label for the calling thread: its name and its id ("trtbuild/4242").
 inline std::string threadLabel()
 {
@@ -587,8 +723,12 @@ inline ThreadSlot& threadSlot() noexcept
 class ProgressMonitor : public nvinfer1::IProgressMonitor
 {
 public:
-    //! Opens the journal (throws std::runtime_error when it cannot be created: before the
-    //! build, never during it) and starts the writer thread.
+    //! Opens the journal and starts the writer thread. Throws before the build, never during
+    //! it: std::runtime_error when the journal cannot be created or written, or is there but is
+    //! not a regular file (a named pipe, a device, a directory: refused at once, never opened
+    //! blocking); JournalBusyError (a std::runtime_error) when another writer holds it (its
+    //! lock), naming that writer from its header. A journal no one holds (a finished build's)
+    //! is emptied once the lock is taken, as the Python writer does.
     explicit ProgressMonitor(Options options = Options())
         : mOptions(std::move(options))
         , mUid(detail::nextMonitorUid())
@@ -601,10 +741,7 @@ public:
             mOptions.touch_interval = std::chrono::milliseconds(10000);
         if (!mOptions.journal.empty())
         {
-            mFd = ::open(mOptions.journal.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-            if (mFd < 0)
-                throw std::runtime_error(
-                    "trt-otel: cannot create journal " + mOptions.journal + ": " + std::strerror(errno));
+            mFd = detail::openJournal(mOptions.journal);
             std::string header = "{\"format\":\"trt-otel-journal\",\"version\":";
             detail::appendInt(header, kJournalFormatVersion);
             header += ",\"created_wall_ns\":";
@@ -1106,17 +1243,7 @@ private:
         }
         else
             reason = line;
-        reason = trim(reason);
-        // At most kMaxReason characters (code points, not bytes).
-        std::size_t characters = 0;
-        for (std::size_t i = 0; i < reason.size(); ++i)
-        {
-            if ((static_cast<unsigned char>(reason[i]) & 0xC0) != 0x80 && ++characters > kMaxReason)
-            {
-                reason.resize(i);
-                break;
-            }
-        }
+        reason = detail::firstCharacters(trim(reason), kMaxReason); // code points, not bytes
         if (reason.empty())
             reason = "cancel file " + mOptions.cancel_file + " appeared";
         cancel(reason, source, timeout, policy);
