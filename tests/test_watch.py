@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -85,43 +89,39 @@ def test_a_cancel_that_cannot_be_delivered_is_not_a_success(tmp_path: Path) -> N
     assert "Traceback" not in err
 
 
-def test_terminate_after_never_signals_a_process_that_does_not_hold_the_journal(
-    tmp_path: Path,
-) -> None:
-    """A crafted journal's header names an unrelated process of this user, started before it:
-    --terminate-after must not stop it, since it is not provably the journal's writer."""
-    import json
-    import os
-    import socket
-    import time
+def craft_journal(journal: Path, writer_pid: int) -> None:
+    """A journal whose header names ``writer_pid`` as its writer, on this host, written now
+    (into the file already there, so a process holding it open holds this one)."""
+    now = time.time_ns()
+    header = {
+        "format": "trt-otel-journal", "version": 1, "created_wall_ns": now,
+        "producer": "trt-otel 0.1.0", "writer_pid": writer_pid,
+        "writer_host": socket.gethostname(), "touch_interval_s": 10.0,
+    }  # fmt: skip
+    start = {
+        "type": "build_start", "seq": 0, "wall_ns": now, "mono_ns": time.monotonic_ns(),
+        "thread": "MainThread", "build_id": "crafted", "attributes": {},
+    }  # fmt: skip
+    with journal.open("r+" if journal.exists() else "w") as file:
+        file.write(json.dumps(header) + "\n" + json.dumps(start) + "\n")
 
-    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+
+def watch_refuses_to_stop(journal: Path, control: Path, named: subprocess.Popen[str]) -> None:
+    """watch --terminate-after cancels the crafted build, finds that the process its header
+    names is not provably the writer, and stops nothing; the build ends, and watch goes."""
+    watch = subprocess.Popen(
+        [*CLI, "watch", str(journal), "--no-progress",
+         "--control-file", str(control), "--timeout", "1s", "--terminate-after", "1s"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
     try:
-        time.sleep(0.2)
-        journal, control = tmp_path / "crafted.jsonl", tmp_path / "control"
-        now = time.time_ns()
-        header = {
-            "format": "trt-otel-journal", "version": 1, "created_wall_ns": now,
-            "producer": "trt-otel 0.1.0", "writer_pid": bystander.pid,
-            "writer_host": socket.gethostname(), "touch_interval_s": 10.0,
-        }  # fmt: skip
-        start = {
-            "type": "build_start", "seq": 0, "wall_ns": now, "mono_ns": time.monotonic_ns(),
-            "thread": "MainThread", "build_id": "crafted", "attributes": {},
-        }  # fmt: skip
-        journal.write_text(json.dumps(header) + "\n" + json.dumps(start) + "\n")
-        watch = subprocess.Popen(
-            [sys.executable, "-m", "trt_otel.app.cli", "watch", str(journal), "--no-progress",
-             "--control-file", str(control), "--timeout", "1s", "--terminate-after", "1s"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
         assert watch.stderr is not None
         said = []
-        for line in watch.stderr:  # EOF if watch exits (having stopped the bystander)
+        for line in watch.stderr:  # EOF if watch exits (having stopped the process)
             said.append(line)
             if "not provably the build's writer" in line:
                 break
-        assert bystander.poll() is None, "".join(said)
+        assert named.poll() is None, "".join(said)
         assert "sending SIGTERM" not in "".join(said)
         with journal.open("a") as file:  # the build ends: watch goes
             end = {
@@ -131,11 +131,95 @@ def test_terminate_after_never_signals_a_process_that_does_not_hold_the_journal(
             }  # fmt: skip
             file.write(json.dumps(end) + "\n")
         watch.communicate(timeout=60)
-        assert bystander.poll() is None
-        os.kill(bystander.pid, 0)
+    finally:
+        watch.kill()
+        watch.communicate()
+    assert named.poll() is None
+    os.kill(named.pid, 0)
+
+
+def test_terminate_after_never_signals_a_process_that_does_not_hold_the_journal(
+    tmp_path: Path,
+) -> None:
+    """A crafted journal's header names an unrelated process of this user, started before it:
+    --terminate-after must not stop it, since it is not provably the journal's writer."""
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], text=True)
+    try:
+        time.sleep(0.2)
+        journal = tmp_path / "crafted.jsonl"
+        craft_journal(journal, bystander.pid)
+        watch_refuses_to_stop(journal, tmp_path / "control", bystander)
     finally:
         bystander.kill()
         bystander.wait()
+
+
+READER = """
+import fcntl, os, sys, time
+path, how = sys.argv[1], sys.argv[2]
+fd = os.open(path, os.O_RDWR if how.startswith("open for writing") else os.O_RDONLY)
+if how.endswith("its own journal"):  # a build of its own, which also reads this journal
+    fcntl.flock(os.open(path + ".own", os.O_WRONLY | os.O_CREAT), fcntl.LOCK_EX)
+elif how.endswith("shared lock"):
+    fcntl.flock(fd, fcntl.LOCK_SH)
+elif how.endswith("exclusive lock"):
+    fcntl.flock(fd, fcntl.LOCK_EX)
+print("open", flush=True)
+time.sleep(600)
+"""
+
+
+HOLDING_OPEN = [
+    "reading", "reading, shared lock", "reading, exclusive lock",
+    "open for writing, no lock", "open for writing, shared lock",
+    "reading, writing its own journal",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("how", HOLDING_OPEN)
+def test_terminate_after_never_signals_a_reader_that_holds_the_journal_open(
+    tmp_path: Path, how: str
+) -> None:
+    """The process a crafted header names holds the journal open (as every reader does: a
+    `tail -f`, another watch), even for writing, even locked through a descriptor it only
+    reads, or while it writes a journal of its own under that one's lock: it does not write
+    this journal under the writer's lock, so it is not provably its writer, and
+    --terminate-after never signals it."""
+    journal = tmp_path / "crafted.jsonl"
+    journal.write_bytes(b"")
+    reader = subprocess.Popen(
+        [sys.executable, "-c", READER, str(journal), how], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert reader.stdout is not None and reader.stdout.readline() == "open\n"
+        craft_journal(journal, reader.pid)
+        watch_refuses_to_stop(journal, tmp_path / "control", reader)
+    finally:
+        reader.kill()
+        reader.communicate()
+
+
+def test_terminate_after_stops_the_writer_that_holds_the_journals_lock(tmp_path: Path) -> None:
+    """A real build (the demo's, silent for a minute) writes the journal under its lock: the
+    one process --terminate-after may stop, and does, once the cancel it wrote was not taken."""
+    journal, control = tmp_path / "b.jsonl", tmp_path / "control"
+    build = subprocess.Popen(
+        [*CLI, "demo", "--no-progress", "--no-gpu", "--speed", "0", "--silence", "60s",
+         "--journal", str(journal)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        done = subprocess.run(
+            [*CLI, "watch", str(journal), "--no-progress",
+             "--control-file", str(control), "--timeout", "1s", "--terminate-after", "1s"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert f"sending SIGTERM to its process (pid {build.pid} on " in done.stderr, done.stderr
+        assert build.wait(timeout=30) is not None
+    finally:
+        build.kill()
+        build.wait()
+    assert done.returncode == 3, done.stderr
 
 
 def test_the_end_is_not_written_twice_when_the_writer_ended_its_journal_on_its_way_out(
@@ -143,11 +227,6 @@ def test_the_end_is_not_written_twice_when_the_writer_ended_its_journal_on_its_w
 ) -> None:
     """watch signalled the writer, and the writer ended its journal itself before watch had read
     that end: watch must not append a second build_end (seen with a demo that exits quickly)."""
-    import json
-    import os
-    import socket
-    import time
-
     from trt_otel.app.remote import Escalation, RemoteBuild
     from trt_otel.core.events import BuildFinished, BuildStarted, Outcome
     from trt_otel.core.journal import JournalWriter, read_journal

@@ -225,8 +225,9 @@ def _add_watch(commands: argparse._SubParsersAction[Parser]) -> None:
         type=positive_seconds,
         metavar="DURATION",
         help="with --control-file: a build still running this long after watch cancelled it "
-        "(TensorRT silent) is stopped from outside: its process, named in the journal and on "
-        "this host, gets SIGTERM, then SIGKILL 5 s later, and watch ends its journal",
+        "(TensorRT silent) is stopped from outside: its process, named in the journal, on "
+        "this host and proven its writer (it holds the journal's write lock; a reader never "
+        "is), gets SIGTERM, then SIGKILL 5 s later, and watch ends its journal",
     )
     watch.add_argument(
         "--lost-after",

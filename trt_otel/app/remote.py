@@ -38,7 +38,12 @@ from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.process import ProcessSampler
 from trt_otel.capture.watch import follow_journal
 from trt_otel.control.policies import PolicyRunner
-from trt_otel.control.stopping import holds_open, owned_by_this_user, polling, stop_process
+from trt_otel.control.stopping import (
+    holds_write_lock,
+    owned_by_this_user,
+    polling,
+    stop_process,
+)
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import (
     BuildFinished,
@@ -187,9 +192,12 @@ TERMINATE_TO_KILL_S = 5.0
 class Escalation:
     """Stops a cancelled build that TensorRT does not stop (a silent window) from outside, as
     ``trt-otel build`` stops its worker: ``after_s`` after the cancel was written to the control
-    file, the journal's writer (named in its header, on this host) gets SIGTERM, then SIGKILL
-    5 s later. Its journal then has no end, so watch ends it: a ``build_end`` appended as the
-    writer's own would have been, saying how the build was stopped. Runs on its own thread."""
+    file, the journal's writer gets SIGTERM, then SIGKILL 5 s later. Not its own child, so only
+    a process proven to be the writer: the one its header names, on this host, of this user,
+    holding the journal's write lock (:func:`~trt_otel.control.stopping.holds_write_lock`),
+    never a process that only reads it. Its journal then has no end, so watch ends it: a
+    ``build_end`` appended as the writer's own would have been, saying how the build was
+    stopped. Runs on its own thread."""
 
     def __init__(
         self, journal: Path, header: dict[str, Any], monitor: RemoteBuild, after_s: float
@@ -236,11 +244,12 @@ class Escalation:
                 f"and its process ({self.writer.describe()}) runs as another user: not stopped"
             )
             return
-        if holds_open(pid, self.journal) is not True:
+        if holds_write_lock(pid, self.journal) is not True:
             warn(
                 f"the build has not stopped {format_duration(self.after_s)} after its cancel, "
                 f"and the process its journal names ({self.writer.describe()}) does not hold "
-                "the journal open: it is not provably the build's writer, so it is not stopped"
+                "the journal's write lock: it is not provably the build's writer (a reader "
+                "holds the journal open too), so it is not stopped"
             )
             return
         self.stopping_writer.set()
