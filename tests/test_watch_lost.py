@@ -280,3 +280,40 @@ def test_a_live_process_that_does_not_hold_the_journal_is_no_sign_of_life(
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_a_live_reader_of_the_journal_is_no_sign_of_life(tmp_path: Path) -> None:
+    """A crafted header names a live process that holds the journal open, but only reads it
+    (a `tail -f`): not the writer (it holds no write lock), so the build is lost after
+    --lost-after with no line nor touch (watch had followed it for as long as the reader lived)."""
+    journal = tmp_path / "crafted.jsonl"
+    journal.write_bytes(b"")
+    reader = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; f = open(sys.argv[1], 'rb'); print('open', "
+         "flush=True); time.sleep(600)", str(journal)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert reader.stdout is not None and reader.stdout.readline() == "open\n"
+        header = {
+            "format": "trt-otel-journal", "version": 1, "created_wall_ns": time.time_ns(),
+            "writer_pid": reader.pid, "writer_host": socket.gethostname(),
+            "touch_interval_s": 10.0,
+        }  # fmt: skip
+        start = {
+            "type": "build_start", "seq": 0, "wall_ns": time.time_ns(),
+            "mono_ns": time.monotonic_ns(), "thread": "MainThread", "build_id": "crafted",
+            "attributes": {},
+        }  # fmt: skip
+        with journal.open("r+") as file:  # the file the reader holds
+            file.write(json.dumps(header) + "\n" + json.dumps(start) + "\n")
+        done = subprocess.run(
+            [*CLI, "watch", str(journal), "--no-progress", "--lost-after", "1s"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert "nothing written nor touched for 1.0s" in done.stderr
+        assert reader.poll() is None
+    finally:
+        reader.kill()
+        reader.communicate()

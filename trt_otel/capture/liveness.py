@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trt_otel.control.stopping import holds_open, process_running
+from trt_otel.control.stopping import holds_write_lock, process_running
 from trt_otel.core.durations import format_duration
 
 DEFAULT_LOST_AFTER_S = 30.0
@@ -53,12 +53,13 @@ class Writer:
 
     def running_here(self, journal: Path | None = None) -> bool | None:
         """Whether the writer's process runs, when it ran on this host (None: cannot tell).
-        Given the ``journal``, a process that runs but provably does not hold it open is not
-        its writer (a header is text anyone can write): None, not a sign of life."""
+        Given the ``journal``, a process that runs but provably does not hold its write lock is
+        not its writer (a header is text anyone can write, and a reader holds the journal open
+        too): None, not a sign of life."""
         if self.pid is None or self.host != socket.gethostname():
             return None
         running = process_running(self.pid, self.created_wall_ns)
-        if running and journal is not None and holds_open(self.pid, journal) is False:
+        if running and journal is not None and holds_write_lock(self.pid, journal) is False:
             return None
         return running
 

@@ -51,42 +51,6 @@ def owned_by_this_user(pid: int) -> bool:
         return False
 
 
-def holds_open(pid: int, path: os.PathLike[str] | str) -> bool | None:
-    """Whether process ``pid`` has the file ``path`` open (the same file: device and inode, not
-    the same name); None where its open files cannot be read. A journal's writer holds its
-    journal open for the whole build, so only that process is provably the writer a header
-    names: a header is text anyone can write."""
-    try:
-        target = os.stat(path)
-    except OSError:
-        return False
-    fd_dir = f"/proc/{pid}/fd"
-    if os.path.isdir("/proc/self/fd"):
-        try:
-            names = os.listdir(fd_dir)
-        except FileNotFoundError:
-            return False
-        except OSError:
-            return None
-        for name in names:
-            with contextlib.suppress(OSError):  # closed meanwhile, or not ours to look at
-                opened = os.stat(os.path.join(fd_dir, name))  # stat only: a FIFO never blocks
-                if (opened.st_dev, opened.st_ino) == (target.st_dev, target.st_ino):
-                    return True
-        return False
-    try:
-        files = psutil.Process(pid).open_files()
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.Error:
-        return None
-    for file in files:
-        with contextlib.suppress(OSError):
-            if os.path.samefile(file.path, path):
-                return True
-    return False
-
-
 def holds_write_lock(pid: int, path: os.PathLike[str] | str) -> bool | None:
     """Whether process ``pid`` is the writer of the journal ``path``: it holds the file (the
     same file: device and inode, not the same name) open for writing, through a descriptor that
