@@ -31,7 +31,8 @@ from trt_otel.core.events import BuildFinished, CancelRequested
 from trt_otel.core.journal import JournalError
 from waiting import wait_for_text
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+# The first test also waits for the cluster to start (up to three attempts of STARTUP_S).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray"), pytest.mark.timeout(900)]
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 REASON = "the GPU is needed for a training run"
