@@ -87,12 +87,23 @@ def receiver() -> Iterator[OtlpReceiver]:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[RayCluster]:
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
     """One real Ray cluster (a head and a second node) for every Ray test of the session
-    (they share an xdist group, so one worker runs them all)."""
+    (they share an xdist group, so one worker runs them all: a second worker that would start
+    a cluster of its own fails instead)."""
     try:
         import ray.job_submission  # noqa: F401
     except ImportError as error:
         pytest.skip(f"Ray does not install here ({error}); the dev extra installs trt-otel[ray]")
+    if (worker := os.environ.get("PYTEST_XDIST_WORKER")) is not None:
+        claim = tmp_path_factory.getbasetemp().parent / "ray-cluster-worker"  # the run's, shared
+        try:
+            with open(claim, "x", encoding="utf-8") as handle:
+                handle.write(worker)
+        except FileExistsError:
+            pytest.fail(
+                f"the Ray tests run on {claim.read_text(encoding='utf-8')} and {worker}: "
+                "--dist loadgroup did not keep their xdist_group on one worker"
+            )
     with start_ray_cluster() as cluster:
         yield cluster
