@@ -471,7 +471,9 @@ def cancel_flag() -> Iterator[tuple[str, threading.Event]]:
             pass
 
     flag = ThreadingHTTPServer(("127.0.0.1", 0), Flag)
-    thread = threading.Thread(target=flag.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=flag.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         yield f"http://127.0.0.1:{flag.server_address[1]}/flag", polled

@@ -273,7 +273,9 @@ class FlagServer:
 @pytest.fixture
 def flag_server() -> Iterator[FlagServer]:
     server = FlagServer()
-    thread = threading.Thread(target=server.http.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         yield server

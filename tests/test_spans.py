@@ -403,7 +403,9 @@ def test_a_refusing_collector_is_reported_once_and_every_span_counted() -> None:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         warnings: list[str] = []
