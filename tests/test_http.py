@@ -230,7 +230,7 @@ def served() -> Iterator[tuple[BuildMonitor, StatusServer]]:
         yield monitor, server
     finally:
         monitor.close()
-        server.close(linger_s=2.0)
+        server.close(linger_s=0)
 
 
 def test_a_cancel_after_the_build_ended_is_409(
@@ -547,9 +547,9 @@ def test_an_ended_build_nobody_watched_is_not_lingered_for() -> None:
         monitor.end()
         monitor.close()
         began = time.monotonic()
-        server.close(linger_s=3.0, unwatched=unwatched)
+        server.close(linger_s=1.0, unwatched=unwatched)
         took = time.monotonic() - began
-        assert (took >= 3.0) == lingers, (visited, unwatched, took)
+        assert (took >= 1.0) == lingers, (visited, unwatched, took)
 
 
 # -- who may ask ---------------------------------------------------------------------------------
