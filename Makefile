@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_ARGS ?=
 
-.PHONY: demo test lint docs bench clean
+.PHONY: demo check test lint docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,14 @@ MKDOCS_BUILD = NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(S
 
 docs: $(STAMP)
 	$(MKDOCS_BUILD)
+
+# The inner loop, in under a minute: ruff, mypy and the tests without the e2e mark (none starts a
+# process or a peer or makes a real build: tests/conftest.py fails one that does).
+check: $(STAMP)
+	$(BIN)/ruff check trt_otel tests benchmarks
+	$(BIN)/ruff format --check trt_otel tests benchmarks
+	$(BIN)/mypy
+	$(BIN)/pytest -n auto -m "not e2e" -q
 
 # --dist loadgroup: the Ray tests (one xdist group) run on one worker, around one Ray cluster.
 # --durations: the slowest tests, in every run's summary, where the suite's time goes.

@@ -245,6 +245,7 @@ def samples_until(
         time.sleep(0.1)  # the pace of sampling: a sample covers the CPU used since the last
 
 
+@pytest.mark.e2e
 def test_the_sampler_tells_a_busy_process_from_an_idle_stopped_and_gone_one(
     child: subprocess.Popen[bytes],
 ) -> None:
@@ -270,6 +271,7 @@ def test_the_sampler_tells_a_busy_process_from_an_idle_stopped_and_gone_one(
     assert statuses[-1] == "gone" and "stopped" in statuses and statuses.count("gone") == 1
 
 
+@pytest.mark.e2e
 def test_the_sampler_samples_on_its_own_thread_once_it_knows_the_process(
     child: subprocess.Popen[bytes],
 ) -> None:
@@ -287,6 +289,7 @@ def test_the_sampler_samples_on_its_own_thread_once_it_knows_the_process(
     assert not sampler._thread.is_alive()
 
 
+@pytest.mark.e2e
 def test_no_sample_follows_the_builds_end(child: subprocess.Popen[bytes]) -> None:
     monitor = BuildMonitor()
     monitor.start()
@@ -362,6 +365,7 @@ def test_a_phase_span_says_the_cpu_and_peak_memory_spent_in_it() -> None:
     assert phase.attributes["trt.process.peak_resident_bytes"] == 500 * MIB
 
 
+@pytest.mark.e2e
 def test_a_simulated_deadlock_shows_idle_in_the_heartbeat_and_the_journal(tmp_path: Path) -> None:
     journal = tmp_path / "build.jsonl"
     result = subprocess.run(
@@ -385,6 +389,7 @@ def test_a_simulated_deadlock_shows_idle_in_the_heartbeat_and_the_journal(tmp_pa
 # -- memory remembered ----------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_earlier_builds_say_what_the_next_one_needs_and_min_available_refuses(
     tmp_path: Path,
 ) -> None:
@@ -418,6 +423,7 @@ def test_earlier_builds_say_what_the_next_one_needs_and_min_available_refuses(
     assert "build started" not in refused.stderr
 
 
+@pytest.mark.e2e
 def test_watch_samples_the_journals_writer_on_this_host_for_its_stall_policy(
     tmp_path: Path,
 ) -> None:

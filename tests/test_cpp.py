@@ -76,7 +76,10 @@ def missing_toolchain() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(missing_toolchain() is not None, reason=str(missing_toolchain()))
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(missing_toolchain() is not None, reason=str(missing_toolchain())),
+]
 
 
 def include_flags() -> list[str]:

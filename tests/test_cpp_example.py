@@ -61,7 +61,7 @@ def missing() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(missing() is not None, reason=str(missing()))]
 
 SANITIZERS = {
     "plain": "-O1",

@@ -15,6 +15,8 @@ import pytest
 
 from rtx_builds import CONV_SHAPES, import_rtx, write_conv
 
+pytestmark = pytest.mark.e2e
+
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 EXIT_SLOWER = 5
 SILENCE = "8s"

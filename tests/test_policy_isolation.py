@@ -106,6 +106,7 @@ def test_a_fifo_as_cancel_file_is_a_signal_and_is_never_opened_blocking(tmp_path
     assert decision is not None and decision.reason == f"cancel file {fifo} appeared"
 
 
+@pytest.mark.e2e
 def test_a_fifo_appearing_mid_build_cancels_it_at_once(tmp_path: Path) -> None:
     journal, fifo = tmp_path / "fifo.jsonl", tmp_path / "cf"
     process = subprocess.Popen(
@@ -198,6 +199,7 @@ def test_one_poll_is_bounded_as_a_whole(drip_server: DripServer) -> None:
     assert str(outcome[0]) == "no complete answer within 1.0s"
 
 
+@pytest.mark.e2e
 def test_a_dripping_cancel_url_fails_closed(tmp_path: Path, drip_server: DripServer) -> None:
     journal = tmp_path / "drip.jsonl"
     result = subprocess.run(

@@ -34,6 +34,8 @@ from trt_otel.core.events import (
 )
 from trt_otel.core.journal import JournalWriter, read_journal
 
+pytestmark = pytest.mark.e2e
+
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 DATA = Path(__file__).parent / "data"
 CANCELLED = DATA / "rtx-residual400-cancelled.jsonl"

@@ -52,6 +52,7 @@ def test_a_control_file_that_cannot_be_written_is_refused_before_watching(
     assert len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.e2e
 def test_a_cancel_that_cannot_be_delivered_is_not_a_success(tmp_path: Path) -> None:
     """The control file's directory goes away during the watch: the cancel that a policy
     then decides cannot reach the build, which builds on to success; watch says so and exits
@@ -85,6 +86,7 @@ def test_a_cancel_that_cannot_be_delivered_is_not_a_success(tmp_path: Path) -> N
     assert "Traceback" not in err
 
 
+@pytest.mark.e2e
 def test_terminate_after_never_signals_a_process_that_does_not_hold_the_journal(
     tmp_path: Path,
 ) -> None:
