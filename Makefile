@@ -7,6 +7,11 @@ DEMO_ARGS ?=
 
 .PHONY: demo check test lint docs bench clean
 
+# The tests' modules are compiled (and their asserts rewritten by pytest) once, into __pycache__,
+# not again in every worker and every process a test starts: a PYTHONDONTWRITEBYTECODE set in
+# the environment makes each run compile them afresh (some 5 s of each worker's start).
+unexport PYTHONDONTWRITEBYTECODE
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
