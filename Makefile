@@ -61,7 +61,8 @@ check: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/pytest -n auto -m "not e2e" -q
 
-# --dist loadgroup: the Ray tests (one xdist group) run on one worker, around one Ray cluster.
+# --dist loadgroup: the tests of an xdist group run on one worker: the Ray tests around one Ray
+# cluster, and the modules whose fixtures build (the C++ monitor, a real build) build once.
 # --durations: the slowest tests, in every run's summary, where the suite's time goes.
 test: lint
 	$(BIN)/pytest -n auto --dist loadgroup --durations=25

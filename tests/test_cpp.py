@@ -79,6 +79,8 @@ def missing_toolchain() -> str | None:
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(missing_toolchain() is not None, reason=str(missing_toolchain())),
+    # On one worker: the driver's variants (compiled by a session fixture) are built once a run.
+    pytest.mark.xdist_group("cpp"),
 ]
 
 

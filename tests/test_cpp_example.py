@@ -61,7 +61,12 @@ def missing() -> str | None:
     return None
 
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(missing() is not None, reason=str(missing()))]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(missing() is not None, reason=str(missing())),
+    # On one worker: the example's variants (built by a session fixture) are built once a run.
+    pytest.mark.xdist_group("cpp-example"),
+]
 
 SANITIZERS = {
     "plain": "-O1",
