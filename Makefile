@@ -5,7 +5,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_ARGS ?=
 
-.PHONY: demo test lint docs bench clean
+.PHONY: demo check test lint docs bench clean
+
+# The tests' modules are compiled (and their asserts rewritten by pytest) once, into __pycache__,
+# not again in every worker and every process a test starts: a PYTHONDONTWRITEBYTECODE set in
+# the environment makes each run compile them afresh (some 5 s of each worker's start).
+unexport PYTHONDONTWRITEBYTECODE
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,7 +53,16 @@ MKDOCS_BUILD = NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(S
 docs: $(STAMP)
 	$(MKDOCS_BUILD)
 
-# --dist loadgroup: the Ray tests (one xdist group) run on one worker, around one Ray cluster.
+# The inner loop, in under a minute: ruff, mypy and the tests without the e2e mark (none starts a
+# process or a peer or makes a real build: tests/conftest.py fails one that does).
+check: $(STAMP)
+	$(BIN)/ruff check trt_otel tests benchmarks
+	$(BIN)/ruff format --check trt_otel tests benchmarks
+	$(BIN)/mypy
+	$(BIN)/pytest -n auto -m "not e2e" -q
+
+# --dist loadgroup: the tests of an xdist group run on one worker: the Ray tests around one Ray
+# cluster, and the modules whose fixtures build (the C++ monitor, a real build) build once.
 # --durations: the slowest tests, in every run's summary, where the suite's time goes.
 test: lint
 	$(BIN)/pytest -n auto --dist loadgroup --durations=25

@@ -1,13 +1,18 @@
 """Shared fixtures: where the recorded TensorRT traces are, a reference reading of them, and a
-real OTLP receiver."""
+real OTLP receiver; and the guard that keeps ``make check``'s selection true: a test without the
+``e2e`` mark that starts a process or a real TensorRT-RTX build fails, saying so."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import multiprocessing.process
 import os
-from collections.abc import Iterator
+import subprocess
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,12 +92,76 @@ def receiver() -> Iterator[OtlpReceiver]:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[RayCluster]:
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
     """One real Ray cluster (a head and a second node) for every Ray test of the session
-    (they share an xdist group, so one worker runs them all)."""
+    (they share an xdist group, so one worker runs them all: a second worker that would start
+    a cluster of its own fails instead)."""
     try:
         import ray.job_submission  # noqa: F401
     except ImportError as error:
         pytest.skip(f"Ray does not install here ({error}); the dev extra installs trt-otel[ray]")
+    if (worker := os.environ.get("PYTEST_XDIST_WORKER")) is not None:
+        claim = tmp_path_factory.getbasetemp().parent / "ray-cluster-worker"  # the run's, shared
+        try:
+            with open(claim, "x", encoding="utf-8") as handle:
+                handle.write(worker)
+        except FileExistsError:
+            pytest.fail(
+                f"the Ray tests run on {claim.read_text(encoding='utf-8')} and {worker}: "
+                "--dist loadgroup did not keep their xdist_group on one worker"
+            )
     with start_ray_cluster() as cluster:
         yield cluster
+
+
+# -- make check: what a test without the e2e mark may not do ---------------------------------------
+
+_RUNNING_UNMARKED: list[str] = []
+"""The node id of the test now running (its setup, call and teardown), when it has no ``e2e``
+mark; empty otherwise. Read from any thread: a process started by a test's thread counts too."""
+
+
+def _refuse(what: str) -> None:
+    if _RUNNING_UNMARKED:
+        pytest.fail(
+            f"{_RUNNING_UNMARKED[0]} {what} but has no e2e mark: mark it @pytest.mark.e2e "
+            "(make check leaves it out), or call the function that the process would run",
+            pytrace=True,
+        )
+
+
+def _guarded(original: Callable[..., Any], what: str) -> Callable[..., Any]:
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        _refuse(what)
+        return original(*args, **kwargs)
+
+    return guarded
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    subprocess.Popen.__init__ = _guarded(  # type: ignore[method-assign]
+        subprocess.Popen.__init__, "starts a process"
+    )
+    multiprocessing.process.BaseProcess.start = _guarded(  # type: ignore[method-assign]
+        multiprocessing.process.BaseProcess.start, "starts a process (multiprocessing)"
+    )
+    if importlib.util.find_spec("tensorrt_rtx") is not None:
+        import tensorrt_rtx
+
+        for name in ("build_serialized_network", "build_serialized_network_to_stream"):
+            if (method := getattr(tensorrt_rtx.Builder, name, None)) is not None:
+                setattr(
+                    tensorrt_rtx.Builder,
+                    name,
+                    _guarded(method, "makes a real TensorRT-RTX build"),
+                )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if item.get_closest_marker("e2e") is None:
+        _RUNNING_UNMARKED[:] = [item.nodeid]
+    try:
+        return (yield)
+    finally:
+        _RUNNING_UNMARKED.clear()

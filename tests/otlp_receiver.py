@@ -368,7 +368,10 @@ def otlp_receiver() -> Iterator[OtlpReceiver]:
     grpc_server.start()
     http_server = ThreadingHTTPServer(("127.0.0.1", 0), _http_handler(receiver))
     receiver.http_port = http_server.server_address[1]
-    thread = threading.Thread(target=http_server.serve_forever, daemon=True)
+    # Polled every 50 ms, not socketserver's 500: the shutdown below waits for the next poll.
+    thread = threading.Thread(
+        target=http_server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         yield receiver

@@ -179,18 +179,13 @@ def _one_cluster(head_cpus: int, worker_cpus: int) -> Iterator[RayCluster]:
         _wait(lambda: len(cluster.node_ids()) == 2, "the second node joined", started)
         yield cluster
     finally:
-        for process in started:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in started:
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        # What the nodes started lives on in their sessions: end those too, by group.
+        # Killed, not stopped: on SIGTERM, `ray start --block` waits some 30 s for its raylet
+        # and GCS to wind down, and nothing of a test cluster is worth keeping. Every process
+        # of a node (its raylet, GCS, dashboard, workers and jobs) is in the node's session and
+        # process group, and its files are in the temporary folder removed below.
         for process in started:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
+        for process in started:
+            process.wait()
         shutil.rmtree(temp, ignore_errors=True)

@@ -198,6 +198,7 @@ def test_a_fresh_sample_that_measures_work_is_activity() -> None:
     assert monitor.state.activity.last_active_mono_ns == clock.mono_ns()
 
 
+@pytest.mark.e2e
 def test_a_sample_interval_the_stall_timeout_cannot_hold_is_refused_before_the_build() -> None:
     """``--sample-interval 1m --stall-timeout 5s``: no second sample could come within the
     timeout to show a builder computing through a silent window, so it would be stopped as
@@ -307,6 +308,7 @@ def samples_until(
         time.sleep(0.1)  # the pace of sampling: a sample covers the CPU used since the last
 
 
+@pytest.mark.e2e
 def test_the_sampler_tells_a_busy_process_from_an_idle_stopped_and_gone_one(
     child: subprocess.Popen[bytes],
 ) -> None:
@@ -332,6 +334,7 @@ def test_the_sampler_tells_a_busy_process_from_an_idle_stopped_and_gone_one(
     assert statuses[-1] == "gone" and "stopped" in statuses and statuses.count("gone") == 1
 
 
+@pytest.mark.e2e
 def test_the_sampler_samples_on_its_own_thread_once_it_knows_the_process(
     child: subprocess.Popen[bytes],
 ) -> None:
@@ -348,6 +351,7 @@ def test_the_sampler_samples_on_its_own_thread_once_it_knows_the_process(
     assert not sampler._thread.is_alive()
 
 
+@pytest.mark.e2e
 def test_no_sample_follows_the_builds_end(child: subprocess.Popen[bytes]) -> None:
     monitor = BuildMonitor()
     monitor.start()
@@ -425,6 +429,7 @@ def test_a_phase_span_says_the_cpu_and_peak_memory_spent_in_it() -> None:
     assert phase.attributes["trt.process.peak_resident_bytes"] == 500 * MIB
 
 
+@pytest.mark.e2e
 def test_a_simulated_deadlock_shows_idle_in_the_heartbeat_and_the_journal(tmp_path: Path) -> None:
     journal = tmp_path / "build.jsonl"
     result = subprocess.run(
@@ -448,6 +453,7 @@ def test_a_simulated_deadlock_shows_idle_in_the_heartbeat_and_the_journal(tmp_pa
 # -- memory remembered ----------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_earlier_builds_say_what_the_next_one_needs_and_min_available_refuses(
     tmp_path: Path,
 ) -> None:
@@ -481,6 +487,7 @@ def test_earlier_builds_say_what_the_next_one_needs_and_min_available_refuses(
     assert "build started" not in refused.stderr
 
 
+@pytest.mark.e2e
 def test_watch_samples_the_journals_writer_on_this_host_for_its_stall_policy(
     tmp_path: Path,
 ) -> None:

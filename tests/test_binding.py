@@ -75,6 +75,7 @@ def test_without_either_library_a_monitor_is_a_plain_object(
     assert monitor.backend is None
 
 
+@pytest.mark.e2e
 def test_importing_trt_otel_imports_neither_library() -> None:
     code = (
         "import sys, trt_otel, trt_otel.app.cli, trt_otel.builder.build; "

@@ -48,6 +48,7 @@ def end_of(journal: Path) -> BuildFinished:
 # -- refused before the build --------------------------------------------------------------
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -93,6 +94,7 @@ def test_a_read_only_directory_is_refused(tmp_path: Path) -> None:
     assert "-o locked/x.engine: cannot write in locked: Permission denied" in result.stderr
 
 
+@pytest.mark.e2e
 def test_build_refuses_its_own_model_as_output(tmp_path: Path) -> None:
     (tmp_path / "m.onnx").write_bytes(b"model")
     (tmp_path / "link.onnx").symlink_to("m.onnx")  # another name, the same file
@@ -176,6 +178,7 @@ def build_while(
     return subprocess.CompletedProcess(process.args, process.returncode, out_text, err_text), keep
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("in_process", [False, True], ids=["worker", "in-process"])
 def test_an_engine_that_cannot_be_written_is_a_failure_and_the_plan_is_kept(
     tmp_path: Path, in_process: bool
@@ -222,6 +225,7 @@ def fill(directory: Path) -> None:
             handle.write(b"\0" * 4096)
 
 
+@pytest.mark.e2e
 def test_a_disk_that_fills_during_the_build_fails_it_with_the_reason(tmp_path: Path) -> None:
     disk = tmp_path / "disk"
     with small_filesystem(disk, "256k"):
@@ -265,6 +269,7 @@ def test_an_output_over_the_trace_being_replayed_is_refused(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+@pytest.mark.e2e
 def test_engines_reports_and_caches_are_written_with_the_users_umask(
     tmp_path: Path, umask: int
 ) -> None:

@@ -44,6 +44,7 @@ def build_record(journal: Path) -> dict[str, Any]:
     return start.attributes
 
 
+@pytest.mark.e2e
 def test_options_reach_the_builder_config_and_the_build_record(tmp_path: Path) -> None:
     engine, journal = tmp_path / "m.engine", tmp_path / "m.jsonl"
     code = main([
@@ -67,6 +68,7 @@ def test_options_reach_the_builder_config_and_the_build_record(tmp_path: Path) -
     assert record["trt.version"] == "simulated" and len(record["model.sha256"]) == 64
 
 
+@pytest.mark.e2e
 def test_a_dynamic_input_without_shapes_is_built_for_one_and_says_so(tmp_path: Path) -> None:
     engine, journal = tmp_path / "m.engine", tmp_path / "m.jsonl"
     assert main([*DEMO, "-o", str(engine), "--journal", str(journal)]) == 0
@@ -77,12 +79,14 @@ def test_a_dynamic_input_without_shapes_is_built_for_one_and_says_so(tmp_path: P
     assert any("no shapes were given: building for 1x1x28x28" in e.message for e in logs)
 
 
+@pytest.mark.e2e
 def test_strongly_typed_networks(tmp_path: Path) -> None:
     engine = tmp_path / "typed.engine"
     assert main([*DEMO, "-o", str(engine), "--strongly-typed"]) == 0
     assert engine_summary(engine)["strongly_typed"] is True
 
 
+@pytest.mark.e2e
 def test_the_timing_cache_is_saved_and_used_again(tmp_path: Path) -> None:
     cache, engine = tmp_path / "timing.cache", tmp_path / "m.engine"
     assert main([*DEMO, "-o", str(engine), "--timing-cache", str(cache)]) == 0
@@ -94,6 +98,7 @@ def test_the_timing_cache_is_saved_and_used_again(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*partial"))
 
 
+@pytest.mark.e2e
 def test_an_unusable_timing_cache_is_replaced_with_a_warning(tmp_path: Path) -> None:
     cache, journal = tmp_path / "timing.cache", tmp_path / "m.jsonl"
     cache.write_bytes(b"\x00garbage")
@@ -103,6 +108,7 @@ def test_an_unusable_timing_cache_is_replaced_with_a_warning(tmp_path: Path) -> 
     assert cache.read_bytes().startswith(b"TRT-OTEL-SIMULATED-TIMING-CACHE")
 
 
+@pytest.mark.e2e
 def test_builder_messages_are_kept_from_the_chosen_level(tmp_path: Path) -> None:
     info, quiet = tmp_path / "info.jsonl", tmp_path / "quiet.jsonl"
     assert main([*DEMO, "--journal", str(info)]) == 0
@@ -133,6 +139,7 @@ def model_with_unknown_ops(path: Path) -> Path:
     return path
 
 
+@pytest.mark.e2e
 def test_every_parser_error_is_reported_with_its_node(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -146,6 +153,7 @@ def test_every_parser_error_is_reported_with_its_node(
     assert not engine.exists() and not list(tmp_path.glob(".*partial"))
 
 
+@pytest.mark.e2e
 def test_a_cancelled_build_writes_nothing_and_keeps_the_old_engine(tmp_path: Path) -> None:
     engine = tmp_path / "m.engine"
     engine.write_bytes(b"the engine that works")
@@ -178,6 +186,7 @@ def test_bad_options_are_refused_before_the_build(
     assert "build started" not in err
 
 
+@pytest.mark.e2e
 def test_an_input_the_model_does_not_have_is_a_usage_error(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -102,6 +102,7 @@ class Answering:
 ANSWERS = [None, "yes", "", RuntimeError, False, 0, True, 1, 2.5]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("answer", ANSWERS, ids=repr)
 def test_the_real_binding_and_the_simulator_take_any_answer_alike(answer: object) -> None:
     """What TensorRT-RTX's own binding does with each answer of step_complete (a build of one

@@ -142,6 +142,7 @@ def test_the_fleets_status_folds_a_growing_unchecked_journal_checked(tmp_path: P
     assert state.outcome is not None and state.outcome.value == "cancellation"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("header", ["written by Python", "without the field"])
 def test_a_checked_journal_is_not_checked_twice(tmp_path: Path, header: str) -> None:
     path = tmp_path / "python.jsonl"
@@ -169,6 +170,7 @@ def test_a_checked_journal_is_not_checked_twice(tmp_path: Path, header: str) -> 
     assert "9 protocol anomalies" in done.stdout, done.stdout + done.stderr
 
 
+@pytest.mark.e2e
 def test_a_header_whose_checked_is_not_a_boolean_is_refused_in_one_line(tmp_path: Path) -> None:
     journal = write(tmp_path / "odd.jsonl", recorded(pythons_events()), checked="no")
     with pytest.raises(raw.JournalError, match="'checked' is 'no', not true or false"):

@@ -30,6 +30,7 @@ def final_state(journal_path: Path) -> BuildState:
     return state
 
 
+@pytest.mark.e2e
 def test_demo_builds_the_generated_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -49,6 +50,7 @@ def test_demo_builds_the_generated_model(
     assert not list(tmp_path.glob(".*partial"))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("trace", trace_params())
 def test_demo_replays_a_recorded_trace(tmp_path: Path, trace: Path) -> None:
     journal = tmp_path / "replay.jsonl"
@@ -140,6 +142,7 @@ def test_build_without_either_library_names_both_extras(
     assert not (tmp_path / "m.engine").exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("content", [b"\x08\x01garbage that is not onnx", b"\x00" * 64])
 def test_a_malformed_model_fails_with_4_and_keeps_the_old_engine(
     tmp_path: Path, content: bytes, capsys: pytest.CaptureFixture[str]
@@ -202,6 +205,7 @@ def started_bare(launch: str) -> list[str]:
     return [sys.executable, "-S", str(script)]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("launch", ["module", "script"])
 def test_ctrl_c_at_any_moment_of_start_up_is_one_line_and_130(launch: str) -> None:
     """Ctrl-C at once after start and at every 20 ms up to 300 ms: one line and exit 130
@@ -238,6 +242,7 @@ def test_ctrl_c_at_any_moment_of_start_up_is_one_line_and_130(launch: str) -> No
     assert answered_early, "no Ctrl-C landed in the imports: the test showed nothing"
 
 
+@pytest.mark.e2e
 def test_ctrl_c_cancels_gracefully_and_exits_130(tmp_path: Path) -> None:
     journal = tmp_path / "interrupted.jsonl"
     process = start_demo(journal)
@@ -253,6 +258,7 @@ def test_ctrl_c_cancels_gracefully_and_exits_130(tmp_path: Path) -> None:
     assert final_state(journal).open_by_name == {}
 
 
+@pytest.mark.e2e
 def test_sigterm_cancels_and_exits_3(tmp_path: Path) -> None:
     journal = tmp_path / "terminated.jsonl"
     process = start_demo(journal)
@@ -262,6 +268,7 @@ def test_sigterm_cancels_and_exits_3(tmp_path: Path) -> None:
     assert final_state(journal).outcome is Outcome.CANCELLATION
 
 
+@pytest.mark.e2e
 def test_a_second_ctrl_c_stops_a_silent_build_at_once(tmp_path: Path) -> None:
     journal = tmp_path / "silent.jsonl"
     process = start_demo(journal, "--silence", "10m")
@@ -280,6 +287,7 @@ def test_a_second_ctrl_c_stops_a_silent_build_at_once(tmp_path: Path) -> None:
     assert state.open_by_name == {}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("argv", "command", "named"),
     [
@@ -302,6 +310,7 @@ def test_a_bad_option_says_so_in_one_line_not_the_whole_usage(
     assert not list(tmp_path.iterdir()), "nothing was started"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "loaded",
     [

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from trt_otel import BuildMonitor, ManualClock
@@ -98,6 +99,7 @@ def test_a_warning_printed_mid_build_lands_above_the_live_tree() -> None:
     assert "trt-otel: warning: spans: the collector at http://localhost:4317" in out.getvalue()
 
 
+@pytest.mark.e2e
 def test_plain_lines_keep_a_heartbeat_through_a_silent_window(tmp_path: Path) -> None:
     result = subprocess.run(
         [*CLI, "demo", "--no-progress", "--no-gpu", "--speed", "4", "--silence", "25s"],
@@ -110,6 +112,7 @@ def test_plain_lines_keep_a_heartbeat_through_a_silent_window(tmp_path: Path) ->
     assert all(phase.strip() for _, phase in beats)
 
 
+@pytest.mark.e2e
 def test_replay_says_plainly_that_a_killed_build_never_ended(tmp_path: Path) -> None:
     journal = tmp_path / "k9.jsonl"
     process = subprocess.Popen(

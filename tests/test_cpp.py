@@ -76,7 +76,12 @@ def missing_toolchain() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(missing_toolchain() is not None, reason=str(missing_toolchain()))
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(missing_toolchain() is not None, reason=str(missing_toolchain())),
+    # On one worker: the driver's variants (compiled by a session fixture) are built once a run.
+    pytest.mark.xdist_group("cpp"),
+]
 
 
 def include_flags() -> list[str]:

@@ -61,7 +61,12 @@ def missing() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(missing() is not None, reason=str(missing())),
+    # On one worker: the example's variants (built by a session fixture) are built once a run.
+    pytest.mark.xdist_group("cpp-example"),
+]
 
 SANITIZERS = {
     "plain": "-O1",
@@ -558,6 +563,7 @@ def test_a_model_that_does_not_parse_or_build_is_a_failed_build(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # the sanitized example is built (CMake) inside
 @pytest.mark.parametrize("variant", ["asan", "tsan"])
 def test_sanitized_example_builds_and_cancels_cleanly(
     examples: Callable[[str], Path], models: Callable[[str], Path], variant: str, tmp_path: Path

@@ -202,6 +202,7 @@ def demo_history(folder: Path, pace: float) -> Path:
     return folder
 
 
+@pytest.mark.e2e
 def test_the_command_refuses_a_build_its_history_says_cannot_fit(tmp_path: Path) -> None:
     history = demo_history(tmp_path / "history", pace=5.0)
     journal = tmp_path / "refused.jsonl"
@@ -223,6 +224,7 @@ def test_the_command_refuses_a_build_its_history_says_cannot_fit(tmp_path: Path)
     assert isinstance(events[0], BuildStarted)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("margin", ["abc", "-5%", "nan", "2000%"])
 def test_a_bad_margin_is_a_usage_error(margin: str) -> None:
     done = subprocess.run(
@@ -233,6 +235,7 @@ def test_a_bad_margin_is_a_usage_error(margin: str) -> None:
     assert "--deadline-margin" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("command", ["build", "demo", "run"])
 def test_the_help_names_the_deadline_and_its_margin(command: str) -> None:
     done = subprocess.run(

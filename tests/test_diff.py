@@ -15,6 +15,9 @@ import pytest
 
 from rtx_builds import CONV_SHAPES, import_rtx, write_conv
 
+# On one worker: the simulated fixture's builds (one with a silent window of 8 s) are made once.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("diff")]
+
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 EXIT_SLOWER = 5
 SILENCE = "8s"

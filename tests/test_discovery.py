@@ -69,6 +69,7 @@ def test_a_target_on_every_interface_is_named_by_the_host() -> None:
     assert discovery_labels({}, host="h") == {"host": "h"}, "unknown labels are left out"
 
 
+@pytest.mark.e2e
 def test_files_of_a_killed_build_on_this_host_are_removed_by_the_next(tmp_path: Path) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
@@ -112,6 +113,7 @@ def test_the_target_stays_while_the_endpoint_waits_for_its_last_scrape(tmp_path:
     assert not target.exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -163,6 +165,7 @@ def held_builds(tmp_path: Path) -> Iterator[list[tuple[subprocess.Popen[str], Pa
                 process.wait()
 
 
+@pytest.mark.e2e
 @needs_prometheus
 def test_prometheus_discovers_three_concurrent_builds_and_scrapes_each(
     tmp_path: Path, held_builds: list[tuple[subprocess.Popen[str], Path, Path]]

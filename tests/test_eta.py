@@ -157,6 +157,7 @@ def test_the_eta_gauge_is_the_estimate_of_the_live_build_wired_as_the_session_wi
         monitor.close()
 
 
+@pytest.mark.e2e
 def test_the_command_reads_a_history_folder(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

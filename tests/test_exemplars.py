@@ -39,6 +39,7 @@ def finished_build(**attributes: str) -> BuildMonitor:
     return monitor
 
 
+@pytest.mark.e2e
 def test_the_duration_histogram_carries_the_trace_id_in_openmetrics_only() -> None:
     traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     monitor = finished_build(**{TRACEPARENT_ATTRIBUTE: traceparent})
@@ -76,6 +77,7 @@ def test_no_duration_until_the_build_ends() -> None:
     assert "trt_build_duration_seconds" not in text
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.skipif(
     shutil.which("prometheus") is None,

@@ -160,6 +160,7 @@ def limit_file_size() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024, 16 * 1024))
 
 
+@pytest.mark.e2e
 def test_a_full_disk_stops_the_journal_not_the_build(tmp_path: Path) -> None:
     journal = tmp_path / "full.jsonl"
     result = subprocess.run(

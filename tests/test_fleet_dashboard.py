@@ -72,6 +72,7 @@ def test_the_fleet_dashboard_uses_fixed_datasource_uids_and_filters_every_panel(
     assert len(ids) == len(set(ids))
 
 
+@pytest.mark.e2e
 @needs_prometheus
 def test_every_fleet_expression_parses(tmp_path: Path) -> None:
     """promtool parses each expression as the body of a recording rule."""
@@ -120,6 +121,7 @@ def fleet(tmp_path: Path) -> Iterator[tuple[PrometheusServer, list[subprocess.Po
         prometheus.close()
 
 
+@pytest.mark.e2e
 @needs_prometheus
 def test_every_fleet_panel_has_data_from_discovered_builds(
     tmp_path: Path, fleet: tuple[PrometheusServer, list[subprocess.Popen[str]]]

@@ -164,6 +164,7 @@ def test_the_sampler_thread_samples_and_stops(tmp_path: Path) -> None:
         GpuSampler(monitor, reader, interval_s=0)
 
 
+@pytest.mark.e2e
 def test_gauges_show_the_latest_sample_and_pass_promtool() -> None:
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
@@ -204,6 +205,7 @@ def test_samples_survive_the_journal(tmp_path: Path) -> None:
     assert isinstance(recorded, GpuSample) and recorded.power_w is None
 
 
+@pytest.mark.e2e
 def test_without_nvml_sampling_is_off_with_one_line_saying_why() -> None:
     reader, line = open_reader("0")
     if reader is not None:

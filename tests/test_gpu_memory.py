@@ -178,6 +178,7 @@ def _run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str
 
 
 @pytest.mark.usefixtures("no_gpu")
+@pytest.mark.e2e
 def test_without_a_gpu_the_option_refuses_the_build_in_one_line(tmp_path: Path) -> None:
     journal = tmp_path / "build.jsonl"
     refused = _run(
@@ -193,6 +194,7 @@ def test_without_a_gpu_the_option_refuses_the_build_in_one_line(tmp_path: Path) 
 
 
 @pytest.mark.usefixtures("no_gpu")
+@pytest.mark.e2e
 def test_run_refuses_it_too_before_the_program_starts(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     refused = _run(
@@ -204,6 +206,7 @@ def test_run_refuses_it_too_before_the_program_starts(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+@pytest.mark.e2e
 def test_no_gpu_and_the_option_are_refused_together() -> None:
     refused = _run("demo", "--speed", "0", "--no-progress", "--no-gpu", "--max-gpu-memory", "8G")
     assert refused.returncode == 2, refused.stderr
@@ -212,6 +215,7 @@ def test_no_gpu_and_the_option_are_refused_together() -> None:
     ]
 
 
+@pytest.mark.e2e
 def test_watch_which_samples_no_gpu_refuses_it(tmp_path: Path) -> None:
     journal = tmp_path / "build.jsonl"
     made = _run("demo", "--speed", "0", "--no-progress", "--no-gpu", "--journal", str(journal))
@@ -226,6 +230,7 @@ def test_watch_which_samples_no_gpu_refuses_it(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.e2e
 def test_a_size_that_is_no_size_is_refused_by_the_parser() -> None:
     refused = _run("demo", "--max-gpu-memory", "0")
     assert refused.returncode == 2

@@ -13,6 +13,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.e2e
+
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 

@@ -207,6 +207,7 @@ def test_the_journal_is_flushed_at_phase_boundaries_while_the_writer_is_alive(
     writer.close()
 
 
+@pytest.mark.e2e
 def test_a_build_killed_mid_write_leaves_a_usable_prefix(tmp_path: Path) -> None:
     path = tmp_path / "killed.jsonl"
     command = [sys.executable, "-m", "trt_otel.app.cli", "demo", "--speed", "0", "--no-progress"]

@@ -190,6 +190,7 @@ def run_matrix_line(tmp_path: Path, index: int) -> subprocess.CompletedProcess[s
     )  # fmt: skip
 
 
+@pytest.mark.e2e
 def test_each_matrix_pod_builds_its_line_as_trt_otel_itself(tmp_path: Path) -> None:
     job = of_kind("matrix-job.yaml", "Job")
     configmap = of_kind("matrix-job.yaml", "ConfigMap")
@@ -217,6 +218,7 @@ def test_each_matrix_pod_builds_its_line_as_trt_otel_itself(tmp_path: Path) -> N
     assert len(engines) == len(lines), "no two pods write the same engine or journal"
 
 
+@pytest.mark.e2e
 def test_a_matrix_index_without_a_line_is_a_usage_error(tmp_path: Path) -> None:
     lines = of_kind("matrix-job.yaml", "ConfigMap")["data"]["builds.txt"].splitlines()
     done = run_matrix_line(tmp_path, len(lines))

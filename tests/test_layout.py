@@ -139,6 +139,7 @@ def test_no_function_is_long_without_a_reason_beside_it() -> None:
     assert long == []
 
 
+@pytest.mark.e2e
 def test_a_builds_worker_and_import_trt_otel_load_only_what_they_use() -> None:
     """The worker of ``trt-otel build`` imports its target's module and the recorder: none of
     the monitor's fold, the views, their libraries, ``importlib.metadata``, the journal's
@@ -172,6 +173,7 @@ def test_a_builds_worker_and_import_trt_otel_load_only_what_they_use() -> None:
         assert result.stdout.strip() == "[]", (imports, result.stdout)
 
 
+@pytest.mark.e2e
 def test_the_command_line_imports_no_room_a_build_does_not_ask_for() -> None:
     """``trt-otel build`` without options pays for its parser, the session and the views every
     build has (plain lines), not for the HTTP view and its page, the reports, the simulator's

@@ -23,7 +23,7 @@ from browser import chromium
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 SVG = "{http://www.w3.org/2000/svg}"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 class LiveDemo:

@@ -140,6 +140,7 @@ def start_arguments(model: Path, *options: str, slow: bool = False) -> dict[str,
     return {"kind": "demo", "model": str(model), "options": [*pace, *options]}
 
 
+@pytest.mark.e2e
 def test_tools_are_listed_with_their_inputs(tmp_path: Path) -> None:
     async def test() -> None:
         async with server(tmp_path / "state") as client:
@@ -172,6 +173,7 @@ def test_tools_are_listed_with_their_inputs(tmp_path: Path) -> None:
     run(test)
 
 
+@pytest.mark.e2e
 def test_a_build_followed_to_success(tmp_path: Path, model: Path) -> None:
     async def test() -> None:
         async with server(tmp_path / "state") as client:
@@ -224,6 +226,7 @@ def test_a_build_followed_to_success(tmp_path: Path, model: Path) -> None:
     run(test)
 
 
+@pytest.mark.e2e
 def test_a_build_cancelled_with_a_reason(tmp_path: Path, model: Path) -> None:
     async def test() -> None:
         async with server(tmp_path / "state") as client:
@@ -255,6 +258,7 @@ def test_a_build_cancelled_with_a_reason(tmp_path: Path, model: Path) -> None:
     run(test)
 
 
+@pytest.mark.e2e
 def test_arguments_of_another_type_are_refused_not_coerced(tmp_path: Path) -> None:
     """JSON's types are the schema's: "yes" is no boolean, "5", 5.5 and true are no count, a
     number is no id. Coerced, "yes" would have replaced an existing engine."""
@@ -279,6 +283,7 @@ def test_arguments_of_another_type_are_refused_not_coerced(tmp_path: Path) -> No
     run(test)
 
 
+@pytest.mark.e2e
 def test_bad_requests_are_tool_errors(tmp_path: Path, model: Path) -> None:
     async def test() -> None:
         async with server(tmp_path / "state") as client:
@@ -353,6 +358,7 @@ def test_bad_requests_are_tool_errors(tmp_path: Path, model: Path) -> None:
     run(test)
 
 
+@pytest.mark.e2e
 def test_a_sample_interval_the_stall_timeout_cannot_hold_is_refused_from_an_agent(
     tmp_path: Path,
 ) -> None:
@@ -382,6 +388,7 @@ def test_a_sample_interval_the_stall_timeout_cannot_hold_is_refused_from_an_agen
         check_command_line(["demo", "--sample-interval", "1m", "--stall-timeout", "5s"])
 
 
+@pytest.mark.e2e
 def test_a_restarted_server_finds_its_builds_again(tmp_path: Path, model: Path) -> None:
     state = tmp_path / "state"
 
@@ -422,6 +429,7 @@ def test_a_restarted_server_finds_its_builds_again(tmp_path: Path, model: Path) 
                 os.kill(record["pid"], signal.SIGKILL)
 
 
+@pytest.mark.e2e
 def test_paths_are_confined_to_the_roots(tmp_path: Path, model: Path) -> None:
     root, outside = tmp_path / "work", tmp_path / "outside"
     root.mkdir()
@@ -501,7 +509,9 @@ def cancel_flag() -> Iterator[tuple[str, threading.Event]]:
             pass
 
     flag = ThreadingHTTPServer(("127.0.0.1", 0), Flag)
-    thread = threading.Thread(target=flag.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=flag.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         yield f"http://127.0.0.1:{flag.server_address[1]}/flag", polled
@@ -510,6 +520,7 @@ def cancel_flag() -> Iterator[tuple[str, threading.Event]]:
         flag.server_close()
 
 
+@pytest.mark.e2e
 def test_options_that_point_a_build_at_the_network_need_the_servers_consent(
     tmp_path: Path, model: Path, cancel_flag: tuple[str, threading.Event]
 ) -> None:
@@ -563,6 +574,7 @@ def test_options_that_point_a_build_at_the_network_need_the_servers_consent(
     run(allowed)
 
 
+@pytest.mark.e2e
 def test_the_default_roots_are_the_state_and_working_directories(
     tmp_path: Path, model: Path
 ) -> None:
@@ -600,6 +612,7 @@ def test_the_default_roots_are_the_state_and_working_directories(
     run(test)
 
 
+@pytest.mark.e2e
 def test_a_root_that_is_not_a_directory_is_a_usage_error(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "trt_otel.app.cli", "mcp", "--root", str(tmp_path / "nowhere")],
@@ -613,6 +626,7 @@ def test_a_root_that_is_not_a_directory_is_a_usage_error(tmp_path: Path) -> None
     assert done.stderr.strip() == f"trt-otel: error: --root {tmp_path / 'nowhere'}: not a directory"
 
 
+@pytest.mark.e2e
 def test_inputs_are_bounded_before_any_work(tmp_path: Path) -> None:
     huge = "a" * 20_000_000
     too_long_id = "id is 20,000,000 characters long; at most 64"
@@ -880,6 +894,7 @@ def test_build_events_page_on_from_the_last_event_given(tmp_path: Path) -> None:
     assert [e["seq"] for e in second["events"]] == [3, 4, 5]
 
 
+@pytest.mark.e2e
 def test_a_live_builds_state_follows_its_journal(tmp_path: Path) -> None:
     """Starting until its journal begins, running without its URL file yet, and, in a retry
     ladder, retrying after an attempt that is not the last, finished after the last one."""

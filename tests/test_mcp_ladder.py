@@ -17,7 +17,7 @@ from trt_otel.builder.simulator import generate_plan
 from trt_otel.core.journal import JournalWriter
 from trt_otel.testing import virtual_build
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def write_model(folder: Path) -> Path:

@@ -53,7 +53,7 @@ def assert_every_callback_was_taken(journal: Path, taken: Counter[str]) -> None:
         assert taken[kind] == events[event_type], (kind, taken, events)
 
 
-@pytest.mark.parametrize("where", ["--in-process", "worker"])
+@pytest.mark.parametrize("where", ["--in-process", pytest.param("worker", marks=pytest.mark.e2e)])
 def test_a_simulated_build_in_process_and_in_its_worker(
     where: str, taken: Counter[str], tmp_path: Path
 ) -> None:
@@ -64,6 +64,7 @@ def test_a_simulated_build_in_process_and_in_its_worker(
     assert_every_callback_was_taken(journal, taken)
 
 
+@pytest.mark.e2e
 def test_a_recorded_trace(taken: Counter[str], tmp_path: Path) -> None:
     traces = sorted(TRACES.glob("*.jsonl"))
     if not traces:
@@ -85,6 +86,7 @@ def test_a_recorded_trace(taken: Counter[str], tmp_path: Path) -> None:
     assert_every_callback_was_taken(journal, taken)
 
 
+@pytest.mark.e2e
 def test_a_program_that_trt_otel_run_instruments(taken: Counter[str], tmp_path: Path) -> None:
     pytest.importorskip("tensorrt_rtx", reason="the program builds with TensorRT-RTX")
     model, journal = tmp_path / "mnist.onnx", tmp_path / "run.jsonl"
@@ -95,6 +97,7 @@ def test_a_program_that_trt_otel_run_instruments(taken: Counter[str], tmp_path: 
     assert_every_callback_was_taken(journal, taken)
 
 
+@pytest.mark.e2e
 def test_a_cpp_build_read_back(taken: Counter[str], tmp_path: Path) -> None:
     if missing_toolchain() is not None:
         pytest.skip(str(missing_toolchain()))

@@ -50,6 +50,7 @@ def build_id_of(journal: Path) -> str:
     return start.build_id
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_real_builds_messages_are_log_records_in_their_phases_spans(
     tmp_path: Path, receiver: OtlpReceiver
@@ -93,6 +94,7 @@ def exported_records(receiver: OtlpReceiver, count: int) -> list[ReceivedLog]:
     return sorted(records, key=lambda r: (r.time_ns, r.body))
 
 
+@pytest.mark.e2e
 def test_by_default_warnings_and_worse_arrive_and_replay_sends_the_same(
     tmp_path: Path, receiver: OtlpReceiver
 ) -> None:
@@ -170,6 +172,7 @@ def test_tensorrts_severities_map_to_opentelemetrys(severity: str, number: Any) 
     assert bool(kept) == (number.value >= SeverityNumber.WARN.value)
 
 
+@pytest.mark.e2e
 def test_trt_otels_own_warnings_are_records_in_the_builds_span(
     tmp_path: Path, receiver: OtlpReceiver
 ) -> None:

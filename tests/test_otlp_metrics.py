@@ -81,6 +81,7 @@ def test_the_pushed_series_are_the_scraped_series(receiver: OtlpReceiver) -> Non
     assert duration.exemplar_trace_ids == (monitor.build_id,), "the build's trace"
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_real_build_pushes_its_metrics_with_no_prometheus_scraping(
     tmp_path: Path, receiver: OtlpReceiver
@@ -111,6 +112,7 @@ def test_a_real_build_pushes_its_metrics_with_no_prometheus_scraping(
     }, "the spans' resource"
 
 
+@pytest.mark.e2e
 def test_otlp_metrics_without_an_endpoint_is_a_usage_error() -> None:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     result = subprocess.run(

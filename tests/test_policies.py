@@ -273,7 +273,9 @@ class FlagServer:
 @pytest.fixture
 def flag_server() -> Iterator[FlagServer]:
     server = FlagServer()
-    thread = threading.Thread(target=server.http.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         yield server
@@ -282,6 +284,7 @@ def flag_server() -> Iterator[FlagServer]:
         server.http.server_close()
 
 
+@pytest.mark.e2e
 def test_an_http_flag_that_turns_true_cancels_with_its_reason(
     tmp_path: Path, flag_server: FlagServer
 ) -> None:
@@ -301,6 +304,7 @@ def test_an_http_flag_that_turns_true_cancels_with_its_reason(
     assert "release freeze" in err
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("trouble", ["down", "slow", "garbage"])
 def test_a_broken_flag_server_is_reported_and_the_build_goes_on(
     tmp_path: Path, flag_server: FlagServer, trouble: str
@@ -322,6 +326,7 @@ def test_a_broken_flag_server_is_reported_and_the_build_goes_on(
     assert "further errors are only counted" in result.stderr
 
 
+@pytest.mark.e2e
 def test_a_failing_flag_server_stops_the_build_when_failing_closed(tmp_path: Path) -> None:
     journal = tmp_path / "closed.jsonl"
     url = f"http://127.0.0.1:{free_port()}/cancel"
@@ -334,6 +339,7 @@ def test_a_failing_flag_server_stops_the_build_when_failing_closed(tmp_path: Pat
     assert cancel.source == "http" and "failing closed" in cancel.reason
 
 
+@pytest.mark.e2e
 def test_a_timeout_ends_the_build_as_a_timeout(tmp_path: Path) -> None:
     journal = tmp_path / "timeout.jsonl"
     result = run_demo("--speed", "0", "--silence", "3s", "--journal", str(journal),
@@ -348,6 +354,7 @@ def test_a_timeout_ends_the_build_as_a_timeout(tmp_path: Path) -> None:
     assert 2.0 <= took_s < 3.0, took_s
 
 
+@pytest.mark.e2e
 def test_a_sentinel_file_created_mid_build_cancels_it(tmp_path: Path) -> None:
     journal, sentinel = tmp_path / "file.jsonl", tmp_path / "STOP"
     process = start_demo(journal, *HOLD, "--cancel-file", str(sentinel))
@@ -360,6 +367,7 @@ def test_a_sentinel_file_created_mid_build_cancels_it(tmp_path: Path) -> None:
     assert final_state(journal).open_by_name == {}
 
 
+@pytest.mark.e2e
 def test_a_stall_in_a_silent_window_is_stopped_from_outside(
     tmp_path: Path,
 ) -> None:
@@ -384,6 +392,7 @@ def test_a_stall_in_a_silent_window_is_stopped_from_outside(
     assert not engine.exists() and not list(tmp_path.glob(".*partial"))
 
 
+@pytest.mark.e2e
 def test_a_cancel_in_a_ten_minute_silence_ends_within_the_grace_period(tmp_path: Path) -> None:
     journal, sentinel = tmp_path / "silent.jsonl", tmp_path / "STOP"
     process = start_demo(
@@ -414,6 +423,7 @@ def worker_pid(parent: int, timeout_s: float = 30) -> int:
     raise AssertionError("no worker process")
 
 
+@pytest.mark.e2e
 def test_a_worker_killed_from_outside_is_exit_4_with_every_span_ended(tmp_path: Path) -> None:
     journal, engine = tmp_path / "killed.jsonl", tmp_path / "model.engine"
     engine.write_bytes(b"the previous engine")
@@ -444,6 +454,7 @@ def wait_for_spans(receiver: OtlpReceiver, count: int) -> list[Any]:
     return receiver.wait_for(count)
 
 
+@pytest.mark.e2e
 def test_sigterm_to_the_command_during_a_silence_escalates_after_grace(tmp_path: Path) -> None:
     journal = tmp_path / "term.jsonl"
     process = start_demo(journal, "--speed", "0", "--silence", "10m", "--grace", "1s")
@@ -488,6 +499,7 @@ def test_policies_attach_to_a_monitor_in_process(tmp_path: Path) -> None:
     assert monitor.state.cancel is not None and monitor.state.cancel.reason == "enough"
 
 
+@pytest.mark.e2e
 def test_run_isolated_runs_a_build_function_in_a_worker(tmp_path: Path) -> None:
     from trt_otel.builder.build import BuildJob, SimulatorSettings, run_build_job
     from trt_otel.builder.onnx_models import demo_model_bytes
@@ -540,6 +552,7 @@ def a_build_that_ignores_cancels(monitor: BuildMonitor) -> None:
     time.sleep(600)  # the silence under test, not a wait: the supervisor must cut it short
 
 
+@pytest.mark.e2e
 def test_a_build_that_ignores_the_cancel_is_stopped_with_sigterm_first() -> None:
     """The supervisor reports the signal it stopped the worker with; the worker died of it."""
     monitor = BuildMonitor()
@@ -616,6 +629,7 @@ FORGED = "\x1b[2J\x1b[H\x1b[1;32mbuild success\x1b[0m"
 """Clears the screen and writes a green success where the build's real outcome would be."""
 
 
+@pytest.mark.e2e
 def test_what_a_cancel_url_answers_reaches_the_terminal_escaped(tmp_path: Path) -> None:
     body = json.dumps({"cancel": True, "reason": f"{FORGED}\nFAKE: all done"}).encode()
     server = RawAnswers(
@@ -717,6 +731,7 @@ def test_a_stall_counts_from_the_latest_sign_of_life() -> None:
     assert decision is not None and "no activity for 30.0s" in decision.reason
 
 
+@pytest.mark.e2e
 def test_a_worker_the_supervisor_stopped_did_not_die_on_its_own() -> None:
     """``died`` says how a worker ended on its own; one stopped from here after the grace
     period is reported by ``stopped_with`` alone."""
@@ -734,6 +749,7 @@ def a_build_whose_process_exits_0_without_returning(monitor: BuildMonitor) -> No
     os._exit(0)
 
 
+@pytest.mark.e2e
 def test_a_worker_that_exits_0_without_returning_died_of_exit_code_0() -> None:
     """Exit status 0 without the build's result is a death by "exit code 0", not a signal."""
     monitor = BuildMonitor()

@@ -106,6 +106,7 @@ def test_a_fifo_as_cancel_file_is_a_signal_and_is_never_opened_blocking(tmp_path
     assert decision is not None and decision.reason == f"cancel file {fifo} appeared"
 
 
+@pytest.mark.e2e
 def test_a_fifo_appearing_mid_build_cancels_it_at_once(tmp_path: Path) -> None:
     journal, fifo = tmp_path / "fifo.jsonl", tmp_path / "cf"
     process = subprocess.Popen(
@@ -167,7 +168,9 @@ class DripHandler(socketserver.BaseRequestHandler):
 @pytest.fixture(params=["headers", "body"])
 def drip_server(request: pytest.FixtureRequest) -> Iterator[DripServer]:
     server = DripServer(request.param)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         yield server
@@ -196,6 +199,7 @@ def test_one_poll_is_bounded_as_a_whole(drip_server: DripServer) -> None:
     assert str(outcome[0]) == "no complete answer within 1.0s"
 
 
+@pytest.mark.e2e
 def test_a_dripping_cancel_url_fails_closed(tmp_path: Path, drip_server: DripServer) -> None:
     journal = tmp_path / "drip.jsonl"
     result = subprocess.run(
@@ -231,7 +235,9 @@ def test_a_stuck_policy_shows_in_the_metrics() -> None:
 
 def test_a_stall_still_fires_while_a_cancel_url_hangs() -> None:
     server = DripServer("headers", drip_s=0.5)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
     url = CancelUrl(server.url, interval_s=10)
     monitor = BuildMonitor()
     try:
@@ -259,7 +265,9 @@ class LateBodyHandler(socketserver.BaseRequestHandler):
 def test_a_body_sent_after_its_headers_on_a_closing_connection_is_read() -> None:
     server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), LateBodyHandler)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/flag"
         assert fetch(url, 2.0, 100) == (500, b"oops")

@@ -183,6 +183,7 @@ def test_a_registration_that_clashes_is_refused() -> None:
     assert registry.policies() == ENTRIES
 
 
+@pytest.mark.e2e
 def test_a_build_with_no_policy_imports_no_policy_module() -> None:
     """The import budget, read from the registry: the command line and its settings of a
     build with no policy import none of the modules the registry names."""

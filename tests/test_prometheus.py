@@ -108,6 +108,7 @@ def dashboard_expressions() -> list[str]:
     return [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
 
 
+@pytest.mark.e2e
 @needs_prometheus
 def test_prometheus_finds_the_step_gauges_the_build_reported(
     prometheus: PrometheusServer, exporter_port: int
@@ -205,6 +206,7 @@ def test_the_event_and_callback_counts_are_the_logs_own() -> None:
     assert values[("trt_otel_callbacks_total", ())] == len(plan)
 
 
+@pytest.mark.e2e
 @needs_prometheus
 def test_every_dashboard_expression_returns_data_during_a_build(
     prometheus: PrometheusServer, exporter_port: int, tmp_path: Path
@@ -246,6 +248,7 @@ def test_every_dashboard_expression_returns_data_during_a_build(
         server.close()
 
 
+@pytest.mark.e2e
 @needs_prometheus
 def test_promtool_finds_nothing_to_lint_mid_build() -> None:
     from trt_otel.control.policies import PolicyHealth
@@ -286,6 +289,7 @@ def test_a_port_in_use_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> N
         taken.close()
 
 
+@pytest.mark.e2e
 def test_a_dead_pushgateway_is_reported_and_the_build_still_succeeds(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -306,6 +310,7 @@ def test_the_dashboard_uses_fixed_datasource_uids_only() -> None:
     assert any("16686" in link["url"] for link in dashboard["links"])
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
 def test_the_compose_file_is_valid_and_names_the_stack() -> None:
     result = subprocess.run(
@@ -364,6 +369,7 @@ def test_the_collector_forwards_each_signal_to_its_backend() -> None:
     assert protocols["http"]["endpoint"].endswith(":4318")
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(
     shutil.which("prometheus-pushgateway") is None,
     reason="Debian's prometheus-pushgateway is not installed (.ci/run installs it)",
@@ -460,6 +466,7 @@ def test_bounded_label_sets_are_there_at_0_before_anything_happens() -> None:
     assert 'trt_build_state{state="running"} 1.0' in text
 
 
+@pytest.mark.e2e
 def test_nothing_scraping_means_no_wait_at_exit(capsys: pytest.CaptureFixture[str]) -> None:
     from trt_otel.app.cli import main
 
@@ -489,6 +496,7 @@ def test_registering_reading_or_pushing_is_not_a_scrape() -> None:
         server.close()
 
 
+@pytest.mark.e2e
 @needs_prometheus
 def test_a_real_scraper_gets_the_final_values_before_the_end(
     prometheus: PrometheusServer, exporter_port: int
@@ -509,6 +517,7 @@ def test_a_real_scraper_gets_the_final_values_before_the_end(
         server.close()
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(
     shutil.which("prometheus-pushgateway") is None,
     reason="Debian's prometheus-pushgateway is not installed (.ci/run installs it)",
@@ -552,6 +561,7 @@ def series(text: str) -> dict[str, frozenset[tuple[str, str]]]:
     return {name: frozenset(labels) for name, labels in found.items()}
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(
     shutil.which("prometheus-pushgateway") is None,
     reason="Debian's prometheus-pushgateway is not installed (.ci/run installs it)",

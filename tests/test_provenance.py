@@ -46,6 +46,7 @@ def demo(tmp_path: Path, name: str, *options: str) -> Path:
     return journal
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_real_build_records_what_went_in_and_the_engine_that_came_out(tmp_path: Path) -> None:
     import_rtx()
@@ -74,6 +75,7 @@ def test_a_real_build_records_what_went_in_and_the_engine_that_came_out(tmp_path
     assert f"| engine.sha256 | {sha256(engine)} |" in page
 
 
+@pytest.mark.e2e
 def test_the_timing_cache_is_recorded_before_and_after(tmp_path: Path) -> None:
     cache = tmp_path / "timing.cache"
     first = demo(tmp_path, "first", "--timing-cache", str(cache), "-o", str(tmp_path / "a.e"))
@@ -86,6 +88,7 @@ def test_the_timing_cache_is_recorded_before_and_after(tmp_path: Path) -> None:
     assert went_in["trt.timing_cache.sha256.before"] == after
 
 
+@pytest.mark.e2e
 def test_the_fingerprint_tells_the_same_build_from_a_different_one(tmp_path: Path) -> None:
     one = record(demo(tmp_path, "one", "--timing-cache", str(tmp_path / "c1")))[0]
     same = record(demo(tmp_path, "same", "--timing-cache", str(tmp_path / "c2")))[0]

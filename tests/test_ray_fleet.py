@@ -31,7 +31,8 @@ from trt_otel.core.events import BuildFinished, CancelRequested
 from trt_otel.core.journal import JournalError
 from waiting import wait_for_text
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+# The first test also waits for the cluster to start (up to three attempts of STARTUP_S).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray"), pytest.mark.timeout(900)]
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 REASON = "the GPU is needed for a training run"
@@ -97,6 +98,7 @@ async def mcp_call(
         return content
 
 
+@pytest.mark.e2e
 def test_three_real_builds_on_ray_one_built_one_failed_one_cancelled_with_its_reason(
     ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
@@ -164,6 +166,7 @@ def test_three_real_builds_on_ray_one_built_one_failed_one_cancelled_with_its_re
     assert exits == {"built": 0, "cancelled": 3, "failed": 4}
 
 
+@pytest.mark.e2e
 def test_a_build_that_outlives_its_grace_period_after_a_cancel_is_stopped_through_ray(
     ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
@@ -195,6 +198,7 @@ def test_a_build_that_outlives_its_grace_period_after_a_cancel_is_stopped_throug
     assert Path(shared / "builds" / started["id"] / "cancel").read_text() == f"{REASON}\n"
 
 
+@pytest.mark.e2e
 def test_requests_that_cannot_work_are_refused_before_anything_is_submitted(
     ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
@@ -222,6 +226,7 @@ def test_requests_that_cannot_work_are_refused_before_anything_is_submitted(
     assert not (shared / "builds").exists() or not any((shared / "builds").iterdir())
 
 
+@pytest.mark.e2e
 def test_a_build_record_of_the_shared_folder_is_checked_before_it_is_used(
     ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
@@ -259,6 +264,7 @@ def test_a_build_record_of_the_shared_folder_is_checked_before_it_is_used(
     assert victim.read_text() == "untouched\n"
 
 
+@pytest.mark.e2e
 def test_bad_ray_settings_are_usage_errors(tmp_path: Path) -> None:
     for arguments, message in (
         (["--ray", "127.0.0.1:8265", "--shared-dir", str(tmp_path)], "is an http:// address"),
@@ -273,6 +279,7 @@ def test_bad_ray_settings_are_usage_errors(tmp_path: Path) -> None:
         assert message in done.stderr
 
 
+@pytest.mark.e2e
 def test_the_mcp_server_on_ray_restarted_between_calls_loses_nothing(
     ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
@@ -313,6 +320,7 @@ def test_the_mcp_server_on_ray_restarted_between_calls_loses_nothing(
     anyio.run(scenario)
 
 
+@pytest.mark.e2e
 def test_a_path_outside_the_shared_folder_is_refused_by_the_mcp_server_too(
     tmp_path: Path,
 ) -> None:

@@ -282,7 +282,13 @@ def test_the_model_estimates_from_its_own_fold() -> None:
     assert model.estimate(now).build == estimate(state, model.boundaries, now, None).build
 
 
-@pytest.mark.parametrize("in_process", [False, True], ids=["supervised", "in-process"])
+@pytest.mark.parametrize(
+    "in_process",
+    [
+        pytest.param(False, id="supervised", marks=pytest.mark.e2e),
+        pytest.param(True, id="in-process"),
+    ],
+)
 def test_the_build_state_is_folded_once_for_every_view(
     in_process: bool,
     tmp_path: Path,

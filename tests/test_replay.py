@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.e2e
+
 DATA = Path(__file__).parent / "data"
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 RECORDED = {

@@ -34,6 +34,9 @@ from trt_otel.core.events import (
 )
 from trt_otel.core.journal import JournalWriter, read_journal
 
+# On one worker: the real build of the rtx_journal fixture is made once a run.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("report")]
+
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 DATA = Path(__file__).parent / "data"
 CANCELLED = DATA / "rtx-residual400-cancelled.jsonl"

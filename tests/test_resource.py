@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from opentelemetry.semconv._incubating.attributes.hw_attributes import (
     HW_ID,
     HW_MODEL,
@@ -46,6 +47,7 @@ def container_id_here() -> str | None:
     return found.group(1) if found else None
 
 
+@pytest.mark.e2e
 def test_a_builds_resource_is_detected_with_the_environment_on_top(
     tmp_path: Path, receiver: OtlpReceiver
 ) -> None:

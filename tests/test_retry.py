@@ -39,6 +39,7 @@ def starts(journal: Path) -> list[BuildStarted]:
     return [e for e in read_journal(journal).events if isinstance(e, BuildStarted)]
 
 
+@pytest.mark.e2e
 def test_a_ladders_second_rung_builds_after_the_first_timed_out_linked_in_one_trace(
     tmp_path: Path,
 ) -> None:
@@ -77,6 +78,7 @@ def test_a_ladders_second_rung_builds_after_the_first_timed_out_linked_in_one_tr
     assert "attempt 2 of 2, after timeout (timeout)" in replayed.stdout
 
 
+@pytest.mark.e2e
 def test_a_users_cancel_is_not_retried(tmp_path: Path) -> None:
     journal, stop = tmp_path / "j.jsonl", tmp_path / "stop"
     process = subprocess.Popen(
@@ -91,6 +93,7 @@ def test_a_users_cancel_is_not_retried(tmp_path: Path) -> None:
     assert len(starts(journal)) == 1 and "retrying" not in err
 
 
+@pytest.mark.e2e
 def test_the_deadline_covers_the_whole_ladder(tmp_path: Path) -> None:
     journal = tmp_path / "j.jsonl"
     done = demo("--speed", "4", "--builder-optimization-level", "5", "--deadline", "4s",
@@ -100,6 +103,7 @@ def test_the_deadline_covers_the_whole_ladder(tmp_path: Path) -> None:
     assert len(starts(journal)) == 1
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("rung", "said"),
     [
@@ -149,6 +153,7 @@ def test_attempt_attributes_from_a_file_are_read_only_when_they_hold_together() 
     assert first is not None and first.previous_build_id is None  # a first attempt has none
 
 
+@pytest.mark.e2e
 def test_watch_follows_a_ladder_to_its_last_attempt(tmp_path: Path) -> None:
     journal = tmp_path / "ladder.jsonl"
     build = subprocess.Popen(
@@ -166,6 +171,7 @@ def test_watch_follows_a_ladder_to_its_last_attempt(tmp_path: Path) -> None:
     assert "build timeout" in watched.stderr and "build success" in watched.stderr
 
 
+@pytest.mark.e2e
 def test_watch_ends_with_a_ladder_that_stops_retrying(tmp_path: Path) -> None:
     journal, stop = tmp_path / "ladder.jsonl", tmp_path / "stop"
     build = subprocess.Popen(

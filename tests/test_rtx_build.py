@@ -29,6 +29,8 @@ from trt_otel.builder.onnx_models import conv_net_bytes
 from trt_otel.builder.options import BuildOptions
 from trt_otel.core.events import CancelRequested, LogMessage, PhaseFinished, StepCompleted
 
+pytestmark = pytest.mark.e2e
+
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 

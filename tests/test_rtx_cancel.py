@@ -42,7 +42,7 @@ SILENT_PHASE = "Determining refit engines"
 # loaded CI machine, allow a few seconds on top of grace + kill delay.
 SLACK_S = 4.0
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from rtx_builds import import_rtx, write_conv
@@ -76,6 +77,7 @@ def test_plain_lines_keep_a_heartbeat_through_the_real_silent_step() -> None:
     assert f" in {SILENT_PHASE} (" in beat
 
 
+@pytest.mark.e2e
 def test_tensorrt_s_own_error_is_on_the_failure_line_of_a_real_failed_build(
     tmp_path: Path,
 ) -> None:

@@ -20,7 +20,7 @@ from trt_otel.core.events import BuildFinished, CancelRequested, PhaseStarted
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def build(model: Path, directory: Path, *options: str) -> subprocess.CompletedProcess[str]:

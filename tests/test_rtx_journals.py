@@ -58,6 +58,7 @@ def test_the_simulators_tensorrt_rtx_shape_is_the_recorded_one(name: str) -> Non
     assert simulated == recorded
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("name", "code"),
     [
@@ -74,6 +75,7 @@ def test_watching_a_recorded_journal_gives_the_builds_exit_code(name: str, code:
     assert result.returncode == code, result.stderr
 
 
+@pytest.mark.e2e
 def test_a_replayed_cancelled_build_ends_its_spans_inside_the_silent_window(
     receiver: OtlpReceiver,
 ) -> None:
@@ -104,6 +106,7 @@ def test_a_replayed_cancelled_build_ends_its_spans_inside_the_silent_window(
     assert refit.attributes["trt.phase.steps_completed"] == 0
 
 
+@pytest.mark.e2e
 def test_the_dashboard_has_data_for_a_replayed_real_build(tmp_path: Path) -> None:
     if shutil.which("prometheus") is None:
         pytest.skip("Debian's prometheus package is not installed (.ci/run installs it)")

@@ -40,6 +40,7 @@ def build(tmp_path: Path, *options: str) -> tuple[subprocess.CompletedProcess[st
     return result, engine, journal
 
 
+@pytest.mark.e2e
 def test_options_reach_the_real_builder_config(rtx: Any, tmp_path: Path) -> None:
     result, engine, journal = build(
         tmp_path, "--builder-optimization-level", "1", "--workspace", "256M",
@@ -61,6 +62,7 @@ def test_options_reach_the_real_builder_config(rtx: Any, tmp_path: Path) -> None
     assert engine.stat().st_size > 0
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("options", "refused"),
     [
@@ -83,6 +85,7 @@ def test_options_tensorrt_rtx_lacks_are_refused_before_the_build(
     assert not (tmp_path / "cache.bin").exists()
 
 
+@pytest.mark.e2e
 def test_the_refusals_are_what_the_real_library_says(rtx: Any) -> None:
     # No precision flags: its networks are strongly typed.
     for precision in ("FP16", "BF16", "INT8", "FP8"):
@@ -131,6 +134,7 @@ def test_a_named_backend_that_is_not_installed_says_how_to_install_it(
     assert select_backend(None)[0] is TENSORRT_RTX  # the one installed
 
 
+@pytest.mark.e2e
 def test_backend_names_the_library_and_a_missing_one_is_exit_2(
     rtx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

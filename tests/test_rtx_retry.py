@@ -21,7 +21,7 @@ from trt_otel.core.events import BuildFinished, BuildStarted, Outcome
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_a_real_ladders_second_rung_builds_after_the_first_timed_out(tmp_path: Path) -> None:

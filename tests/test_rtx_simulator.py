@@ -41,6 +41,7 @@ def simulated_callbacks(model: bytes, shape_text: str, profiles: int) -> list[tu
     return callbacks_of(monitor.log.recent())
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("model", "shape_text", "profiles"),
     [
@@ -58,6 +59,7 @@ def test_the_simulated_phase_tree_is_the_real_builders(
     assert simulated_callbacks(model, shape_text, profiles) == real
 
 
+@pytest.mark.e2e
 def test_the_demo_model_differs_only_in_the_layers_the_parser_adds(rtx: Any) -> None:
     """The simulator counts ONNX nodes; TensorRT's parser adds layers of its own for some of
     them (constants of a MatMul's weights, broadcast shuffles), so only the number of steps of

@@ -25,7 +25,7 @@ from trt_otel.core.events import PhaseStarted, StepCompleted
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 SILENT_PHASE = "Determining refit engines"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from trt_otel.core.events import BuildFinished, BuildStarted, CancelRequested, E
 
 trt = pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install -e '.[dev]')")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 PROGRAMS = Path(__file__).parent / "programs"
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]

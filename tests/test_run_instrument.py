@@ -36,6 +36,7 @@ def run_instrumented(
     return result, journal
 
 
+@pytest.mark.e2e
 def test_each_build_while_instrumented_is_a_build_of_the_journal_and_none_after(
     mnist: Path, tmp_path: Path
 ) -> None:
@@ -55,6 +56,7 @@ def test_each_build_while_instrumented_is_a_build_of_the_journal_and_none_after(
     assert events[-1] is ends[-1]
 
 
+@pytest.mark.e2e
 def test_a_timeout_from_the_environment_cancels_a_build_in_process(tmp_path: Path) -> None:
     model = residual_net(400, tmp_path)
     result, journal = run_instrumented(tmp_path, model, TRT_OTEL_TIMEOUT="0.3s")
@@ -64,6 +66,7 @@ def test_a_timeout_from_the_environment_cancels_a_build_in_process(tmp_path: Pat
     assert end.outcome == "timeout"
 
 
+@pytest.mark.e2e
 def test_the_metrics_count_the_builds_of_the_process(mnist: Path, tmp_path: Path) -> None:
     port = free_port()
     result, _ = run_instrumented(
@@ -105,6 +108,7 @@ print("result:", "None" if build(sys.argv[1], name="net") is None else "engine",
 """
 
 
+@pytest.mark.e2e
 def test_a_program_that_exits_instrumented_ends_its_journal_every_time(
     mnist: Path, tmp_path: Path
 ) -> None:

@@ -21,6 +21,8 @@ from test_run import PROGRAMS, PYTHON, builds_in, residual_net, starts, wait_for
 from trt_otel import read_journal
 from trt_otel.core.events import CancelRequested
 
+pytestmark = pytest.mark.e2e
+
 pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install -e '.[dev]')")
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]

@@ -16,6 +16,8 @@ from trt_otel import Outcome, read_journal
 from trt_otel.core.events import BuildFinished
 from waiting import wait_for_text
 
+pytestmark = pytest.mark.e2e
+
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 

@@ -182,6 +182,7 @@ def run_demo(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     )
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("protocol", [GRPC, HTTP_PROTOBUF])
 def test_replay_exports_exactly_the_live_spans(
     tmp_path: Path, protocol: str, receiver: OtlpReceiver
@@ -248,6 +249,7 @@ def wait_for_silence(journal: Path) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.e2e
 def test_a_cancelled_build_ends_every_span_and_says_why(
     tmp_path: Path, receiver: OtlpReceiver
 ) -> None:
@@ -279,6 +281,7 @@ def test_a_cancelled_build_ends_every_span_and_says_why(
     assert_nested(spans)
 
 
+@pytest.mark.e2e
 def test_a_killed_build_replays_with_every_span_ended(
     tmp_path: Path, receiver: OtlpReceiver
 ) -> None:
@@ -313,6 +316,7 @@ def test_a_killed_build_replays_with_every_span_ended(
     assert_nested(spans)
 
 
+@pytest.mark.e2e
 def test_a_failed_build_is_an_error_span(tmp_path: Path, receiver: OtlpReceiver) -> None:
     model = tmp_path / "broken.onnx"
     model.write_bytes(b"\x08\x01 not a model")
@@ -405,7 +409,9 @@ def test_a_refusing_collector_is_reported_once_and_every_span_counted() -> None:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         warnings: list[str] = []
@@ -460,6 +466,7 @@ def redirecting_collector(status: int, target: str) -> Iterator[tuple[int, list[
 
 
 @pytest.mark.parametrize("status", [307, 302])
+@pytest.mark.e2e
 def test_a_collector_that_redirects_is_a_failure_and_nothing_is_counted_exported(
     status: int, receiver: OtlpReceiver
 ) -> None:
@@ -495,6 +502,7 @@ def trace_files_or_plan() -> list[Path]:
     return files
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("collector", ["down", "hanging"])
 def test_the_cli_exits_promptly_when_the_collector_is_unreachable(collector: str) -> None:
     # The same demo with no export, timed in the same run: what is measured is what the
@@ -584,6 +592,7 @@ def test_the_default_budget_keeps_the_recorded_traces_whole(trace: Path) -> None
     assert all(span.parent_span_id in by_id for span in spans if span is not build)
 
 
+@pytest.mark.e2e
 def test_a_build_inside_a_traced_job_joins_its_trace(receiver: OtlpReceiver) -> None:
     traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     result = run_demo(
@@ -607,6 +616,7 @@ def test_a_build_inside_a_traced_job_joins_its_trace(receiver: OtlpReceiver) -> 
     assert_nested(spans)
 
 
+@pytest.mark.e2e
 def test_standard_environment_variables_configure_the_export(receiver: OtlpReceiver) -> None:
     result = run_demo(
         "--speed", "0",

@@ -13,6 +13,8 @@ import pytest
 from rtx_builds import CONV_SHAPES, import_rtx, write_conv
 from trt_otel.builder.onnx_models import demo_model_bytes
 
+pytestmark = pytest.mark.e2e
+
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 PROGRAMS = Path(__file__).parent / "programs"
 BEFORE = "## an earlier step's summary\n"

@@ -58,18 +58,21 @@ def reaping(process: subprocess.Popen[str]) -> GoneWithin:
     return gone_within
 
 
+@pytest.mark.e2e
 def test_a_process_that_ends_on_sigterm_is_not_killed(start: Start) -> None:
     process = start("import time\nprint('ready', flush=True)\ntime.sleep(600)")
     assert stop_process(process.pid, reaping(process), kill_after_s=30) == "SIGTERM"
     assert process.returncode == -15
 
 
+@pytest.mark.e2e
 def test_one_that_ignores_sigterm_is_killed_after_the_wait(start: Start) -> None:
     process = start(IGNORES_SIGTERM)
     assert stop_process(process.pid, reaping(process), kill_after_s=0.5) == "SIGKILL"
     assert process.returncode == -9
 
 
+@pytest.mark.e2e
 def test_one_already_gone_is_not_signalled(start: Start) -> None:
     process = start("print('ready', flush=True)")
     process.wait()
@@ -77,6 +80,7 @@ def test_one_already_gone_is_not_signalled(start: Start) -> None:
     assert stop_process(process.pid, polling(process.pid), kill_after_s=1) is None
 
 
+@pytest.mark.e2e
 def test_a_process_not_our_child_is_waited_for_by_polling(start: Start) -> None:
     process = start(IGNORES_SIGTERM)
     gone = polling(process.pid)

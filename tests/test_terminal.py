@@ -10,11 +10,14 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from trt_otel.views.terminal import printable
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 
+@pytest.mark.e2e
 def test_a_closed_output_pipe_changes_neither_the_outcome_nor_the_cleanup(tmp_path: Path) -> None:
     runtime = tmp_path / "run"
     runtime.mkdir()
@@ -46,6 +49,7 @@ def test_control_characters_are_escaped_for_display() -> None:
     assert printable("tab\there\x07\u202e") == "tab\\there\\x07\\u202e"
 
 
+@pytest.mark.e2e
 def test_a_cancel_reason_with_control_characters_is_escaped_on_screen_and_kept_in_the_journal(
     tmp_path: Path,
 ) -> None:
@@ -110,6 +114,7 @@ def crafted_journal(path: Path) -> None:
     path.write_text("".join(json.dumps(record) + "\n" for record in records))
 
 
+@pytest.mark.e2e
 def test_a_crafted_journal_is_replayed_and_watched_escaped(tmp_path: Path) -> None:
     journal = tmp_path / "crafted.jsonl"
     crafted_journal(journal)
@@ -130,6 +135,7 @@ def test_a_crafted_journal_is_replayed_and_watched_escaped(tmp_path: Path) -> No
         assert "inner\\x1b[2J\\x1b[H\\x1b[1;32m\\nFAKE" in shown, shown
 
 
+@pytest.mark.e2e
 def test_paths_with_control_characters_are_escaped_on_their_lines(tmp_path: Path) -> None:
     """``journal:``, ``engine:`` and ``policy:`` lines show paths the user gave, which may hold
     anything a file name can (a newline, an ESC)."""
@@ -152,6 +158,7 @@ def test_paths_with_control_characters_are_escaped_on_their_lines(tmp_path: Path
     assert (folder / "j.jsonl").is_file() and (folder / "model.engine").is_file()
 
 
+@pytest.mark.e2e
 def test_replay_escapes_the_journal_path_it_names(tmp_path: Path) -> None:
     """A journal's path is shown with what replay says of it (its problems, a missing file)."""
     folder = tmp_path / f"x{FORGED}\nFAKE: build success"
@@ -171,6 +178,7 @@ def test_replay_escapes_the_journal_path_it_names(tmp_path: Path) -> None:
         assert not any(line.startswith("FAKE") for line in done.stderr.splitlines())
 
 
+@pytest.mark.e2e
 def test_a_huge_phase_name_is_cut_on_the_operators_lines(tmp_path: Path) -> None:
     """A crafted journal whose open phase is named with a million characters: what replay says
     of it on stderr is cut, saying by how much, not echoed whole."""

@@ -84,6 +84,7 @@ class _SlowFold:
             time.sleep(self.per_event_s)  # the slowness under test, not a wait
 
 
+@pytest.mark.e2e
 def test_a_cancel_decided_behind_the_replay_is_logged_among_the_callbacks_by_time() -> None:
     monitor = BuildMonitor()
     slow = _SlowFold(0.002, slow_events=300)  # the replay falls behind from the start
@@ -112,6 +113,7 @@ def test_a_cancel_decided_behind_the_replay_is_logged_among_the_callbacks_by_tim
     )
 
 
+@pytest.mark.e2e
 def test_a_cancel_in_a_silent_worker_is_logged_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     # Only the worker's word that it made nothing since lets the cancel in, not impatience.
     monkeypatch.setattr(supervisor, "HELD_CANCEL_PATIENCE_S", 60.0)
@@ -168,6 +170,7 @@ class _SlowFollower:
         pass
 
 
+@pytest.mark.e2e
 def test_a_backlog_waits_in_the_spool_not_in_the_followers_queues(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -198,6 +201,7 @@ def test_a_trace_is_parsed_into_a_compact_plan_that_pickles_small(trace: Path) -
     assert len(data) < 5 * len(plan) + 200 * 1_000, "about 4 bytes a callback"
 
 
+@pytest.mark.e2e
 def test_the_workers_callbacks_are_counted_and_timed_but_not_its_log_lines() -> None:
     """The monitor's own figures, as the worker reports them: every callback TensorRT made
     (counted from the records, not by each callback), and time spent in them."""
@@ -212,6 +216,7 @@ def test_the_workers_callbacks_are_counted_and_timed_but_not_its_log_lines() -> 
     assert 0 < monitor.callback_ns_total < monitor.callbacks_total * 1_000_000
 
 
+@pytest.mark.e2e
 def test_a_build_cancelled_before_its_worker_starts_does_not_build(tmp_path: Path) -> None:
     monitor = BuildMonitor()
     monitor.start()

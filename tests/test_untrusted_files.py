@@ -120,14 +120,17 @@ def nested(depth: int, *, ended: bool) -> list[Event]:
 # -- 1. named pipes and devices: refused, never opened blocking nor read without end ------------
 
 
+@pytest.mark.e2e
 def test_replay_of_a_fifo_with_no_writer_is_refused_at_once(fifo: Path) -> None:
     assert_refused(*trt_otel("replay", fifo), "a named pipe, not a regular file")
 
 
+@pytest.mark.e2e
 def test_watch_of_a_fifo_with_no_writer_is_refused_at_once(fifo: Path) -> None:
     assert_refused(*trt_otel("watch", fifo), "a named pipe, not a regular file")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["fifo", "zero"])
 def test_watch_with_a_control_file_of_a_fifo_or_device_is_refused_at_once(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
@@ -137,16 +140,19 @@ def test_watch_with_a_control_file_of_a_fifo_or_device_is_refused_at_once(
     assert_refused(code, output, "not a regular file")
 
 
+@pytest.mark.e2e
 def test_demo_trace_of_a_fifo_with_no_writer_is_refused_at_once(fifo: Path) -> None:
     assert_refused(*trt_otel("demo", "--trace", fifo), "a named pipe, not a regular file")
 
 
+@pytest.mark.e2e
 def test_a_journal_on_a_fifo_is_refused_before_the_build(fifo: Path, tmp_path: Path) -> None:
     code, output = trt_otel("demo", "--speed", "0", "--journal", fifo)
     assert_refused(code, output, f"--journal {fifo} is a named pipe, not a regular file")
     assert "build success" not in output
 
 
+@pytest.mark.e2e
 def test_the_journal_writer_never_blocks_on_a_fifo(fifo: Path) -> None:
     """Past every check (a path swapped for a FIFO after them): the writer itself refuses,
     whether or not a reader holds the pipe open. In a process of its own, so that a writer
@@ -174,6 +180,7 @@ def test_the_journal_writer_never_blocks_on_a_fifo(fifo: Path) -> None:
     assert done.stdout.count("is a named pipe, not a regular file") == 2, done.stdout
 
 
+@pytest.mark.e2e
 def test_instrument_with_a_fifo_journal_raises_rather_than_hangs(fifo: Path) -> None:
     program = (
         "import trt_otel\n"
@@ -194,17 +201,20 @@ def test_instrument_with_a_fifo_journal_raises_rather_than_hangs(fifo: Path) -> 
     assert f"refused: journal {fifo} is a named pipe, not a regular file" in done.stdout
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("command", [["replay"], ["watch"], ["demo", "--trace"]])
 def test_a_link_to_dev_zero_is_refused_not_read(zero: Path, command: list[str]) -> None:
     assert_refused(*trt_otel(*command, zero), "a device, not a regular file")
 
 
+@pytest.mark.e2e
 def test_a_journal_linked_to_dev_zero_is_refused(zero: Path) -> None:
     assert_refused(
         *trt_otel("demo", "--speed", "0", "--journal", zero), "is a device, not a regular file"
     )
 
 
+@pytest.mark.e2e
 def test_history_skips_fifos_devices_and_directories(tmp_path: Path) -> None:
     history = tmp_path / "history"
     history.mkdir()
@@ -225,6 +235,7 @@ def test_history_skips_fifos_devices_and_directories(tmp_path: Path) -> None:
 # -- 2. what made tracebacks ---------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("command", ["build", "demo"])
 def test_a_directory_as_the_model_is_a_usage_error(command: str, tmp_path: Path) -> None:
     model = tmp_path / "model.onnx"
@@ -237,6 +248,7 @@ def test_a_directory_as_the_model_is_a_usage_error(command: str, tmp_path: Path)
     assert_refused(*trt_otel(*args), f"model path is a directory: {model}")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("ended", [False, True])
 def test_replay_of_phases_nested_a_thousand_deep(tmp_path: Path, ended: bool) -> None:
     path = journal_of(tmp_path / "deep.jsonl", nested(1000, ended=ended))
@@ -300,6 +312,7 @@ def truncated_in_place(path: Path, events: Sequence[Event], cut: int, nuls: int)
     return path
 
 
+@pytest.mark.e2e
 def test_replay_of_a_journal_truncated_in_place_reads_what_is_left(tmp_path: Path) -> None:
     events = nested(10, ended=False)
     path = truncated_in_place(tmp_path / "rotated.jsonl", events, cut=3, nuls=5000)
@@ -321,6 +334,7 @@ def test_replay_of_a_journal_truncated_in_place_reads_what_is_left(tmp_path: Pat
     assert history.skipped == ["rotated.jsonl: truncated in place; its start is lost"]
 
 
+@pytest.mark.e2e
 def test_a_sparse_file_of_nuls_is_skipped_not_read_into_memory(tmp_path: Path) -> None:
     path = tmp_path / "holes.jsonl"
     with path.open("wb") as file:
@@ -390,6 +404,7 @@ def running_build(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Pat
             process.wait()
 
 
+@pytest.mark.e2e
 def test_two_builds_given_one_journal_the_second_is_refused(
     running_build: tuple[subprocess.Popen[bytes], Path],
 ) -> None:
@@ -419,6 +434,7 @@ def test_a_fifo_in_history_replay_header_says_so(fifo: Path) -> None:
 KMSG = Path("/proc/kmsg")
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not os.access(KMSG, os.R_OK), reason="/proc/kmsg is readable by root only")
 @pytest.mark.parametrize("read_as", ["model", "trace", "journal"])
 def test_a_file_that_says_it_is_regular_but_would_block_is_refused_not_waited_on(

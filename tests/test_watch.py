@@ -56,6 +56,7 @@ def test_a_control_file_that_cannot_be_written_is_refused_before_watching(
     assert len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.e2e
 def test_a_cancel_that_cannot_be_delivered_is_not_a_success(tmp_path: Path) -> None:
     """The control file's directory goes away during the watch: the cancel that a policy
     then decides cannot reach the build, which builds on to success; watch says so and exits
@@ -138,6 +139,7 @@ def watch_refuses_to_stop(journal: Path, control: Path, named: subprocess.Popen[
     os.kill(named.pid, 0)
 
 
+@pytest.mark.e2e
 def test_terminate_after_never_signals_a_process_that_does_not_hold_the_journal(
     tmp_path: Path,
 ) -> None:
@@ -177,6 +179,7 @@ HOLDING_OPEN = [
 
 
 @pytest.mark.parametrize("how", HOLDING_OPEN)
+@pytest.mark.e2e
 def test_terminate_after_never_signals_a_reader_that_holds_the_journal_open(
     tmp_path: Path, how: str
 ) -> None:
@@ -199,6 +202,7 @@ def test_terminate_after_never_signals_a_reader_that_holds_the_journal_open(
         reader.communicate()
 
 
+@pytest.mark.e2e
 def test_terminate_after_stops_the_writer_that_holds_the_journals_lock(tmp_path: Path) -> None:
     """A real build (the demo's, silent for a minute) writes the journal under its lock: the
     one process --terminate-after may stop, and does, once the cancel it wrote was not taken."""

@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from trt_otel.capture.watch import BuildLostError, follow_journal
 from trt_otel.control.stopping import process_running
 from trt_otel.core.writer import Toucher
@@ -47,6 +49,7 @@ def watch(journal: Path, *args: str, timeout: float = 60) -> subprocess.Complete
     )  # fmt: skip
 
 
+@pytest.mark.e2e
 def test_watch_of_a_journal_whose_writer_was_killed_is_lost_at_once(tmp_path: Path) -> None:
     journal = tmp_path / "k9.jsonl"
     build = killed_in_silence(journal)
@@ -71,6 +74,7 @@ def strip_writer(journal: Path) -> None:
     journal.write_text(json.dumps(header) + "\n" + "".join(lines[1:]))
 
 
+@pytest.mark.e2e
 def test_a_journal_with_no_sign_of_life_is_lost_after_the_limit(tmp_path: Path) -> None:
     journal = tmp_path / "old.jsonl"
     killed_in_silence(journal)
@@ -86,6 +90,7 @@ def test_a_journal_with_no_sign_of_life_is_lost_after_the_limit(tmp_path: Path) 
     ) in result.stderr
 
 
+@pytest.mark.e2e
 def test_a_live_build_silent_longer_than_the_limit_is_followed_to_its_end(tmp_path: Path) -> None:
     journal = tmp_path / "live.jsonl"
     build = start_demo(journal, "--speed", "4", "--silence", "6s")
@@ -130,6 +135,7 @@ def test_touches_keep_a_remote_writers_journal_alive(tmp_path: Path) -> None:
     assert time.monotonic() - began >= 3.5
 
 
+@pytest.mark.e2e
 def test_a_zombie_or_a_reused_pid_is_not_the_writer() -> None:
     child = subprocess.Popen(["true"])
     deadline = time.monotonic() + 10
@@ -188,6 +194,7 @@ class SilentServer:
             connection.close()
 
 
+@pytest.mark.e2e
 def test_a_url_that_accepts_and_never_answers_is_lost_after_the_limit() -> None:
     for server in (SilentServer(), SilentServer(trickle=True)):
         try:
@@ -236,6 +243,7 @@ class EndlessLineServer:
         self.listener.close()
 
 
+@pytest.mark.e2e
 def test_an_event_stream_line_that_never_ends_is_not_an_event_stream() -> None:
     """A server that keeps sending one line is alive, so --lost-after never fires: the line's
     bound does, in one line and exit 2."""
@@ -251,6 +259,7 @@ def test_an_event_stream_line_that_never_ends_is_not_an_event_stream() -> None:
     assert "not an event stream" in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
+@pytest.mark.e2e
 def test_a_live_process_that_does_not_hold_the_journal_is_no_sign_of_life(
     tmp_path: Path,
 ) -> None:
@@ -282,6 +291,7 @@ def test_a_live_process_that_does_not_hold_the_journal_is_no_sign_of_life(
         bystander.wait()
 
 
+@pytest.mark.e2e
 def test_a_live_reader_of_the_journal_is_no_sign_of_life(tmp_path: Path) -> None:
     """A crafted header names a live process that holds the journal open, but only reads it
     (a `tail -f`): not the writer (it holds no write lock), so the build is lost after

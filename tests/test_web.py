@@ -44,7 +44,7 @@ CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 TOKEN = "page-token-for-tests"
 T = TypeVar("T")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def _browser_paths() -> tuple[str, str] | None:
