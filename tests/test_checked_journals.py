@@ -22,6 +22,7 @@ from trt_otel.capture.checked import CheckedEvents
 from trt_otel.capture.watch import follow_journal
 from trt_otel.core import journal as raw
 from trt_otel.core.events import Anomaly, Event
+from trt_otel.core.log import EventLog
 
 BREAKS: list[tuple[str, str, str | None, int]] = [
     ("phase_start", "Building engine", None, 4),
@@ -127,6 +128,24 @@ def test_a_follower_fed_a_line_at_a_time_gets_the_same_events(tmp_path: Path) ->
     followed: list[Event] = []
     follow_journal(journal, followed.extend, warn=pytest.fail, lost_after_s=5)
     assert followed == python
+
+
+def test_each_build_of_a_batch_is_checked_against_its_own_phases(tmp_path: Path) -> None:
+    """Two builds of one log (as ``trt-otel run`` records them), read in one batch: the second
+    build's callbacks are checked against its own phases, not those the first left open."""
+    log = EventLog()
+    first = BuildMonitor(log=log, backend="none")
+    first.phase_start("Building engine", None, 2)  # left open: the build stopped there
+    log.remove_fold(first.state.apply)
+    second = BuildMonitor(log=log, backend="none")
+    second.start()
+    second.step_complete("Building engine", 0)  # not a phase of this build
+    python = log.recent()
+    assert [event.type for event in python].count("anomaly") == 1
+
+    assert CheckedEvents({"checked": False}).feed(recorded(python)) == python
+    journal = write(tmp_path / "cpp.jsonl", recorded(python), checked=False)
+    assert read_journal(journal).events == python
 
 
 def test_the_fleets_status_folds_a_growing_unchecked_journal_checked(tmp_path: Path) -> None:

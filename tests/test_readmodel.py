@@ -373,6 +373,22 @@ def test_forgetting_closed_phases_changes_nothing_a_view_shows(trace: Path) -> N
     assert max(kept) < 100 < len(remembering.state.phases) / 10
 
 
+def test_forgotten_roots_still_count_in_the_progress() -> None:
+    """Finished roots of one name (a phase whose parent is not open is a root): the fold that
+    forgets them shows the progress of the one that does not."""
+    monitor = BuildMonitor(clock=ManualClock())
+    for _ in range(3):
+        monitor.phase_start("Timing tactics", "Building engine", 1)  # no such parent open
+        monitor.phase_finish("Timing tactics")
+    monitor.phase_start("Building engine", None, 4)
+    events = monitor.log.recent()
+    forgetting, remembering = model_of(events), ReadModel(forget_closed=False)
+    remembering.handle(events)
+    assert len(forgetting.state.roots) < len(remembering.state.roots), "forgotten"
+    assert remembering.state.progress_ratio() == 3 / 4
+    assert forgetting.state.progress_ratio() == 3 / 4
+
+
 def test_an_aborted_phase_is_not_counted_into_its_finished_siblings() -> None:
     monitor = BuildMonitor(clock=ManualClock())
     monitor.phase_start("root", None, 3)

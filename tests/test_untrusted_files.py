@@ -23,6 +23,7 @@ from trt_otel.core.events import (
     BuildFinished,
     BuildStarted,
     Event,
+    LogMessage,
     Outcome,
     PhaseFinished,
     PhaseStarted,
@@ -358,6 +359,30 @@ def test_a_line_with_no_end_is_skipped_with_bounded_memory() -> None:
     out += reader.finish()
     kinds = [getattr(item, "kind", type(item).__name__) for item in out]
     assert kinds == ["long_line", "StepCompleted"]
+
+
+def test_a_line_over_the_bound_is_skipped_however_its_bytes_arrive() -> None:
+    """Whole in one chunk, in pieces of 1 MiB (as a journal is read), or cut where the bound
+    was passed before its newline came (as a growing journal is followed): the same problem,
+    never the event."""
+    message = "x" * MAX_LINE_BYTES
+    long = LogMessage(seq=0, wall_ns=1, mono_ns=1, thread="t", severity="info", message=message)
+    step = StepCompleted(seq=1, wall_ns=2, mono_ns=2, thread="t", name="p", step=0)
+    data = encode_events([long, step])
+    piece = 1 << 20
+
+    def read(chunks: list[bytes]) -> list[object]:
+        reader = LineReader()
+        out = [item for chunk in chunks for item in reader.feed(chunk)] + reader.finish()
+        return [
+            (getattr(item, "kind", type(item).__name__), getattr(item, "line", 0)) for item in out
+        ]
+
+    whole = read([data])
+    assert whole == [("long_line", 2), ("StepCompleted", 0)]
+    assert read([data[at : at + piece] for at in range(0, len(data), piece)]) == whole
+    past = MAX_LINE_BYTES + 8  # the bound passed before the line's newline arrives
+    assert read([data[:past], data[past:]]) == whole
 
 
 def test_a_trace_line_with_no_end_is_an_error(tmp_path: Path) -> None:

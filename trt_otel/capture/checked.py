@@ -52,11 +52,14 @@ class CheckedEvents:
         if not self.checks:
             return list(events)
         records: list[CallbackRecord] = []
+        started = self._started()  # by what was taken, or by a record of this batch
         for event in events:
-            if type(event) is BuildStarted and self._started():  # a journal of several builds
-                self._take(records)
-                records = []
-                self._next_build()
+            if type(event) is BuildStarted:
+                if started:  # a journal of several builds
+                    self._take(records)
+                    records = []
+                    self._next_build()
+                started = True
             records.append(record_of(event))
         self._take(records)
         taken, self._taken[:] = list(self._taken), []

@@ -400,10 +400,16 @@ class LineReader:
         overlong = len(self._pending) > MAX_LINE_BYTES  # no newline in sight: never held whole
         if overlong:
             self._pending, self._discarding = b"", True
+        # A whole line over the bound is skipped too, as it is when its newline comes in a
+        # later chunk: what is read never depends on how the bytes were cut.
+        bounded = len(data) <= MAX_LINE_BYTES
         decode = _DECODER.decode
         append = out.append
         for raw in lines:
             self.line_no += 1
+            if not bounded and len(raw) > MAX_LINE_BYTES:
+                self._long_line(out)
+                continue
             try:
                 event: Event = decode(raw)
                 seq = event.seq
@@ -419,10 +425,14 @@ class LineReader:
             append(event)
         if overlong:
             self.line_no += 1
-            self._skipped += 1
-            over = f"a line over {MAX_LINE_BYTES:,} bytes"
-            append(JournalProblem(self.line_no, "long_line", over))
+            self._long_line(out)
         return out
+
+    def _long_line(self, out: list[Event | JournalProblem]) -> None:
+        out.append(
+            JournalProblem(self.line_no, "long_line", f"a line over {MAX_LINE_BYTES:,} bytes")
+        )
+        self._skipped += 1
 
     def finish(self) -> list[Event | JournalProblem]:
         """Read the last line if it has no newline; the reader is then at the end."""

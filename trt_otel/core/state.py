@@ -13,6 +13,7 @@ of its ``phase_start`` event (``Phase.id``).
 from __future__ import annotations
 
 import enum
+import math
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -112,6 +113,8 @@ class BuildState:
         self._to_forget: list[Phase] = []
         self._first_finished: dict[int | None, dict[str, int]] = {}
         self._kept_as_latest: set[int] = set()
+        self._forgotten_roots = 0
+        """Finished roots forgotten: each still counts, done, in :meth:`progress_ratio`."""
         self.build_id: str | None = None
         self.attributes: dict[str, Any] = {}
         self.start_wall_ns: int | None = None
@@ -298,6 +301,8 @@ class BuildState:
                 siblings.pop()
             elif phase.id in siblings:
                 siblings.remove(phase.id)
+            if phase.parent_id is None:
+                self._forgotten_roots += 1
             self._drop(phase.id)
 
     def _drop(self, phase_id: int) -> None:
@@ -403,9 +408,13 @@ class BuildState:
         """
         if self.outcome is Outcome.SUCCESS:
             return 1.0
-        if not self.roots:
+        forgotten = self._forgotten_roots  # finished: 1 each
+        if not self.roots and not forgotten:
             return 0.0
-        return sum(self.phase_progress(root) for root in self.roots) / len(self.roots)
+        # fsum: the same sum in any order, so a state that forgets gives the very ratio of one
+        # that does not.
+        done = math.fsum([*map(self.phase_progress, self.roots), forgotten])
+        return done / (len(self.roots) + forgotten)
 
     def walk(self) -> Iterator[Phase]:
         """Every phase, depth first, children in start order."""
