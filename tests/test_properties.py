@@ -51,8 +51,8 @@ from trt_otel.core.journal import JournalProblem, LineReader, encode_events
 from trt_otel.core.log import EventLog
 from trt_otel.core.readmodel import ReadModel, SiblingGroup, TreeNode
 from trt_otel.core.state import BuildState, Phase, PhaseStatus
-from trt_otel.views.http import status_document
 from trt_otel.views.spans import SpanProjection, SpanRecord
+from trt_otel.views.status import status_document
 from trt_otel.views.trace_ids import phase_span_id
 
 
@@ -809,7 +809,7 @@ class ForgettingAndRemembering(RuleBasedStateMachine):
     def teardown(self) -> None:
         now = self.clock.mono_ns()
         documents = [
-            status_document(model, model.estimate_locked(now), now)["phases"]
+            status_document(model, model.estimate_locked(now), now).phases
             for model in (self.forgetting, self.remembering)
         ]
         assert documents[0] == documents[1]
