@@ -1523,28 +1523,44 @@ def test_the_journal_a_cpp_build_writes_is_locked_as_pythons_and_replaced_once_i
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", ["named pipe", "named pipe with a reader", "directory", "device"])
+@pytest.mark.parametrize("kind", ["named pipe", "directory", "device"])
 def test_a_journal_that_is_not_a_regular_file_is_refused_at_once_by_the_cpp_monitor(
     journal_program: Path, tmp_path: Path, kind: str
 ) -> None:
-    """Documented to throw: a named pipe (with or without a reader), a directory or a device
-    given as the journal is refused at once, in words; never opened blocking (the constructor
-    waited for ever on a pipe with no reader), never written."""
-    journal, reader = tmp_path / "build.jsonl", None
-    if kind.startswith("named pipe"):
+    """Documented to throw: a named pipe nobody reads, a directory or a device given as the
+    journal is refused at once, in words; never opened blocking (the constructor waited for
+    ever on a pipe with no reader), never written."""
+    journal = tmp_path / "build.jsonl"
+    if kind == "named pipe":
         os.mkfifo(journal)
-        if kind.endswith("reader"):
-            reader = os.open(journal, os.O_RDONLY | os.O_NONBLOCK)
-    elif kind == "directory":
-        journal.mkdir()
+        expected = f"error: trt-otel: journal {journal} is a named pipe that nobody reads"
     else:
-        journal = Path(os.devnull)
-    what = {"directory": "a directory", "device": "a device"}.get(kind, "a named pipe")
+        if kind == "directory":
+            journal.mkdir()
+        else:
+            journal = Path(os.devnull)
+        expected = f"error: trt-otel: journal {journal} is a {kind}, not a regular file"
+    assert open_journal_from_cpp(journal_program, journal) == (4, expected)
+
+
+def test_a_named_pipe_with_a_reader_is_a_consumers_stream_of_the_journal(
+    journal_program: Path, tmp_path: Path
+) -> None:
+    """A named pipe that a consumer reads is written as the journal would be: the reader gets
+    the whole journal, and the C++ monitor neither locks nor empties it."""
+    journal = tmp_path / "build.jsonl"
+    os.mkfifo(journal)
+    reader = os.open(journal, os.O_RDONLY | os.O_NONBLOCK)
     try:
         code, said = open_journal_from_cpp(journal_program, journal)
-        if reader is not None:
-            assert os.read(reader, 1) == b"", "nothing is written into the pipe"
+        os.set_blocking(reader, True)
+        streamed = b""
+        while chunk := os.read(reader, 65536):
+            streamed += chunk
     finally:
-        if reader is not None:
-            os.close(reader)
-    assert (code, said) == (4, f"error: trt-otel: journal {journal} is {what}, not a regular file")
+        os.close(reader)
+    assert code == 0, said
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(streamed)
+    types = [e.type for e in read_clean(copy).events]
+    assert (types[0], types[-1]) == ("build_start", "build_end"), types

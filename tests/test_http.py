@@ -38,6 +38,11 @@ HOLD = ("--speed", "0", "--silence", "2s")
 silent: long enough for a test to act mid-build, without a paced build's tens of seconds."""
 
 
+READ_BEFORE_ANNOUNCED: dict[int, list[str]] = {}
+"""Per demo (by pid), the lines of its stderr read before it announced its endpoint (its first
+build lines may come before that announcement)."""
+
+
 def start_demo(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
     """A demo serving HTTP on a free port; returns the process and its base URL."""
     process = subprocess.Popen(
@@ -49,8 +54,10 @@ def start_demo(*args: str, env: dict[str, str] | None = None) -> tuple[subproces
     )
     assert process.stderr is not None
     deadline = time.monotonic() + 30
+    read = READ_BEFORE_ANNOUNCED[process.pid] = []
     while time.monotonic() < deadline:
         line = process.stderr.readline()
+        read.append(line)
         match = re.match(r"http: (http://[^/]+)/status", line)
         if match:
             return process, match.group(1)
@@ -439,7 +446,7 @@ def test_watch_by_url_and_by_journal_show_what_the_build_showed(tmp_path: Path) 
             p.kill()
     assert process.returncode == 0
     # The build printed its first lines before the watchers started; they get them all.
-    expected = build_lines(build_err)
+    expected = build_lines("".join(READ_BEFORE_ANNOUNCED[process.pid]) + build_err)
     assert expected and expected[-1].split("]", 1)[1].startswith(" build success")
     for watcher, output in zip(watchers, outputs, strict=True):
         assert watcher.returncode == 0, output

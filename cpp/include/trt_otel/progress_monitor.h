@@ -617,11 +617,34 @@ inline std::string writerOf(std::string const& path)
         + " (give each build its own journal)";
 }
 
+//! A named pipe given as the journal: a consumer's stream, written while it has a reader. Opened
+//! without blocking, so a pipe nobody reads is refused at once (the open would wait for ever);
+//! then written blocking, by the writer thread alone (a consumer that stops reading fills the
+//! pipe, and the events past max_pending are counted as lost: the build never waits).
+inline int openPipe(std::string const& path)
+{
+    int const fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0)
+    {
+        int const error = errno;
+        throw std::runtime_error("trt-otel: journal " + path + " is a named pipe "
+            + (error == ENXIO ? std::string("that nobody reads") : "that cannot be opened: " + std::string(std::strerror(error))));
+    }
+    int const flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0)
+    {
+        int const error = errno;
+        ::close(fd);
+        throw std::runtime_error("trt-otel: cannot open journal " + path + ": " + std::strerror(error));
+    }
+    return fd;
+}
+
 //! The journal at `path` opened for writing as the Python package's JournalWriter opens it:
-//! only a regular file (a named pipe would block the open, a device is no journal), checked
-//! before it is opened and again on the open descriptor (never opened blocking); locked (flock,
-//! exclusive, released when it is closed or its process dies) before it is emptied, so one
-//! that another writer holds is refused (JournalBusyError) and left whole.
+//! a regular file (a device or a directory is no journal; a named pipe is a consumer's stream,
+//! see openPipe), checked before it is opened and again on the open descriptor (never opened
+//! blocking); locked (flock, exclusive, released when it is closed or its process dies) before
+//! it is emptied, so one that another writer holds is refused (JournalBusyError) and left whole.
 inline int openJournal(std::string const& path)
 {
     auto const notRegular = [&](mode_t mode) {
@@ -629,6 +652,8 @@ inline int openJournal(std::string const& path)
             "trt-otel: journal " + path + " is " + fileKind(mode) + ", not a regular file");
     };
     struct stat info{};
+    if (::stat(path.c_str(), &info) == 0 && S_ISFIFO(info.st_mode))
+        return openPipe(path);
     if (::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode))
         throw notRegular(info.st_mode);
     int const fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0666);
