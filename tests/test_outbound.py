@@ -1,0 +1,137 @@
+"""Every call trt-otel makes to a peer has one deadline, connect, headers and body together,
+held against real peers that drip their answer a byte every half second (``dripping.py``): the
+helper the calls share (core/deadlines.py, core/outbound.py). The cancel URL's poll is held in
+test_policy_isolation.py, ``watch --url`` in test_watch_lost.py."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from dripping import dripping
+from trt_otel.core import outbound
+from trt_otel.core.deadlines import Deadline, DeadlineExceededError
+
+CLI = [sys.executable, "-m", "trt_otel.app.cli"]
+PLACES = ["headers", "body", "mute"]
+SLACK_S = 0.8
+"""What a bounded call may take past its deadline here (a loaded machine's scheduling)."""
+
+
+def bounded(call: Callable[[], object], limit_s: float) -> tuple[object, float]:
+    """Run ``call`` on a thread: what it returned or raised, and how long it took. A call
+    still running after ``limit_s`` fails the test rather than hanging it."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as error:
+            outcome.append(error)
+
+    began = time.monotonic()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    assert not thread.is_alive(), f"still waiting on the peer after {limit_s:g}s"
+    return outcome[0], time.monotonic() - began
+
+
+# -- the helper -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", [*PLACES, "tls"])
+def test_a_call_is_bounded_as_a_whole_wherever_the_peer_drips(where: str) -> None:
+    with dripping(where) as server:
+
+        def call() -> object:
+            with Deadline(1.0) as deadline:
+                return outbound.call(f"{server.url}/x", deadline, max_bytes=1 << 20)
+
+        outcome, took = bounded(call, 10)
+    assert isinstance(outcome, DeadlineExceededError), outcome
+    assert str(outcome) == "no complete answer within 1.0s"
+    assert took < 1.0 + SLACK_S, f"{took:.1f}s"
+
+
+def test_an_answer_within_the_deadline_is_whole_and_a_redirect_is_not_followed() -> None:
+    moved = answering(307, b"moved", location="https://elsewhere.example/v1")
+    with moved as (url, paths), Deadline(5.0) as deadline:
+        answer = outbound.call(f"{url}/here", deadline, max_bytes=1 << 20)
+    assert (answer.status, answer.body) == (307, b"moved")
+    assert answer.redirect() == "307 Temporary Redirect, to 'https://elsewhere.example/v1'"
+    assert paths == ["/here"], "nothing followed"
+
+
+def test_a_call_lets_go_of_its_sockets_and_a_closed_deadline_shuts_nothing() -> None:
+    """The guard keeps a duplicate of each socket's descriptor for the call's length only; a
+    deadline that passes after its call ended leaves the (pooled, reused) connection alone."""
+    before = len(os.listdir("/proc/self/fd"))
+    with answering(200, b"ok") as (url, _):
+        for _ in range(20):
+            with Deadline(5.0) as deadline:
+                assert outbound.call(url, deadline, max_bytes=100).body == b"ok"
+    assert len(os.listdir("/proc/self/fd")) <= before + 2  # the server's own, at most
+    left, right = socket.socketpair()
+    with left, right:
+        deadline = Deadline(0.0)
+        deadline.close()
+        deadline.guard(left)  # after the call: not kept
+        deadline._expire()  # the watchman, late
+        left.sendall(b"still open")
+        assert right.recv(100) == b"still open"
+        assert not deadline.expired
+
+
+# -- peers ----------------------------------------------------------------------------------------
+
+
+@contextmanager
+def answering(
+    status: int, body: bytes, *, location: str | None = None
+) -> Iterator[tuple[str, list[str]]]:
+    """A real HTTP server answering every request with ``status`` and ``body`` (and a
+    ``Location``); its URL and the paths asked for."""
+    paths: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            paths.append(self.path)
+            self.send_response(status)
+            if location is not None:
+                self.send_header("Location", location)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            self.answer()
+
+        def do_POST(self) -> None:
+            self.answer()
+
+        def do_PUT(self) -> None:
+            self.answer()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", paths
+    finally:
+        server.shutdown()
+        server.server_close()
