@@ -1,24 +1,29 @@
 """Every call trt-otel makes to a peer has one deadline, connect, headers and body together,
 held against real peers that drip their answer a byte every half second (``dripping.py``): the
-helper the calls share (core/deadlines.py, core/outbound.py). The cancel URL's poll is held in
-test_policy_isolation.py, ``watch --url`` in test_watch_lost.py."""
+helper the calls share (core/deadlines.py, core/outbound.py) and the Pushgateway push. The cancel
+URL's poll is held in test_policy_isolation.py, ``watch --url`` in test_watch_lost.py."""
 
 from __future__ import annotations
 
 import http.server
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
 from dripping import dripping
+from trt_otel import BuildMonitor
+from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.core import outbound
 from trt_otel.core.deadlines import Deadline, DeadlineExceededError
+from trt_otel.views.prometheus import MetricSources, metrics_registry, push_build_metrics
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 PLACES = ["headers", "body", "mute"]
@@ -89,6 +94,51 @@ def test_a_call_lets_go_of_its_sockets_and_a_closed_deadline_shuts_nothing() -> 
         left.sendall(b"still open")
         assert right.recv(100) == b"still open"
         assert not deadline.expired
+
+
+# -- the Pushgateway ------------------------------------------------------------------------------
+
+
+def a_registry() -> Any:
+    monitor = BuildMonitor()
+    Driver(speed=0).run(monitor, generate_plan(3))
+    monitor.end()
+    return metrics_registry(MetricSources(monitor))
+
+
+@pytest.mark.parametrize("where", PLACES)
+def test_a_push_to_a_pushgateway_that_drips_ends_at_its_deadline(where: str) -> None:
+    """prometheus_client's own handler bounds each read: a Pushgateway (or a proxy) that drips
+    its answer held the push, and the command, for as long as it dripped."""
+    registry = a_registry()
+    with dripping(where) as server:
+        outcome, took = bounded(lambda: push_build_metrics(registry, server.url, timeout_s=1.0), 10)
+    assert isinstance(outcome, OSError), outcome
+    assert "no complete answer within 1.0s" in str(outcome)
+    assert took < 1.0 + SLACK_S, f"{took:.1f}s"
+
+
+def test_a_pushgateway_that_redirects_is_a_failure_and_is_not_followed() -> None:
+    registry = a_registry()
+    moved = answering(307, b"", location="https://gateway.example/")
+    with moved as (url, paths), pytest.raises(OSError) as raised:
+        push_build_metrics(registry, url)
+    assert "answered 307 Temporary Redirect, to 'https://gateway.example/'" in str(raised.value)
+    assert "a push is not redirected" in str(raised.value)
+    assert len(paths) == 1 and paths[0].startswith("/metrics/job/trt_otel/build_id/")
+
+
+def test_the_command_says_once_that_a_dripping_pushgateway_did_not_answer() -> None:
+    with dripping("headers") as server:
+        done = subprocess.run(
+            [*CLI, "demo", "--speed", "0", "--no-progress", "--no-gpu",
+             "--pushgateway", server.url],
+            capture_output=True, text=True, timeout=90, check=False,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    said = f"cannot push metrics to {server.url}: no complete answer within 5.0s"
+    assert done.stderr.count(said) == 1, done.stderr
+    assert "Traceback" not in done.stderr
 
 
 # -- peers ----------------------------------------------------------------------------------------
