@@ -1,7 +1,8 @@
 """Every call trt-otel makes to a peer has one deadline, connect, headers and body together,
 held against real peers that drip their answer a byte every half second (``dripping.py``): the
-helper the calls share (core/deadlines.py, core/outbound.py) and the Pushgateway push. The cancel
-URL's poll is held in test_policy_isolation.py, ``watch --url`` in test_watch_lost.py."""
+helper the calls share (core/deadlines.py, core/outbound.py), the Pushgateway push and the OTLP
+exports. The cancel URL's poll is held in test_policy_isolation.py, ``watch --url`` in
+test_watch_lost.py."""
 
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+import requests
 
 from dripping import dripping
 from trt_otel import BuildMonitor
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.core import outbound
 from trt_otel.core.deadlines import Deadline, DeadlineExceededError
+from trt_otel.views.otlp_http import AcceptedOn2xx
 from trt_otel.views.prometheus import MetricSources, metrics_registry, push_build_metrics
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
@@ -141,6 +144,50 @@ def test_the_command_says_once_that_a_dripping_pushgateway_did_not_answer() -> N
     assert "Traceback" not in done.stderr
 
 
+# -- OTLP -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", PLACES)
+def test_the_otlp_session_gives_each_request_its_timeout_in_all(where: str) -> None:
+    """The session every OTLP/HTTP exporter sends through (spans, log records, metrics):
+    ``requests`` bounds each read, so a dripping collector held an export, and its thread, for
+    as long as it dripped."""
+    with dripping(where) as server:
+        outcome, took = bounded(
+            lambda: AcceptedOn2xx().post(f"{server.url}/v1/traces", data=b"x", timeout=1.0), 10
+        )
+    assert isinstance(outcome, requests.Timeout), outcome
+    assert "no complete answer within 1.0s" in str(outcome)
+    assert took < 1.0 + SLACK_S, f"{took:.1f}s"
+
+
+def test_an_otlp_span_export_to_a_dripping_collector_fails_within_its_timeout() -> None:
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    from trt_otel.views.otlp_settings import OtlpSettings
+
+    with dripping("headers") as server:
+        settings = OtlpSettings(f"{server.url}/v1/traces", "http/protobuf", request_timeout_s=1.0)
+        exporter = settings.make_exporter()
+        outcome, took = bounded(lambda: exporter.export([]), 10)
+    assert outcome is SpanExportResult.FAILURE
+    assert took < 1.0 + SLACK_S, f"{took:.1f}s"
+
+
+def test_an_otlp_session_bounds_a_request_on_a_connection_it_kept() -> None:
+    """The session keeps its connection between exports: a collector that answered the first
+    export and drips its answer to the next, on the same connection, is bounded too."""
+    with answer_then_drip() as (url, connections):
+        session = AcceptedOn2xx()
+        assert session.post(f"{url}/v1/traces", data=b"x", timeout=5.0).status_code == 200
+        outcome, took = bounded(
+            lambda: session.post(f"{url}/v1/traces", data=b"x", timeout=1.0), 10
+        )
+    assert connections == [1], "one connection, kept"
+    assert isinstance(outcome, requests.Timeout), outcome
+    assert took < 1.0 + SLACK_S, f"{took:.1f}s"
+
+
 # -- peers ----------------------------------------------------------------------------------------
 
 
@@ -183,5 +230,54 @@ def answering(
     try:
         yield f"http://127.0.0.1:{server.server_port}", paths
     finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
+def answer_then_drip() -> Iterator[tuple[str, list[int]]]:
+    """A real HTTP/1.1 server that answers the first request on a connection, and drips its
+    answer to the next one; its URL, and the number of each request's connection."""
+    stopping = threading.Event()
+    connections: list[int] = []
+    count = [0]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def setup(self) -> None:
+            super().setup()
+            count[0] += 1
+            self.number, self.answered = count[0], 0
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if self.number not in connections:
+                connections.append(self.number)
+            self.answered += 1
+            if self.answered == 1:
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            for byte in b"HTTP/1.1 200 OK\r\nX-Padding: " + b"a" * 100_000:
+                if stopping.wait(0.5):
+                    return
+                try:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                except OSError:
+                    return
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", connections
+    finally:
+        stopping.set()
         server.shutdown()
         server.server_close()

@@ -9,10 +9,10 @@ write or TLS handshake is blocked on them, in whichever library. The call then f
 :class:`DeadlineExceededError` (a ``TimeoutError``) saying how long it had.
 
 Every call trt-otel makes to a peer is bounded by one: through :mod:`~trt_otel.core.outbound`
-(http.client and urllib: the cancel URL, the Pushgateway, ``watch --url``), or, for a library
-that makes the call's connections out of the caller's reach, through :func:`current`, where they
-find the deadline of the call they carry. A name lookup is the system resolver's, with its own
-timeouts.
+(http.client and urllib: the cancel URL, the Pushgateway, ``watch --url``), or the OTLP
+exporters' HTTP session (:mod:`~trt_otel.views.otlp_http`), whose connections, made by
+``requests`` out of the caller's reach, find the deadline of the call they carry through
+:func:`current`. A name lookup is the system resolver's, with its own timeouts.
 """
 
 from __future__ import annotations
