@@ -1,8 +1,8 @@
 """Every call trt-otel makes to a peer has one deadline, connect, headers and body together,
 held against real peers that drip their answer a byte every half second (``dripping.py``): the
-helper the calls share (core/deadlines.py, core/outbound.py), the Pushgateway push and the OTLP
-exports. The cancel URL's poll is held in test_policy_isolation.py, ``watch --url`` in
-test_watch_lost.py."""
+helper the calls share (core/deadlines.py, core/outbound.py), the Pushgateway push, the OTLP
+exports and their final flush. The cancel URL's poll is held in test_policy_isolation.py,
+``watch --url`` in test_watch_lost.py."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import pytest
 import requests
 
 from dripping import dripping
+from otlp_receiver import hanging_collector
 from trt_otel import BuildMonitor
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.core import outbound
@@ -186,6 +187,51 @@ def test_an_otlp_session_bounds_a_request_on_a_connection_it_kept() -> None:
     assert connections == [1], "one connection, kept"
     assert isinstance(outcome, requests.Timeout), outcome
     assert took < 1.0 + SLACK_S, f"{took:.1f}s"
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_the_final_flush_of_spans_logs_and_metrics_ends_within_one_flush_timeout(
+    protocol: str,
+) -> None:
+    """Against a collector that accepts and never answers, the three OTLP exports flush at
+    once, within ``--otlp-flush-timeout``: they flushed one after the other (twice the timeout
+    with --otlp-metrics)."""
+    with hanging_collector() as port:
+        ended = run_until_exit(
+            [*CLI, "demo", "--speed", "0", "--no-progress", "--no-gpu",
+             "--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-protocol", protocol,
+             "--otlp-logs-level", "info", "--otlp-metrics", "--otlp-flush-timeout", "3s"],
+            after="build success",
+        )  # fmt: skip
+    code, lines, flushed_s = ended
+    assert code == 0, lines
+    text = "\n".join(lines)
+    assert "spans not exported" in text and "log records not exported" in text
+    assert "the final metrics were not exported over OTLP (no answer within 3s)" in text
+    # One after the other, they took 6 s and more.
+    assert flushed_s < 3.0 + 1.8, f"{flushed_s:.1f}s from the build's end to the exit"
+
+
+def run_until_exit(command: list[str], *, after: str) -> tuple[int, list[str], float]:
+    """Run ``command``: its exit code, its lines (stdout and stderr), and the seconds from the
+    first line containing ``after`` to its exit."""
+    lines: list[str] = []
+    seen_at: float | None = None
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as process:
+        try:
+            assert process.stdout is not None
+            for line in process.stdout:
+                lines.append(line.rstrip("\n"))
+                if seen_at is None and after in line:
+                    seen_at = time.monotonic()
+            code = process.wait(90)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    assert seen_at is not None, lines
+    return code, lines, time.monotonic() - seen_at
 
 
 # -- peers ----------------------------------------------------------------------------------------
