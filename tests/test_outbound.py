@@ -1,12 +1,14 @@
 """Every call trt-otel makes to a peer has one deadline, connect, headers and body together,
 held against real peers that drip their answer a byte every half second (``dripping.py``): the
-helper the calls share (core/deadlines.py, core/outbound.py), the Pushgateway push, the OTLP
-exports and their final flush. The cancel URL's poll is held in test_policy_isolation.py,
-``watch --url`` in test_watch_lost.py."""
+helper they share (core/deadlines.py, core/outbound.py), the Pushgateway push, the OTLP
+exports and their final flush, the fleet's calls to a build's HTTP view and Ray's job server.
+The cancel URL's poll is held in test_policy_isolation.py, ``watch --url`` in
+test_watch_lost.py."""
 
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import socket
 import subprocess
@@ -15,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +28,7 @@ from otlp_receiver import hanging_collector
 from trt_otel import BuildMonitor
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.core import outbound
-from trt_otel.core.deadlines import Deadline, DeadlineExceededError
+from trt_otel.core.deadlines import Deadline, DeadlineExceededError, call_within
 from trt_otel.views.otlp_http import AcceptedOn2xx
 from trt_otel.views.prometheus import MetricSources, metrics_registry, push_build_metrics
 
@@ -98,6 +101,18 @@ def test_a_call_lets_go_of_its_sockets_and_a_closed_deadline_shuts_nothing() -> 
         left.sendall(b"still open")
         assert right.recv(100) == b"still open"
         assert not deadline.expired
+
+
+def test_call_within_answers_on_time_and_hands_over_the_call_s_own_error() -> None:
+    release = threading.Event()
+    began = time.monotonic()
+    with pytest.raises(DeadlineExceededError, match=r"no answer within 0\.5s"):
+        call_within(0.5, release.wait, name="test-stuck")
+    assert time.monotonic() - began < 0.5 + SLACK_S
+    release.set()
+    assert call_within(5, lambda: 42, name="test-quick") == 42
+    with pytest.raises(ZeroDivisionError):
+        call_within(5, lambda: 1 // 0, name="test-raises")
 
 
 # -- the Pushgateway ------------------------------------------------------------------------------
@@ -234,6 +249,54 @@ def run_until_exit(command: list[str], *, after: str) -> tuple[int, list[str], f
     return code, lines, time.monotonic() - seen_at
 
 
+# -- the fleet ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", PLACES)
+def test_the_fleets_calls_to_a_builds_view_are_bounded(
+    where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build's HTTP view that drips (its process stopped halfway through an answer): the
+    fleet's status call reads nothing from it, and a cancel fails, each by its deadline."""
+    from trt_otel.app import fleet
+
+    monkeypatch.setattr(fleet, "STATUS_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(fleet, "CANCEL_TIMEOUT_S", 1.0)
+    with dripping(where) as server:
+        status, took = bounded(lambda: fleet._get_json(f"{server.url}/status"), 10)
+        assert status is None and took < 1.0 + SLACK_S, f"{took:.1f}s"
+        cancel, took = bounded(lambda: fleet._post_cancel(server.url, "token", "why"), 10)
+    assert isinstance(cancel, DeadlineExceededError), cancel
+    assert took < 1.0 + SLACK_S, f"{took:.1f}s"
+
+
+def test_a_ray_job_server_that_drips_is_an_error_in_time(tmp_path: Path) -> None:
+    """Ray's job client makes a ``requests`` session of its own for each call, with no timeout:
+    a job server that answers its version check and then drips held a submission forever."""
+    pytest.importorskip("ray.job_submission")
+    from trt_otel.app.fleet import FleetError
+    from trt_otel.app.ray_fleet import RayFleet
+
+    with ray_job_server() as url:
+        fleet = RayFleet(url, tmp_path, call_timeout_s=1.0)
+        outcome, took = bounded(lambda: fleet.start("demo"), 20)
+    assert isinstance(outcome, FleetError), outcome
+    assert "Ray did not take the job (no answer within 1.0s)" in str(outcome)
+    assert took < 1.0 + SLACK_S + 0.5, f"{took:.1f}s"  # the request's checks come first
+
+
+def test_a_ray_job_server_that_drips_its_version_is_not_reached(tmp_path: Path) -> None:
+    pytest.importorskip("ray.job_submission")
+    from trt_otel.app.fleet import FleetError
+    from trt_otel.app.ray_fleet import RayFleet
+
+    with dripping("headers") as server:
+        outcome, took = bounded(lambda: RayFleet(server.url, tmp_path, call_timeout_s=1.0), 20)
+    assert isinstance(outcome, FleetError), outcome
+    assert str(outcome) == f"cannot reach Ray at {server.url}: no answer within 1.0s"
+    assert took < 1.0 + SLACK_S, f"{took:.1f}s"
+
+
 # -- peers ----------------------------------------------------------------------------------------
 
 
@@ -323,6 +386,54 @@ def answer_then_drip() -> Iterator[tuple[str, list[int]]]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_port}", connections
+    finally:
+        stopping.set()
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
+def ray_job_server() -> Iterator[str]:
+    """Enough of Ray's job server for its client to be made (``/api/version``), whose other
+    answers drip their head a byte every half second."""
+    stopping = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/api/version":
+                document = {"version": "4", "ray_version": "2.60.0", "ray_commit": "x"}
+                body = json.dumps(document).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            self.drip()
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.drip()
+
+        def drip(self) -> None:
+            head = b"HTTP/1.1 200 OK\r\nX-Padding: " + b"a" * 100_000
+            for byte in head:
+                if stopping.wait(0.5):
+                    return
+                try:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                except OSError:
+                    return
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
     finally:
         stopping.set()
         server.shutdown()

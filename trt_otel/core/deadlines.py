@@ -9,10 +9,12 @@ write or TLS handshake is blocked on them, in whichever library. The call then f
 :class:`DeadlineExceededError` (a ``TimeoutError``) saying how long it had.
 
 Every call trt-otel makes to a peer is bounded by one: through :mod:`~trt_otel.core.outbound`
-(http.client and urllib: the cancel URL, the Pushgateway, ``watch --url``), or the OTLP
-exporters' HTTP session (:mod:`~trt_otel.views.otlp_http`), whose connections, made by
-``requests`` out of the caller's reach, find the deadline of the call they carry through
-:func:`current`. A name lookup is the system resolver's, with its own timeouts.
+(http.client and urllib: the cancel URL, the Pushgateway, ``watch --url``, the fleet's calls)
+or the OTLP exporters' HTTP session (:mod:`~trt_otel.views.otlp_http`), which finds the
+deadline of the call it carries through :func:`current`. A library whose connections are out of
+reach altogether (Ray's job client makes a session of its own for each request, with no timeout)
+is called through :func:`call_within`, which stops waiting at the deadline. A name lookup is the
+system resolver's, with its own timeouts.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar, cast
 
 from trt_otel.core.durations import format_duration
 
@@ -122,6 +125,36 @@ class Deadline:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+T = TypeVar("T")
+
+
+def call_within(timeout_s: float, call: Callable[[], T], *, name: str) -> T:
+    """``call()``'s result (or its exception), or :class:`DeadlineExceededError` once
+    ``timeout_s`` has passed without one. The call runs on a daemon thread (``name``) that is
+    left to end on its own when it overruns: its result is then dropped. For a library that
+    gives no way to its sockets; the caller gets its answer on time, a stuck peer keeps only
+    that thread."""
+    done = threading.Event()
+    outcome: list[tuple[bool, object]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as error:  # handed to the caller, whatever it is
+            outcome.append((False, error))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    if not done.wait(max(timeout_s, 0.0)):
+        raise DeadlineExceededError(f"no answer within {format_duration(timeout_s)}")
+    ok, value = outcome[0]
+    if not ok:
+        assert isinstance(value, BaseException)
+        raise value
+    return cast(T, value)
 
 
 def current() -> Deadline | None:
