@@ -493,6 +493,31 @@ def test_a_collector_that_redirects_is_a_failure_and_nothing_is_counted_exported
     assert receiver.spans == [] and receiver.logs == [] and receiver.points == []
 
 
+def test_the_final_flush_waits_until_a_failed_export_has_been_said() -> None:
+    """The final flush begins before it is waited for: an export that fails at once is done
+    with only once its failure is counted and said, not as soon as its answer came (the build
+    said "N spans not exported" and exited before the warning with the reason)."""
+    warnings: list[str] = []
+
+    def slow_warn(message: str) -> None:  # a terminal that takes its time
+        time.sleep(0.5)
+        warnings.append(message)
+
+    with redirecting_collector(307, "https://collector.example") as (port, _):
+        settings = OtlpSettings.resolve(f"http://127.0.0.1:{port}", HTTP_PROTOBUF, environ={})
+        assert settings is not None
+        export = OtlpSpanExport(settings, warn=slow_warn)
+        build_through(export, generate_plan(3))
+        export.begin_shutdown(10.0)
+        deadline = time.monotonic() + 10
+        while export.health().failed == 0:  # answered and counted: its warning on its way
+            assert time.monotonic() < deadline, "no export failed"
+            time.sleep(0.01)
+        health = export.shutdown(10.0)
+    assert health.failed > 0 and health.exported == 0
+    assert len(warnings) == 1 and "answered 307" in warnings[0], warnings
+
+
 def trace_files_or_plan() -> list[Path]:
     from conftest import trace_files
 

@@ -260,8 +260,8 @@ def add_span_options(
         type=seconds,
         default=flush_timeout_s,
         metavar="DURATION",
-        help="at the end, wait at most this long for the last spans to be exported "
-        f"(default: {flush_timeout_s:g}s)",
+        help="at the end, wait at most this long for the last spans, log records and metrics "
+        f"to be exported, all flushed at once (default: {flush_timeout_s:g}s)",
     )
     _add_signal_options(group, metrics=metrics)
     return group

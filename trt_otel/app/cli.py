@@ -26,6 +26,7 @@ from trt_otel.app.commands import (
 )
 from trt_otel.app.components import (
     console_view,
+    final_flush,
     log_export,
     span_export,
     telemetry_resource,
@@ -286,7 +287,11 @@ def replay(command: ReplayCommand) -> int:
     # The resource of where it is replayed, and of the GPU the journal says the build had.
     first = next((e for e in journal.events if type(e) is BuildStarted), None)
     resource = telemetry_resource(command.spans, first.attributes if first else None)
-    with span_export(command.spans, model, resource), log_export(command.spans, model, resource):
+    with (
+        span_export(command.spans, model, resource) as spans,
+        log_export(command.spans, model, resource) as logs,
+        final_flush(command.spans.flush_timeout_s, spans, logs),
+    ):
         # The same model and projections as the live run, fed the same events: the same tree
         # and the same spans.
         for index, events in enumerate(builds):

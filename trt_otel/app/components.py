@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
@@ -294,6 +294,23 @@ def otlp_metrics(
         )
 
 
+class FinalFlush(Protocol):
+    """An OTLP export whose final flush can begin before it is waited for."""
+
+    def begin_shutdown(self, timeout_s: float) -> None: ...
+
+
+@contextlib.contextmanager
+def final_flush(timeout_s: float, *exports: FinalFlush | None) -> Iterator[None]:
+    """On a normal exit, begin the final flush of every export given, at once: one flush
+    timeout for them all (each one's shutdown, later, waits for what is left of it), not one
+    after the other. After an error, nothing begins: each stops as a session that failed."""
+    yield
+    for export in exports:
+        if export is not None:
+            export.begin_shutdown(timeout_s)
+
+
 def metric_sources(
     monitor: ObservedBuild,
     config: MetricsConfig,
@@ -322,8 +339,7 @@ def metrics_endpoint(
     registry: CollectorRegistry, config: MetricsConfig
 ) -> Iterator[MetricsServer | None]:
     """Prometheus' scrape endpoint for ``registry``, if asked for. On exit the final values
-    reach Prometheus: pushed to the Pushgateway, and a last scrape awaited (only when
-    something has been scraping)."""
+    reach Prometheus: a last scrape is awaited (only when something has been scraping)."""
     server: MetricsServer | None = None
     if config.port is not None:
         from trt_otel.views.prometheus import MetricsServer
@@ -340,16 +356,19 @@ def metrics_endpoint(
         yield server
         completed = True
     finally:
-        if completed:
-            _publish_final_values(registry, config, server)
-        elif server is not None:
+        if completed and server is not None:
+            began = time.monotonic()
+            if server.linger(config.linger_s):
+                say(f"metrics: final values scraped after {time.monotonic() - began:.1f}s")
+        if server is not None:
             server.close()
 
 
-def _publish_final_values(
-    registry: CollectorRegistry, config: MetricsConfig, server: MetricsServer | None
-) -> None:
-    """Let the final values reach Prometheus: push them, and wait for a last scrape."""
+@contextlib.contextmanager
+def final_push(registry: CollectorRegistry, config: MetricsConfig) -> Iterator[None]:
+    """On a normal exit, push the final values to the Pushgateway, if one is given (within its
+    own deadline: :data:`~trt_otel.views.prometheus.PUSH_TIMEOUT_S`)."""
+    yield
     if config.pushgateway is not None:
         from trt_otel.views.prometheus import push_build_metrics
 
@@ -357,11 +376,6 @@ def _publish_final_values(
             push_build_metrics(registry, config.pushgateway)
         except OSError as error:
             warn(f"cannot push metrics to {config.pushgateway}: {error}")
-    if server is not None:
-        began = time.monotonic()
-        if server.linger(config.linger_s):
-            say(f"metrics: final values scraped after {time.monotonic() - began:.1f}s")
-        server.close()
 
 
 @contextlib.contextmanager
@@ -459,18 +473,15 @@ def attach_views(
     name its GPU). Without a metrics view (no scrape endpoint, push, OTLP metrics or HTTP
     view), there is no registry, and Prometheus' client is not imported."""
     resource = telemetry_resource(observe.spans, attributes)
-    # The log records' export ends after the spans' but begins its final flush before them:
-    # the two flush at once, within the one deadline.
     logs = stack.enter_context(log_export(observe.spans, model, resource))
     spans = stack.enter_context(span_export(observe.spans, model, resource))
-    if logs is not None:
-        stack.callback(logs.begin_shutdown, observe.spans.flush_timeout_s)
     # Entered before the endpoints, so that it is withdrawn after they close: after the last
     # scrape that brings Prometheus the build's final values.
     target = stack.enter_context(scrape_target(observe.metrics, attributes or {}, monitor))
     registry: CollectorRegistry | None = None
     metrics: MetricsServer | None = None
     http: StatusServer | None = None
+    otlp: OtlpMetricsExport | None = None
     if metrics_wanted(observe):
         from trt_otel.views.prometheus import metrics_registry
 
@@ -479,10 +490,16 @@ def attach_views(
         for collector in collectors:
             registry.register(collector)
         metrics = stack.enter_context(metrics_endpoint(registry, observe.metrics))
-        stack.enter_context(otlp_metrics(observe.spans, registry, resource))
+        otlp = stack.enter_context(otlp_metrics(observe.spans, registry, resource))
         http = stack.enter_context(
             status_server(monitor, observe.http, model=model, registry=registry)
         )
+    # Left first, in this order: the push (its warning is still a log record), then the
+    # OTLP exports begin their final flush together, each to wait, as it is left, for what
+    # remains of the one flush timeout.
+    stack.enter_context(final_flush(observe.spans.flush_timeout_s, spans, logs, otlp))
+    if registry is not None:
+        stack.enter_context(final_push(registry, observe.metrics))
     if target is not None:
         _announce_target(target, metrics, http)
     return Views(spans, registry, http)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import http.client
 import ipaddress
 import json
 import os
@@ -35,7 +36,6 @@ import stat
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -52,8 +52,10 @@ from trt_otel.capture.checked import CheckedEvents, read_journal
 from trt_otel.control.deadline import would_fit
 from trt_otel.control.policies import MAX_REASON
 from trt_otel.control.stopping import process_running
+from trt_otel.core import outbound
 from trt_otel.core.attempts import attempt_of
 from trt_otel.core.builds import PerBuild
+from trt_otel.core.deadlines import Deadline
 from trt_otel.core.durations import DurationError, parse_positive_duration
 from trt_otel.core.eta import History
 from trt_otel.core.events import BuildFinished, BuildStarted, CancelRequested, Event
@@ -65,6 +67,7 @@ from trt_otel.core.journal import (
     event_to_dict,
     parse_header,
 )
+from trt_otel.core.outbound import Answer
 from trt_otel.core.state import BuildState
 
 KINDS = ("build", "demo")
@@ -452,22 +455,14 @@ class Fleet:
         if url is None:
             raise FleetError(f"build {build_id} has no HTTP view to cancel it through")
         token = (folder / "token").read_text().strip()
-        request = urllib.request.Request(
-            f"{url}/cancel",
-            data=json.dumps({"reason": reason or "cancelled through MCP"}).encode(),
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-            method="POST",
-        )
         try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                answer = json.loads(response.read())
-                code = response.status
-        except urllib.error.HTTPError as error:
-            if error.code == 409:
-                raise FleetError(f"build {build_id} has already ended") from None
-            raise FleetError(f"the build refused the cancel: HTTP {error.code}") from None
-        except (OSError, ValueError) as error:
+            code, answer = _post_cancel(url, token, reason or "cancelled through MCP")
+        except (OSError, ValueError, http.client.HTTPException) as error:
             raise FleetError(f"cannot reach build {build_id}: {error}") from None
+        if code == 409:
+            raise FleetError(f"build {build_id} has already ended")
+        if code not in (200, 202):
+            raise FleetError(f"the build refused the cancel: HTTP {code}")
         return {
             "id": build_id,
             "accepted": True,
@@ -843,13 +838,42 @@ def _journal_events(path: Path) -> list[Event]:
         return []  # not written yet (or not at all)
 
 
+STATUS_TIMEOUT_S = 5.0
+CANCEL_TIMEOUT_S = 10.0
+"""What one call to a build's HTTP view gets in all (connect, request, head and body)."""
+MAX_ANSWER_BYTES = 16 << 20
+"""The most of a build's HTTP answer read (its ``/status`` is far shorter)."""
+
+
+def _call(request: urllib.request.Request | str, timeout_s: float) -> Answer:
+    """One call to a build's HTTP view (on loopback: no proxy), within ``timeout_s`` in all,
+    however slowly it answers (a build's process stopped or swapped out)."""
+    with Deadline(timeout_s) as deadline:
+        return outbound.call(request, deadline, max_bytes=MAX_ANSWER_BYTES, proxies=False)
+
+
 def _get_json(url: str) -> dict[str, Any] | None:
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            document = json.loads(response.read())
-    except (OSError, ValueError):
+        answer = _call(url, STATUS_TIMEOUT_S)
+        document = json.loads(answer.body) if answer.status == 200 else None
+    except (OSError, ValueError, http.client.HTTPException):
         return None  # the build has just ended, or is busy; the journal answers
     return document if isinstance(document, dict) else None
+
+
+def _post_cancel(url: str, token: str, reason: str) -> tuple[int, dict[str, Any]]:
+    """``POST /cancel`` to the build's HTTP view: its status, and its JSON answer (when 2xx)."""
+    request = urllib.request.Request(
+        f"{url}/cancel",
+        data=json.dumps({"reason": reason}).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        method="POST",
+    )
+    answer = _call(request, CANCEL_TIMEOUT_S)
+    if not 200 <= answer.status < 300:
+        return answer.status, {}
+    document = json.loads(answer.body)
+    return answer.status, document if isinstance(document, dict) else {}
 
 
 def _open_path(phases: list[dict[str, Any]]) -> list[dict[str, Any]]:

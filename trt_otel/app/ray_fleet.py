@@ -32,10 +32,10 @@ import json
 import secrets
 import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -56,6 +56,7 @@ from trt_otel.app.fleet import (
 from trt_otel.app.session import exit_code_of
 from trt_otel.capture.checked import read_journal
 from trt_otel.capture.supervisor import DEFAULT_GRACE_S
+from trt_otel.core.deadlines import DeadlineExceededError, call_within
 from trt_otel.core.eta import BoundaryTracker, estimate
 from trt_otel.core.files import open_regular_for_reading, write_atomically
 from trt_otel.core.journal import JournalError, event_to_dict
@@ -67,6 +68,10 @@ STOP_SLACK_S = 15.0
 """After the grace period, how long the build's own escalation (its worker stopped, its journal
 ended) gets before Ray is asked to stop the job."""
 RAY_ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
+RAY_CALL_TIMEOUT_S = 30.0
+"""What one call to Ray's job server gets in all: a submission, a job's status, a stop (a
+dashboard under load answers in seconds, a hung one never)."""
+T = TypeVar("T")
 _RESERVED = {"journal": "--journal", "output": "--output", "cancel_file": "--cancel-file"}
 """What the fleet sets itself, by the parser's names: an option is refused by what the parser
 makes of it, never by its spelling."""
@@ -103,10 +108,13 @@ class RayFleet:
         stop_slack_s: float = STOP_SLACK_S,
         client: Any = None,
         allow_network: bool = False,
+        call_timeout_s: float = RAY_CALL_TIMEOUT_S,
     ) -> None:
         """``num_gpus``/``num_cpus``: what Ray reserves for a build when a request says
-        nothing of it. ``stop_slack_s``: see :data:`STOP_SLACK_S`."""
+        nothing of it. ``stop_slack_s``: see :data:`STOP_SLACK_S`. ``call_timeout_s``: what
+        each call to Ray's job server gets in all (:data:`RAY_CALL_TIMEOUT_S`)."""
         self.address = address
+        self.call_timeout_s = call_timeout_s
         self.allow_network = allow_network
         """Whether a request may set the options that point a build at the network."""
         self.stop_slack_s = stop_slack_s
@@ -121,8 +129,9 @@ class RayFleet:
                     f"builds on Ray need Ray's job client ({error}): pip install 'trt-otel[ray]'"
                 ) from None
             try:
-                client = JobSubmissionClient(address)
-            except (ConnectionError, RuntimeError, ValueError) as error:
+                # The client asks the job server its version twice before it is made.
+                client = self._ray(lambda: JobSubmissionClient(address))
+            except (ConnectionError, RuntimeError, ValueError, DeadlineExceededError) as error:
                 raise FleetError(f"cannot reach Ray at {address}: {error}") from None
         self.client = client
         self._folds: dict[str, JournalFold] = {}
@@ -190,13 +199,19 @@ class RayFleet:
         )
         write_atomically(folder / "build.json", json.dumps(dataclasses.asdict(record)).encode())
         try:
-            self.client.submit_job(
-                entrypoint=shlex.join(record.entrypoint),
-                submission_id=record.submission_id,
-                entrypoint_num_gpus=num_gpus or None,
-                entrypoint_num_cpus=num_cpus or None,
-                metadata={"trt-otel.build": build_id, "trt-otel.kind": kind},
+            self._ray(
+                lambda: self.client.submit_job(
+                    entrypoint=shlex.join(record.entrypoint),
+                    submission_id=record.submission_id,
+                    entrypoint_num_gpus=num_gpus or None,
+                    entrypoint_num_cpus=num_cpus or None,
+                    metadata={"trt-otel.build": build_id, "trt-otel.kind": kind},
+                )
             )
+        except DeadlineExceededError as error:
+            raise FleetError(
+                f"Ray did not take the job ({error}); it may still start: fleet status {build_id}"
+            ) from None
         except Exception as error:  # Ray's client raises RuntimeError, ConnectionError, ...
             raise FleetError(f"Ray refused the job: {_first_line(error)}") from None
         return self.status(build_id)
@@ -418,11 +433,16 @@ class RayFleet:
 
     def _stop(self, record: RayRecord) -> bool:
         try:
-            return bool(self.client.stop_job(record.submission_id))
+            return bool(self._ray(lambda: self.client.stop_job(record.submission_id)))
         except Exception:  # it ended meanwhile; the next call sees that
             return False
 
     # -- internals -------------------------------------------------------------------------
+
+    def _ray(self, call: Callable[[], T]) -> T:
+        """A call to Ray's job server, within :attr:`call_timeout_s` in all: its client makes a
+        ``requests`` session for each call, with no timeout, out of reach."""
+        return call_within(self.call_timeout_s, call, name="trt-otel-ray-call")
 
     def _record(self, build_id: str) -> RayRecord:
         check_text("id", build_id, 64)
@@ -446,7 +466,7 @@ class RayFleet:
 
     def _job(self, record: RayRecord) -> dict[str, Any]:
         try:
-            info = self.client.get_job_info(record.submission_id)
+            info = self._ray(lambda: self.client.get_job_info(record.submission_id))
         except Exception as error:  # Ray unreachable, or the job unknown to it
             return {"status": None, "message": f"Ray: {_first_line(error)}"}
         status = getattr(info.status, "value", info.status)

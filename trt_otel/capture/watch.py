@@ -11,8 +11,6 @@ the command line imports this module, and a build pays for every import before i
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import threading
 import time
 import urllib.parse
@@ -23,6 +21,7 @@ from typing import TYPE_CHECKING
 from trt_otel.capture.checked import CheckedEvents
 from trt_otel.capture.liveness import DEFAULT_LOST_AFTER_S, Liveness
 from trt_otel.core.attempts import Attempt, attempt_of
+from trt_otel.core.deadlines import Deadline
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import BuildFinished, BuildStarted, Event
 from trt_otel.core.files import open_regular_for_reading
@@ -117,69 +116,37 @@ class _SilentError(OSError):
         self.since = since
 
 
-class _Watchdog:
-    """Shuts a connection down once it has been silent for ``limit_s``, so that a read blocked
-    on a server that accepted and never answers (or sends a byte at a time, which a socket
-    timeout alone would wait for byte after byte) returns."""
-
-    def __init__(self, sock: socket.socket, limit_s: float) -> None:
-        self._sock, self.limit_s = sock, limit_s
-        self.last = time.monotonic()
-        self.expired = False
-        self._done = threading.Event()
-        threading.Thread(target=self._run, name="trt-otel-watch-url", daemon=True).start()
-
-    def alive(self, limit_s: float | None = None) -> None:
-        """A sign of life: the silence is counted from now (and to ``limit_s`` if given)."""
-        if limit_s is not None:
-            self.limit_s = limit_s
-        self.last = time.monotonic()
-
-    def silent(self) -> _SilentError:
-        said = format_duration(time.monotonic() - self.last)
-        return _SilentError(f"no answer for {said} (it accepted the connection)", self.last)
-
-    def stop(self) -> None:
-        self._done.set()
-
-    def _run(self) -> None:
-        while not self._done.wait(max(0.0, self.last + self.limit_s - time.monotonic())):
-            if time.monotonic() - self.last >= self.limit_s:
-                self.expired = True
-                with contextlib.suppress(OSError):
-                    self._sock.shutdown(socket.SHUT_RDWR)
-                return
+def _silent(deadline: Deadline) -> _SilentError:
+    """The error of a connection that was silent until its deadline: since its last sign of
+    life (the deadline's start, postponed by each line)."""
+    since = deadline.at - deadline.timeout_s
+    said = format_duration(time.monotonic() - since)
+    return _SilentError(f"no answer for {said} (it accepted the connection)", since)
 
 
 def _stream(
     url: str, after_seq: int, read_timeout_s: float, *, answer_within_s: float
 ) -> Iterator[list[Event]]:
     """Batches of events from one connection to an SSE stream. The server has
-    ``answer_within_s`` to connect and send its answer's head, then ``read_timeout_s`` between
-    lines (it sends a keepalive every 15 s)."""
+    ``answer_within_s`` to accept the connection and send its answer's head, however slowly it
+    trickles, then ``read_timeout_s`` for each line (it sends a keepalive every 15 s): one
+    deadline (:mod:`~trt_otel.core.deadlines`), postponed by each line."""
     import http.client
 
-    parts = urllib.parse.urlsplit(url)
-    connection_class = (
-        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    )
-    connection = connection_class(parts.netloc, timeout=answer_within_s)
-    try:
-        connection.connect()
-        assert connection.sock is not None
-        watchdog = _Watchdog(connection.sock, answer_within_s)
+    from trt_otel.core import outbound
+
+    with Deadline(answer_within_s) as deadline:
+        connection = outbound.connection(url, deadline)
         try:
-            yield from _frames(connection, url, after_seq, read_timeout_s, watchdog)
+            yield from _frames(connection, url, after_seq, read_timeout_s, deadline)
         except (OSError, http.client.HTTPException, WatchError):  # a head cut short: not its own
-            if watchdog.expired:
-                raise watchdog.silent() from None
+            if deadline.expired:
+                raise _silent(deadline) from None
             raise
         finally:
-            watchdog.stop()
-        if watchdog.expired:  # the shut-down connection read as the stream's end
-            raise watchdog.silent()
-    finally:
-        connection.close()
+            connection.close()
+        if deadline.expired:  # the shut-down connection read as the stream's end
+            raise _silent(deadline)
 
 
 def _frames(
@@ -187,7 +154,7 @@ def _frames(
     url: str,
     after_seq: int,
     read_timeout_s: float,
-    watchdog: _Watchdog,
+    deadline: Deadline,
 ) -> Iterator[list[Event]]:
     """The answer to one request, as batches of events; each line is a sign of life."""
     parts = urllib.parse.urlsplit(url)
@@ -201,7 +168,7 @@ def _frames(
         raise WatchError(f"{url} answered HTTP {response.status}")
     if not response.getheader("Content-Type", "").startswith("text/event-stream"):
         raise WatchError(f"{url} is not an event stream")
-    watchdog.alive(read_timeout_s)
+    deadline.postpone(read_timeout_s)
     if connection.sock is not None:
         connection.sock.settimeout(read_timeout_s)
     data: list[str] = []
@@ -212,7 +179,7 @@ def _frames(
         if len(raw) >= MAX_SSE_LINE and not raw.endswith(b"\n"):
             # Alive but not trt-otel's stream: its lines are one event's JSON each.
             raise WatchError(f"{url} sent a line over {MAX_SSE_LINE:,} bytes: not an event stream")
-        watchdog.alive()
+        deadline.postpone(read_timeout_s)
         line = raw.decode("utf-8", "replace").rstrip("\r\n")
         if line:
             field, _, value = line.partition(":")

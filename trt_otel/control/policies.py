@@ -16,19 +16,15 @@ Policies compose: ``AnyOf(Timeout(7200), CancelFile("/tmp/stop"))`` decides when
 from __future__ import annotations
 
 import errno
-import io
 import json
 import logging
 import os
-import socket
 import stat
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from trt_otel.control import defaults
 from trt_otel.control.registry import (
@@ -522,66 +518,24 @@ class CancelUrl(Polled):
 
 
 def fetch(url: str, timeout_s: float, max_bytes: int) -> tuple[int, bytes]:
-    """``GET url``: its status and at most ``max_bytes`` of its body, all within ``timeout_s``.
-
-    A socket timeout bounds each read, not the whole answer, so every read here is given only
-    what is left of the deadline, and a read that would start past it is a TimeoutError.
+    """``GET url``: its status and at most ``max_bytes`` of its body, all within ``timeout_s``
+    (connect, TLS, headers and body: :mod:`~trt_otel.core.outbound`), straight to the server
+    (no proxy). A redirect is not followed: it is a :class:`FlagError` naming its target.
     """
-    import http.client  # with --cancel-url alone: http.client brings ssl and email along
+    import urllib.request
 
-    deadline = time.monotonic() + timeout_s
-    parts = urllib.parse.urlsplit(url)
-    connection_class = (
-        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    )
-    connection = connection_class(parts.netloc, timeout=timeout_s)
+    from trt_otel.core import outbound  # with --cancel-url alone: http.client, ssl, email
+    from trt_otel.core.deadlines import Deadline
 
-    class Response(http.client.HTTPResponse):
-        def __init__(self, sock: socket.socket, *args: Any, **kwargs: Any) -> None:
-            super().__init__(sock, *args, **kwargs)
-            # The socket's own file stays open (the reader closes it): it keeps the socket
-            # alive when the connection lets go of it (``Connection: close``).
-            self.fp = io.BufferedReader(_DeadlineReader(sock, self.fp, deadline, timeout_s))
-
-    connection.response_class = Response
-    try:
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        connection.request("GET", path, headers={"Accept": "application/json"})
-        response = connection.getresponse()
-        return response.status, response.read(max_bytes)
-    finally:
-        connection.close()
-
-
-class _DeadlineReader(io.RawIOBase):
-    """A socket's reads, each limited to what is left of one deadline."""
-
-    def __init__(
-        self, sock: socket.socket, owner: io.BufferedIOBase, deadline: float, timeout_s: float
-    ) -> None:
-        self._sock = sock
-        self._owner = owner
-        self._deadline = deadline
-        self._timeout_s = timeout_s
-
-    def readable(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        self._owner.close()
-        super().close()
-
-    def readinto(self, buffer: Any) -> int:
-        left = self._deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"no complete answer within {format_duration(self._timeout_s)}")
-        self._sock.settimeout(left)
-        try:
-            return self._sock.recv_into(buffer)
-        except TimeoutError:
-            raise TimeoutError(
-                f"no complete answer within {format_duration(self._timeout_s)}"
-            ) from None
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    with Deadline(timeout_s) as deadline:
+        answer = outbound.call(request, deadline, max_bytes=max_bytes, proxies=False)
+    redirect = answer.redirect()
+    if redirect is not None:
+        raise FlagError(
+            f"HTTP status {redirect}: a cancel URL is not redirected; give the URL it names"
+        )
+    return answer.status, answer.body
 
 
 class _Composite(Policy):

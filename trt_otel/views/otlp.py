@@ -94,8 +94,12 @@ class SpanExportQueue(SpanProcessor):
         self._wake = threading.Event()
         self._idle = threading.Condition()
         self._in_flight = 0
+        self._exporting = False
+        """Between taking a batch and being done with it (its outcome counted and reported)."""
         self._final = False
         """Set by close: one last attempt, whatever the backoff; a failure gives the rest up."""
+        self._close_by: float | None = None
+        """When the final flush must end (monotonic), once it has begun."""
         self._given_up = False
         self._reported = False
         self._stopping = False
@@ -137,7 +141,11 @@ class SpanExportQueue(SpanProcessor):
             while self._queue and not self._given_up:
                 if not self._final and time.monotonic() < self._retry_at:
                     break  # held back after a failure
-                if not self._export(self._take_batch()):
+                exported = self._export(self._take_batch())
+                with self._idle:
+                    # Only now is the batch done with: counted, and a failure reported.
+                    self._exporting = False
+                if not exported:
                     self._given_up = self._final
                     break
             with self._idle:
@@ -151,6 +159,7 @@ class SpanExportQueue(SpanProcessor):
             while self._queue and len(batch) < self._batch_size:
                 batch.append(self._queue.popleft())
             self._in_flight = len(batch)
+            self._exporting = True
         return batch
 
     def _export(self, batch: Sequence[ReadableSpan]) -> bool:
@@ -186,9 +195,9 @@ class SpanExportQueue(SpanProcessor):
                 "the build goes on, further failures are only counted"
             )
 
-    def _still_unreachable(self) -> bool:
-        """Whether the collector, which failed before, still cannot be connected to."""
-        reason = unreachable_because(self._endpoint) if self._endpoint else None
+    def _still_unreachable(self, timeout_s: float) -> bool:
+        """Whether the collector still cannot be connected to (within ``timeout_s``)."""
+        reason = unreachable_because(self._endpoint, timeout_s) if self._endpoint else None
         if reason is not None:
             self._last_error = reason
         return reason is not None
@@ -213,25 +222,42 @@ class SpanExportQueue(SpanProcessor):
         self._wake.set()
         with self._idle:
             return self._idle.wait_for(
-                lambda: self._given_up or (not self._queue and not self._in_flight),
+                lambda: (
+                    self._given_up
+                    or (not self._queue and not self._in_flight and not self._exporting)
+                ),
                 timeout=timeout_s,
             )
 
+    def begin_close(self, timeout_s: float) -> None:
+        """Start the final flush (one last attempt, whatever the backoff), to end within
+        ``timeout_s`` from now, without waiting: other exports flush meanwhile, and
+        :meth:`close` waits for what is left of it. Only the first call counts."""
+        if self._close_by is not None:
+            return
+        self._close_by = time.monotonic() + max(timeout_s, 0.0)
+        self._final = True
+        self._wake.set()
+
     def close(self, timeout_s: float) -> bool:
-        """Export what is queued within ``timeout_s`` (one last attempt, whatever the backoff),
-        then drop the rest and stop; True when everything queued was handed to the collector in
-        time."""
+        """Export what is queued by the flush's end (``timeout_s`` from the first of
+        :meth:`begin_close` and this), then drop the rest and stop; True when everything queued
+        was handed to the collector in time."""
         if self._stopping:
             return not self._queue
-        self._final = True
-        unreachable = bool(self._queue or self._in_flight) and self._still_unreachable()
+        self.begin_close(timeout_s)
+        assert self._close_by is not None
+        close_by = self._close_by
+        unreachable = bool(self._queue or self._in_flight) and self._still_unreachable(
+            min(1.0, max(close_by - time.monotonic(), 0.05))
+        )
         if unreachable:
             # Nothing queued can reach a collector that cannot be connected to, and the
             # exporter would only wait out its retries: a dead collector must not hold the
             # build's exit for seconds.
             self._given_up = True
             self._report(self._last_error or "unreachable")
-        flushed = self.flush(timeout_s) and not self._given_up
+        flushed = self.flush(max(close_by - time.monotonic(), 0.0)) and not self._given_up
         self._stopping = True
         self._wake.set()
         with self._idle:
@@ -243,9 +269,7 @@ class SpanExportQueue(SpanProcessor):
             self._queue.clear()
             self._in_flight = 0
         if left and not self._given_up:  # the deadline passed with an export unanswered
-            reason = (
-                unreachable_because(self._endpoint) if self._endpoint else None
-            ) or f"no answer within {timeout_s:g}s"
+            reason = f"no answer within {timeout_s:g}s"
             self._last_error = self._last_error or reason
             self._report(reason)
         try:
@@ -407,8 +431,13 @@ class OtlpSpanExport:
         for record in self.projection.finish():
             self._emitter.emit(record)
 
+    def begin_shutdown(self, timeout_s: float) -> None:
+        """Start the final flush, to end within ``timeout_s``, without waiting for it."""
+        self.queue.begin_close(timeout_s)
+
     def shutdown(self, timeout_s: float) -> SpanExportHealth:
-        """Flush within ``timeout_s`` and stop; what happened to the spans."""
+        """Flush within ``timeout_s`` (from :meth:`begin_shutdown`, if it was called) and stop;
+        what happened to the spans."""
         self.queue.close(timeout_s)
         return self.queue.health()
 

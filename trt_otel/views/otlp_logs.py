@@ -342,7 +342,7 @@ class OtlpLogExport:
             if timeout_s <= 0:
                 self._reason = "not attempted"
             else:
-                self._reason = unreachable_because(self.settings.endpoint)
+                self._reason = unreachable_because(self.settings.endpoint, min(1.0, timeout_s))
             if self._reason is None:
                 self._provider.force_flush(max(1, int(timeout_s * 1000)))
             self._provider.shutdown()

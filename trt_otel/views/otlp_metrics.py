@@ -171,6 +171,9 @@ class OtlpMetricsExport:
         self._snapshot_at = float("-inf")
         self._duration: Histogram | None = None
         self._recorded: set[str] = set()
+        self._stopping: threading.Thread | None = None
+        self._stop_by = 0.0
+        self._reason: str | None = None
         self.refresh()
 
     def refresh(self) -> None:
@@ -251,24 +254,39 @@ class OtlpMetricsExport:
             context = set_span_in_context(NonRecordingSpan(span))
         self._duration.record(total.value, labels, context=context)
 
-    def shutdown(self, timeout_s: float) -> MetricExportHealth:
-        """The final export (what the build ended with), within ``timeout_s``, then stop. A
-        collector that cannot be connected to is not waited for, and an exporter stuck in a
-        request is left behind on its daemon thread."""
-        reason = unreachable_because(self.settings.endpoint) if timeout_s > 0 else "not attempted"
-        if reason is None:
-            self.refresh()  # families that appeared since the last export: the end's
+    def begin_shutdown(self, timeout_s: float) -> None:
+        """Start the final export (what the build ended with) and the SDK's shutdown on a
+        daemon thread of their own, to end within ``timeout_s``, so that other exports flush
+        meanwhile. A collector that cannot be connected to is not waited for. Only the first
+        call counts."""
+        if self._stopping is not None:
+            return
 
         def stop() -> None:
-            if reason is not None:
+            if timeout_s <= 0:
+                self._reason = "not attempted"
+            else:
+                self._reason = unreachable_because(self.settings.endpoint, min(1.0, timeout_s))
+            if self._reason is None:
+                self.refresh()  # families that appeared since the last export: the end's
+            else:
                 self._exporter.shutdown()  # nothing would arrive: no export is waited for
             # The periodic reader's shutdown collects and exports once more: the final values.
             self._provider.shutdown(max(1, int(timeout_s * 1000)))
 
-        stopping = threading.Thread(target=stop, name="trt-otel-metrics-stop", daemon=True)
-        stopping.start()
-        stopping.join(max(timeout_s, 0.05))
-        if reason is None and stopping.is_alive():
+        self._stop_by = time.monotonic() + max(timeout_s, 0.0)
+        self._stopping = threading.Thread(target=stop, name="trt-otel-metrics-stop", daemon=True)
+        self._stopping.start()
+
+    def shutdown(self, timeout_s: float) -> MetricExportHealth:
+        """The final export within ``timeout_s`` (from :meth:`begin_shutdown`, if it was
+        called), then stop. An exporter stuck in a request is left behind on its daemon
+        thread."""
+        self.begin_shutdown(timeout_s)
+        assert self._stopping is not None
+        self._stopping.join(max(self._stop_by - time.monotonic(), 0.05))
+        reason = self._reason
+        if self._stopping.is_alive() and reason is None:
             reason = f"no answer within {timeout_s:g}s"
         refusal = self._session.refusal if self._session is not None else None
         return MetricExportHealth(self._exporter.exported, self._exporter.failed, reason, refusal)

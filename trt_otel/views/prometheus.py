@@ -590,25 +590,71 @@ def exposition(
     return content_type, body, {}
 
 
+PUSH_TIMEOUT_S = 5.0
+"""What a push gets in all: connect, the request, the Pushgateway's head and body."""
+MAX_PUSH_ANSWER = 64 * 1024
+"""The most of a Pushgateway's answer read (it answers a push with an empty body)."""
+
+
 def push_build_metrics(
     registry: CollectorRegistry,
     gateway: str,
     *,
     job: str = "trt_otel",
     build_id: str | None = None,
-    timeout_s: float = 5.0,
+    timeout_s: float = PUSH_TIMEOUT_S,
 ) -> None:
     """Push the build's metrics (the registry a scrape reads) to a Pushgateway once, for builds
     shorter than a scrape interval, grouped by the build's id (``build_id``, read from the
     registry's build when not given): a push replaces its group, so builds pushing at the same
-    time each keep their own group instead of overwriting one another. Raises OSError
-    (URLError) when it cannot be reached."""
+    time each keep their own group instead of overwriting one another.
+
+    The push has ``timeout_s`` in all, however slowly the Pushgateway (or a proxy) answers
+    (prometheus_client's own handler bounds each read, not the push). Raises OSError when it
+    cannot be reached, does not answer in time, or answers anything but a 2xx (a redirect is
+    not followed: nothing says where a push may go)."""
     if build_id is None:
         build_id = _build_id_of(registry)
     grouping_key = {"build_id": build_id} if build_id else None
     push_to_gateway(
-        gateway, job=job, registry=registry, grouping_key=grouping_key, timeout=timeout_s
+        gateway,
+        job=job,
+        registry=registry,
+        grouping_key=grouping_key,
+        timeout=timeout_s,
+        handler=_bounded_push,
     )
+
+
+def _bounded_push(
+    url: str, method: str, timeout: float | None, headers: list[tuple[str, str]], data: bytes
+) -> Callable[[], None]:
+    """prometheus_client's push handler, with one deadline for the whole push
+    (:mod:`~trt_otel.core.outbound`); the environment's proxies apply, as they do to its own."""
+
+    def push() -> None:
+        import http.client
+        import urllib.request
+
+        from trt_otel.core import outbound
+        from trt_otel.core.deadlines import Deadline
+
+        request = urllib.request.Request(url, data=data, headers=dict(headers), method=method)
+        with Deadline(PUSH_TIMEOUT_S if timeout is None else timeout) as deadline:
+            try:
+                answer = outbound.call(request, deadline, max_bytes=MAX_PUSH_ANSWER)
+            except http.client.HTTPException as error:  # no HTTP answer: as unreachable
+                raise OSError(f"not an HTTP answer ({type(error).__name__})") from None
+        redirect = answer.redirect()
+        if redirect is not None:
+            raise OSError(
+                f"the Pushgateway answered {redirect}: a push is not redirected; give the URL "
+                "it names"
+            )
+        if not 200 <= answer.status < 300:
+            raise OSError(f"the Pushgateway answered {answer.status} {answer.reason}".rstrip())
+
+    return push
 
 
 def _build_id_of(registry: CollectorRegistry) -> str | None:
