@@ -224,15 +224,42 @@ def test_the_command_refuses_a_build_its_history_says_cannot_fit(tmp_path: Path)
     assert isinstance(events[0], BuildStarted)
 
 
+@pytest.mark.parametrize(
+    ("margin", "share"),
+    [("5", 0.05), ("5%", 0.05), (" 12.5 % ", 0.125), ("0", 0.0), ("0.5%", 0.005),
+     ("1000", 10.0), ("250%", 2.5)],
+)  # fmt: skip
+def test_the_margin_is_a_percentage_written_as_people_write_one(margin: str, share: float) -> None:
+    """``--deadline-margin 5`` is 5%, as ``--fail-if-slower 5`` is: it was 500%."""
+    from trt_otel.app.commands import DemoCommand, build_parser, command_of
+
+    args = build_parser().parse_args(["demo", "--deadline", "1m", "--deadline-margin", margin])
+    command = command_of(args)
+    assert isinstance(command, DemoCommand)
+    config = command.session.policy
+    assert config.deadline_margin == pytest.approx(share)
+    policy = config.policy()
+    assert policy is not None and f"margin {share:.0%}" in policy.describe()
+
+
+@pytest.mark.parametrize(
+    ("margin", "said"),
+    [("abc", "'abc' is not a percentage (5, 5%)"), ("nan", "'nan' is not a percentage"),
+     ("-5%", "'-5%' must be from 0% to 1000%"), ("2000%", "'2000%' must be from 0% to 1000%"),
+     ("inf", "'inf' must be from 0% to 1000%"),
+     # Once read as a fraction (10%), now it would be a tenth of a percent: said, not guessed.
+     ("0.1", "'0.1' is ambiguous: write 10% for a share of 0.1, or 0.1%")],
+)  # fmt: skip
 @pytest.mark.e2e
-@pytest.mark.parametrize("margin", ["abc", "-5%", "nan", "2000%"])
-def test_a_bad_margin_is_a_usage_error(margin: str) -> None:
+def test_a_bad_margin_is_a_usage_error(margin: str, said: str) -> None:
     done = subprocess.run(
         [*CLI, "demo", "--speed", "0", "--deadline", "1m", "--deadline-margin", margin],
         check=False, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2
-    assert "--deadline-margin" in done.stderr and "Traceback" not in done.stderr
+    assert f"argument --deadline-margin: {said}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) <= 2, done.stderr  # the error, where to look
 
 
 @pytest.mark.e2e

@@ -147,6 +147,7 @@ def test_a_pushgateway_that_redirects_is_a_failure_and_is_not_followed() -> None
     assert len(paths) == 1 and paths[0].startswith("/metrics/job/trt_otel/build_id/")
 
 
+@pytest.mark.e2e
 def test_the_command_says_once_that_a_dripping_pushgateway_did_not_answer() -> None:
     with dripping("headers") as server:
         done = subprocess.run(
@@ -205,6 +206,7 @@ def test_an_otlp_session_bounds_a_request_on_a_connection_it_kept() -> None:
 
 
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+@pytest.mark.e2e
 def test_the_final_flush_of_spans_logs_and_metrics_ends_within_one_flush_timeout(
     protocol: str,
 ) -> None:

@@ -77,9 +77,9 @@ def non_negative_float(text: str) -> float:
     return value
 
 
-def percent(text: str) -> float:
-    """A percentage, as people write one: ``5``, ``5%``, ``12.5 %``; finite and 0 or more (a
-    gate of ``inf`` percent could never fire)."""
+def _percentage(text: str) -> tuple[float, bool]:
+    """The number of a percentage as people write one (``5``, ``5%``, ``12.5 %``), and whether
+    it was written with its sign; anything else (``nan`` included) is refused."""
     number = text.strip().removesuffix("%").strip()
     try:
         value = float(number)
@@ -87,13 +87,20 @@ def percent(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a percentage (5, 5%)") from None
     if math.isnan(value):
         raise argparse.ArgumentTypeError(f"{text!r} is not a percentage (5, 5%)")
+    return value + 0.0, text.strip().endswith("%")  # -0 is 0
+
+
+def percent(text: str) -> float:
+    """A percentage, as people write one: ``5``, ``5%``, ``12.5 %``; finite and 0 or more (a
+    gate of ``inf`` percent could never fire)."""
+    value, _ = _percentage(text)
     if math.isinf(value):
         raise argparse.ArgumentTypeError(
             f"{text!r} is no limit: a gate that can never fire; give a percentage (5, 5%)"
         )
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be 0% or more")
-    return value + 0.0  # -0 is 0
+    return value
 
 
 def seconds(text: str) -> float:
@@ -112,15 +119,19 @@ def positive_seconds(text: str) -> float:
 
 
 def share(text: str) -> float:
-    """A share: ``10%``, or a fraction ``0.1``; from 0 to 1000%."""
-    number = text.strip().removesuffix("%")
-    try:
-        value = float(number) / (100 if text.strip().endswith("%") else 1)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a share (10%, 0.1)") from None
-    if not 0 <= value <= 10:  # also rejects NaN
+    """A share, written as a percentage as :func:`percent` reads one (``10``, ``10%`` and
+    ``10 %`` are all 10%), from 0% to 1000%; returned as a fraction (0.1). A bare number between
+    0 and 1 (``0.1``) is refused as ambiguous: it would be a tenth of a percent, where it reads
+    as a tenth (and was one, when this took fractions)."""
+    value, signed = _percentage(text)
+    if not 0 <= value <= 1000:  # inf too
         raise argparse.ArgumentTypeError(f"{text!r} must be from 0% to 1000%")
-    return value
+    if not signed and 0 < value < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is ambiguous: write {value * 100:g}% for a share of {value:g}, or "
+            f"{value:g}% (a percentage is written 10 or 10%)"
+        )
+    return value / 100
 
 
 def size(text: str) -> int:

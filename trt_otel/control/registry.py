@@ -221,7 +221,8 @@ register(
             "deadline_margin",
             "share",
             "how far past the deadline the earliest projected end must be before a build is "
-            f"stopped early (default: {DEFAULT_MARGIN * 100:.0f}%)",
+            "stopped early, a percentage (5 and 5% are both 5%; 0 to 1000%) "
+            f"(default: {DEFAULT_MARGIN * 100:.0f}%)",
             "PERCENT",
             switch=False,
         ),
