@@ -21,7 +21,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -1252,12 +1252,14 @@ int main(int argc, char** argv)
 """
 
 
-@pytest.fixture(scope="module")
-def cancel_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("cancel-program")
-    unit, binary = directory / "cancel.cpp", directory / "cancel"
-    unit.write_text(CANCEL_PROGRAM)
-    command = ["g++", "-std=c++17", *WARNINGS, "-O1", *include_flags(), str(unit)]
+def compile_program(
+    tmp_path_factory: pytest.TempPathFactory, name: str, source: str, warnings: Sequence[str]
+) -> Path:
+    """A small program against the header, compiled once for the module."""
+    directory = tmp_path_factory.mktemp(f"{name}-program")
+    unit, binary = directory / f"{name}.cpp", directory / name
+    unit.write_text(source)
+    command = ["g++", "-std=c++17", *warnings, "-O1", *include_flags(), str(unit)]
     done = subprocess.run(
         [*command, "-o", str(binary), "-pthread"],
         capture_output=True,
@@ -1267,6 +1269,11 @@ def cancel_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert done.returncode == 0, done.stderr
     return binary
+
+
+@pytest.fixture(scope="module")
+def cancel_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return compile_program(tmp_path_factory, "cancel", CANCEL_PROGRAM, WARNINGS)
 
 
 def test_only_the_first_cancel_is_an_event_and_it_is_written_at_once(
@@ -1415,19 +1422,7 @@ int main(int argc, char** argv)
 
 @pytest.fixture(scope="module")
 def journal_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("journal-program")
-    unit, binary = directory / "journal.cpp", directory / "journal"
-    unit.write_text(JOURNAL_PROGRAM)
-    command = ["g++", "-std=c++17", *STRICT, "-O1", *include_flags(), str(unit)]
-    done = subprocess.run(
-        [*command, "-o", str(binary), "-pthread"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return binary
+    return compile_program(tmp_path_factory, "journal", JOURNAL_PROGRAM, STRICT)
 
 
 def open_journal_from_cpp(program: Path, journal: Path) -> tuple[int, str]:
