@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from crafted import craft_journal
 from trt_otel.app.cli import main
 from waiting import wait_for_text
 
@@ -88,23 +89,6 @@ def test_a_cancel_that_cannot_be_delivered_is_not_a_success(tmp_path: Path) -> N
     assert "the cancel (enough) could not be delivered: cannot write the control file" in err
     assert "(the build ended: success)" in err
     assert "Traceback" not in err
-
-
-def craft_journal(journal: Path, writer_pid: int) -> None:
-    """A journal whose header names ``writer_pid`` as its writer, on this host, written now
-    (into the file already there, so a process holding it open holds this one)."""
-    now = time.time_ns()
-    header = {
-        "format": "trt-otel-journal", "version": 1, "created_wall_ns": now,
-        "producer": "trt-otel 0.1.0", "writer_pid": writer_pid,
-        "writer_host": socket.gethostname(), "touch_interval_s": 10.0,
-    }  # fmt: skip
-    start = {
-        "type": "build_start", "seq": 0, "wall_ns": now, "mono_ns": time.monotonic_ns(),
-        "thread": "MainThread", "build_id": "crafted", "attributes": {},
-    }  # fmt: skip
-    with journal.open("r+" if journal.exists() else "w") as file:
-        file.write(json.dumps(header) + "\n" + json.dumps(start) + "\n")
 
 
 def watch_refuses_to_stop(journal: Path, control: Path, named: subprocess.Popen[str]) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from crafted import craft_journal
 from trt_otel.capture.watch import BuildLostError, follow_journal
 from trt_otel.control.stopping import process_running
 from trt_otel.core.writer import Toucher
@@ -268,17 +269,7 @@ def test_a_live_process_that_does_not_hold_the_journal_is_no_sign_of_life(
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         journal = tmp_path / "crafted.jsonl"
-        header = {
-            "format": "trt-otel-journal", "version": 1, "created_wall_ns": time.time_ns(),
-            "writer_pid": bystander.pid, "writer_host": socket.gethostname(),
-            "touch_interval_s": 10.0,
-        }  # fmt: skip
-        start = {
-            "type": "build_start", "seq": 0, "wall_ns": time.time_ns(),
-            "mono_ns": time.monotonic_ns(), "thread": "MainThread", "build_id": "crafted",
-            "attributes": {},
-        }  # fmt: skip
-        journal.write_text(json.dumps(header) + "\n" + json.dumps(start) + "\n")
+        craft_journal(journal, bystander.pid)
         done = subprocess.run(
             [*CLI, "watch", str(journal), "--no-progress", "--lost-after", "1s"],
             capture_output=True, text=True, timeout=60, check=False,
@@ -305,18 +296,7 @@ def test_a_live_reader_of_the_journal_is_no_sign_of_life(tmp_path: Path) -> None
     )  # fmt: skip
     try:
         assert reader.stdout is not None and reader.stdout.readline() == "open\n"
-        header = {
-            "format": "trt-otel-journal", "version": 1, "created_wall_ns": time.time_ns(),
-            "writer_pid": reader.pid, "writer_host": socket.gethostname(),
-            "touch_interval_s": 10.0,
-        }  # fmt: skip
-        start = {
-            "type": "build_start", "seq": 0, "wall_ns": time.time_ns(),
-            "mono_ns": time.monotonic_ns(), "thread": "MainThread", "build_id": "crafted",
-            "attributes": {},
-        }  # fmt: skip
-        with journal.open("r+") as file:  # the file the reader holds
-            file.write(json.dumps(header) + "\n" + json.dumps(start) + "\n")
+        craft_journal(journal, reader.pid)  # into the file the reader holds
         done = subprocess.run(
             [*CLI, "watch", str(journal), "--no-progress", "--lost-after", "1s"],
             capture_output=True, text=True, timeout=30, check=False,
