@@ -13,6 +13,7 @@ Where the drip is (``where``):
 
 from __future__ import annotations
 
+import io
 import socket
 import threading
 import time
@@ -89,3 +90,20 @@ def dripping(where: str = "headers", drip_s: float = 0.5) -> Iterator[DripServer
         yield server
     finally:
         server.close()
+
+
+DRIPPED_HEAD = b"HTTP/1.1 200 OK\r\nX-Padding: " + b"a" * 100_000
+"""An answer's head that never ends, for a handler to drip."""
+
+
+def drip_head(wfile: io.BufferedIOBase, stopping: threading.Event, drip_s: float = 0.5) -> None:
+    """Write :data:`DRIPPED_HEAD` a byte every ``drip_s`` until ``stopping`` or the client goes
+    (from an ``http.server`` handler that answered some requests whole)."""
+    for byte in DRIPPED_HEAD:
+        if stopping.wait(drip_s):
+            return
+        try:
+            wfile.write(bytes([byte]))
+            wfile.flush()
+        except OSError:
+            return

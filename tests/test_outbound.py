@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import requests
 
-from dripping import dripping
+from dripping import drip_head, dripping
 from otlp_receiver import hanging_collector
 from trt_otel import BuildMonitor
 from trt_otel.builder.simulator import Driver, generate_plan
@@ -371,14 +371,7 @@ def answer_then_drip() -> Iterator[tuple[str, list[int]]]:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
-            for byte in b"HTTP/1.1 200 OK\r\nX-Padding: " + b"a" * 100_000:
-                if stopping.wait(0.5):
-                    return
-                try:
-                    self.wfile.write(bytes([byte]))
-                    self.wfile.flush()
-                except OSError:
-                    return
+            drip_head(self.wfile, stopping)
 
         def log_message(self, format: str, *args: object) -> None:
             pass
@@ -418,15 +411,7 @@ def ray_job_server() -> Iterator[str]:
             self.drip()
 
         def drip(self) -> None:
-            head = b"HTTP/1.1 200 OK\r\nX-Padding: " + b"a" * 100_000
-            for byte in head:
-                if stopping.wait(0.5):
-                    return
-                try:
-                    self.wfile.write(bytes([byte]))
-                    self.wfile.flush()
-                except OSError:
-                    return
+            drip_head(self.wfile, stopping)
 
         def log_message(self, format: str, *args: object) -> None:
             pass
