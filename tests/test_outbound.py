@@ -7,6 +7,7 @@ test_watch_lost.py."""
 
 from __future__ import annotations
 
+import base64
 import http.server
 import json
 import os
@@ -26,6 +27,8 @@ import requests
 from dripping import drip_head, dripping
 from otlp_receiver import hanging_collector
 from trt_otel import BuildMonitor
+from trt_otel.app.components import final_push
+from trt_otel.app.config import MetricsConfig
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.core import outbound
 from trt_otel.core.deadlines import Deadline, DeadlineExceededError, call_within
@@ -145,6 +148,27 @@ def test_a_pushgateway_that_redirects_is_a_failure_and_is_not_followed() -> None
     assert "answered 307 Temporary Redirect, to 'https://gateway.example/'" in str(raised.value)
     assert "a push is not redirected" in str(raised.value)
     assert len(paths) == 1 and paths[0].startswith("/metrics/job/trt_otel/build_id/")
+
+
+def test_a_user_and_password_in_the_pushgateway_url_go_as_basic_auth_and_are_never_shown(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``https://user:password@host`` is how Prometheus' users write a protected Pushgateway:
+    http.client took the pair for part of the host, and the warning printed the password."""
+    registry = a_registry()
+    heard: list[str | None] = []
+    with answering(200, b"", authorizations=heard) as (url, paths):
+        push_build_metrics(registry, url.replace("http://", "http://ci:s%3Acret@"))
+    assert heard == ["Basic " + base64.b64encode(b"ci:s:cret").decode()]
+    assert len(paths) == 1 and paths[0].startswith("/metrics/job/trt_otel/build_id/")
+
+    with answering(503, b"") as (url, _), final_push(
+        registry, MetricsConfig(pushgateway=url.replace("http://", "http://ci:s3cret@"))
+    ):
+        pass
+    said = capsys.readouterr().err
+    assert "cannot push metrics to http://ci:***@127.0.0.1:" in said, said
+    assert "s3cret" not in said
 
 
 @pytest.mark.e2e
@@ -304,10 +328,15 @@ def test_a_ray_job_server_that_drips_its_version_is_not_reached(tmp_path: Path) 
 
 @contextmanager
 def answering(
-    status: int, body: bytes, *, location: str | None = None
+    status: int,
+    body: bytes,
+    *,
+    location: str | None = None,
+    authorizations: list[str | None] | None = None,
 ) -> Iterator[tuple[str, list[str]]]:
     """A real HTTP server answering every request with ``status`` and ``body`` (and a
-    ``Location``); its URL and the paths asked for."""
+    ``Location``); its URL and the paths asked for (and into ``authorizations``, each request's
+    Authorization header)."""
     paths: list[str] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -316,6 +345,8 @@ def answering(
         def answer(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             paths.append(self.path)
+            if authorizations is not None:
+                authorizations.append(self.headers.get("Authorization"))
             self.send_response(status)
             if location is not None:
                 self.send_header("Location", location)

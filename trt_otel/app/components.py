@@ -44,6 +44,7 @@ from trt_otel.core.log import EventLog
 from trt_otel.core.observed import ObservedBuild
 from trt_otel.core.readmodel import ReadModel, Subscriber
 from trt_otel.core.sizes import format_bytes
+from trt_otel.core.urls import shown
 from trt_otel.views.console import LiveConsole, PlainLines
 from trt_otel.views.discovery import ScrapeTarget, discovery_labels
 from trt_otel.views.otlp_settings import LOGS, METRICS
@@ -209,7 +210,7 @@ def span_export(
 
     export = OtlpSpanExport(settings, warn=warn, model=model, resource=resource)
     model.subscribe(export)
-    say(f"spans: {settings.endpoint} ({settings.protocol})")
+    say(f"spans: {shown(settings.endpoint)} ({settings.protocol})")
     completed = False
     try:
         yield export
@@ -242,7 +243,7 @@ def log_export(
 
     export = OtlpLogExport(settings, config.logs_level, model=model, resource=resource)
     model.subscribe(export)
-    say(f"logs: {settings.endpoint} ({settings.protocol}), {config.logs_level} and above")
+    say(f"logs: {shown(settings.endpoint)} ({settings.protocol}), {config.logs_level} and above")
     completed = False
     try:
         with warnings_heard_by(export.warning):  # trt-otel's own warnings are records too
@@ -277,7 +278,10 @@ def otlp_metrics(
     export = OtlpMetricsExport(
         settings, registry, interval_s=config.metrics_interval_s, resource=resource
     )
-    say(f"metrics: {settings.endpoint} ({settings.protocol}), every {config.metrics_interval_s:g}s")
+    say(
+        f"metrics: {shown(settings.endpoint)} ({settings.protocol}), "
+        f"every {config.metrics_interval_s:g}s"
+    )
     completed = False
     try:
         yield export
@@ -375,7 +379,7 @@ def final_push(registry: CollectorRegistry, config: MetricsConfig) -> Iterator[N
         try:
             push_build_metrics(registry, config.pushgateway)
         except OSError as error:
-            warn(f"cannot push metrics to {config.pushgateway}: {error}")
+            warn(f"cannot push metrics to {shown(config.pushgateway)}: {error}")
 
 
 @contextlib.contextmanager

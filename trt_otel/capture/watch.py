@@ -34,6 +34,7 @@ from trt_otel.core.journal import (
     decode_event,
     parse_header,
 )
+from trt_otel.core.urls import shown
 
 if TYPE_CHECKING:
     import http.client
@@ -165,9 +166,9 @@ def _frames(
     connection.request("GET", path, headers=headers)
     response = connection.getresponse()
     if response.status != 200:
-        raise WatchError(f"{url} answered HTTP {response.status}")
+        raise WatchError(f"{shown(url)} answered HTTP {response.status}")
     if not response.getheader("Content-Type", "").startswith("text/event-stream"):
-        raise WatchError(f"{url} is not an event stream")
+        raise WatchError(f"{shown(url)} is not an event stream")
     deadline.postpone(read_timeout_s)
     if connection.sock is not None:
         connection.sock.settimeout(read_timeout_s)
@@ -178,7 +179,9 @@ def _frames(
             break
         if len(raw) >= MAX_SSE_LINE and not raw.endswith(b"\n"):
             # Alive but not trt-otel's stream: its lines are one event's JSON each.
-            raise WatchError(f"{url} sent a line over {MAX_SSE_LINE:,} bytes: not an event stream")
+            raise WatchError(
+                f"{shown(url)} sent a line over {MAX_SSE_LINE:,} bytes: not an event stream"
+            )
         deadline.postpone(read_timeout_s)
         line = raw.decode("utf-8", "replace").rstrip("\r\n")
         if line:

@@ -41,6 +41,7 @@ from trt_otel.core.durations import format_duration
 from trt_otel.core.events import CancelSource, GpuSample
 from trt_otel.core.observed import CancellableBuild
 from trt_otel.core.sizes import format_bytes
+from trt_otel.core.urls import shown
 
 _logger = logging.getLogger(__name__)
 
@@ -500,7 +501,7 @@ class CancelUrl(Polled):
 
     def describe(self) -> str:
         mode = ", fail-closed" if self.fail_closed else ""
-        return f"url({self.url}{mode})"
+        return f"url({shown(self.url)}{mode})"
 
     def probe(self) -> Decision | None:
         import http.client
@@ -514,7 +515,11 @@ class CancelUrl(Polled):
             # cut, as an answer that is no flag is.
             raise FlagError(f"not an HTTP answer: {str(error)[:60]!r}") from None
         cancel, reason = parse_flag(status, body)
-        return Decision(reason or f"cancel URL {self.url} said so", self.source) if cancel else None
+        return (
+            Decision(reason or f"cancel URL {shown(self.url)} said so", self.source)
+            if cancel
+            else None
+        )
 
 
 def fetch(url: str, timeout_s: float, max_bytes: int) -> tuple[int, bytes]:

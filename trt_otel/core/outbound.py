@@ -14,6 +14,7 @@ Imported where a URL is called: http.client brings ssl and email along.
 
 from __future__ import annotations
 
+import base64
 import functools
 import http.client
 import socket
@@ -25,6 +26,7 @@ from email.message import Message
 from typing import Any
 
 from trt_otel.core.deadlines import Deadline
+from trt_otel.core.urls import credentials
 
 MAX_LOCATION_CHARS = 200
 """The longest redirect target quoted in a message."""
@@ -100,7 +102,11 @@ def call(
     """Send ``request`` and read its answer (``max_bytes`` of its body at most), all within
     ``deadline``; any status is an answer. ``proxies``: whether the environment's proxy
     variables apply (``http_proxy``, ``no_proxy``, ...), as they do for urllib. Raises
-    DeadlineExceededError past the deadline, OSError or http.client.HTTPException otherwise."""
+    DeadlineExceededError past the deadline, OSError or http.client.HTTPException otherwise.
+
+    A user and password in the URL (``https://ci:secret@push.example``) go as HTTP basic auth,
+    the way curl and prometheus_client's ``basic_auth_handler`` send them; never in the URL."""
+    request = _with_credentials_as_header(request)
     handlers: list[urllib.request.BaseHandler] = [
         _HTTPHandler(deadline),
         _HTTPSHandler(deadline),
@@ -122,6 +128,23 @@ def call(
     if deadline.expired:  # a body cut short at the deadline reads as a shorter one
         raise deadline.exceeded()
     return answer
+
+
+def _with_credentials_as_header(
+    request: urllib.request.Request | str,
+) -> urllib.request.Request | str:
+    """``request`` with its URL's user and password (if any) moved into an Authorization
+    header (http.client would take them for part of the host)."""
+    url = request.full_url if isinstance(request, urllib.request.Request) else request
+    bare, user, password = credentials(url)
+    if user is None and password is None:
+        return request
+    if isinstance(request, str):
+        request = urllib.request.Request(request)
+    request.full_url = bare
+    pair = f"{user or ''}:{password or ''}".encode()
+    request.add_header("Authorization", "Basic " + base64.b64encode(pair).decode("ascii"))
+    return request
 
 
 class _HTTPHandler(urllib.request.HTTPHandler):

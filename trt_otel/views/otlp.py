@@ -31,6 +31,7 @@ from opentelemetry.trace.status import Status, StatusCode
 from trt_otel.core.events import BuildStarted, Event, StepCompleted
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.state import Phase
+from trt_otel.core.urls import shown
 from trt_otel.core.version import __version__
 from trt_otel.views.conventions import SCHEMA_URL
 from trt_otel.views.otlp_settings import (
@@ -375,7 +376,7 @@ class OtlpSpanExport:
         session = settings.http_session() if exporter is None else None
         self.queue = SpanExportQueue(
             exporter or settings.make_exporter(session),
-            describe=f"{settings.endpoint} ({settings.protocol})",
+            describe=f"{shown(settings.endpoint)} ({settings.protocol})",
             warn=warn,
             endpoint=settings.endpoint,
             request_timeout_s=settings.request_timeout_s,
