@@ -162,8 +162,11 @@ def test_a_user_and_password_in_the_pushgateway_url_go_as_basic_auth_and_are_nev
     assert heard == ["Basic " + base64.b64encode(b"ci:s:cret").decode()]
     assert len(paths) == 1 and paths[0].startswith("/metrics/job/trt_otel/build_id/")
 
-    with answering(503, b"") as (url, _), final_push(
-        registry, MetricsConfig(pushgateway=url.replace("http://", "http://ci:s3cret@"))
+    with (
+        answering(503, b"") as (url, _),
+        final_push(
+            registry, MetricsConfig(pushgateway=url.replace("http://", "http://ci:s3cret@"))
+        ),
     ):
         pass
     said = capsys.readouterr().err

@@ -97,6 +97,17 @@ def test_a_bad_setting_is_a_clear_error(variable: str, value: str) -> None:
         InstrumentSettings.resolve({variable: value})
 
 
+def test_a_stall_timeout_shorter_than_two_samples_is_refused_as_the_option_is() -> None:
+    """The stall counts work between two samples of the builder's process (one a second):
+    ``instrument(stall_timeout=1)`` would stop a builder computing through a silent window as
+    hung, where ``--stall-timeout 1s`` is refused."""
+    with pytest.raises(InstrumentError, match=r"stall_timeout 1\.5s: shorter than 2 samples"):
+        InstrumentSettings.resolve({}, stall_timeout=1.5)
+    with pytest.raises(InstrumentError, match="give 2s or more"):
+        InstrumentSettings.resolve({"TRT_OTEL_STALL_TIMEOUT": "500ms"})
+    assert InstrumentSettings.resolve({}, stall_timeout="2s").stall_timeout_s == 2.0
+
+
 EXITS_INSTRUMENTED = """
 import sys
 sys.path.insert(0, {programs!r})

@@ -45,7 +45,7 @@ from trt_otel.builder.options import (
 )
 from trt_otel.capture.supervisor import DEFAULT_GRACE_S
 from trt_otel.control import registry
-from trt_otel.control.defaults import SAMPLES_PER_STALL
+from trt_otel.control.defaults import SAMPLE_INTERVAL_S, SAMPLES_PER_STALL
 from trt_otel.control.registry import Option
 from trt_otel.core import sizes
 from trt_otel.core.durations import (
@@ -580,9 +580,10 @@ def add_observability_options(parser: argparse.ArgumentParser) -> Group:
         "--gpu-interval",
         dest="sample_interval",
         type=positive_seconds,
-        default=1.0,
+        default=SAMPLE_INTERVAL_S,
         metavar="DURATION",
-        help="how often to sample the builder's process and the GPU (default: 1s); at most "
+        help="how often to sample the builder's process and the GPU (default: "
+        f"{SAMPLE_INTERVAL_S:g}s); at most "
         "half of --stall-timeout, which needs two samples to see the builder work",
     )
     group.add_argument(

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from trt_otel.capture.supervisor import DEFAULT_GRACE_S
 from trt_otel.control import registry
-from trt_otel.control.defaults import DEFAULT_MARGIN
+from trt_otel.control.defaults import DEFAULT_MARGIN, SAMPLE_INTERVAL_S
 from trt_otel.control.registry import PolicyEntry
 from trt_otel.views.otlp_settings import (
     DEFAULT_FOLD_UNDER_NS,
@@ -240,7 +240,7 @@ class ObservabilityConfig:
     spans: SpanConfig = field(default_factory=SpanConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
-    sample_interval_s: float = 1.0
+    sample_interval_s: float = SAMPLE_INTERVAL_S
     """How often the builder's process is sampled (the GPU's own interval is the same)."""
     gpu: GpuConfig = field(default_factory=GpuConfig)
     console: ConsoleConfig = field(default_factory=ConsoleConfig)

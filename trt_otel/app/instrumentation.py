@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trt_otel.capture.bootstrap import _trt_otel_recorder as recorder
-from trt_otel.core.durations import parse_positive_duration
+from trt_otel.control.defaults import SAMPLE_INTERVAL_S, SAMPLES_PER_STALL
+from trt_otel.core.durations import format_duration, parse_positive_duration
 from trt_otel.core.events import Outcome
 from trt_otel.core.files import FileKindError, regular_file_or_absent
 from trt_otel.core.journal import journal_in_use
@@ -63,6 +64,20 @@ def _check_journal(path: Path) -> None:
     writer = journal_in_use(path)
     if writer is not None:
         raise InstrumentError(f"journal {path} is already being written by {writer}")
+
+
+def _check_stall_timeout(stall_timeout_s: float) -> None:
+    """The stall counts the builder's work between two samples of its process (one every
+    :data:`~trt_otel.control.defaults.SAMPLE_INTERVAL_S`): a shorter timeout would stop a
+    builder computing through a silent window as hung, as ``--stall-timeout`` refuses."""
+    least = SAMPLE_INTERVAL_S * SAMPLES_PER_STALL
+    if stall_timeout_s < least:
+        raise InstrumentError(
+            f"stall_timeout {format_duration(stall_timeout_s)}: shorter than "
+            f"{SAMPLES_PER_STALL} samples of the builder's process, one every "
+            f"{SAMPLE_INTERVAL_S:g}s, so a builder computing through a silent "
+            f"window would be stopped as hung; give {least:g}s or more"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,12 +139,15 @@ class InstrumentSettings:
             if mode not in ("plain", "off"):
                 raise InstrumentError(f"TRT_OTEL_PROGRESS={mode!r}: use plain or off")
             progress = mode == "plain"
+        stall_timeout_s = duration("stall_timeout", "TRT_OTEL_STALL_TIMEOUT")
+        if stall_timeout_s is not None:
+            _check_stall_timeout(stall_timeout_s)
         return cls(
             http_port=port("http_port", "TRT_OTEL_HTTP_PORT"),
             prometheus_port=port("prometheus_port", "TRT_OTEL_PROMETHEUS_PORT"),
             journal=Path(journal) if journal else None,
             timeout_s=duration("timeout", "TRT_OTEL_TIMEOUT"),
-            stall_timeout_s=duration("stall_timeout", "TRT_OTEL_STALL_TIMEOUT"),
+            stall_timeout_s=stall_timeout_s,
             cancel_file=Path(cancel_file) if cancel_file else None,
             progress=bool(progress),
             otlp_endpoint=given.get("otlp_endpoint"),

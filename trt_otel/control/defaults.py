@@ -12,6 +12,9 @@ STALL_ON = ("activity", "callbacks")
 """What ``--stall-timeout`` counts: progress or work by the builder's process, or progress
 alone."""
 
+SAMPLE_INTERVAL_S = 1.0
+"""How often the builder's process (and the GPU) is sampled unless told otherwise."""
+
 SAMPLES_PER_STALL = 2
 """A stall counted on activity needs at least this many of the builder's process samples within
 its timeout: work is measured between two samples, so a window with fewer cannot see a builder
