@@ -154,6 +154,18 @@ def test_a_journal_on_a_fifo_is_refused_before_the_build(fifo: Path, tmp_path: P
 
 
 @pytest.mark.e2e
+def test_a_journal_in_a_folder_that_does_not_exist_is_refused_and_no_folder_made(
+    tmp_path: Path,
+) -> None:
+    """A typo in ``--journal``'s folder made that folder (and every one above it), wherever
+    the path pointed; the engine's folder must exist, and so must the journal's."""
+    journal = tmp_path / "typo" / "deeper" / "j.jsonl"
+    code, output = trt_otel("demo", "--speed", "0", "--no-progress", "--journal", journal)
+    assert_refused(code, output, f"cannot write journal {journal}: no folder {journal.parent}")
+    assert not (tmp_path / "typo").exists()
+
+
+@pytest.mark.e2e
 def test_the_journal_writer_never_blocks_on_a_fifo(fifo: Path) -> None:
     """Past every check (a path swapped for a FIFO after them): the writer itself refuses,
     whether or not a reader holds the pipe open. In a process of its own, so that a writer

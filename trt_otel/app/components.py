@@ -584,6 +584,9 @@ def _cancel_token(given: str | None, build_id: str) -> tuple[str, Path | None]:
 def open_journal(path: Path, *, append: bool = False) -> JournalWriter:
     try:
         return JournalWriter(path, append=append)
+    except FileNotFoundError:
+        folder = path.parent
+        raise UsageError(f"cannot write journal {path}: no folder {folder}") from None
     except OSError as error:
         raise UsageError(f"cannot write journal {path}: {error.strerror or error}") from None
 

@@ -196,8 +196,8 @@ class JournalWriter:
         build: its log starts at ``seq`` 0 again, which a reader takes as a new log), rather
         than start it afresh."""
         self.path = Path(path)
-        if self.path.parent and not self.path.parent.exists():
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+        # No folder is made for it: a typo in the path would otherwise leave folders wherever
+        # it pointed (the engine's folder must exist too). FileNotFoundError says it.
         # Batch-sized writes, our own flushes: the file is a prefix of the log at any kill.
         self._file: IO[bytes] = _open_for_writing(self.path, append=append)
         if self._file.tell() == 0:
