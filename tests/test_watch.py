@@ -187,6 +187,38 @@ def test_terminate_after_never_signals_a_reader_that_holds_the_journal_open(
 
 
 @pytest.mark.e2e
+def test_the_process_a_crafted_header_names_is_not_sampled_for_the_stall(tmp_path: Path) -> None:
+    """The stall and memory policies read the samples of the journal's writer: a process that
+    only reads the journal (named by a crafted header) would keep a hung build alive with its
+    own work, or stop one with its own memory. It is not sampled: the stall counts callbacks."""
+    journal = tmp_path / "crafted.jsonl"
+    journal.write_bytes(b"")
+    reader = subprocess.Popen(
+        [sys.executable, "-c", READER, str(journal), "reading"], stdout=subprocess.PIPE, text=True
+    )
+    watch = None
+    try:
+        assert reader.stdout is not None and reader.stdout.readline() == "open\n"
+        craft_journal(journal, reader.pid)
+        err = tmp_path / "watch.err"
+        with err.open("w") as stderr:
+            watch = subprocess.Popen(
+                [*CLI, "watch", str(journal), "--no-progress", "--control-file",
+                 str(tmp_path / "control"), "--stall-timeout", "30s", "--sample-interval",
+                 "0.2s"],
+                stdout=subprocess.DEVNULL, stderr=stderr,
+            )  # fmt: skip
+        wait_for_text(err, b"not provably its writer", timeout_s=30)
+        assert b"--stall-timeout counts callbacks alone" in err.read_bytes()
+    finally:
+        if watch is not None:
+            watch.kill()
+            watch.wait()
+        reader.kill()
+        reader.communicate()
+
+
+@pytest.mark.e2e
 def test_terminate_after_stops_the_writer_that_holds_the_journals_lock(tmp_path: Path) -> None:
     """A real build (the demo's, silent for a minute) writes the journal under its lock: the
     one process --terminate-after may stop, and does, once the cancel it wrote was not taken."""

@@ -311,7 +311,9 @@ class Escalation:
 
 def _sample_the_writer(
     stack: contextlib.ExitStack[Any],
+    journal: Path,
     header: dict[str, Any],
+    *,
     monitor: RemoteBuild,
     model: ReadModel,
     config: SessionConfig,
@@ -319,14 +321,23 @@ def _sample_the_writer(
     """Sample the journal's writer when it runs on this host, for the stall and memory policies
     and the views; else say once that they have the callbacks alone. The samples are this
     watch's own observations: they are folded in here, not added to the build's log, whose
-    sequence is the journal's."""
+    sequence is the journal's.
+
+    A header is text anyone can write: the process it names is sampled only when it provably
+    writes the journal (it holds the journal's write lock), or another process's work would
+    keep a hung build alive and its memory would stop a build that is within its limit."""
     writer = Writer.from_header(header)
-    if writer.pid is None or writer.running_here() is not True:
+    if (
+        writer.pid is None
+        or writer.running_here() is not True
+        or holds_write_lock(writer.pid, journal) is not True
+    ):
         if config.policy.options_reading("process"):
             warn(
-                "the build's process cannot be sampled from here (not on this host, or not "
-                "named in its journal): --stall-timeout counts callbacks alone, and the memory "
-                "policies have nothing to read"
+                "the build's process cannot be sampled from here (not on this host, not named "
+                "in its journal, or not provably its writer: it does not hold the journal's "
+                "write lock): --stall-timeout counts callbacks alone, and the memory policies "
+                "have nothing to read"
             )
         return
 
@@ -425,7 +436,7 @@ def watch_and_supervise(
         stack.enter_context(following(monitor.log, followers, model))
         if runner is not None:
             stack.enter_context(runner)
-        _sample_the_writer(stack, header, monitor, model, config)
+        _sample_the_writer(stack, journal, header, monitor=monitor, model=model, config=config)
         ending = None
         if terminate_after_s is not None:
             escalation = Escalation(journal, header, monitor, terminate_after_s)
