@@ -908,6 +908,41 @@ def test_the_owners_controls_are_answered_while_others_hold_every_slot(
         monitor.close()
 
 
+def test_a_reserved_slot_is_refused_on_its_request_line_not_held_for_its_headers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past the ordinary slots, a client that sends another request line than the owner's
+    controls and then trickles its headers is refused on that line, at once: a flood of such
+    clients held each reserved slot for its deadline, and /healthz found none free."""
+    from trt_otel.views import http as view
+
+    monkeypatch.setattr(view, "MAX_CONNECTIONS", 2)
+    monkeypatch.setattr(view, "RESERVED_CONNECTIONS", 1)
+    monkeypatch.setattr(view, "RESERVED_DEADLINE_S", 60.0)
+    monitor = BuildMonitor()
+    model = ReadModel()
+    monitor.log.follow(model)
+    server = StatusServer(monitor, model, CollectorRegistry(), port=0, cancel_token=TOKEN)
+    monitor.start()
+    idle = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(2)]
+    try:
+        wait_until(
+            lambda: raw_answer(server.port, b"GET /status HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .split(b" ")[1] == b"503",
+            "the ordinary slots taken",
+        )  # fmt: skip
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as slow:
+            slow.sendall(b"GET /status HTTP/1.1\r\nHost: local")  # and no more
+            assert slow.recv(65536).startswith(b"HTTP/1.1 503"), "held for its headers"
+        healthz = raw_answer(server.port, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        assert healthz.split(b" ")[1] == b"200", healthz[:80]
+    finally:
+        for connection in idle:
+            connection.close()
+        server.close(linger_s=0)
+        monitor.close()
+
+
 def test_a_request_that_trickles_in_is_dropped_at_its_deadline(
     served: tuple[BuildMonitor, StatusServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -28,6 +28,7 @@ import io
 import ipaddress
 import json
 import logging
+import re
 import socket
 import sys
 import threading
@@ -73,6 +74,10 @@ REQUEST_DEADLINE_S = 10.0
 hold a slot for ever)."""
 RESERVED_DEADLINE_S = 2.0
 """The same for a request in a reserved slot: the owner's controls are short."""
+MAX_CONTROL_LINE = 64
+"""The longest request line read in a reserved slot (the owner's controls' are short)."""
+_CONTROL_LINE = re.compile(rb"((GET|HEAD) /healthz|POST /cancel)[ ?][^\r\n]*\r?\n\Z")
+"""The request line of one of the owner's controls, served from a reserved slot."""
 _STATUS_ENCODER = msgspec.json.Encoder(enc_hook=str)
 """A build's attributes come from its caller: what JSON has no type for is shown as text."""
 _TOO_MANY = (
@@ -219,11 +224,21 @@ class _DeadlineReader(io.RawIOBase):
     def __init__(self, connection: socket.socket) -> None:
         self._connection = connection
         self.deadline: float | None = None
+        self._unread = b""
 
     def readable(self) -> bool:
         return True
 
+    def unread(self, data: bytes) -> None:
+        """Give ``data`` (read ahead of the buffered reader above) back, to be read first."""
+        self._unread = data + self._unread
+
     def readinto(self, buffer: Any) -> int:
+        if self._unread:
+            count = min(len(buffer), len(self._unread))
+            buffer[:count] = self._unread[:count]
+            self._unread = self._unread[count:]
+            return count
         deadline = self.deadline
         if deadline is None:
             return self._connection.recv_into(buffer)
@@ -398,7 +413,29 @@ def _handler_class(server: StatusServer) -> type[BaseHTTPRequestHandler]:
         def handle_one_request(self) -> None:
             budget = RESERVED_DEADLINE_S if self._reserved else REQUEST_DEADLINE_S
             self._reader.deadline = time.monotonic() + budget
+            if self._reserved and not self._control_line_ahead():
+                return
             super().handle_one_request()
+
+        def _control_line_ahead(self) -> bool:
+            """In a reserved slot, whether the request line names one of the owner's controls,
+            decided on that line alone, before any header is waited for: a flood of clients
+            that send another request line and trickle their headers would otherwise hold the
+            reserve for its deadline each. The line is given back to be read as usual."""
+            line = bytearray()
+            byte = bytearray(1)
+            with contextlib.suppress(OSError):  # a client gone, or past its deadline
+                while len(line) < MAX_CONTROL_LINE and not line.endswith(b"\n"):
+                    if not self._reader.readinto(byte):
+                        break
+                    line += byte
+            if _CONTROL_LINE.match(bytes(line)):
+                self._reader.unread(bytes(line))
+                return True
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.wfile.write(_TOO_MANY)
+            return False
 
         def _refused_in_reserve(self, control: bool) -> bool:
             """In a reserved slot, only the owner's controls are served, once each."""
