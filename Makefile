@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_ARGS ?=
 
-.PHONY: demo check test lint docs bench clean
+.PHONY: demo check test lint docs bench soak clean
 
 # The tests' modules are compiled (and their asserts rewritten by pytest) once, into __pycache__,
 # not again in every worker and every process a test starts: a PYTHONDONTWRITEBYTECODE set in
@@ -82,3 +82,11 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/startup_cost.py
 	$(BIN)/python benchmarks/cpp_build_wall.py
 	$(BIN)/python benchmarks/command_cost.py
+
+# A soak with faults (benchmarks/soak.py): real and simulated builds side by side, each with a
+# fault injected from outside (kills, stops, Ctrl-C, a full disk, dead, dripping and redirecting
+# sinks, hostile HTTP clients), each checked when it ends. Not a test: it prints a table and
+# every finding (the suite runs 3 minutes of it, tests/test_soak.py).
+SOAK_MINUTES ?= 30
+soak: $(STAMP)
+	$(BIN)/python benchmarks/soak.py --minutes $(SOAK_MINUTES)

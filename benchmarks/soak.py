@@ -1,8 +1,9 @@
 """A soak with faults: for ``--minutes``, real TensorRT-RTX builds and simulated ones run side by
 side on this host, each with a fault injected from outside, and each is checked when it ends.
 
-Faults (one a build, drawn at random with ``--seed``): none; SIGKILL of the worker, or of the
-supervisor; SIGSTOP then SIGCONT of the worker; Ctrl-C (SIGINT to the build's process group, as
+Faults (one a build, drawn at random with ``--seed``, at a random moment from its start-up to
+its silent window): none; SIGKILL of the worker, or of the supervisor; SIGSTOP, and SIGCONT 2 s
+later, of the worker or of the supervisor; Ctrl-C (SIGINT to the build's process group, as
 a terminal sends it); an authenticated ``POST /cancel``; a full disk (the journal on a 96 KiB
 tmpfs, where the soak can mount one); dead, dripping and redirecting sinks (the OTLP
 collector, the Pushgateway and the cancel URL at once); hostile clients of the HTTP view. Every
@@ -58,8 +59,10 @@ READER_ENDS_WITHIN_S = 45.0
 its ``--lost-after``)."""
 EXIT_OF = {Outcome.SUCCESS: 0, Outcome.CANCELLATION: 3, Outcome.TIMEOUT: 3, Outcome.FAILURE: 4}
 """The exit code of a build that ended with each outcome (docs/commands.md)."""
-FAULTS = ("none", "kill-worker", "kill-supervisor", "stop-cont", "ctrl-c", "http-cancel",
-          "full-disk", "sinks", "hostile-http")  # fmt: skip
+KINDS = ("rtx", "rtx", "sim", "sim-silent")
+"""Half the builds real (TensorRT-RTX, CPU-only), half simulated (one with a silent window)."""
+FAULTS = ("none", "kill-worker", "kill-supervisor", "stop-cont", "stop-cont-supervisor",
+          "ctrl-c", "http-cancel", "full-disk", "sinks", "hostile-http")  # fmt: skip
 
 
 @dataclass
@@ -96,9 +99,25 @@ def main() -> int:
     parser.add_argument("--concurrent", type=int, default=2, help="builds at once (default: 2)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument(
+        "--faults",
+        type=lambda text: tuple(text.split(",")),
+        default=FAULTS,
+        help=f"the faults to draw from, comma-separated (default: all of {','.join(FAULTS)})",
+    )
+    parser.add_argument(
+        "--kinds",
+        type=lambda text: tuple(text.split(",")),
+        default=KINDS,
+        help=f"the builds to draw from (default: {','.join(sorted(set(KINDS)))})",
+    )
+    parser.add_argument(
         "--max-rss", type=float, default=1024.0, help="MiB, every process of a build"
     )
     args = parser.parse_args()
+    for name, given, known in (("fault", args.faults, FAULTS), ("kind", args.kinds, KINDS)):
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            parser.error(f"no such {name}: {', '.join(unknown)}")
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     print(f"soak: {args.minutes:g} min, {args.concurrent} at once, seed {seed}", flush=True)
     with tempfile.TemporaryDirectory(prefix="trt-otel-soak-") as scratch:
@@ -148,11 +167,11 @@ def _soak(
         while time.monotonic() < ends:
             with lock:
                 index = len(builds)
-                kind = rng.choice(("rtx", "rtx", "sim", "sim-silent"))
-                fault = rng.choice(FAULTS)
+                kind = rng.choice(args.kinds)
+                fault = rng.choice(args.faults)
                 if fault == "full-disk" and (small is None or full_disk_busy.locked()):
                     fault = "none"
-                at_s = rng.uniform(0.3, 2.5)
+                at_s = rng.uniform(0.2, 6.0)  # start-up, the phases, the silent window
                 build = Build(index, kind, fault, root / f"b{index:04d}")
                 builds.append(build)
             build.folder.mkdir()
@@ -192,7 +211,7 @@ def _command(build: Build, models: dict[str, Path], urls: dict[str, str]) -> lis
         model = models["rtx-silent" if build.kind == "rtx-silent" else "rtx"]
         return [*CLI, "build", str(model), "-o", str(build.engine), "--backend", "tensorrt-rtx",
                 "--shapes", SHAPES, *common]  # fmt: skip
-    silence = ["--silence", "4s"] if build.kind == "sim-silent" else []
+    silence = ["--silence", "8s"] if build.kind == "sim-silent" else []
     return [*CLI, "demo", "--speed", "6", *silence, *common]
 
 
@@ -328,6 +347,10 @@ def _inject(build: Build, process: subprocess.Popen[bytes], at_s: float) -> None
         return  # ended before its fault: checked as it is
     if fault == "kill-supervisor":
         process.send_signal(signal.SIGKILL)
+    elif fault == "stop-cont-supervisor":
+        process.send_signal(signal.SIGSTOP)
+        time.sleep(2.0)  # stopped: it cannot end meanwhile
+        process.send_signal(signal.SIGCONT)
     elif fault == "ctrl-c":
         os.killpg(process.pid, signal.SIGINT)
     elif fault == "http-cancel":
@@ -388,6 +411,9 @@ def _check(build: Build, watching: tuple[subprocess.Popen[bytes], threading.Thre
         build.find("a traceback: " + stderr[stderr.index("Traceback") :][:300])
     if journal is not None:
         _check_exit(build, journal, killed_writer)
+        ended = any(isinstance(event, BuildFinished) for event in journal)
+        if build.fault == "full-disk" and not ended and "may be missing from it" not in stderr:
+            build.find("a journal cut short by a full disk, and not a word of it")
     _check_left_behind(build, killed_writer)
 
 
@@ -473,7 +499,7 @@ def _check_exit(build: Build, events: list[Event], killed_writer: bool) -> None:
 
 
 def _check_left_behind(build: Build, killed_writer: bool) -> None:
-    deadline = time.monotonic() + 10  # a killed supervisor's worker notices within a poll
+    deadline = time.monotonic() + 3  # a killed supervisor's worker is killed with it
     while (alive := [p for p in build.pids if psutil.pid_exists(p) and _is_ours(p)]) and (
         time.monotonic() < deadline
     ):
