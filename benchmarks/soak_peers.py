@@ -134,7 +134,13 @@ class Hostility:
 
     healthz_asked: int = 0
     healthz_answered: int = 0
-    refused: list[str] = field(default_factory=list)
+    refused: list[tuple[str, int]] = field(default_factory=list)
+    """What each refusal was (with its time since the clients began), and when: the monotonic
+    clock's nanoseconds, which the journal's ``mono_ns`` are on."""
+
+    def refused_before(self, mono_ns: int) -> list[str]:
+        """The refusals before ``mono_ns`` (the build's end: the view closes after it)."""
+        return [what for what, at_ns in self.refused if at_ns < mono_ns]
 
 
 @contextlib.contextmanager
@@ -146,7 +152,7 @@ def hostile_clients(
     asks ``GET /healthz`` all along: the owner's controls must stay answered."""
     seen = Hostility()
     stop = threading.Event()
-    began = time.monotonic()
+    began_ns = time.monotonic_ns()
     held: list[socket.socket] = []
 
     def trickle() -> None:
@@ -174,6 +180,10 @@ def hostile_clients(
                     s.recv(4096)
             stop.wait(0.5)
 
+    def refused(what: str) -> None:
+        now_ns = time.monotonic_ns()
+        seen.refused.append((f"{what} at {(now_ns - began_ns) / 1e9:.1f}s", now_ns))
+
     def healthz() -> None:
         while not stop.wait(1.0):
             seen.healthz_asked += 1
@@ -184,11 +194,10 @@ def hostile_clients(
                 if answer.status == 200:
                     seen.healthz_answered += 1
                 else:
-                    seen.refused.append(f"HTTP {answer.status} at {time.monotonic() - began:.1f}s")
+                    refused(f"HTTP {answer.status}")
             except (OSError, http.client.HTTPException) as error:
-                if alive():  # not a build that has just ended
-                    when = time.monotonic() - began
-                    seen.refused.append(f"{type(error).__name__} at {when:.1f}s")
+                if alive():  # not a build whose process has ended
+                    refused(type(error).__name__)
             finally:
                 connection.close()
 

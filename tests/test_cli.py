@@ -258,6 +258,42 @@ def test_ctrl_c_cancels_gracefully_and_exits_130(tmp_path: Path) -> None:
     assert final_state(journal).open_by_name == {}
 
 
+# A build whose Ctrl-C comes as it ends: after the builder has returned its engine, and before
+# the command has said how it ended.
+CTRL_C_AS_IT_ENDS = """
+import os, signal, sys
+import trt_otel.builder.build as build
+from trt_otel.app.cli import main
+
+built = build.run_build
+def built_then_interrupted(*args, **kwargs):
+    result = built(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGINT)
+    return result
+build.run_build = built_then_interrupted
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.e2e
+def test_a_ctrl_c_as_the_build_succeeds_keeps_the_engine_and_exits_0(tmp_path: Path) -> None:
+    journal, engine = tmp_path / "ended.jsonl", tmp_path / "ended.engine"
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_AS_IT_ENDS, "demo", "--in-process", "--speed", "0",
+         "--no-progress", "--journal", str(journal), "-o", str(engine)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Ctrl-C came as the build succeeded: the engine is kept" in done.stderr
+    assert f"engine: {engine}" in done.stderr
+    assert engine.read_bytes().startswith(SIMULATED_ENGINE_MAGIC)
+    events = read_journal(journal).events
+    assert isinstance(events[-1], BuildFinished) and events[-1].outcome is Outcome.SUCCESS
+    # Nothing was left to cancel: no cancel recorded after the end, none announced.
+    assert not any(isinstance(e, CancelRequested) for e in events)
+    assert "cancelling at TensorRT's next step" not in done.stderr
+
+
 @pytest.mark.e2e
 def test_sigterm_cancels_and_exits_3(tmp_path: Path) -> None:
     journal = tmp_path / "terminated.jsonl"

@@ -407,7 +407,7 @@ class Protocol:
                 self.close(child, now, "its parent finished first")
             self.close(index, now, None)
         elif kind == "cancel":
-            if self.cancel is None:
+            if self.cancel is None and not self.ended:  # an ended build has nothing to cancel
                 self.cancel = ("stop: ça suffit", call[1])
         elif kind == "end" and self.outcome is None:
             outcome = call[1]

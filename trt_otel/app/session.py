@@ -134,7 +134,7 @@ def run_build(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]) 
             result, interrupted = BuildResult(outcome, refused.reason, None, 0), False
         else:
             result, interrupted = _build(monitor, job, config, watch)
-        interrupted = interrupted or signals.interrupted
+        interrupted = _interrupted(result, interrupted, signals)
     if observe.journal is not None:
         say(f"journal: {observe.journal}")
     state = monitor.state
@@ -215,6 +215,18 @@ def _build(
         monitor.cancel("interrupted by the user", source=CancelSource.SIGNAL)
         monitor.end(Outcome.CANCELLATION, "interrupted by the user")
         return None, True
+
+
+def _interrupted(result: BuildResult | None, stopped: bool, signals: _SignalState) -> bool:
+    """Whether the user interrupted the build (exit 130): a Ctrl-C that stopped it, or one that
+    came while it ran and did not succeed. One that came as it ended (the engine saved, the
+    success recorded) changes nothing of it: the exit says what the journal says."""
+    if stopped:
+        return True
+    succeeded = result is not None and result.outcome is Outcome.SUCCESS
+    if signals.interrupted and succeeded:
+        say("Ctrl-C came as the build succeeded: the engine is kept")
+    return signals.interrupted and not succeeded
 
 
 def exit_code_of(outcome: Outcome) -> int:

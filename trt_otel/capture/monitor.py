@@ -267,7 +267,8 @@ class BuildMonitor(ProgressMonitorBase):
     ) -> bool:
         """Ask TensorRT to stop: the next ``step_complete`` answers False. Safe from any thread.
 
-        Only the first request is recorded as the reason; returns True if this one was it.
+        Only the first request is recorded as the reason; returns True if this one was it. Once
+        the build has ended there is nothing to cancel: nothing is recorded, and False.
         ``source`` is a :class:`~trt_otel.core.events.CancelSource` (or a string of the caller's
         own); the event holds it as a plain string, as the journal does.
         """
@@ -277,14 +278,14 @@ class BuildMonitor(ProgressMonitorBase):
             # Held, not appended: no need to wait for the log's lock, which a replay holds
             # for a whole batch (the decision must reach the worker at once).
             with self._cancel_lock:
-                if self._cancelled:
+                if self._cancelled or self._ended:
                     return False
                 event = CancelRequested(-1, *self._now(), reason, source, timeout, policy)
                 self._held_cancel = event
                 self._cancelled = True
         else:
             with self.log.lock, self._cancel_lock:
-                if self._cancelled:
+                if self._cancelled or self._ended:
                     return False
                 event = self._append(
                     self._now(),
