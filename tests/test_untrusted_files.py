@@ -473,12 +473,18 @@ KMSG = Path("/proc/kmsg")
 
 @pytest.mark.e2e
 @pytest.mark.skipif(not os.access(KMSG, os.R_OK), reason="/proc/kmsg is readable by root only")
+@pytest.mark.parametrize("holding", ["nothing", "a line"])
 @pytest.mark.parametrize("read_as", ["model", "trace", "journal"])
 def test_a_file_that_says_it_is_regular_but_would_block_is_refused_not_waited_on(
-    read_as: str, tmp_path: Path
+    read_as: str, holding: str, tmp_path: Path
 ) -> None:
     """/proc/kmsg passes for a regular file (as a FUSE or network file may) and blocks its
-    reader until the kernel logs something: refused in one line, at once."""
+    reader until the kernel logs something: refused in one line, at once, whether it has
+    nothing to read or a few lines before it would wait (the kernel logs at any time)."""
+    if holding == "a line":
+        if not os.access("/dev/kmsg", os.W_OK):
+            pytest.skip("/dev/kmsg is writable by root only")
+        Path("/dev/kmsg").write_text("trt-otel's tests: a line for /proc/kmsg to hold\n")
     args: tuple[str | Path, ...] = {
         "model": ("build", KMSG, "-o", tmp_path / "kmsg.engine", "--no-progress"),
         "trace": ("demo", "--speed", "0", "--no-progress", "--trace", KMSG),

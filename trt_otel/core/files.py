@@ -8,6 +8,7 @@ import errno
 import io
 import os
 import secrets
+import select
 import stat
 from pathlib import Path
 from typing import BinaryIO
@@ -102,11 +103,20 @@ class _ReadsWithoutWaiting(io.BufferedReader):
 
     def read(self, size: int | None = -1, /) -> bytes:
         data = super().read(size)
-        if data is None:
+        short = data is not None and (size is None or size < 0 or len(data) < size)
+        # A short read of a regular file is its end; of a file that only looks regular it may be
+        # all it had before it would wait (/proc/kmsg holding a few lines): the descriptor,
+        # polled, says which (a regular file is always readable).
+        if data is None or (short and not self._readable_now()):
             raise BlockingIOError(
                 errno.EAGAIN, "nothing to read without waiting (not an ordinary file)"
             )
         return data
+
+    def _readable_now(self) -> bool:
+        poller = select.poll()
+        poller.register(self.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
 
 
 def open_regular_for_reading(path: str | os.PathLike[str], purpose: str) -> BinaryIO:
