@@ -36,7 +36,7 @@ from trt_otel.builder.build import BuildJob, BuildResult, partial_files, run_bui
 from trt_otel.builder.provenance import FINGERPRINT, fingerprint
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.supervisor import IsolatedResult, StopNow, run_isolated
-from trt_otel.control.signals import handling_interrupts
+from trt_otel.control.signals import STOP_SIGNALS, TIME_LIMIT_SIGNAL, handling_interrupts
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import CancelSource, Outcome
 from trt_otel.core.followers import Follower
@@ -133,7 +133,7 @@ def run_build(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]) 
             outcome = monitor.end()  # the cancel's: a timeout
             result, interrupted = BuildResult(outcome, refused.reason, None, 0), False
         else:
-            result, interrupted = _build(monitor, job, config, watch)
+            result, interrupted = _build(monitor, job, config, watch, signals)
         interrupted = _interrupted(result, interrupted, signals)
     if observe.journal is not None:
         say(f"journal: {observe.journal}")
@@ -188,7 +188,11 @@ def _announce(
 
 
 def _build(
-    monitor: BuildMonitor, job: BuildJob, config: SessionConfig, watch: Callable[[int], None]
+    monitor: BuildMonitor,
+    job: BuildJob,
+    config: SessionConfig,
+    watch: Callable[[int], None],
+    signals: _SignalState,
 ) -> tuple[BuildResult | None, bool]:
     """Run the build (in a worker process unless asked not to); its result, and whether the
     user interrupted it. ``watch`` is told the process that builds, for the samplers."""
@@ -205,7 +209,7 @@ def _build(
             backend=job.monitor_backend,
             on_start=watch,
         )
-        return _conclude(monitor, isolated, job, grace_s), isolated.interrupted
+        return _conclude(monitor, isolated, job, grace_s, signals), isolated.interrupted
     except StopNow as stop:  # in-process: nothing to stop but this build, which ends here
         detail = f"received {stop.signal_name} again: stopped at once"
         monitor.cancel(f"received {stop.signal_name}", source=CancelSource.SIGNAL)
@@ -238,7 +242,11 @@ def exit_code_of(outcome: Outcome) -> int:
 
 
 def _conclude(
-    monitor: BuildMonitor, isolated: IsolatedResult, job: BuildJob, grace_s: float
+    monitor: BuildMonitor,
+    isolated: IsolatedResult,
+    job: BuildJob,
+    grace_s: float,
+    signals: _SignalState,
 ) -> BuildResult:
     """Record how the worker ended, as the build's outcome."""
     if isolated.returned and isinstance(isolated.value, BuildResult):
@@ -277,27 +285,52 @@ def _conclude(
         return BuildResult(Outcome.FAILURE, detail, None, 0)
     died = isolated.died or "ended without a result"
     signal_name = died.removeprefix("killed by ") if died.startswith("killed by ") else None
+    if signal_name is not None and signal_name in signals.names:
+        return _stopped_with_its_group(monitor, signal_name)
     detail = f"the build's process died ({died})"
     monitor.end(Outcome.FAILURE, detail, error_type=signal_name or "WorkerDied")
     return BuildResult(Outcome.FAILURE, detail, None, 0)
 
 
+def _stopped_with_its_group(monitor: BuildMonitor, signal_name: str) -> BuildResult:
+    """The worker died of the signal this process received: one sent to the whole process
+    group or job (SLURM's ``scancel``, ``kill -- -PGID``, a runner stopping a process tree). A
+    request to stop, honoured at once where the worker does not ignore it: a cancel, never a
+    failure of the build."""
+    monitor.cancel(f"received {signal_name}", source=CancelSource.SIGNAL)
+    detail = (
+        f"received {signal_name}, and so did the build's process (the whole process group "
+        "was signalled): it stopped at once"
+    )
+    monitor.end(Outcome.CANCELLATION, detail)
+    return BuildResult(Outcome.CANCELLATION, detail, None, 0)
+
+
 # -- signals -------------------------------------------------------------------------------------
 
 
+TIME_LIMIT_REASON = "the job's time limit is near (SIGUSR1, the scheduler's warning)"
+
+
 class _SignalState:
-    interrupted = False
-    received = 0
+    """What the handler saw; written only by the handler, on the main thread."""
+
+    def __init__(self) -> None:
+        self.interrupted = False
+        self.received = 0
+        self.names: list[str] = []
 
 
 @contextlib.contextmanager
 def _cancel_on_signals(monitor: BuildMonitor) -> Iterator[_SignalState]:
-    """First SIGINT, SIGTERM or SIGHUP (treated as SIGTERM): cancel gracefully at the next
-    step. Second: stop now."""
+    """First SIGINT, SIGTERM, SIGHUP (treated as SIGTERM) or SIGUSR1 (a scheduler's warning
+    of the job's time limit: a timeout): cancel gracefully at the next step. Second: stop now."""
     state = _SignalState()
 
     def cancel(name: str) -> None:
-        if monitor.cancel(f"received {name}", source=CancelSource.SIGNAL):
+        time_limit = name == TIME_LIMIT_SIGNAL.name
+        reason = TIME_LIMIT_REASON if time_limit else f"received {name}"
+        if monitor.cancel(reason, source=CancelSource.SIGNAL, timeout=time_limit):
             print(
                 f"\ntrt-otel: {name}: cancelling at TensorRT's next step (again to stop now)",
                 file=sys.stderr,
@@ -311,11 +344,12 @@ def _cancel_on_signals(monitor: BuildMonitor) -> Iterator[_SignalState]:
         if signum == signal.SIGINT:
             state.interrupted = True
         state.received += 1
+        state.names.append(name)
         if state.received > 1 or monitor.cancelled:
             # SIGTERM is a request to stop, every time (exit 3); only Ctrl-C is the user's
             # interrupt (130).
             raise KeyboardInterrupt if state.interrupted else StopNow(name)
         threading.Thread(target=cancel, args=(name,), name="trt-otel-signal", daemon=True).start()
 
-    with handling_interrupts(handler):
+    with handling_interrupts(handler, (*STOP_SIGNALS, TIME_LIMIT_SIGNAL)):
         yield state

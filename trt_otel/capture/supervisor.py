@@ -23,8 +23,9 @@ How the two processes talk:
   made before it, before every one made after, even when the replay is seconds behind. A
   silent worker still says how far it got (an empty frame), so the cancel shows at once.
 - The pipe carries only the worker's result.
-- The worker ignores SIGINT: Ctrl-C in a terminal reaches the whole process group, and deciding
-  what it means is this process's job.
+- The worker ignores SIGINT, SIGHUP and SIGUSR1: Ctrl-C in a terminal, a hangup and a
+  scheduler's time-limit warning reach the whole process group, and deciding what they mean is
+  this process's job.
 """
 
 from __future__ import annotations
@@ -368,6 +369,7 @@ def _worker_main(
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a hangup is the supervisor's to decide
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # so is a scheduler's time-limit warning
     # Everything imported so far lives as long as the process: out of the collector's sight,
     # so the collections that the callbacks' records set off do not walk it again and again.
     gc.freeze()

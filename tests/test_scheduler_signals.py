@@ -1,0 +1,88 @@
+"""How a scheduler stops a job: a signal to every process of it (SLURM's ``scancel``,
+``kill -- -PGID``), and a warning before its time limit (SLURM's ``--signal=USR1@N``). Each is a
+stop asked for, recorded as a cancel with its reason (exit 3), never a failure of the build and
+never a death with no end in the journal. Real processes, real process groups, real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trt_otel import Outcome, read_journal
+from trt_otel.app.session import TIME_LIMIT_REASON
+from trt_otel.core.events import BuildFinished, CancelRequested
+from waiting import wait_for_silence, wait_for_text
+
+pytestmark = pytest.mark.e2e
+
+CLI = [sys.executable, "-m", "trt_otel.app.cli"]
+
+
+def start_job(journal: Path, *options: str) -> subprocess.Popen[str]:
+    """A demo in a process group of its own, as a scheduler's job step is."""
+    return subprocess.Popen(
+        [*CLI, "demo", "--no-progress", "--no-gpu", "--speed", "0", "--journal", str(journal),
+         *options],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+def ended(process: subprocess.Popen[str]) -> tuple[int, str]:
+    try:
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return process.returncode, err
+
+
+def test_sigterm_to_the_whole_process_group_in_a_silent_window_is_a_cancel(
+    tmp_path: Path,
+) -> None:
+    """``scancel`` signals every process of the job, the build's worker too, which dies of it at
+    once: a cancel with the signal's name, exit 3, not "the build's process died"."""
+    journal = tmp_path / "scancelled.jsonl"
+    process = start_job(journal, "--silence", "10m", "--grace", "10m")
+    try:
+        wait_for_silence(journal)
+        os.killpg(process.pid, signal.SIGTERM)
+    finally:
+        code, err = ended(process)
+    assert code == 3, err
+    events = read_journal(journal).events
+    cancel = next(e for e in events if isinstance(e, CancelRequested))
+    assert (cancel.source, cancel.reason) == ("signal", "received SIGTERM")
+    end = events[-1]
+    assert isinstance(end, BuildFinished), end
+    assert end.outcome is Outcome.CANCELLATION, end
+    assert "the whole process group was signalled" in end.detail
+    assert end.error_type is None
+    assert "died" not in err
+
+
+def test_a_time_limit_warning_to_the_job_stops_it_gracefully_as_a_timeout(
+    tmp_path: Path,
+) -> None:
+    """SIGUSR1 to the whole group (the worker ignores it, as it does Ctrl-C): the build stops at
+    TensorRT's next step, a timeout whose reason says the job's time limit is near."""
+    journal = tmp_path / "time-limit.jsonl"
+    process = start_job(journal, "--silence", "3s")
+    try:
+        wait_for_text(journal, b"Computing profile costs")  # where the silent window begins
+        os.killpg(process.pid, signal.SIGUSR1)
+    finally:
+        code, err = ended(process)
+    assert code == 3, err
+    events = read_journal(journal).events
+    cancel = next(e for e in events if isinstance(e, CancelRequested))
+    assert (cancel.source, cancel.reason, cancel.timeout) == ("signal", TIME_LIMIT_REASON, True)
+    end = events[-1]
+    assert isinstance(end, BuildFinished), end
+    assert end.outcome is Outcome.TIMEOUT, end
+    assert "died" not in end.detail  # the worker lived to answer TensorRT's next step
