@@ -157,6 +157,8 @@ class ReceivedPoint:
     resource: dict[str, Any]
     count: int = 0
     exemplar_trace_ids: tuple[str, ...] = ()
+    bounds: tuple[float, ...] = ()
+    """A histogram's bucket bounds."""
 
 
 def decode_metrics(request: metrics_service_pb2.ExportMetricsServiceRequest) -> list[ReceivedPoint]:
@@ -186,6 +188,7 @@ def decode_metrics(request: metrics_service_pb2.ExportMetricsServiceRequest) -> 
                             resource=resource,
                             count=count,
                             exemplar_trace_ids=tuple(e.trace_id.hex() for e in point.exemplars),
+                            bounds=tuple(point.explicit_bounds) if kind == "histogram" else (),
                         )
                     )
     return points

@@ -213,6 +213,8 @@ def test_markdown_names_the_outcome_the_phases_and_the_cancel_and_keeps_names_in
     text = done.stdout
     assert "**cancellation** in 4.8s" in text
     assert "> Cancelled by **file** at 4.0s:" in text
+    cancel_line = next(line for line in text.splitlines() if "Cancelled by" in line)
+    assert cancel_line.endswith("; stopped 800 ms later"), cancel_line  # 4.0 s to its end at 4.8 s
     table = [line for line in text.splitlines() if line.startswith("| Building engine")]
     assert table, text
     # The name's pipe, backticks, stars and tags are escaped: the row keeps its 8 cells.

@@ -5,9 +5,10 @@ The series are the very ones ``/metrics`` shows: each metric family of the regis
 asynchronous instrument of the SDK, observed from one registry collection per export cycle, with
 the same name and labels (a counter under its family's name, as OTLP-to-Prometheus translation
 adds ``_total`` back), and a unit read from the name's suffix (``_seconds`` is ``s``). The
-``trt_build_duration_seconds`` histogram is recorded once, when the build has ended, into a
-histogram with the same buckets, in the context of the build's trace, so the OTLP point carries
-the trace id as its exemplar, as the OpenMetrics one does.
+``trt_build_duration_seconds`` and ``trt_build_cancel_latency_seconds`` histograms are each
+recorded once, when the build has ended, into a histogram with the same buckets, in the context of
+the build's trace, so the duration's OTLP point carries the trace id as its exemplar, as the
+OpenMetrics one does.
 
 The SDK's ``PeriodicExportingMetricReader`` pushes every ``interval_s`` on its own thread; at
 the end one more collection is flushed, within a deadline. Nothing runs on TensorRT's threads.
@@ -39,10 +40,18 @@ from trt_otel.core.version import __version__
 from trt_otel.views.conventions import SCHEMA_URL
 from trt_otel.views.otlp_http import AcceptedOn2xx
 from trt_otel.views.otlp_settings import GRPC, OtlpSettings, unreachable_because
-from trt_otel.views.prometheus import DURATION_BUCKETS_S
+from trt_otel.views.prometheus import CANCEL_LATENCY_BUCKETS_S, DURATION_BUCKETS_S
 from trt_otel.views.resource import detect_resource
 
 DURATION = "trt_build_duration_seconds"
+CANCEL_LATENCY = "trt_build_cancel_latency_seconds"
+
+HISTOGRAMS: dict[str, tuple[tuple[float, ...], str]] = {
+    DURATION: (DURATION_BUCKETS_S, "How long builds took"),
+    CANCEL_LATENCY: (CANCEL_LATENCY_BUCKETS_S, "How long cancelled builds took to stop"),
+}
+"""The registry's histograms, each observed once per build, when it ended: their buckets and
+description."""
 
 UNITS = (
     ("_seconds", "s"),
@@ -156,11 +165,10 @@ class OtlpMetricsExport:
             metric_readers=[self._reader],
             views=[
                 View(
-                    instrument_name=DURATION,
-                    aggregation=ExplicitBucketHistogramAggregation(
-                        [float(bound) for bound in DURATION_BUCKETS_S]
-                    ),
+                    instrument_name=name,
+                    aggregation=ExplicitBucketHistogramAggregation([float(b) for b in buckets]),
                 )
+                for name, (buckets, _) in HISTOGRAMS.items()
             ],
             shutdown_on_exit=False,
         )
@@ -169,7 +177,7 @@ class OtlpMetricsExport:
         self._instruments: set[str] = set()
         self._snapshot: dict[str, list[Observation]] = {}
         self._snapshot_at = float("-inf")
-        self._duration: Histogram | None = None
+        self._histograms: dict[str, Histogram] = {}
         self._recorded: set[str] = set()
         self._stopping: threading.Thread | None = None
         self._stop_by = 0.0
@@ -212,8 +220,8 @@ class OtlpMetricsExport:
         families: dict[str, tuple[str, str]] = {}
         for family in self._registry.collect():
             if family.type == "histogram":
-                if family.name == DURATION:
-                    self._record_duration(family.samples)
+                if family.name in HISTOGRAMS:
+                    self._record_once(family.name, family.samples)
                 continue
             for sample in family.samples:
                 if sample.name.endswith("_created"):
@@ -231,28 +239,30 @@ class OtlpMetricsExport:
             self._snapshot_at = time.monotonic()
         return families
 
-    def _record_duration(self, samples: list[Sample]) -> None:
-        """The ended build's duration, recorded once, in its trace's context (the exemplar)."""
-        total = next((s for s in samples if s.name == f"{DURATION}_sum"), None)
+    def _record_once(self, name: str, samples: list[Sample]) -> None:
+        """The ended build's observation of histogram ``name``, recorded once, in its trace's
+        context where it has one (the exemplar)."""
+        total = next((s for s in samples if s.name == f"{name}_sum"), None)
         exemplar = next((s.exemplar for s in samples if s.exemplar is not None), None)
         if total is None:
             return
         labels = {k: v for k, v in total.labels.items() if k != "le"}
-        key = f"{sorted(labels.items())}/{exemplar.labels if exemplar else ''}"
+        key = f"{name}/{sorted(labels.items())}/{exemplar.labels if exemplar else ''}"
         with self._lock:
             if key in self._recorded:
                 return
             self._recorded.add(key)
-            if self._duration is None:
-                self._duration = self._meter.create_histogram(
-                    DURATION, unit="s", description="How long builds took"
+            if name not in self._histograms:
+                self._histograms[name] = self._meter.create_histogram(
+                    name, unit=unit_of(name), description=HISTOGRAMS[name][1]
                 )
+            histogram = self._histograms[name]
         context = None
         if exemplar is not None:
             trace_id = int(exemplar.labels["trace_id"], 16)
             span = SpanContext(trace_id, 1, False, TraceFlags(TraceFlags.SAMPLED))
             context = set_span_in_context(NonRecordingSpan(span))
-        self._duration.record(total.value, labels, context=context)
+        histogram.record(total.value, labels, context=context)
 
     def begin_shutdown(self, timeout_s: float) -> None:
         """Start the final export (what the build ended with) and the SDK's shutdown on a

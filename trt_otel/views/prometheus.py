@@ -104,6 +104,9 @@ class BuildSample:
     liveness: str | None = None
     duration_s: float | None = None
     """How long the build took, once it ended."""
+    cancel_latency_s: float | None = None
+    """From the cancel's request to the build's end (its journal's ``build_end``, written once
+    the builder's process has stopped), once a cancelled build ended."""
     backend: str = ""
     trace_id: str | None = None
     """The build's trace id (32 hex digits), for the duration's exemplar."""
@@ -205,10 +208,13 @@ def _duration(state: BuildState, attributes: dict[str, Any]) -> dict[str, Any]:
     if state.outcome is None or state.end_mono_ns is None or state.start_mono_ns is None:
         return {}
     trace_id, _ = build_trace_id(attributes, state.build_id or "")
-    return {
+    ended: dict[str, Any] = {
         "duration_s": (state.end_mono_ns - state.start_mono_ns) / 1e9,
         "trace_id": f"{trace_id:032x}",
     }
+    if state.cancel is not None:
+        ended["cancel_latency_s"] = max(0, state.end_mono_ns - state.cancel.mono_ns) / 1e9
+    return ended
 
 
 def _seconds(ns: int | None) -> float | None:
@@ -294,6 +300,8 @@ def build_metrics(sample: BuildSample) -> Iterable[Metric]:
     yield cancellations
     if sample.duration_s is not None:
         yield duration_histogram(sample)
+    if sample.cancel_latency_s is not None:
+        yield cancel_latency_histogram(sample)
     if sample.info:
         yield InfoMetricFamily(
             "trt_build", "What was built, and with what", value=dict(sample.info)
@@ -405,6 +413,31 @@ def duration_histogram(sample: BuildSample) -> Metric:
                 bucket = (*bucket, exemplar)
         buckets.append(bucket)
     histogram.add_metric([sample.backend, sample.state], buckets=buckets, sum_value=duration)
+    return histogram
+
+
+CANCEL_LATENCY_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 8, 10, 15, 30, 60, 120, 300)
+"""``trt_build_cancel_latency_seconds``'s buckets: a step away is well under a second, a silent
+window ends at the grace period (30 s by default); 8 s is the stop a CI runner allows between
+its SIGINT and its SIGTERM."""
+
+
+def cancel_latency_histogram(sample: BuildSample) -> Metric:
+    """``trt_build_cancel_latency_seconds{backend,reason}``: how long a cancelled build took to
+    stop, from the request to its end, as one observation, by who asked (``reason``, as
+    ``trt_build_cancellations_total``'s)."""
+    assert sample.cancel_latency_s is not None and sample.cancel_reason is not None
+    latency = sample.cancel_latency_s
+    histogram = HistogramMetricFamily(
+        "trt_build_cancel_latency_seconds",
+        "How long cancelled builds took to stop, from the request to the build's end",
+        labels=["backend", "reason"],
+    )
+    buckets = [
+        ("+Inf" if bound == float("inf") else repr(float(bound)), 1.0 if latency <= bound else 0.0)
+        for bound in (*CANCEL_LATENCY_BUCKETS_S, float("inf"))
+    ]
+    histogram.add_metric([sample.backend, sample.cancel_reason], buckets=buckets, sum_value=latency)
     return histogram
 
 

@@ -181,7 +181,13 @@ def _notes(report: BuildReport) -> str:
         cancel = report.cancel
         notes.append(
             f"Cancelled by <b>{e(cancel.source)}</b> at {e(seconds_text(cancel.at_s))}: "
-            f"{e(cancel.reason)}" + (f" ({e(cancel.policy)})" if cancel.policy else "")
+            f"{e(cancel.reason)}"
+            + (f" ({e(cancel.policy)})" if cancel.policy else "")
+            + (
+                f"; stopped {e(seconds_text(cancel.stopped_after_s))} later"
+                if cancel.stopped_after_s is not None
+                else ""
+            )
         )
     if report.detail:
         notes.append(f"Ended: {e(report.detail)}")

@@ -67,7 +67,12 @@ def _build(report: BuildReport, builds: int) -> list[str]:
         cancel = report.cancel
         out += [
             f"> Cancelled by **{md(cancel.source)}** at {seconds_text(cancel.at_s)}: "
-            f"{md(cancel.reason)}",
+            f"{md(cancel.reason)}"
+            + (
+                f"; stopped {seconds_text(cancel.stopped_after_s)} later"
+                if cancel.stopped_after_s is not None
+                else ""
+            ),
             "",
         ]
     if report.detail:

@@ -86,6 +86,9 @@ class CancelMark:
     source: str
     reason: str
     policy: str
+    stopped_after_s: float | None = None
+    """From the cancel to the build's end (``trt_build_cancel_latency_seconds``); None while the
+    build has not ended."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +268,9 @@ class BuildRecorder:
                 source=clip(cancel.source, 100),
                 reason=clip(cancel.reason),
                 policy=clip(cancel.policy),
+                stopped_after_s=None
+                if state.end_mono_ns is None
+                else max(0, state.end_mono_ns - cancel.mono_ns) / 1e9,
             ),
             series=_series(process, self._gpu, origin, end_ns),
             steps=state.steps_completed_total,
