@@ -23,6 +23,7 @@ from trt_otel.app.arguments import (
     observability_config,
     policy_config,
     session_config,
+    stop_budget,
 )
 from trt_otel.app.cli import main
 from trt_otel.app.commands import DemoCommand, build_parser, command_of
@@ -36,6 +37,7 @@ from trt_otel.app.config import (
     SessionConfig,
     SpanConfig,
     UsageError,
+    signal_grace_s,
 )
 from trt_otel.control.policies import AnyOf, CancelFile, Stall, Timeout
 
@@ -121,6 +123,33 @@ def test_the_policy_config_makes_the_policy() -> None:
     combined = PolicyConfig(stall_timeout_s=3.0, cancel_file=Path("f")).policy()
     assert isinstance(combined, AnyOf)
     assert [type(p) for p in combined.leaves()] == [Stall, CancelFile]
+
+
+def test_a_signal_s_grace_is_what_the_stop_budget_leaves_after_the_flush() -> None:
+    def grace(budget_s: float, flush_s: float = 3.0, grace_s: float = 30.0) -> float:
+        return signal_grace_s(
+            SessionConfig(
+                observe=ObservabilityConfig(spans=SpanConfig(flush_timeout_s=flush_s)),
+                policy=PolicyConfig(grace_s=grace_s, stop_budget_s=budget_s),
+            )
+        )
+
+    assert grace(7.5) == 3.5  # the defaults: 7.5 s less a 3 s flush and 1 s to end the journal
+    assert grace(30.0, flush_s=5.0) == 24.0
+    assert grace(600.0, grace_s=30.0) == 30.0  # never longer than --grace
+    assert grace(2.0) == 0.5  # at least a moment for TensorRT's next step
+
+
+def test_the_stop_budget_is_the_option_else_the_environment_else_the_default() -> None:
+    assert stop_budget(4.0, {"TRT_OTEL_STOP_BUDGET": "9s"}) == 4.0
+    assert stop_budget(None, {"TRT_OTEL_STOP_BUDGET": "25s"}) == 25.0
+    assert stop_budget(None, {"TRT_OTEL_STOP_BUDGET": " "}) == 7.5
+    assert stop_budget(None, {}) == 7.5
+    with pytest.raises(UsageError, match=r"\$TRT_OTEL_STOP_BUDGET='soon'"):
+        stop_budget(None, {"TRT_OTEL_STOP_BUDGET": "soon"})
+    parser = argparse.ArgumentParser()
+    add_policy_options(parser)
+    assert policy_config(parser.parse_args(["--stop-budget", "1m"])).stop_budget_s == 60.0
 
 
 def test_builder_options_are_checked_together() -> None:

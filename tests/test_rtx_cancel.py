@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from otlp_receiver import OtlpReceiver
 from prometheus_server import free_port
 from rtx_builds import RESIDUAL_SHAPES, SILENT_BLOCKS, import_rtx, write_residual
 from trt_otel import read_journal
@@ -206,6 +207,37 @@ def test_ctrl_c_stops_a_real_build(launch: Launcher) -> None:
     assert not build.engine.exists()
 
 
+GITHUB_ACTIONS_STOP = ((signal.SIGINT, 7.5), (signal.SIGTERM, 2.5), (signal.SIGKILL, 0.0))
+"""How a GitHub Actions runner stops a cancelled job: SIGINT, SIGTERM 7.5 s later, and SIGKILL
+of the process tree 2.5 s after that."""
+
+
+def test_a_runner_s_stop_ends_the_journal_and_the_spans_before_its_sigterm(
+    launch: Launcher, receiver: OtlpReceiver
+) -> None:
+    """The first signal of a cancelled CI job, in the silent window, with the defaults: the
+    build stops within the stop budget (its grace is what the budget leaves after the flush),
+    so its journal ends and its spans arrive before the runner's SIGTERM would come."""
+    build = launch.start("--otlp-endpoint", f"http://127.0.0.1:{receiver.http_port}")
+    build.wait_for_silent_window()
+    sent = []
+    for number, wait_s in GITHUB_ACTIONS_STOP:
+        build.process.send_signal(number)
+        sent.append(number)
+        try:
+            build.process.wait(wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    assert sent == [signal.SIGINT], f"still running when the runner sent {sent[-1].name}"
+    assert build.finish() == 130, build.stderr
+    end = build.end()
+    assert end.outcome == "cancellation"
+    names = {span.name for span in receiver.spans}
+    assert {"Building engine", SILENT_PHASE} <= names, names  # sent before the process ended
+    assert not build.engine.exists()
+
+
 # -- alive or hung: the builder's process decides what a stall is -------------------------------
 
 
@@ -266,7 +298,7 @@ def test_max_memory_stops_a_real_build_whose_memory_rises_past_it(launch: Launch
 def test_sigterm_cancels_a_real_build_at_its_next_step_and_exits_3(launch: Launcher) -> None:
     """What a deleted Kubernetes Job does to its build (deploy/k8s/): the kubelet's SIGTERM is
     a cancel with its reason, landing at TensorRT's next step, not a kill."""
-    build = launch.start("--grace", "5m")
+    build = launch.start("--grace", "5m", "--stop-budget", "5m")
     build.wait_for_silent_window()
     build.process.send_signal(signal.SIGTERM)
     assert build.finish() == 3, build.stderr

@@ -48,7 +48,7 @@ def test_sigterm_to_the_whole_process_group_in_a_silent_window_is_a_cancel(
     """``scancel`` signals every process of the job, the build's worker too, which dies of it at
     once: a cancel with the signal's name, exit 3, not "the build's process died"."""
     journal = tmp_path / "scancelled.jsonl"
-    process = start_job(journal, "--silence", "10m", "--grace", "10m")
+    process = start_job(journal, "--silence", "10m", "--grace", "10m", "--stop-budget", "10m")
     try:
         wait_for_silence(journal)
         os.killpg(process.pid, signal.SIGTERM)

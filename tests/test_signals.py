@@ -29,7 +29,7 @@ def test_a_second_sigterm_stops_at_once_and_is_still_a_cancel(
     extra = ["--in-process"] if in_process else []
     process = subprocess.Popen(
         [*CLI, "demo", "--no-progress", "--no-gpu", "--speed", "0", "--silence", "10m",
-         "--grace", "10m", "--journal", str(journal), *extra],
+         "--grace", "10m", "--stop-budget", "10m", "--journal", str(journal), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

@@ -16,7 +16,7 @@ import math
 import os
 import re
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -45,7 +45,12 @@ from trt_otel.builder.options import (
 )
 from trt_otel.capture.supervisor import DEFAULT_GRACE_S
 from trt_otel.control import registry
-from trt_otel.control.defaults import SAMPLE_INTERVAL_S, SAMPLES_PER_STALL
+from trt_otel.control.defaults import (
+    SAMPLE_INTERVAL_S,
+    SAMPLES_PER_STALL,
+    STOP_BUDGET_ENV,
+    STOP_BUDGET_S,
+)
 from trt_otel.control.registry import Option
 from trt_otel.core import sizes
 from trt_otel.core.durations import (
@@ -458,6 +463,16 @@ def add_policy_options(parser: argparse.ArgumentParser) -> Group:
         help="time a cancelled build gets to stop at TensorRT's next step before its process "
         f"is terminated (default: {DEFAULT_GRACE_S:g}s)",
     )
+    group.add_argument(
+        "--stop-budget",
+        type=positive_seconds,
+        default=None,
+        metavar="DURATION",
+        help="how long a stop asked for by a signal (Ctrl-C, SIGTERM, a scheduler's) may take "
+        "in all, to the journal's end and the spans' flush, before the next, harder signal "
+        f"comes (default: ${STOP_BUDGET_ENV}, else {STOP_BUDGET_S:g}s, GitHub Actions' "
+        "SIGINT to SIGTERM)",
+    )
     return group
 
 
@@ -501,7 +516,21 @@ def policy_config(args: argparse.Namespace) -> PolicyConfig:
         settings = entry.config(**values)
         if entry.enabled(settings):
             more.append(settings)
-    return PolicyConfig(**fields, grace_s=args.grace, more=tuple(more))
+    budget = stop_budget(getattr(args, "stop_budget", None), os.environ)
+    return PolicyConfig(**fields, grace_s=args.grace, stop_budget_s=budget, more=tuple(more))
+
+
+def stop_budget(given: float | None, environ: Mapping[str, str]) -> float:
+    """``--stop-budget``, else ``$TRT_OTEL_STOP_BUDGET`` (a duration), else the default."""
+    if given is not None:
+        return given
+    text = environ.get(STOP_BUDGET_ENV, "").strip()
+    if not text:
+        return STOP_BUDGET_S
+    try:
+        return positive_seconds(text)
+    except argparse.ArgumentTypeError as error:
+        raise UsageError(f"${STOP_BUDGET_ENV}={text!r}: {error}") from None
 
 
 def add_in_process_option(group: Group) -> None:

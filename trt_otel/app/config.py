@@ -18,7 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from trt_otel.capture.supervisor import DEFAULT_GRACE_S
 from trt_otel.control import registry
-from trt_otel.control.defaults import DEFAULT_MARGIN, SAMPLE_INTERVAL_S
+from trt_otel.control.defaults import (
+    DEFAULT_MARGIN,
+    SAMPLE_INTERVAL_S,
+    STOP_BUDGET_S,
+    STOP_RESERVE_S,
+)
 from trt_otel.control.registry import PolicyEntry
 from trt_otel.views.otlp_settings import (
     DEFAULT_FOLD_UNDER_NS,
@@ -72,6 +77,9 @@ class PolicyConfig:
     grace_s: float = DEFAULT_GRACE_S
     """Time a cancelled build gets to stop at TensorRT's next step before its process is
     stopped from outside."""
+    stop_budget_s: float = STOP_BUDGET_S
+    """How long a stop asked for by a signal may take in all, to the journal's end and the
+    spans' flush: its grace is what is left of it (see :func:`signal_grace_s`)."""
     more: tuple[object, ...] = ()
     """The settings of registered policies that have no fields above, one of each at most."""
 
@@ -255,6 +263,15 @@ class SessionConfig:
     in_process: bool = False
     """Build in the calling process: no worker to stop from outside, so a cancel takes effect
     at TensorRT's next step only."""
+
+
+def signal_grace_s(config: SessionConfig) -> float:
+    """The grace of a cancel by a signal: the stop budget less the spans' final flush and a
+    reserve for stopping the builder's process and ending the journal; never more than
+    ``--grace``, and at least half a second for TensorRT's next step."""
+    flush_s = config.observe.spans.flush_timeout_s
+    left_s = config.policy.stop_budget_s - flush_s - STOP_RESERVE_S
+    return max(0.5, min(config.policy.grace_s, left_s))
 
 
 def default_state_dir() -> Path:

@@ -25,7 +25,7 @@ from trt_otel.app.components import (
     open_journal,
     sampling,
 )
-from trt_otel.app.config import SessionConfig
+from trt_otel.app.config import SessionConfig, signal_grace_s
 from trt_otel.app.run import resolve_command, run_program
 from trt_otel.app.run_span import RunSpan
 from trt_otel.capture.gpu import GpuReader
@@ -52,7 +52,14 @@ def run_program_session(command: Sequence[str], config: SessionConfig) -> int:
     run_span = RunSpan.start(argv)
     with observed_builds(config, {"program.command": shlex.join(argv)}, run=run_span) as builds:
         env = run_span.environment(os.environ)  # the program joins the run's trace
-        ended = run_program(argv, builds, grace_s=config.policy.grace_s, say=say, env=env)
+        ended = run_program(
+            argv,
+            builds,
+            grace_s=config.policy.grace_s,
+            signal_grace_s=signal_grace_s(config),
+            say=say,
+            env=env,
+        )
         run_span.exit_code = ended.exit_code
     if config.observe.journal is not None:
         say(f"journal: {config.observe.journal}")

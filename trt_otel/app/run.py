@@ -131,8 +131,10 @@ def run_program(
     say: Say,
     env: dict[str, str] | None = None,
     poll_s: float = 0.1,
+    signal_grace_s: float | None = None,
 ) -> ProgramExit:
-    """Run ``command`` with its builds recorded into ``builds``; returns how it ended."""
+    """Run ``command`` with its builds recorded into ``builds``; returns how it ended. Once a
+    signal has asked to stop, ``signal_grace_s`` (the stop budget's share) is the grace."""
     argv = resolve_command(command)
     channel = ProgramChannel(builds, warn=lambda m: say(f"warning: {m}"))
     try:
@@ -165,6 +167,8 @@ def run_program(
                     continue
                 if signals.terminated and terminated_at is None:
                     terminated_at = time.monotonic()
+                if (signals.terminated or signals.interrupts) and signal_grace_s is not None:
+                    grace_s = min(grace_s, signal_grace_s)
                 overdue = builds.overdue(grace_s)
                 if overdue is not None:
                     stopped_why = _stop_overdue(

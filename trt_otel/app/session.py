@@ -31,7 +31,7 @@ from trt_otel.app.components import (
     open_journal,
     sampling,
 )
-from trt_otel.app.config import ObservabilityConfig, SessionConfig, UsageError
+from trt_otel.app.config import ObservabilityConfig, SessionConfig, UsageError, signal_grace_s
 from trt_otel.builder.build import BuildJob, BuildResult, partial_files, run_build_job
 from trt_otel.builder.provenance import FINGERPRINT, fingerprint
 from trt_otel.capture.monitor import BuildMonitor
@@ -200,16 +200,16 @@ def _build(
         if config.in_process:
             watch(os.getpid())
             return run_build_job(monitor, job), False
-        grace_s = config.policy.grace_s
         isolated = run_isolated(
             run_build_job,
             job,
             monitor=monitor,
-            grace_s=grace_s,
+            grace_s=config.policy.grace_s,
+            signal_grace_s=signal_grace_s(config),
             backend=job.monitor_backend,
             on_start=watch,
         )
-        return _conclude(monitor, isolated, job, grace_s, signals), isolated.interrupted
+        return _conclude(monitor, isolated, job, signals), isolated.interrupted
     except StopNow as stop:  # in-process: nothing to stop but this build, which ends here
         detail = f"received {stop.signal_name} again: stopped at once"
         monitor.cancel(f"received {stop.signal_name}", source=CancelSource.SIGNAL)
@@ -242,11 +242,7 @@ def exit_code_of(outcome: Outcome) -> int:
 
 
 def _conclude(
-    monitor: BuildMonitor,
-    isolated: IsolatedResult,
-    job: BuildJob,
-    grace_s: float,
-    signals: _SignalState,
+    monitor: BuildMonitor, isolated: IsolatedResult, job: BuildJob, signals: _SignalState
 ) -> BuildResult:
     """Record how the worker ended, as the build's outcome."""
     if isolated.returned and isinstance(isolated.value, BuildResult):
@@ -274,7 +270,8 @@ def _conclude(
             return BuildResult(Outcome.CANCELLATION, detail, None, 0)
         outcome = Outcome.TIMEOUT if cancel.timeout else Outcome.CANCELLATION
         detail = (
-            f"{cancel.reason}; TensorRT had not stopped {format_duration(grace_s)} later, "
+            f"{cancel.reason}; TensorRT had not stopped {format_duration(isolated.grace_s)} "
+            "later, "
             f"so its process was stopped with {isolated.stopped_with}"
         )
         monitor.end(outcome, detail)

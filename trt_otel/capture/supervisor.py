@@ -57,7 +57,7 @@ from trt_otel.capture.transport import (
     SpoolWriter,
     encode_frame,
 )
-from trt_otel.core.events import CancelRequested, Outcome
+from trt_otel.core.events import CancelRequested, CancelSource, Outcome
 from trt_otel.core.exiting import exit_without_teardown
 from trt_otel.core.log import current_thread_name
 
@@ -112,6 +112,8 @@ class IsolatedResult:
     pid: int | None
     stopped_now: str | None = None
     """Stopped at once on a second signal that is not the user's (``SIGTERM``)."""
+    grace_s: float = DEFAULT_GRACE_S
+    """The grace the cancel had before the worker was stopped (a signal's may be shorter)."""
 
     @property
     def died(self) -> str | None:
@@ -516,6 +518,7 @@ def run_isolated(
     poll_s: float = 0.1,
     backend: str | None = None,
     on_start: Callable[[int], None] | None = None,
+    signal_grace_s: float | None = None,
 ) -> IsolatedResult:
     """Run ``target(worker_monitor, *args)`` in a worker process, with ``monitor`` (here) fed
     every event of the worker's monitor.
@@ -528,10 +531,12 @@ def run_isolated(
     SIGTERM), which the result tells apart (``stopped_now``). ``backend`` names the library the
     worker's monitor is an ``IProgressMonitor`` of (``tensorrt``, ``tensorrt-rtx``, ``none``;
     None: the default one). ``on_start`` is told the worker's process id once it runs (the
-    builder's process sampler watches it).
+    builder's process sampler watches it). ``signal_grace_s`` is the grace of a cancel by a
+    signal (its source ``signal``), when a scheduler's budget for a stop is shorter than
+    ``grace_s``: the next signal it sends is harder.
     """
     context = multiprocessing.get_context("spawn")  # CUDA does not survive a fork
-    cancel = _CancelChannel(context, monitor)
+    cancel = _CancelChannel(context, monitor, grace_s, signal_grace_s)
     flag, note = cancel.flag, cancel.note
     # The spool: created here, opened by the worker, and unlinked as soon as it has (so
     # nothing is left behind, whoever dies); this process reads it through its own descriptor.
@@ -558,9 +563,8 @@ def run_isolated(
         pipe_reader.start()
         replay.thread.start()
         spool_path, ending = _until_the_worker_ends(
-            process, inbox, spool_path, cancel, grace_s=grace_s, kill_after_s=kill_after_s,
-            poll_s=poll_s,
-        )  # fmt: skip
+            process, inbox, spool_path, cancel, kill_after_s=kill_after_s, poll_s=poll_s
+        )
         replay.worker_ended.set()
         # What the worker recorded before it ended is all in the spool: replay every frame,
         # however far behind, as long as the replay is moving.
@@ -573,10 +577,10 @@ def run_isolated(
         os.close(spool_fd)
         if spool_path:
             _unlink(spool_path)
-    return _result(process, inbox, ending)
+    return _result(process, inbox, ending, cancel.grace_s)
 
 
-def _result(process: Any, inbox: _Inbox, ending: _Ending) -> IsolatedResult:
+def _result(process: Any, inbox: _Inbox, ending: _Ending, grace_s: float) -> IsolatedResult:
     if inbox.garbled is not None and not inbox.returned and process.exitcode == 0:
         inbox.error_type, inbox.error = "WorkerProtocolError", inbox.garbled
     return IsolatedResult(
@@ -589,6 +593,7 @@ def _result(process: Any, inbox: _Inbox, ending: _Ending) -> IsolatedResult:
         interrupted=ending.interrupted,
         stopped_now=ending.stopped_now,
         pid=process.pid,
+        grace_s=grace_s,
     )
 
 
@@ -649,12 +654,17 @@ def _no_resource_tracker() -> Iterator[None]:
 class _CancelChannel:
     """How a cancel decided here reaches the worker: raw shared memory, no lock (one writer,
     this process), a note of the decision and a byte flag written last, which the worker's
-    ``step_complete`` reads. ``cancelled_at``: when, for the grace period."""
+    ``step_complete`` reads. ``cancelled_at``: when, for the grace period; ``grace_s``: that
+    cancel's grace (a signal's, where one is given, else the build's)."""
 
-    def __init__(self, context: Any, monitor: BuildMonitor) -> None:
+    def __init__(
+        self, context: Any, monitor: BuildMonitor, grace_s: float, signal_grace_s: float | None
+    ) -> None:
         self.flag: Any = context.Value(ctypes.c_byte, 0, lock=False)
         self.note: Any = context.Array(ctypes.c_char, _NOTE_BYTES, lock=False)
         self.cancelled_at: float | None = None
+        self.grace_s = grace_s
+        self._signal_grace_s = signal_grace_s
         monitor.on_cancel(self.pass_on)
         if monitor.cancelled:  # cancelled before the worker existed: it must not start building
             self.flag.value = 1
@@ -669,6 +679,8 @@ class _CancelChannel:
         }
         self.note.value = json.dumps(payload).encode()[: _NOTE_BYTES - 1]
         self.flag.value = 1
+        if event.source == CancelSource.SIGNAL and self._signal_grace_s is not None:
+            self.grace_s = min(self.grace_s, self._signal_grace_s)
         # Told once: a monitor tells its listeners of its first cancel only.
         self.cancelled_at = time.monotonic()
 
@@ -688,7 +700,6 @@ def _until_the_worker_ends(
     spool_path: str,
     cancel: _CancelChannel,
     *,
-    grace_s: float,
     kill_after_s: float,
     poll_s: float,
 ) -> tuple[str, _Ending]:
@@ -697,9 +708,7 @@ def _until_the_worker_ends(
     the spool's path to unlink, and how the worker was stopped."""
     ending = _Ending()
     try:
-        spool_path = _wait_for_worker(
-            process, inbox, spool_path, cancel, grace_s=grace_s, poll_s=poll_s
-        )
+        spool_path = _wait_for_worker(process, inbox, spool_path, cancel, poll_s=poll_s)
         if process.is_alive():  # the grace period has passed
             ending.stopped_with = _stop(process, kill_after_s)
     except StopNow as stop:
@@ -717,7 +726,6 @@ def _wait_for_worker(
     spool_path: str,
     cancel: _CancelChannel,
     *,
-    grace_s: float,
     poll_s: float,
 ) -> str:
     """Until the worker ends, or a cancel's grace period has passed; the spool's path is
@@ -726,7 +734,8 @@ def _wait_for_worker(
         process.join(poll_s)
         if spool_path and inbox.spool_open.is_set():
             spool_path = _unlink(spool_path)
-        if cancel.cancelled_at is not None and time.monotonic() - cancel.cancelled_at >= grace_s:
+        cancelled_at = cancel.cancelled_at
+        if cancelled_at is not None and time.monotonic() - cancelled_at >= cancel.grace_s:
             break
     return spool_path
 

@@ -19,3 +19,14 @@ SAMPLES_PER_STALL = 2
 """A stall counted on activity needs at least this many of the builder's process samples within
 its timeout: work is measured between two samples, so a window with fewer cannot see a builder
 that computes, and would stop it as if it were hung."""
+
+STOP_BUDGET_S = 7.5
+"""How long a stop asked for by a signal may take, unless told (``--stop-budget``,
+``TRT_OTEL_STOP_BUDGET``): GitHub Actions sends SIGTERM 7.5 s after a cancelled job's SIGINT,
+and kills its processes 2.5 s later; Kubernetes and SLURM allow 30 s by default."""
+
+STOP_BUDGET_ENV = "TRT_OTEL_STOP_BUDGET"
+
+STOP_RESERVE_S = 1.0
+"""Of a signal's stop budget, what is kept for stopping the builder's process and ending the
+journal, besides the final flush of the spans."""
