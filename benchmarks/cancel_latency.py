@@ -56,6 +56,8 @@ class Stop:
     exit_s: float | None = None
     journal_s: float | None = None
     in_silence: bool = False
+    ended_first: bool = False
+    """The build ended before its request was sent: no stop to time (not a loss)."""
     lost: list[str] = field(default_factory=list)
 
 
@@ -82,6 +84,7 @@ def main() -> int:
             stop = _cancel_one(model, root / f"b{index}", path, rng.uniform(0.05, 0.95) * length_s)
             stops.append(stop)
             silence = "  in silence" if stop.in_silence else ""
+            silence += "  ended before its request" if stop.ended_first else ""
             lost = "  LOST: " + "; ".join(stop.lost) if stop.lost else ""
             print(f"  {path:14s} at {stop.at_s:5.1f}s  exit {_text(stop.exit_s)}  journal "
                   f"{_text(stop.journal_s)}{silence}{lost}", flush=True)  # fmt: skip
@@ -124,7 +127,7 @@ def _cancel_one(model: Path, folder: Path, path: str, at_s: float) -> Stop:
     if path != "timeout":
         try:
             process.wait(max(0.0, began + at_s - time.monotonic()))
-            stop.lost.append("the build ended before its cancel")
+            stop.ended_first = True
         except subprocess.TimeoutExpired:
             requested = time.monotonic()
             _request(path, process, sentinel, url_file)
@@ -183,8 +186,10 @@ def _check(
     if end is None:
         stop.lost.append("the journal never ends")
     if cancel is None:
-        if "the build ended before its cancel" not in stop.lost:
+        if not stop.ended_first:
             stop.lost.append(f"no cancel in the journal (exit {code}): {stderr[-200:]!r}")
+        elif code != 0:
+            stop.lost.append(f"ended before its cancel with exit {code}")
         return
     if end is not None:
         stop.journal_s = (end.mono_ns - cancel.mono_ns) / 1e9
