@@ -26,7 +26,12 @@ from opentelemetry.semconv._incubating.attributes.k8s_attributes import (
 )
 
 from otlp_receiver import OtlpReceiver
-from trt_otel.views.resource import detect_resource, gpu_attributes, kubernetes_attributes
+from trt_otel.views.resource import (
+    detect_resource,
+    gpu_attributes,
+    kubernetes_attributes,
+    slurm_attributes,
+)
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 POD = {
@@ -114,6 +119,44 @@ def test_kubernetes_values_that_are_not_names_are_left_out_and_said() -> None:
     )
     assert found == {K8S_POD_NAME: "ok-pod-1"}
     assert len(warnings) == 2 and all("is not a Kubernetes name" in w for w in warnings)
+    assert "\x1b" not in "".join(warnings)
+
+
+SLURM_JOB = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_ARRAY_JOB_ID": "4240",
+    "SLURM_ARRAY_TASK_ID": "2",
+    "SLURM_JOB_NAME": "engines resnet50",
+    "SLURM_CLUSTER_NAME": "gpu-east",
+    "SLURMD_NODENAME": "node-07",
+}
+
+
+def test_a_slurm_job_is_in_the_resource() -> None:
+    resource = detect_resource(environ=SLURM_JOB, detectors=())
+    assert {k: v for k, v in resource.attributes.items() if k.startswith("slurm.")} == {
+        "slurm.job.id": "4242",
+        "slurm.array.job.id": "4240",
+        "slurm.array.task.id": "2",
+        "slurm.job.name": "engines resnet50",
+        "slurm.cluster.name": "gpu-east",
+        "slurm.node.name": "node-07",
+    }
+
+
+def test_slurm_values_that_are_not_what_slurm_sets_are_left_out_and_said() -> None:
+    warnings: list[str] = []
+    found = slurm_attributes(
+        {
+            "SLURM_JOB_ID": "42; rm -rf /",
+            "SLURM_ARRAY_TASK_ID": "7",
+            "SLURM_JOB_NAME": "evil\x1b[2J",
+            "SLURMD_NODENAME": "n" * 300,
+        },
+        warnings.append,
+    )
+    assert found == {"slurm.array.task.id": "7"}
+    assert len(warnings) == 3 and all("is not what SLURM sets there" in w for w in warnings)
     assert "\x1b" not in "".join(warnings)
 
 

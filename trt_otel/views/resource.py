@@ -10,8 +10,10 @@ joins the three. Layers, each over the one before:
    SDK lacks is skipped;
 3. Kubernetes, from the variables a pod's manifest sets through the downward API: each is the
    attribute's own name in upper snake case (``K8S_POD_NAME`` for ``k8s.pod.name``);
-4. the build's GPU, where one is sampled, as ``hw.*``;
-5. what ``Resource.create()`` gives: ``service.instance.id``, the detectors named in
+4. SLURM, from the variables ``slurmd`` sets in a job's environment (``SLURM_JOB_ID`` for
+   ``slurm.job.id``, the array's job and task, the job's name, the cluster and the node);
+5. the build's GPU, where one is sampled, as ``hw.*``;
+6. what ``Resource.create()`` gives: ``service.instance.id``, the detectors named in
    ``OTEL_EXPERIMENTAL_RESOURCE_DETECTORS``, and ``OTEL_RESOURCE_ATTRIBUTES`` and
    ``OTEL_SERVICE_NAME`` on top of everything.
 
@@ -54,7 +56,13 @@ from opentelemetry.semconv.attributes.service_attributes import SERVICE_NAME, SE
 
 from trt_otel.core.version import __version__
 
-__all__ = ["DETECTORS", "KUBERNETES_ATTRIBUTES", "detect_resource", "environment_variable"]
+__all__ = [
+    "DETECTORS",
+    "KUBERNETES_ATTRIBUTES",
+    "SLURM_ATTRIBUTES",
+    "detect_resource",
+    "environment_variable",
+]
 
 SERVICE = "trt-otel"
 
@@ -62,6 +70,19 @@ DETECTORS = ("process", "os", "host", "containerid")
 """The entry points (group ``opentelemetry_resource_detector``) asked, in order."""
 
 KUBERNETES_ATTRIBUTES = (K8S_POD_NAME, K8S_POD_UID, K8S_NAMESPACE_NAME, K8S_NODE_NAME, K8S_JOB_NAME)
+
+SLURM_ATTRIBUTES = (
+    ("slurm.job.id", "SLURM_JOB_ID"),
+    ("slurm.array.job.id", "SLURM_ARRAY_JOB_ID"),
+    ("slurm.array.task.id", "SLURM_ARRAY_TASK_ID"),
+    ("slurm.job.name", "SLURM_JOB_NAME"),
+    ("slurm.cluster.name", "SLURM_CLUSTER_NAME"),
+    ("slurm.node.name", "SLURMD_NODENAME"),
+)
+"""The SLURM job a build runs in: each attribute and the variable ``slurmd`` sets for it."""
+_SLURM_NUMBER = re.compile(r"[0-9]{1,20}")
+_SLURM_NAME = re.compile(r"[\x21-\x7e]([\x20-\x7e]{0,254}[\x21-\x7e])?")
+"""Printable ASCII with no leading or trailing space, at most 256 characters."""
 
 _SECRET_PRONE = frozenset({PROCESS_COMMAND_LINE, PROCESS_COMMAND_ARGS})
 _KUBERNETES_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
@@ -101,6 +122,7 @@ def detect_resource(
     if container is not None and not _CONTAINER_ID.fullmatch(str(container)):
         del attributes[CONTAINER_ID]
     attributes.update(kubernetes_attributes(env, warn))
+    attributes.update(slurm_attributes(env, warn))
     attributes.update(gpu_attributes(build_attributes or {}))
     specified = Resource.create()
     on_top = dict(specified.attributes)
@@ -138,6 +160,22 @@ def kubernetes_attributes(environ: Mapping[str, str], warn: Warn | None = None) 
             found[attribute] = value
         elif warn is not None:
             warn(f"ignoring {variable}: {value[:64]!r} is not a Kubernetes name")
+    return found
+
+
+def slurm_attributes(environ: Mapping[str, str], warn: Warn | None = None) -> dict[str, str]:
+    """``slurm.*`` from a SLURM job's variables: ids are numbers, names printable text; a value
+    that is not is left out, and said once."""
+    found: dict[str, str] = {}
+    for attribute, variable in SLURM_ATTRIBUTES:
+        value = environ.get(variable, "").strip()
+        if not value:
+            continue
+        pattern = _SLURM_NAME if attribute.endswith(".name") else _SLURM_NUMBER
+        if pattern.fullmatch(value):
+            found[attribute] = value
+        elif warn is not None:
+            warn(f"ignoring {variable}: {value[:64]!r} is not what SLURM sets there")
     return found
 
 
