@@ -20,6 +20,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trt_otel.core.startup import native_import
+
 INPUT_NAME = "input"
 DEMO_SHAPES = "input:1x1x28x28,4x1x28x28,8x1x28x28"
 """``--shapes`` for the demo model."""
@@ -29,8 +31,12 @@ silent window (about 24 s on an idle x86-64 core)."""
 
 
 def _onnx() -> Any:
-    import onnx
-
+    """onnx, with numpy and the parts used here, first imported with Ctrl-C held: a Ctrl-C
+    while their native modules initialise crashes the interpreter (see native_import)."""
+    with native_import():
+        import numpy  # noqa: F401
+        import onnx
+        from onnx import helper, numpy_helper  # noqa: F401
     return onnx
 
 
@@ -71,6 +77,7 @@ def _finish(
 
 def demo_model_bytes() -> bytes:
     """Serialized ONNX of conv-relu-pool x2, then two fully connected layers and a softmax."""
+    _onnx()  # numpy and onnx first loaded with Ctrl-C held
     import numpy as np
     from onnx import helper, numpy_helper
 
@@ -114,6 +121,7 @@ def demo_model_bytes() -> bytes:
 
 def conv_net_bytes(layers: int = 8, channels: int = 8, size: int = 16, seed: int = 0) -> bytes:
     """A chain of ``layers`` 3x3 convolutions (same padding), each followed by a ReLU."""
+    _onnx()  # numpy and onnx first loaded with Ctrl-C held
     import numpy as np
     from onnx import helper
 
@@ -139,6 +147,7 @@ def residual_net_bytes(
 ) -> bytes:
     """``blocks`` residual blocks: ``x + relu(conv3x3(x))``. Weights are small so that the
     activations stay bounded however deep the net is."""
+    _onnx()  # numpy and onnx first loaded with Ctrl-C held
     import numpy as np
     from onnx import helper
 
@@ -163,6 +172,7 @@ def residual_net_bytes(
 
 
 def _max_pool(source: str, target: str, name: str) -> Any:
+    _onnx()  # numpy and onnx first loaded with Ctrl-C held
     from onnx import helper
 
     return helper.make_node(

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from trt_otel.core.startup import native_import
+
 
 @dataclass(frozen=True, slots=True)
 class Backend:
@@ -112,7 +114,8 @@ def default_backend() -> Backend | None:
 def import_module(backend: Backend) -> ModuleType:
     """Import the backend's module (ImportError, with how to install it, if it cannot be)."""
     try:
-        return importlib.import_module(backend.module)
+        with native_import():  # a Ctrl-C inside its pybind11 initialisation would crash
+            return importlib.import_module(backend.module)
     except ImportError as error:
         raise ImportError(
             f"{backend.title} is not installed or does not load ({error}); install it with "

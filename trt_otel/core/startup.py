@@ -9,7 +9,12 @@ handler back, and the command's own handling takes over.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
 
 STARTUP_GUARD = ("trt_otel", "_interrupted_starting")
 """The guard's module and name: how it is told from a handler someone else chose."""
@@ -22,3 +27,34 @@ def startup_done() -> None:
         STARTUP_GUARD
     ):
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@contextlib.contextmanager
+def native_import() -> Iterator[None]:
+    """Ctrl-C held while native extensions initialise (onnx's, TensorRT's, numpy's), and
+    delivered to whoever handled it before once they have: a KeyboardInterrupt raised inside a
+    pybind11 module's initialisation crashes the interpreter (SIGSEGV) instead of unwinding.
+    Only the main thread handles signals; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[FrameType | None] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        received.append(frame)
+
+    previous = signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            _deliver(previous, received[0])
+
+
+def _deliver(handler: object, frame: FrameType | None) -> None:
+    """The held Ctrl-C, as ``handler`` would have taken it."""
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+    elif handler == signal.SIG_DFL:
+        os.kill(os.getpid(), signal.SIGINT)

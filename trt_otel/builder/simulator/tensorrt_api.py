@@ -25,6 +25,7 @@ from trt_otel.builder.simulator.plan import (
     generate_rtx_plan,
     silent_step_index,
 )
+from trt_otel.core.startup import native_import
 
 SIMULATED_ENGINE_MAGIC = b"TRT-OTEL-SIMULATED-ENGINE\n"
 SIMULATOR_VERSION = "simulated"
@@ -232,7 +233,8 @@ class OnnxParser:
             return self.parse(handle.read(), model)
 
     def parse(self, model: bytes, path: str | None = None) -> bool:
-        import onnx  # imported here: only a simulated parse needs it
+        with native_import():  # imported here: only a simulated parse needs it
+            import onnx
 
         try:
             proto = onnx.load_model_from_string(model)
