@@ -1,6 +1,7 @@
-"""Shared fixtures: where the recorded TensorRT traces are, a reference reading of them, and a
-real OTLP receiver; and the guard that keeps ``make check``'s selection true: a test without the
-``e2e`` mark that starts a process or a real TensorRT-RTX build fails, saying so."""
+"""Shared fixtures: where the recorded TensorRT traces are, a reference reading of them, the
+demo's model, TensorRT-RTX's module, a real OTLP receiver and a Ray cluster; and the guard that
+keeps ``make check``'s selection true: a test without the ``e2e`` mark that starts a process or
+a real TensorRT-RTX build fails, saying so."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 from otlp_receiver import OtlpReceiver, otlp_receiver
 from ray_cluster import RayCluster
 from ray_cluster import ray_cluster as start_ray_cluster
+from rtx_builds import import_rtx
 from trt_otel.builder.onnx_models import demo_model_bytes
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -82,6 +84,13 @@ def mnist(tmp_path: Path) -> Path:
     path = tmp_path / "mnist.onnx"
     path.write_bytes(demo_model_bytes())
     return path
+
+
+@pytest.fixture(scope="module")
+def rtx() -> Any:
+    """TensorRT-RTX's module (``tensorrt_rtx``), imported once per module, or a skip that says
+    why it is missing."""
+    return import_rtx()
 
 
 @pytest.fixture

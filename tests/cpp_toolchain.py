@@ -1,17 +1,29 @@
 """Where the C++ monitor's builds find NVIDIA's headers: TensorRT's (beside the project, in
 ``../shared/third_party``) and CUDA's runtime (the dev extra's nvidia-cuda-runtime wheel), and
 the TensorRT-RTX libraries the C++ example links (the dev extra's tensorrt-rtx-cu12-libs
-wheel). For the C++ tests and the C++ benchmarks alike."""
+wheel). For the C++ tests and the C++ benchmarks alike; and, for the tests, what a missing
+toolchain is and how the test driver (``cpp/tests/driver.cpp``) is compiled."""
 
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TENSORRT_INCLUDE = REPO_ROOT.parent / "shared" / "third_party" / "tensorrt-11.1" / "include"
+CPP = REPO_ROOT / "cpp"
+WARNINGS = ["-Wall", "-Wextra", "-Werror", "-Wshadow", "-Wpedantic"]
+"""The warnings every C++ unit of the tests is compiled with (as errors)."""
+DRIVER_VARIANTS = {
+    "plain": ["-O1"],
+    "asan": ["-O1", "-fsanitize=address,undefined", "-fno-omit-frame-pointer"],
+    "tsan": ["-O1", "-fsanitize=thread"],
+}
+"""The test driver's variants: their optimization and sanitizer flags."""
 
 
 def cuda_include() -> Path | None:
@@ -21,6 +33,53 @@ def cuda_include() -> Path | None:
         if (candidate / "cuda_runtime_api.h").is_file():
             return candidate
     return None
+
+
+def missing_toolchain() -> str | None:
+    """Why the C++ monitor cannot be compiled here (no g++, no TensorRT or CUDA headers), or
+    None where it can."""
+    if shutil.which("g++") is None:
+        return "g++ is not installed (.ci/run installs it)"
+    if not (TENSORRT_INCLUDE / "NvInfer.h").is_file():
+        return (
+            f"NVIDIA's TensorRT headers are not at {TENSORRT_INCLUDE} (a clone outside the project)"
+        )
+    if cuda_include() is None:
+        return (
+            "no nvidia/cu13/include: install the dev extra (nvidia-cuda-runtime, nvidia-cuda-crt)"
+        )
+    return None
+
+
+def include_flags() -> list[str]:
+    """NVIDIA's headers as system headers, the monitor's own (``cpp/include``) as the unit's."""
+    return [
+        "-isystem",
+        str(TENSORRT_INCLUDE),
+        "-isystem",
+        str(cuda_include()),
+        f"-I{CPP / 'include'}",
+    ]
+
+
+def compile_driver(variant: str, directory: Path) -> Path:
+    """The test driver, compiled in ``directory`` as one of :data:`DRIVER_VARIANTS`."""
+    binary = directory / f"driver-{variant}"
+    command = [
+        "g++",
+        "-std=c++17",
+        "-g",
+        *WARNINGS,
+        *DRIVER_VARIANTS[variant],
+        *include_flags(),
+        str(CPP / "tests" / "driver.cpp"),
+        "-o",
+        str(binary),
+        "-pthread",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    return binary
 
 
 def rtx_library_dir() -> Path | None:

@@ -1,4 +1,5 @@
-"""A real Prometheus server (Debian's ``prometheus``) run by the tests on loopback."""
+"""A real Prometheus server (Debian's ``prometheus``) run by the tests on loopback, and the skip
+of a test that needs one where Debian's package is not installed."""
 
 from __future__ import annotations
 
@@ -10,7 +11,21 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pytest
+
+
+def needs_prometheus(*tools: str) -> pytest.MarkDecorator:
+    """A test's mark: skipped where one of ``tools`` (by default ``prometheus`` and
+    ``promtool``, of Debian's prometheus package) is not installed."""
+    import pytest
+
+    missing = any(shutil.which(tool) is None for tool in tools or ("prometheus", "promtool"))
+    return pytest.mark.skipif(
+        missing, reason="Debian's prometheus package is not installed (.ci/run installs it)"
+    )
 
 
 def free_port() -> int:

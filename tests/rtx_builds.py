@@ -21,6 +21,10 @@ SILENT_BLOCKS = 600
 """Residual blocks of the silent-window tests' model: a few seconds inside one step of
 "Determining refit engines" (1,500 blocks give ~20-30 s)."""
 
+SILENT_PHASE = "Determining refit engines"
+"""The phase of TensorRT-RTX's silent window: one step of it holds most of a deep model's build,
+without a callback."""
+
 Callback = tuple[Any, ...]
 
 

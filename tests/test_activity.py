@@ -21,6 +21,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cli import CLI
 from trt_otel import BuildMonitor, ManualClock, ProcessSample
 from trt_otel.capture.process import ProcessSampler
 from trt_otel.control.policies import BuildView, MemoryGuard, PolicyRunner, Stall
@@ -203,7 +204,7 @@ def test_a_sample_interval_the_stall_timeout_cannot_hold_is_refused_before_the_b
     """``--sample-interval 1m --stall-timeout 5s``: no second sample could come within the
     timeout to show a builder computing through a silent window, so it would be stopped as
     hung. Refused (exit 2, one line naming both), given directly or by a retry's rung."""
-    cli = [sys.executable, "-m", "trt_otel.app.cli", "demo", "--speed", "0", "--no-progress"]
+    cli = [*CLI, "demo", "--speed", "0", "--no-progress"]
     for options in (
         ["--sample-interval", "1m", "--stall-timeout", "5s"],
         ["--sample-interval", "3s", "--stall-timeout", "5s"],
@@ -433,7 +434,7 @@ def test_a_phase_span_says_the_cpu_and_peak_memory_spent_in_it() -> None:
 def test_a_simulated_deadlock_shows_idle_in_the_heartbeat_and_the_journal(tmp_path: Path) -> None:
     journal = tmp_path / "build.jsonl"
     result = subprocess.run(
-        [sys.executable, "-m", "trt_otel.app.cli", "demo", "--speed", "0", "--silence", "14s",
+        [*CLI, "demo", "--speed", "0", "--silence", "14s",
          "--sample-interval", "0.25s", "--no-progress", "--journal", str(journal)],
         check=False, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -459,7 +460,7 @@ def test_earlier_builds_say_what_the_next_one_needs_and_min_available_refuses(
 ) -> None:
     history = tmp_path / "history"
     history.mkdir()
-    demo = [sys.executable, "-m", "trt_otel.app.cli", "demo", "--speed", "0", "--no-progress"]
+    demo = [*CLI, "demo", "--speed", "0", "--no-progress"]
     first = subprocess.run(
         [*demo, "--journal", str(history / "first.jsonl"), "--sample-interval", "0.05s",
          "--silence", "1s"],
@@ -492,15 +493,14 @@ def test_watch_samples_the_journals_writer_on_this_host_for_its_stall_policy(
     tmp_path: Path,
 ) -> None:
     journal, control = tmp_path / "build.jsonl", tmp_path / "control"
-    cli = [sys.executable, "-m", "trt_otel.app.cli"]
     build = subprocess.Popen(
-        [*cli, "demo", "--in-process", "--speed", "0", "--silence", "10m", "--no-progress",
+        [*CLI, "demo", "--in-process", "--speed", "0", "--silence", "10m", "--no-progress",
          "--journal", str(journal), "--cancel-file", str(control)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
         watch = subprocess.run(
-            [*cli, "watch", str(journal), "--no-progress", "--control-file", str(control),
+            [*CLI, "watch", str(journal), "--no-progress", "--control-file", str(control),
              "--stall-timeout", "4s", "--sample-interval", "0.2s", "--terminate-after", "1s"],
             check=False, capture_output=True, text=True, timeout=120,
         )  # fmt: skip

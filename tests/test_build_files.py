@@ -8,13 +8,13 @@ import contextlib
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from cli import run_cli, start_demo
 from trt_otel import Outcome, read_journal
 from trt_otel.builder.preflight import (
     PreflightError,
@@ -26,17 +26,6 @@ from trt_otel.builder.preflight import (
 )
 from trt_otel.core.events import BuildFinished
 from waiting import wait_for_text
-
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
-
-
-def run_cli(
-    *args: str, cwd: Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, timeout=120, check=False, cwd=cwd,
-        env={**os.environ, **(env or {})},
-    )  # fmt: skip
 
 
 def end_of(journal: Path) -> BuildFinished:
@@ -77,7 +66,9 @@ def test_files_that_cannot_work_are_refused_before_the_build(
     (tmp_path / "model.onnx").write_bytes(b"precious model")
     (tmp_path / "stale").write_text("")
     os.mkfifo(tmp_path / "fifo")
-    result = run_cli("demo", "--speed", "0", "--no-progress", "--no-gpu", *args, cwd=tmp_path)
+    result = run_cli(
+        "demo", "--speed", "0", "--no-progress", "--no-gpu", *args, timeout=120, cwd=tmp_path
+    )
     assert result.returncode == 2, result.stderr
     assert f"trt-otel: error: {message}" in result.stderr
     assert "Traceback" not in result.stderr and "build started" not in result.stderr
@@ -89,7 +80,9 @@ def test_files_that_cannot_work_are_refused_before_the_build(
 def test_a_read_only_directory_is_refused(tmp_path: Path) -> None:
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o555)
-    result = run_cli("demo", "--speed", "0", "--no-progress", "-o", "locked/x.engine", cwd=tmp_path)
+    result = run_cli(
+        "demo", "--speed", "0", "--no-progress", "-o", "locked/x.engine", timeout=120, cwd=tmp_path
+    )
     assert result.returncode == 2
     assert "-o locked/x.engine: cannot write in locked: Permission denied" in result.stderr
 
@@ -98,7 +91,7 @@ def test_a_read_only_directory_is_refused(tmp_path: Path) -> None:
 def test_build_refuses_its_own_model_as_output(tmp_path: Path) -> None:
     (tmp_path / "m.onnx").write_bytes(b"model")
     (tmp_path / "link.onnx").symlink_to("m.onnx")  # another name, the same file
-    result = run_cli("build", "m.onnx", "-o", "link.onnx", cwd=tmp_path)
+    result = run_cli("build", "m.onnx", "-o", "link.onnx", timeout=120, cwd=tmp_path)
     assert result.returncode == 2 and "-o link.onnx is also the model" in result.stderr
     assert (tmp_path / "m.onnx").read_bytes() == b"model"
 
@@ -163,11 +156,9 @@ def build_while(
     """Run a demo build writing ``out``; call ``trouble()`` once it has started."""
     journal, keep = tmp_path / "b.jsonl", tmp_path / "tmp"
     keep.mkdir()
-    process = subprocess.Popen(
-        [*CLI, "demo", "--no-progress", "--no-gpu", "--speed", "2", "--journal", str(journal),
-         "-o", str(out), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-        env={**os.environ, "TMPDIR": str(keep)},
+    process = start_demo(
+        "--no-gpu", "--speed", "2", "--journal", journal, "-o", out, *extra,
+        cwd=tmp_path, env={**os.environ, "TMPDIR": str(keep)},
     )  # fmt: skip
     try:
         wait_for_text(journal, b"Building engine")
@@ -281,16 +272,12 @@ def test_engines_reports_and_caches_are_written_with_the_users_umask(
     engine, cache = tmp_path / "model.engine", tmp_path / "timing.cache"
     journal, page = tmp_path / "build.jsonl", tmp_path / "report.html"
 
-    def trt_otel(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*CLI, *args], capture_output=True, text=True, timeout=120, check=False,
-            cwd=tmp_path, umask=umask,
-        )  # fmt: skip
-
-    built = trt_otel("demo", "--speed", "0", "--no-progress", "-o", str(engine),
-                     "--timing-cache", str(cache), "--journal", str(journal))  # fmt: skip
+    built = run_cli("demo", "--speed", "0", "--no-progress", "-o", str(engine),
+                    "--timing-cache", str(cache), "--journal", str(journal),
+                    timeout=120, cwd=tmp_path, umask=umask)  # fmt: skip
     assert built.returncode == 0, built.stderr
-    reported = trt_otel("report", str(journal), "-o", str(page))
+    reported = run_cli("report", str(journal), "-o", str(page), timeout=120, cwd=tmp_path,
+                       umask=umask)  # fmt: skip
     assert reported.returncode == 0, reported.stderr
     for path in (engine, cache, journal, page):
         assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import msgspec
 import pytest
 
+from cli import CLI
+from journals import unchecked
 from trt_otel import BuildMonitor, JournalWriter, read_journal
 from trt_otel.app.fleet import JournalFold
 from trt_otel.app.reporting import build_reports
@@ -58,13 +59,6 @@ def pythons_events() -> list[Event]:
     return monitor.log.recent()
 
 
-def recorded(events: list[Event]) -> list[Event]:
-    """The same callbacks as a recorder that checks nothing writes them: no anomaly, numbered
-    without them."""
-    kept = [event for event in events if not isinstance(event, Anomaly)]
-    return [msgspec.structs.replace(event, seq=seq) for seq, event in enumerate(kept)]
-
-
 def write(path: Path, events: list[Event], **header: object) -> Path:
     first = {"format": "trt-otel-journal", "version": 1, "producer": "test", **header}
     path.write_bytes(json.dumps(first).encode() + b"\n" + raw.encode_events(events))
@@ -74,7 +68,7 @@ def write(path: Path, events: list[Event], **header: object) -> Path:
 def test_unchecked_callbacks_are_read_as_pythons_monitor_records_them(tmp_path: Path) -> None:
     python = pythons_events()
     assert sum(isinstance(event, Anomaly) for event in python) == 9
-    journal = write(tmp_path / "cpp.jsonl", recorded(python), checked=False)
+    journal = write(tmp_path / "cpp.jsonl", unchecked(python), checked=False)
 
     assert not any(isinstance(event, Anomaly) for event in raw.read_journal(journal).events)
     read = read_journal(journal)
@@ -85,7 +79,7 @@ def test_unchecked_callbacks_are_read_as_pythons_monitor_records_them(tmp_path: 
 
 def test_only_the_first_recorded_cancel_is_taken(tmp_path: Path) -> None:
     python = pythons_events()
-    events = recorded(python)
+    events = unchecked(python)
     cancel = next(event for event in events if event.type == "cancel")
     again = msgspec.structs.replace(cancel, reason="asked twice")
     at = events.index(cancel) + 1
@@ -96,7 +90,7 @@ def test_only_the_first_recorded_cancel_is_taken(tmp_path: Path) -> None:
 
 
 def test_a_report_counts_the_anomalies_of_an_unchecked_journal(tmp_path: Path) -> None:
-    journal = write(tmp_path / "cpp.jsonl", recorded(pythons_events()), checked=False)
+    journal = write(tmp_path / "cpp.jsonl", unchecked(pythons_events()), checked=False)
     (report,) = build_reports([journal], quiet=True)
     assert sum(report.anomalies.values()) == 9
 
@@ -105,7 +99,7 @@ def test_ctrl_c_while_a_journal_is_read_interrupts_the_reader(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Not a cancel of the build: the build was over, only its reading is stopped."""
-    journal = write(tmp_path / "cpp.jsonl", recorded(pythons_events()), checked=False)
+    journal = write(tmp_path / "cpp.jsonl", unchecked(pythons_events()), checked=False)
     take = BuildMonitor._take_locked
 
     def interrupted(self: BuildMonitor, record: tuple[object, ...]) -> BaseException | None:
@@ -121,10 +115,10 @@ def test_ctrl_c_while_a_journal_is_read_interrupts_the_reader(
 def test_a_follower_fed_a_line_at_a_time_gets_the_same_events(tmp_path: Path) -> None:
     python = pythons_events()
     checked = CheckedEvents({"checked": False})
-    fed = [event for one in recorded(python) for event in checked.feed([one])]
+    fed = [event for one in unchecked(python) for event in checked.feed([one])]
     assert fed == python
 
-    journal = write(tmp_path / "cpp.jsonl", recorded(python), checked=False)
+    journal = write(tmp_path / "cpp.jsonl", unchecked(python), checked=False)
     followed: list[Event] = []
     follow_journal(journal, followed.extend, warn=pytest.fail, lost_after_s=5)
     assert followed == python
@@ -143,8 +137,8 @@ def test_each_build_of_a_batch_is_checked_against_its_own_phases(tmp_path: Path)
     python = log.recent()
     assert [event.type for event in python].count("anomaly") == 1
 
-    assert CheckedEvents({"checked": False}).feed(recorded(python)) == python
-    journal = write(tmp_path / "cpp.jsonl", recorded(python), checked=False)
+    assert CheckedEvents({"checked": False}).feed(unchecked(python)) == python
+    journal = write(tmp_path / "cpp.jsonl", unchecked(python), checked=False)
     assert read_journal(journal).events == python
 
 
@@ -152,7 +146,7 @@ def test_the_fleets_status_folds_a_growing_unchecked_journal_checked(tmp_path: P
     python = pythons_events()
     journal = write(tmp_path / "cpp.jsonl", [], checked=False)
     fold = JournalFold(journal)
-    lines = raw.encode_events(recorded(python)).splitlines(keepends=True)
+    lines = raw.encode_events(unchecked(python)).splitlines(keepends=True)
     for line in lines:  # the journal grows a line at a time between two looks
         with open(journal, "ab") as handle:
             handle.write(line)
@@ -179,7 +173,7 @@ def test_a_checked_journal_is_not_checked_twice(tmp_path: Path, header: str) -> 
     python = monitor.log.recent()
     assert read_journal(path).events == python
     done = subprocess.run(
-        [sys.executable, "-m", "trt_otel.app.cli", "replay", str(path)],
+        [*CLI, "replay", str(path)],
         env={**os.environ, "COLUMNS": "200"},
         capture_output=True,
         text=True,
@@ -191,11 +185,11 @@ def test_a_checked_journal_is_not_checked_twice(tmp_path: Path, header: str) -> 
 
 @pytest.mark.e2e
 def test_a_header_whose_checked_is_not_a_boolean_is_refused_in_one_line(tmp_path: Path) -> None:
-    journal = write(tmp_path / "odd.jsonl", recorded(pythons_events()), checked="no")
+    journal = write(tmp_path / "odd.jsonl", unchecked(pythons_events()), checked="no")
     with pytest.raises(raw.JournalError, match="'checked' is 'no', not true or false"):
         read_journal(journal)
     done = subprocess.run(
-        [sys.executable, "-m", "trt_otel.app.cli", "replay", str(journal)],
+        [*CLI, "replay", str(journal)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from cli import CLI, CLI_MODULE, HOLD, MID_BUILD, start_demo
 from conftest import reference_tree, trace_params
+from journals import final_state
 from trt_otel import Outcome, read_journal
 from trt_otel.app.cli import main
 from trt_otel.builder.onnx_models import demo_model_bytes
@@ -19,15 +21,6 @@ from trt_otel.builder.simulator import SIMULATED_ENGINE_MAGIC
 from trt_otel.core.events import BuildFinished, CancelRequested
 from trt_otel.core.state import BuildState
 from waiting import wait_for_silence, wait_for_text
-
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
-
-
-def final_state(journal_path: Path) -> BuildState:
-    state = BuildState()
-    for event in read_journal(journal_path).events:
-        state.apply(event)
-    return state
 
 
 @pytest.mark.e2e
@@ -167,18 +160,12 @@ def test_an_empty_model_is_refused_before_the_build(
     assert "model file is empty" in capsys.readouterr().err
 
 
-def start_demo(journal: Path, *extra: str) -> subprocess.Popen[str]:
+def start_held_demo(journal: Path, *extra: str) -> subprocess.Popen[str]:
     """A demo at full speed that holds still (2 s by default) where tactic timing begins;
     returned once it is there."""
-    process = subprocess.Popen(
-        [*CLI, "demo", "--no-progress", "--journal", str(journal), "--speed", "0",
-         "--silence", "2s", *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
+    process = start_demo("--journal", journal, *HOLD, *extra)
     try:
-        wait_for_text(journal, b"Computing profile costs", timeout_s=30)
+        wait_for_text(journal, MID_BUILD, timeout_s=30)
     except AssertionError:
         process.kill()
         raise
@@ -198,7 +185,7 @@ def started_bare(launch: str) -> list[str]:
     files (an editable install's import hook takes most of a second on a loaded machine) are
     Python's start-up, not trt-otel's, so that the delays below fall in trt-otel's own."""
     if launch == "module":
-        return [sys.executable, "-S", "-m", "trt_otel.app.cli"]
+        return [sys.executable, "-S", *CLI_MODULE]
     script = Path(sys.executable).with_name("trt-otel")
     if not script.exists():
         pytest.skip("the trt-otel console script is not installed beside this Python")
@@ -245,7 +232,7 @@ def test_ctrl_c_at_any_moment_of_start_up_is_one_line_and_130(launch: str) -> No
 @pytest.mark.e2e
 def test_ctrl_c_cancels_gracefully_and_exits_130(tmp_path: Path) -> None:
     journal = tmp_path / "interrupted.jsonl"
-    process = start_demo(journal)
+    process = start_held_demo(journal)
     os.kill(process.pid, signal.SIGINT)
     _, err = process.communicate(timeout=30)
     assert process.returncode == 130, err
@@ -297,7 +284,7 @@ def test_a_ctrl_c_as_the_build_succeeds_keeps_the_engine_and_exits_0(tmp_path: P
 @pytest.mark.e2e
 def test_sigterm_cancels_and_exits_3(tmp_path: Path) -> None:
     journal = tmp_path / "terminated.jsonl"
-    process = start_demo(journal)
+    process = start_held_demo(journal)
     os.kill(process.pid, signal.SIGTERM)
     process.communicate(timeout=30)
     assert process.returncode == 3
@@ -307,7 +294,7 @@ def test_sigterm_cancels_and_exits_3(tmp_path: Path) -> None:
 @pytest.mark.e2e
 def test_a_second_ctrl_c_stops_a_silent_build_at_once(tmp_path: Path) -> None:
     journal = tmp_path / "silent.jsonl"
-    process = start_demo(journal, "--silence", "10m")
+    process = start_held_demo(journal, "--silence", "10m")
     wait_for_silence(journal)  # TensorRT would not call back for ten minutes
     os.kill(process.pid, signal.SIGINT)
     wait_for_text(journal, b'"type":"cancel"')  # the first Ctrl-C was taken

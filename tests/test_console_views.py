@@ -9,20 +9,18 @@ import io
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from cli import CLI
 from trt_otel import BuildMonitor, ManualClock
 from trt_otel.core.eta import Estimate
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.views.console import LiveConsole, render_build
 from trt_otel.views.terminal import warn
-
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 
 def text_of(renderable: object, width: int = 120) -> str:

@@ -27,13 +27,14 @@ from opentelemetry.semconv._incubating.attributes.cicd_attributes import (
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.semconv.schemas import Schemas
 
+from journals import spans_of
 from otlp_receiver import OtlpReceiver, ReceivedSpan
 from trt_otel import BuildMonitor
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.views.conventions import SEMCONV_VERSION
 from trt_otel.views.otlp import OtlpSpanExport
 from trt_otel.views.otlp_settings import GRPC, OtlpSettings
-from trt_otel.views.spans import UNFINISHED, SpanProjection, SpanRecord
+from trt_otel.views.spans import UNFINISHED, SpanRecord
 
 SERVER = ProtoSpan.SpanKind.SPAN_KIND_SERVER
 INTERNAL = ProtoSpan.SpanKind.SPAN_KIND_INTERNAL
@@ -113,12 +114,6 @@ def assert_in_registry(spans: list[ReceivedSpan] | list[SpanRecord]) -> None:
                     assert value in {v.value for v in enumerations[key]}, (key, value)
 
 
-def projected(monitor: BuildMonitor) -> list[SpanRecord]:
-    projection = SpanProjection()
-    spans = [span for event in monitor.log.recent() for span in projection.apply(event)]
-    return spans + projection.finish()
-
-
 def results(spans: list[SpanRecord]) -> dict[str, Any]:
     return {s.name: s.attributes[CICD_PIPELINE_TASK_RUN_RESULT] for s in spans if not s.server}
 
@@ -136,7 +131,7 @@ def test_phases_unwound_by_a_cancel_are_cancelled_or_timed_out_task_runs(timeout
     monitor.phase_finish("Inner")
     monitor.phase_finish("Outer")
     monitor.end()
-    spans = projected(monitor)
+    spans = spans_of(monitor.log.recent())
     expected = (
         CicdPipelineTaskRunResultValues.TIMEOUT
         if timeout
@@ -160,7 +155,7 @@ def test_phases_open_when_a_build_fails_are_failed_task_runs() -> None:
     monitor.phase_finish("Finished")
     monitor.phase_start("Open", None, 2)
     monitor.end_with_result(None)  # TensorRT returned no engine, nothing cancelled
-    spans = projected(monitor)
+    spans = spans_of(monitor.log.recent())
     assert results(spans) == {"Finished": "success", "Open": "failure"}
     (open_phase,) = [s for s in spans if s.name == "Open"]
     assert open_phase.attributes[ERROR_TYPE] == spans[-1].attributes[ERROR_TYPE]
@@ -173,7 +168,7 @@ def test_a_log_that_ends_early_is_an_errored_run_of_errored_tasks() -> None:
     monitor = BuildMonitor()
     monitor.phase_start("A", None, 3)
     monitor.phase_start("B", "A", 3)
-    spans = projected(monitor)  # no build_end: the process died
+    spans = spans_of(monitor.log.recent())  # no build_end: the process died
     error = CicdPipelineResultValues.ERROR.value
     assert results(spans) == {"A": error, "B": error}
     assert all(s.attributes[ERROR_TYPE] == UNFINISHED and s.error for s in spans)
@@ -197,6 +192,6 @@ def test_attributes_that_are_not_one_scalar_type_become_their_text() -> None:
     monitor.phase_start("Building engine", None, 1)
     monitor.phase_finish("Building engine")
     monitor.end()
-    (build,) = [span for span in projected(monitor) if span.server]
+    (build,) = [span for span in spans_of(monitor.log.recent()) if span.server]
     assert build.attributes["network.inputs"] == ["a: FLOAT[1]", "b: INT32[2]"]
     assert build.attributes["odd"] == "['a', 1]"

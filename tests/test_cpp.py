@@ -17,7 +17,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -26,11 +25,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 
+from cli import CLI
 from conftest import REPO_ROOT, reference_tree, trace_params
-from cpp_toolchain import TENSORRT_INCLUDE, built_once, cuda_include, header_version
+from cpp_toolchain import (
+    CPP,
+    TENSORRT_INCLUDE,
+    WARNINGS,
+    built_once,
+    compile_driver,
+    cuda_include,
+    header_version,
+    include_flags,
+    missing_toolchain,
+)
+from journals import cancel_record, fold, read_clean, spans_of, unchecked
 from otlp_receiver import ReceivedSpan, otlp_receiver
 from prometheus_server import free_port
 from trt_otel import BuildMonitor, JournalWriter, Outcome, read_journal
@@ -47,12 +57,10 @@ from trt_otel.core.events import (
     PhaseStarted,
     StepCompleted,
 )
-from trt_otel.core.journal import Journal, encode_events, event_to_dict
-from trt_otel.core.state import BuildState
-from trt_otel.views.spans import SpanProjection, SpanRecord
+from trt_otel.core.journal import encode_events, event_to_dict
+from trt_otel.views.spans import SpanRecord
+from waiting import wait_for_file
 
-CPP = REPO_ROOT / "cpp"
-WARNINGS = ["-Wall", "-Wextra", "-Werror", "-Wshadow", "-Wpedantic"]
 STRICT = [
     *WARNINGS,
     *("-Wconversion", "-Wsign-conversion", "-Wold-style-cast", "-Wuseless-cast"),
@@ -62,62 +70,12 @@ STRICT = [
 """What strict C++ projects turn on: the header is included as their own code (not -isystem)."""
 
 
-def missing_toolchain() -> str | None:
-    if shutil.which("g++") is None:
-        return "g++ is not installed (.ci/run installs it)"
-    if not (TENSORRT_INCLUDE / "NvInfer.h").is_file():
-        return (
-            f"NVIDIA's TensorRT headers are not at {TENSORRT_INCLUDE} (a clone outside the project)"
-        )
-    if cuda_include() is None:
-        return (
-            "no nvidia/cu13/include: install the dev extra (nvidia-cuda-runtime, nvidia-cuda-crt)"
-        )
-    return None
-
-
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(missing_toolchain() is not None, reason=str(missing_toolchain())),
     # On one worker: the driver's variants (compiled by a session fixture) are built once a run.
     pytest.mark.xdist_group("cpp"),
 ]
-
-
-def include_flags() -> list[str]:
-    return [
-        "-isystem",
-        str(TENSORRT_INCLUDE),
-        "-isystem",
-        str(cuda_include()),
-        f"-I{CPP / 'include'}",
-    ]
-
-
-SANITIZERS = {
-    "plain": ["-O1"],
-    "asan": ["-O1", "-fsanitize=address,undefined", "-fno-omit-frame-pointer"],
-    "tsan": ["-O1", "-fsanitize=thread"],
-}
-
-
-def compile_driver(variant: str, directory: Path) -> Path:
-    binary = directory / f"driver-{variant}"
-    command = [
-        "g++",
-        "-std=c++17",
-        "-g",
-        *WARNINGS,
-        *SANITIZERS[variant],
-        *include_flags(),
-        str(CPP / "tests" / "driver.cpp"),
-        "-o",
-        str(binary),
-        "-pthread",
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr
-    return binary
 
 
 @pytest.fixture(scope="session")
@@ -150,21 +108,6 @@ def run_driver(binary: Path, mode: str, timeout_s: float = 120, **options: objec
     )
     assert done.returncode == 0, f"{command} exited {done.returncode}:\n{done.stderr}"
     return Run(json.loads(done.stdout.strip().splitlines()[-1]), done.stderr)
-
-
-def read_clean(path: Path) -> Journal:
-    journal = read_journal(path)
-    assert journal.problems == [], [str(p) for p in journal.problems]
-    seqs = [event.seq for event in journal.events]
-    assert seqs == list(range(len(seqs))), "seq must be contiguous from 0"
-    return journal
-
-
-def fold(events: list[Event]) -> BuildState:
-    state = BuildState()
-    for event in events:
-        state.apply(event)
-    return state
 
 
 def comparable(event: Event) -> dict[str, Any]:
@@ -211,12 +154,6 @@ def span_shape(spans: list[SpanRecord]) -> list[tuple[object, ...]]:
         )
         for s in spans
     ]
-
-
-def spans_of(events: list[Event]) -> list[SpanRecord]:
-    projection = SpanProjection()
-    spans = [span for event in events for span in projection.apply(event)]
-    return spans + projection.finish()
 
 
 # -- compiling -------------------------------------------------------------------------------------
@@ -329,7 +266,7 @@ def test_replayed_trace_journal_gives_the_traces_phase_tree(
 
     # `trt-otel replay` reads it without a complaint and draws that tree.
     done = subprocess.run(
-        [sys.executable, "-m", "trt_otel.app.cli", "replay", str(journal_path)],
+        [*CLI, "replay", str(journal_path)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -403,13 +340,6 @@ def write_trace(path: Path, callbacks: list[tuple[str, str, str | None, int]]) -
     return path
 
 
-def recorded(events: list[Event]) -> list[Event]:
-    """Python's events as a recorder that checks nothing writes them: no anomaly, numbered
-    without them."""
-    kept = [event for event in events if not isinstance(event, Anomaly)]
-    return [msgspec.structs.replace(event, seq=seq) for seq, event in enumerate(kept)]
-
-
 def test_protocol_breaks_are_the_anomalies_pythons_monitor_records(
     driver: Path, tmp_path: Path
 ) -> None:
@@ -444,7 +374,7 @@ def test_protocol_breaks_are_the_anomalies_pythons_monitor_records(
         "finish_with_open_children",
     }
     assert [comparable(e) for e in cpp] == [comparable(e) for e in python]
-    same_lines(journal_path, recorded(python))
+    same_lines(journal_path, unchecked(python))
     assert span_shape(spans_of(cpp)) == span_shape(spans_of(python))
 
 
@@ -464,7 +394,7 @@ def test_the_journal_records_protocol_breaks_raw_and_replay_and_watch_find_them(
 
     def cli(*arguments: str) -> str:
         done = subprocess.run(
-            [sys.executable, "-m", "trt_otel.app.cli", *arguments, str(journal_path)],
+            [*CLI, *arguments, str(journal_path)],
             env={**os.environ, "COLUMNS": "200"},
             capture_output=True,
             text=True,
@@ -498,9 +428,9 @@ def test_a_live_watch_of_a_cpp_build_shows_its_protocol_break(driver: Path, tmp_
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        wait_for(journal_path)
+        wait_for_file(journal_path)
         watch = subprocess.Popen(
-            [sys.executable, "-m", "trt_otel.app.cli", "watch", str(journal_path),
+            [*CLI, "watch", str(journal_path),
              "--no-progress"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
@@ -539,22 +469,9 @@ def test_threads_calling_back_at_once_lose_nothing(driver: Path, tmp_path: Path)
         assert mine == list(range(steps))
 
 
-def cancel_event(events: list[Event]) -> dict[str, Any]:
-    cancels = [event_to_dict(e) for e in events if e.type == "cancel"]
-    assert len(cancels) == 1
-    return cancels[0]
-
-
 def first_step_after(events: list[Event], seq: int) -> list[object]:
     step = next(event_to_dict(e) for e in events if e.type == "step" and e.seq > seq)
     return [step["name"], step["step"]]
-
-
-def wait_for(path: Path, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} did not appear"
-        time.sleep(0.01)
 
 
 @pytest.mark.parametrize("how", ["cancel()", "cancel file", "control file", "timeout"])
@@ -575,10 +492,10 @@ def test_a_cancel_refuses_the_next_step_with_its_reason(
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:
         if how == "cancel file":
-            wait_for(ready)
+            wait_for_file(ready)
             stop.write_text("  release freeze  \nsecond line ignored\n")
         elif how == "control file":
-            wait_for(ready)
+            wait_for_file(ready)
             decision = {
                 "reason": "no progress for 1.0s",
                 "source": "stall",
@@ -593,7 +510,7 @@ def test_a_cancel_refuses_the_next_step_with_its_reason(
     assert summary["refused"] is not None, "the build was never refused a step"
 
     events = read_clean(journal_path).events
-    cancel = cancel_event(events)
+    cancel = cancel_record(events)
     assert first_step_after(events, cancel["seq"]) == summary["refused"]
     expected = {
         "cancel()": ("stop requested by the test driver", "user", False, "", "cancellation"),
@@ -631,7 +548,7 @@ def test_a_journal_torn_by_a_kill_replays_as_unfinished(driver: Path, tmp_path: 
     ]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     try:
-        wait_for(ready)
+        wait_for_file(ready)
         time.sleep(0.1)
     finally:
         process.send_signal(signal.SIGKILL)
@@ -653,7 +570,7 @@ def test_a_journal_torn_by_a_kill_replays_as_unfinished(driver: Path, tmp_path: 
         for s in spans
     )
     done = subprocess.run(
-        [sys.executable, "-m", "trt_otel.app.cli", "replay", str(journal_path)],
+        [*CLI, "replay", str(journal_path)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -711,7 +628,7 @@ def test_a_full_disk_loses_events_counted_and_said_without_blocking(
 
     # watch, as the build's exporter, follows the journal past its gap to the build's end.
     done = subprocess.run(
-        [sys.executable, "-m", "trt_otel.app.cli", "watch", str(journal_path), "--no-progress",
+        [*CLI, "watch", str(journal_path), "--no-progress",
          "--http-port", "0", "--no-gpu"],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
@@ -918,7 +835,7 @@ def test_watch_exports_serves_and_cancels_a_cpp_build(
     with otlp_receiver() as receiver, open(log, "w") as watch_stderr:
         options = ["--timeout", "1.5s"] if decider == "--timeout" else []
         watch = subprocess.Popen(
-            [sys.executable, "-m", "trt_otel.app.cli", "watch", str(journal_path),
+            [*CLI, "watch", str(journal_path),
              "--control-file", str(control), "--http-port", str(http_port),
              "--cancel-token", "secret", "--no-progress", "--no-gpu",
              "--otlp-endpoint", f"http://127.0.0.1:{receiver.grpc_port}", "--otlp-protocol", "grpc",
@@ -955,7 +872,7 @@ def test_watch_exports_serves_and_cancels_a_cpp_build(
         assert json.loads(out.strip().splitlines()[-1])["refused"] is not None
 
         events = read_clean(journal_path).events
-        cancel = cancel_event(events)
+        cancel = cancel_record(events)
         if decider == "POST /cancel":
             assert (cancel["reason"], cancel["source"], cancel["timeout"]) == (
                 "stopped from the web page",
@@ -984,7 +901,7 @@ def test_watch_exports_serves_and_cancels_a_cpp_build(
         python_journal = tmp_path / "python.jsonl"
         python_journal_of(events, python_journal)
         replay = subprocess.run(
-            [sys.executable, "-m", "trt_otel.app.cli", "replay", str(python_journal),
+            [*CLI, "replay", str(python_journal),
              "--otlp-endpoint", f"http://127.0.0.1:{receiver.grpc_port}",
              "--otlp-protocol", "grpc"],
             capture_output=True, text=True, timeout=120, check=False,
@@ -1002,12 +919,12 @@ def test_watch_refuses_options_it_cannot_honour(tmp_path: Path) -> None:
         (["--http-port", "0", "--gpu", "0"], "does not sample the GPU"),
     ):
         done = subprocess.run(
-            [sys.executable, "-m", "trt_otel.app.cli", "watch", str(journal_path), *arguments],
+            [*CLI, "watch", str(journal_path), *arguments],
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         assert done.returncode == 2 and message in done.stderr, done.stderr
     done = subprocess.run(
-        [sys.executable, "-m", "trt_otel.app.cli", "watch", "--url", "http://127.0.0.1:1",
+        [*CLI, "watch", "--url", "http://127.0.0.1:1",
          "--http-port", "0"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
@@ -1043,7 +960,7 @@ def test_the_journal_names_its_writer_and_is_touched_through_a_silence(
 
         # Killed in its silence: `watch` sees at once that the writer is gone.
         watch = subprocess.Popen(
-            [sys.executable, "-m", "trt_otel.app.cli", "watch", str(journal_path), "--no-progress",
+            [*CLI, "watch", str(journal_path), "--no-progress",
              "--lost-after", "300s"],
             stderr=subprocess.PIPE,
             text=True,
@@ -1129,7 +1046,7 @@ def test_watch_stops_a_build_silent_past_its_cancel_from_outside(
     try:
         began = time.monotonic()
         done = subprocess.run(
-            [sys.executable, "-m", "trt_otel.app.cli", "watch", str(journal_path), "--no-progress",
+            [*CLI, "watch", str(journal_path), "--no-progress",
              "--control-file", str(control), "--timeout", "1s", "--terminate-after", "1s"],
             capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
@@ -1141,7 +1058,7 @@ def test_watch_stops_a_build_silent_past_its_cancel_from_outside(
         build.kill()
         build.wait(30)
     events = read_clean(journal_path).events
-    cancel = cancel_event(events)
+    cancel = cancel_record(events)
     assert cancel["source"] == "timeout", "the C++ monitor recorded watch's decision"
     state = fold(events)
     assert state.outcome is Outcome.TIMEOUT and state.error_type == "timeout"
@@ -1176,7 +1093,7 @@ def test_watch_ends_a_stopped_builds_unchecked_journal_without_a_gap(
     )  # fmt: skip
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "trt_otel.app.cli", "watch", str(journal_path), "--no-progress",
+            [*CLI, "watch", str(journal_path), "--no-progress",
              "--control-file", str(control), "--timeout", "1s", "--terminate-after", "1s"],
             capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
@@ -1289,7 +1206,7 @@ def test_only_the_first_cancel_is_an_event_and_it_is_written_at_once(
     )
     assert done.returncode == 0, (done.returncode, done.stderr)
     assert done.stdout.split() == ["flushed"], "the cancel waited for the next poll (a minute)"
-    cancel = cancel_event(read_clean(journal).events)  # exactly one
+    cancel = cancel_record(read_clean(journal).events)  # exactly one
     assert (cancel["reason"], cancel["source"], cancel["timeout"]) == (
         "the first reason",
         "user",
@@ -1321,7 +1238,7 @@ def test_a_control_files_source_is_one_of_the_known_kinds(
     )
     assert done.returncode == 0, (done.returncode, done.stderr)
     assert done.stdout.split() == ["cancelled"]
-    cancel = cancel_event(read_clean(journal).events)
+    cancel = cancel_record(read_clean(journal).events)
     assert (cancel["reason"], cancel["source"]) == ("stop it", recorded)
 
 

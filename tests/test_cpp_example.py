@@ -25,17 +25,19 @@ from typing import Any
 
 import pytest
 
+from cli import CLI
 from cpp_toolchain import (
     REPO_ROOT,
     TENSORRT_INCLUDE,
     built_once,
     cuda_include,
     header_version,
+    missing_toolchain,
     rtx_library_dir,
 )
+from journals import cancel_record, fold, read_clean, spans_of
 from otlp_receiver import ReceivedSpan, otlp_receiver
 from rtx_builds import CONV_SHAPES, RESIDUAL_SHAPES, callbacks_of, plain_build, write_conv
-from test_cpp import cancel_event, fold, missing_toolchain, read_clean, spans_of
 from trt_otel import BuildMonitor, JournalWriter, Outcome
 from trt_otel.builder.onnx_models import residual_net_bytes, write_quickstart_model
 from trt_otel.capture import backends
@@ -160,7 +162,7 @@ def attributes_of(events: list[Event]) -> dict[str, str]:
 
 def refused_step(events: list[Event]) -> StepCompleted:
     """The one step recorded after the cancel: the one TensorRT was refused, and its last."""
-    cancel_seq = cancel_event(events)["seq"]
+    cancel_seq = cancel_record(events)["seq"]
     after = [e for e in events if isinstance(e, StepCompleted) and e.seq > cancel_seq]
     assert len(after) == 1, [(e.name, e.step) for e in after]
     return after[0]
@@ -301,7 +303,7 @@ def test_the_cancel_file_stops_a_real_build_at_its_next_step(
     ]
 
     events = read_clean(journal_path).events
-    cancel = cancel_event(events)
+    cancel = cancel_record(events)
     assert (cancel["reason"], cancel["source"], cancel["timeout"]) == (
         "stopped by the operator",
         "file",
@@ -330,7 +332,7 @@ def test_the_timeout_stops_a_real_build_at_its_next_step(
     assert "timeout after" in done.stdout and "BuildCanceled" in done.stderr
 
     events = read_clean(journal_path).events
-    cancel = cancel_event(events)
+    cancel = cancel_record(events)
     assert (cancel["reason"], cancel["source"], cancel["timeout"], cancel["policy"]) == (
         "the build ran past its timeout of 0.3s",
         "timeout",
@@ -363,7 +365,7 @@ def test_watch_stops_the_example_inside_tensorrts_silent_window(
         wait_for_text(journal_path, b'"name":"Determining refit engines","parent"', timeout_s=120)
         window_began = time.monotonic()
         done = subprocess.run(
-            [sys.executable, "-m", "trt_otel.app.cli", "watch", str(journal_path), "--no-progress",
+            [*CLI, "watch", str(journal_path), "--no-progress",
              "--no-gpu", "--control-file", str(control), "--timeout", "1s",
              "--terminate-after", "2s"],
             capture_output=True, text=True, timeout=120, check=False,
@@ -377,7 +379,7 @@ def test_watch_stops_the_example_inside_tensorrts_silent_window(
     assert took < 15, f"watch took {took:.1f}s to stop a build it had cancelled"
 
     events = read_clean(journal_path).events
-    cancel = cancel_event(events)
+    cancel = cancel_record(events)
     assert cancel["source"] == "timeout", "the C++ monitor recorded watch's decision"
     before = [e for e in events if e.seq < cancel["seq"]]
     assert (before[-1].type, getattr(before[-1], "name", None)) == (
@@ -454,7 +456,7 @@ def test_watch_exports_a_real_cpp_builds_spans_as_a_python_builds(
         try:
             wait_for_text(journal_path, b'"type":"build_start"')
             watched = subprocess.run(
-                [sys.executable, "-m", "trt_otel.app.cli", "watch", str(journal_path),
+                [*CLI, "watch", str(journal_path),
                  "--no-progress", "--no-gpu",
                  "--otlp-endpoint", f"http://127.0.0.1:{receiver.grpc_port}",
                  "--otlp-protocol", "grpc"],
@@ -475,7 +477,7 @@ def test_watch_exports_a_real_cpp_builds_spans_as_a_python_builds(
         python_journal = tmp_path / "python.jsonl"
         python_build_journal(small_residual, python_journal)
         replay = subprocess.run(
-            [sys.executable, "-m", "trt_otel.app.cli", "replay", str(python_journal),
+            [*CLI, "replay", str(python_journal),
              "--otlp-endpoint", f"http://127.0.0.1:{receiver.grpc_port}",
              "--otlp-protocol", "grpc"],
             capture_output=True, text=True, timeout=120, check=False,

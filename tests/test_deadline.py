@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli import CLI
+from journals import write_journal
 from trt_otel import BuildMonitor, ManualClock, read_journal
 from trt_otel.builder.onnx_models import demo_model_bytes
 from trt_otel.builder.simulator import generate_plan
@@ -18,22 +19,13 @@ from trt_otel.control.deadline import DEFAULT_MARGIN, Deadline
 from trt_otel.control.policies import AnyOf, BuildView, Decision, Timeout
 from trt_otel.core.eta import History, same_build
 from trt_otel.core.events import BuildFinished, BuildStarted, CancelRequested, Event, PhaseStarted
-from trt_otel.core.journal import JournalWriter
 from trt_otel.core.projection import before_start
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.testing import virtual_build
 
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 MODEL = {"model.path": "m.onnx", "model.sha256": "a" * 64}
 PLAN = generate_plan(13, num_profiles=1, seed=0)
 S = 1_000_000_000
-
-
-def write(path: Path, events: list[Event]) -> Path:
-    writer = JournalWriter(path)
-    writer.handle(events)
-    writer.close()
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +33,7 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> History:
     folder = tmp_path_factory.mktemp("history")
     for index, pace in enumerate((0.9, 1.0, 1.1, 1.0, 0.95)):
         events = virtual_build(PLAN, pace=pace, seed=index, attributes=MODEL)
-        write(folder / f"b{index}.jsonl", events)
+        write_journal(folder / f"b{index}.jsonl", events)
     loaded = History.load(folder, attributes=MODEL)
     assert len(loaded.builds) == 5
     return loaded
@@ -197,8 +189,8 @@ def demo_history(folder: Path, pace: float) -> Path:
         "model.sha256": hashlib.sha256(demo_model_bytes()).hexdigest(),
     }
     for seed in range(3):
-        write(folder / f"earlier{seed}.jsonl", virtual_build(PLAN, pace=pace, seed=seed,
-                                                             attributes=demo))  # fmt: skip
+        events = virtual_build(PLAN, pace=pace, seed=seed, attributes=demo)
+        write_journal(folder / f"earlier{seed}.jsonl", events)
     return folder
 
 

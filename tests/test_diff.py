@@ -7,33 +7,20 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli import demo_journal, run_cli
 from rtx_builds import CONV_SHAPES, import_rtx, write_conv
 
 # On one worker: the simulated fixture's builds (one with a silent window of 8 s) are made once.
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("diff")]
 
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 EXIT_SLOWER = 5
 SILENCE = "8s"
-
-
-def trt_otel(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300, check=False)
-
-
-def demo(journal: Path, *options: str) -> Path:
-    done = trt_otel(
-        "demo", "--simulate", "tensorrt-rtx", "--speed", "0", "--no-progress", "--no-summary",
-        "--journal", str(journal), *options,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return journal
+SIMULATED = ("--simulate", "tensorrt-rtx")
+"""The simulated builds' phase tree: TensorRT-RTX's, with its silent window."""
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +31,9 @@ def simulated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     history.mkdir()
     return {
         "history": history,
-        "quick": demo(history / "quick-1.jsonl"),
-        "quick2": demo(history / "quick-2.jsonl"),
-        "silent": demo(folder / "silent.jsonl", "--silence", SILENCE),
+        "quick": demo_journal(history / "quick-1.jsonl", *SIMULATED),
+        "quick2": demo_journal(history / "quick-2.jsonl", *SIMULATED),
+        "silent": demo_journal(folder / "silent.jsonl", *SIMULATED, "--silence", SILENCE),
     }
 
 
@@ -57,8 +44,8 @@ def verdict(output: str) -> str:
 def test_a_silent_window_is_named_as_what_changed_and_fails_the_gate(
     simulated: dict[str, Path],
 ) -> None:
-    done = trt_otel("diff", str(simulated["quick"]), str(simulated["silent"]),
-                    "--fail-if-slower", "20")  # fmt: skip
+    done = run_cli("diff", str(simulated["quick"]), str(simulated["silent"]),
+                   "--fail-if-slower", "20")  # fmt: skip
     assert done.returncode == EXIT_SLOWER, done.stderr
     assert "the records do not differ" in done.stdout  # the same build, only slower
     table = done.stdout.split("phases, the largest changes first:")[1].splitlines()
@@ -80,11 +67,11 @@ def test_a_silent_window_is_named_as_what_changed_and_fails_the_gate(
 def test_the_gate_passes_within_its_margin_and_the_reverse_diff_says_faster(
     simulated: dict[str, Path],
 ) -> None:
-    done = trt_otel("diff", str(simulated["quick"]), str(simulated["silent"]),
-                    "--fail-if-slower", "10000")  # fmt: skip
+    done = run_cli("diff", str(simulated["quick"]), str(simulated["silent"]),
+                   "--fail-if-slower", "10000")  # fmt: skip
     assert done.returncode == 0, done.stderr
-    reverse = trt_otel("diff", str(simulated["silent"]), str(simulated["quick"]),
-                       "--fail-if-slower", "0")  # fmt: skip
+    reverse = run_cli("diff", str(simulated["silent"]), str(simulated["quick"]),
+                      "--fail-if-slower", "0")  # fmt: skip
     assert reverse.returncode == 0
     assert verdict(reverse.stdout).startswith("verdict: faster by ")
 
@@ -92,22 +79,22 @@ def test_the_gate_passes_within_its_margin_and_the_reverse_diff_says_faster(
 def test_the_gate_takes_a_percentage_as_people_write_it(simulated: dict[str, Path]) -> None:
     """``--fail-if-slower 20%`` is 20 percent, as ``20`` is: the slower build fails it, and
     the same build passes a gate of ``10000%``."""
-    done = trt_otel("diff", str(simulated["quick"]), str(simulated["silent"]),
-                    "--fail-if-slower", "20%")  # fmt: skip
+    done = run_cli("diff", str(simulated["quick"]), str(simulated["silent"]),
+                   "--fail-if-slower", "20%")  # fmt: skip
     assert done.returncode == EXIT_SLOWER, done.stderr
     assert "slower than the baseline by more than 20%" in done.stderr
-    wide = trt_otel("diff", str(simulated["quick"]), str(simulated["silent"]),
-                    "--fail-if-slower", " 10000 % ")  # fmt: skip
+    wide = run_cli("diff", str(simulated["quick"]), str(simulated["silent"]),
+                   "--fail-if-slower", " 10000 % ")  # fmt: skip
     assert wide.returncode == 0, wide.stderr
 
 
 def test_the_median_of_a_history_folder_is_the_baseline(simulated: dict[str, Path]) -> None:
-    done = trt_otel("diff", "--history", str(simulated["history"]), str(simulated["silent"]),
-                    "--fail-if-slower", "20")  # fmt: skip
+    done = run_cli("diff", "--history", str(simulated["history"]), str(simulated["silent"]),
+                   "--fail-if-slower", "20")  # fmt: skip
     assert done.returncode == EXIT_SLOWER, done.stderr
     assert f"baseline:  median of 2 matching builds in {simulated['history']}" in done.stdout
     # A build of the history compared with the history leaves itself out: the other one.
-    itself = trt_otel("diff", "--history", str(simulated["history"]), str(simulated["quick"]))
+    itself = run_cli("diff", "--history", str(simulated["history"]), str(simulated["quick"]))
     assert itself.returncode == 0, itself.stderr
     assert "median of 1 matching builds" in itself.stdout
 
@@ -117,14 +104,14 @@ def test_demo_with_history_fails_a_slower_build_and_passes_a_usual_one(
 ) -> None:
     history = tmp_path / "history"
     shutil.copytree(simulated["history"], history)
-    slow = trt_otel(
+    slow = run_cli(
         "demo", "--simulate", "tensorrt-rtx", "--speed", "0", "--no-progress", "--no-summary",
         "--silence", SILENCE, "--history", str(history), "--fail-if-slower", "20",
         "--journal", str(tmp_path / "slow.jsonl"),
     )  # fmt: skip
     assert slow.returncode == EXIT_SLOWER, slow.stderr
     assert "most in Determining refit engines" in slow.stderr
-    usual = trt_otel(
+    usual = run_cli(
         "demo", "--simulate", "tensorrt-rtx", "--speed", "0", "--no-progress", "--no-summary",
         "--history", str(history), "--fail-if-slower", "200",
     )  # fmt: skip
@@ -134,7 +121,7 @@ def test_demo_with_history_fails_a_slower_build_and_passes_a_usual_one(
 
 def test_the_first_build_of_a_model_has_nothing_to_compare_with_and_passes(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    done = trt_otel(
+    done = run_cli(
         "demo", "--speed", "0", "--no-progress", "--no-summary",
         "--history", str(tmp_path / "empty"), "--fail-if-slower", "0",
     )  # fmt: skip
@@ -149,13 +136,13 @@ def test_two_real_builds_with_different_options_say_which_option_changed(tmp_pat
     journals = []
     for name, options in (("base", []), ("tuned", ["--builder-optimization-level", "0"])):
         journal = tmp_path / f"{name}.jsonl"
-        done = trt_otel(
+        done = run_cli(
             "build", str(model), "-o", str(tmp_path / f"{name}.engine"), "--shapes", CONV_SHAPES,
             "--journal", str(journal), "--no-progress", "--no-summary", *options,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         journals.append(journal)
-    done = trt_otel("diff", *map(str, journals))
+    done = run_cli("diff", *map(str, journals))
     assert done.returncode == 0, done.stderr
     record = done.stdout.split("what differs in the record:")[1].split("phases,")[0]
     lines = [line.strip() for line in record.strip().splitlines()]
@@ -167,7 +154,7 @@ def test_two_real_builds_with_different_options_say_which_option_changed(tmp_pat
     history = tmp_path / "history"
     history.mkdir()
     shutil.copy(journals[0], history)
-    unmatched = trt_otel("diff", "--history", str(history), str(journals[1]))
+    unmatched = run_cli("diff", "--history", str(history), str(journals[1]))
     assert unmatched.returncode == 2
     assert "no earlier successful build matches" in unmatched.stderr
 
@@ -192,6 +179,6 @@ def test_two_real_builds_with_different_options_say_which_option_changed(tmp_pat
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], said: str) -> None:
-    done = trt_otel(*args)
+    done = run_cli(*args)
     assert done.returncode == 2, done.stdout
     assert said in done.stderr and "Traceback" not in done.stderr

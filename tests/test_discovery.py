@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import socket
 import stat
 import subprocess
@@ -20,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from prometheus_server import PrometheusServer
+from cli import CLI
+from prometheus_server import PrometheusServer, needs_prometheus
 from trt_otel import BuildMonitor, Outcome, read_journal
 from trt_otel.app.components import attach_views
 from trt_otel.app.config import MetricsConfig, ObservabilityConfig
@@ -28,13 +28,6 @@ from trt_otel.core.events import BuildFinished
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.views.discovery import ScrapeTarget, discovery_labels, target_address
 from waiting import wait_for_text
-
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
-
-needs_prometheus = pytest.mark.skipif(
-    shutil.which("prometheus") is None,
-    reason="Debian's prometheus package is not installed (.ci/run installs it)",
-)
 
 
 def test_a_target_file_is_what_file_sd_reads_and_is_removed_once(tmp_path: Path) -> None:
@@ -166,7 +159,7 @@ def held_builds(tmp_path: Path) -> Iterator[list[tuple[subprocess.Popen[str], Pa
 
 
 @pytest.mark.e2e
-@needs_prometheus
+@needs_prometheus("prometheus")
 def test_prometheus_discovers_three_concurrent_builds_and_scrapes_each(
     tmp_path: Path, held_builds: list[tuple[subprocess.Popen[str], Path, Path]]
 ) -> None:

@@ -9,6 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from journals import write_journal
 from trt_otel import BuildMonitor, ManualClock
 from trt_otel.app.components import metric_sources
 from trt_otel.app.config import MetricsConfig
@@ -22,8 +23,7 @@ from trt_otel.core.eta import (
     estimate,
     format_eta,
 )
-from trt_otel.core.events import Event, PhaseFinished, StepCompleted
-from trt_otel.core.journal import JournalWriter
+from trt_otel.core.events import PhaseFinished, StepCompleted
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.state import BuildState
 from trt_otel.testing import virtual_build
@@ -33,24 +33,17 @@ MODEL = {"model.path": "mnist.onnx", "model.sha256": "a" * 64}
 PLAN = generate_plan(13, num_profiles=1, seed=0)
 
 
-def write(path: Path, events: list[Event]) -> Path:
-    writer = JournalWriter(path)
-    writer.handle(events)
-    writer.close()
-    return path
-
-
 @pytest.fixture(scope="module")
 def history_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("history")
     for index, pace in enumerate((0.9, 1.0, 1.15)):
-        write(
+        write_journal(
             folder / f"b{index}.jsonl", virtual_build(PLAN, pace=pace, seed=index, attributes=MODEL)
         )
     other = {**MODEL, "model.sha256": "b" * 64}
-    write(folder / "other-model.jsonl", virtual_build(PLAN, seed=7, attributes=other))
+    write_journal(folder / "other-model.jsonl", virtual_build(PLAN, seed=7, attributes=other))
     unfinished = virtual_build(PLAN, seed=8, attributes=MODEL)[:-1]
-    write(folder / "killed.jsonl", unfinished)
+    write_journal(folder / "killed.jsonl", unfinished)
     (folder / "garbage.jsonl").write_text("not a journal\n")
     return folder
 
@@ -167,7 +160,7 @@ def test_the_command_reads_a_history_folder(
 
     demo = {"model.path": "trt-otel-demo-mnist.onnx",
             "model.sha256": hashlib.sha256(demo_model_bytes()).hexdigest()}  # fmt: skip
-    write(tmp_path / "earlier.jsonl", virtual_build(PLAN, seed=1, attributes=demo))
+    write_journal(tmp_path / "earlier.jsonl", virtual_build(PLAN, seed=1, attributes=demo))
     assert main(["demo", "--speed", "0", "--no-progress", "--history", str(tmp_path)]) == 0
     assert "history: 1 earlier builds of this model" in capsys.readouterr().err
     assert main(["demo", "--history", str(tmp_path / "none")]) == 2

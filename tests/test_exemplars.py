@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
+from cli import CLI
 from prometheus_server import PrometheusServer, free_port, promtool_lint
 from rtx_builds import RESIDUAL_SHAPES, import_rtx, write_residual
 from trt_otel import BuildMonitor, read_journal
@@ -22,8 +22,6 @@ from trt_otel.core.clock import ManualClock
 from trt_otel.core.events import BuildStarted
 from trt_otel.views.prometheus import MetricSources, metrics_registry
 from trt_otel.views.trace_ids import TRACEPARENT_ATTRIBUTE
-
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 
 def finished_build(**attributes: str) -> BuildMonitor:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import resource
 import signal
 import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -18,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cli import CLI
 from trt_otel import Anomaly, BuildMonitor, JournalWriter, read_journal
 from trt_otel.app.cli import main
 from trt_otel.capture.binding import ProgressMonitorBase
@@ -164,7 +164,7 @@ def limit_file_size() -> None:
 def test_a_full_disk_stops_the_journal_not_the_build(tmp_path: Path) -> None:
     journal = tmp_path / "full.jsonl"
     result = subprocess.run(
-        [sys.executable, "-m", "trt_otel.app.cli", "demo", "--speed", "0", "--no-progress",
+        [*CLI, "demo", "--speed", "0", "--no-progress",
          "--no-gpu", "--journal", str(journal), "--in-process"],
         capture_output=True, text=True, timeout=120, check=False, preexec_fn=limit_file_size,
     )  # fmt: skip

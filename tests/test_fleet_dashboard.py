@@ -7,22 +7,20 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from prometheus_server import PrometheusServer
+from cli import start_demo
+from prometheus_server import PrometheusServer, needs_prometheus
 from trt_otel.views.prometheus import _GPU_GAUGES
 from waiting import wait_for_text
 
 REPO = Path(__file__).resolve().parents[1]
 DASHBOARD = REPO / "dashboards" / "trt-otel-fleet.json"
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 GRAFANA_VARIABLES = {"$host": ".*", "$gpu": ".*", "$__range": "10m", "$__interval": "1m"}
 GPU_METRICS = {metric for _, metric, _ in _GPU_GAUGES}
 """Series only a build with a GPU (NVML) has: none here."""
@@ -31,11 +29,6 @@ DURATION = "trt_build_duration_seconds"
 this branch does not expose it yet, the panels that read it are the only ones allowed no data,
 and its series names are the only ones allowed to be missing."""
 _METRIC = re.compile(r"\b(trt_[a-z0-9_]+)\b")
-
-needs_prometheus = pytest.mark.skipif(
-    shutil.which("prometheus") is None or shutil.which("promtool") is None,
-    reason="Debian's prometheus package is not installed (.ci/run installs it)",
-)
 
 
 def expressions() -> list[str]:
@@ -73,7 +66,7 @@ def test_the_fleet_dashboard_uses_fixed_datasource_uids_and_filters_every_panel(
 
 
 @pytest.mark.e2e
-@needs_prometheus
+@needs_prometheus()
 def test_every_fleet_expression_parses(tmp_path: Path) -> None:
     """promtool parses each expression as the body of a recording rule."""
     rules = {
@@ -96,12 +89,11 @@ def test_every_fleet_expression_parses(tmp_path: Path) -> None:
     assert f"SUCCESS: {len(expressions())} rules found" in checked.stdout
 
 
-def start_demo(sd_dir: Path, journal: Path, *options: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [*CLI, "demo", "--no-progress", "--no-gpu", "--prometheus-port", "0",
-         "--prometheus-sd-dir", str(sd_dir), "--prometheus-linger", "20s", "--sample-interval",
-         "0.2s", "--journal", str(journal), *options],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+def start_scraped(sd_dir: Path, journal: Path, *options: str) -> subprocess.Popen[str]:
+    """A demo build with its metrics on a free port, a target in ``sd_dir`` for Prometheus."""
+    return start_demo(
+        "--no-gpu", "--prometheus-port", "0", "--prometheus-sd-dir", sd_dir,
+        "--prometheus-linger", "20s", "--sample-interval", "0.2s", "--journal", journal, *options,
     )  # fmt: skip
 
 
@@ -122,23 +114,23 @@ def fleet(tmp_path: Path) -> Iterator[tuple[PrometheusServer, list[subprocess.Po
 
 
 @pytest.mark.e2e
-@needs_prometheus
+@needs_prometheus()
 def test_every_fleet_panel_has_data_from_discovered_builds(
     tmp_path: Path, fleet: tuple[PrometheusServer, list[subprocess.Popen[str]]]
 ) -> None:
     prometheus, started = fleet
     sd_dir = tmp_path / "targets"
     held = ("--speed", "0", "--silence", "10m", "--grace", "1s")
-    running = start_demo(sd_dir, tmp_path / "running.jsonl", *held)
+    running = start_scraped(sd_dir, tmp_path / "running.jsonl", *held)
     cancel = tmp_path / "cancel"
-    cancelled = start_demo(
+    cancelled = start_scraped(
         sd_dir, tmp_path / "cancelled.jsonl", *held, "--cancel-file", str(cancel)
     )
     started += [running, cancelled]
     for journal in ("running.jsonl", "cancelled.jsonl"):
         wait_for_text(tmp_path / journal, b"Computing profile costs")
     assert prometheus.wait_for('count(trt_build_state{state="running"} == 1) == 2', 60)
-    succeeded = start_demo(sd_dir, tmp_path / "succeeded.jsonl", "--speed", "4")
+    succeeded = start_scraped(sd_dir, tmp_path / "succeeded.jsonl", "--speed", "4")
     started.append(succeeded)
     cancel.write_text("make room for a bigger model\n")
     for process, code in ((cancelled, 3), (succeeded, 0)):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cli import CLI
 from prometheus_server import promtool_lint
 from trt_otel import BuildMonitor, GpuSample, read_journal
 from trt_otel.builder.simulator import Driver, generate_plan
@@ -213,7 +213,7 @@ def test_without_nvml_sampling_is_off_with_one_line_saying_why() -> None:
         pytest.skip("this machine has a GPU and a driver")
     assert line.startswith("gpu: no telemetry: ")
     result = subprocess.run(
-        [sys.executable, "-m", "trt_otel.app.cli", "demo", "--speed", "0", "--no-progress"],
+        [*CLI, "demo", "--speed", "0", "--no-progress"],
         capture_output=True,
         text=True,
         check=False,
@@ -222,9 +222,7 @@ def test_without_nvml_sampling_is_off_with_one_line_saying_why() -> None:
     assert result.stderr.count("gpu: no telemetry") == 1
     quiet = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "trt_otel.app.cli",
+            *CLI,
             "demo",
             "--speed",
             "0",

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cli import run_cli
 from trt_otel import BuildMonitor, ManualClock, read_journal
 from trt_otel.app.arguments import add_policy_options, policy_config
 from trt_otel.app.ladder import retry_reason
@@ -29,7 +29,6 @@ from trt_otel.core.events import CancelRequested, CancelSource, GpuSample, Outco
 from trt_otel.core.journal import JournalWriter
 from trt_otel.core.state import BuildState
 
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 GIB = 1 << 30
 BUILDER = 4242
 """The builder's process id, as the sampler is told it."""
@@ -171,19 +170,13 @@ def no_gpu() -> None:
         pytest.skip("this machine has a GPU and a driver")
 
 
-def _run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, timeout=120, check=False, cwd=cwd
-    )
-
-
 @pytest.mark.usefixtures("no_gpu")
 @pytest.mark.e2e
 def test_without_a_gpu_the_option_refuses_the_build_in_one_line(tmp_path: Path) -> None:
     journal = tmp_path / "build.jsonl"
-    refused = _run(
+    refused = run_cli(
         "demo", "--speed", "0", "--no-progress", "--journal", str(journal),
-        "--max-gpu-memory", "8GiB",
+        "--max-gpu-memory", "8GiB", timeout=120,
     )  # fmt: skip
     assert refused.returncode == 2, refused.stderr
     assert refused.stderr.splitlines() == [
@@ -197,9 +190,9 @@ def test_without_a_gpu_the_option_refuses_the_build_in_one_line(tmp_path: Path) 
 @pytest.mark.e2e
 def test_run_refuses_it_too_before_the_program_starts(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
-    refused = _run(
+    refused = run_cli(
         "run", "--max-gpu-memory", "1GiB", "--", sys.executable, "-c",
-        f"open({str(marker)!r}, 'w')",
+        f"open({str(marker)!r}, 'w')", timeout=120,
     )  # fmt: skip
     assert refused.returncode == 2, refused.stderr
     assert "--max-gpu-memory needs the build's GPU sampled" in refused.stderr
@@ -208,7 +201,9 @@ def test_run_refuses_it_too_before_the_program_starts(tmp_path: Path) -> None:
 
 @pytest.mark.e2e
 def test_no_gpu_and_the_option_are_refused_together() -> None:
-    refused = _run("demo", "--speed", "0", "--no-progress", "--no-gpu", "--max-gpu-memory", "8G")
+    refused = run_cli(
+        "demo", "--speed", "0", "--no-progress", "--no-gpu", "--max-gpu-memory", "8G", timeout=120
+    )
     assert refused.returncode == 2, refused.stderr
     assert refused.stderr.splitlines() == [
         "trt-otel: error: --max-gpu-memory needs the build's GPU sampled, which --no-gpu turns off"
@@ -218,11 +213,13 @@ def test_no_gpu_and_the_option_are_refused_together() -> None:
 @pytest.mark.e2e
 def test_watch_which_samples_no_gpu_refuses_it(tmp_path: Path) -> None:
     journal = tmp_path / "build.jsonl"
-    made = _run("demo", "--speed", "0", "--no-progress", "--no-gpu", "--journal", str(journal))
+    made = run_cli(
+        "demo", "--speed", "0", "--no-progress", "--no-gpu", "--journal", str(journal), timeout=120
+    )
     assert made.returncode == 0, made.stderr
-    refused = _run(
+    refused = run_cli(
         "watch", str(journal), "--no-progress", "--control-file", str(tmp_path / "control"),
-        "--max-gpu-memory", "8G",
+        "--max-gpu-memory", "8G", timeout=120,
     )  # fmt: skip
     assert refused.returncode == 2, refused.stderr
     assert "--max-gpu-memory needs the build's GPU sampled, and watch does not sample" in (
@@ -232,6 +229,6 @@ def test_watch_which_samples_no_gpu_refuses_it(tmp_path: Path) -> None:
 
 @pytest.mark.e2e
 def test_a_size_that_is_no_size_is_refused_by_the_parser() -> None:
-    refused = _run("demo", "--max-gpu-memory", "0")
+    refused = run_cli("demo", "--max-gpu-memory", "0", timeout=120)
     assert refused.returncode == 2
     assert "--max-gpu-memory: '0' must be more than 0 bytes" in refused.stderr

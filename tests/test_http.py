@@ -11,7 +11,6 @@ import select
 import socket
 import stat
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from cli import CLI, HOLD, announced_url, start_demo
 from trt_otel import BuildMonitor, Outcome, read_journal
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.core.readmodel import ReadModel
@@ -31,11 +31,7 @@ from trt_otel.views.prometheus import MetricSources, MetricsServer, metrics_regi
 from trt_otel.views.status import MAX_TREE_DEPTH
 from waiting import wait_until
 
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 TOKEN = "s3cret-token-for-tests"
-HOLD = ("--speed", "0", "--silence", "2s")
-"""A build at full speed that holds still for 2 s where tactic timing begins, as real builds go
-silent: long enough for a test to act mid-build, without a paced build's tens of seconds."""
 
 
 READ_BEFORE_ANNOUNCED: dict[int, list[str]] = {}
@@ -43,26 +39,14 @@ READ_BEFORE_ANNOUNCED: dict[int, list[str]] = {}
 build lines may come before that announcement)."""
 
 
-def start_demo(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
-    """A demo serving HTTP on a free port; returns the process and its base URL."""
-    process = subprocess.Popen(
-        [*CLI, "demo", "--no-progress", "--http-port", "0", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
-    assert process.stderr is not None
-    deadline = time.monotonic() + 30
+def serving_demo(
+    *args: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """A demo serving HTTP on a free port (``env``: added to this environment); returns the
+    process and its base URL."""
+    process = start_demo("--http-port", "0", *args, env={**os.environ, **(env or {})})
     read = READ_BEFORE_ANNOUNCED[process.pid] = []
-    while time.monotonic() < deadline:
-        line = process.stderr.readline()
-        read.append(line)
-        match = re.match(r"http: (http://[^/]+)/status", line)
-        if match:
-            return process, match.group(1)
-    process.kill()
-    raise AssertionError("the demo did not announce its HTTP endpoint")
+    return process, announced_url(process, read)
 
 
 def sse_events(
@@ -120,7 +104,7 @@ def test_clients_joining_mid_build_and_resuming_get_every_event_once_in_order(
 ) -> None:
     journal = tmp_path / "build.jsonl"
     # At full speed into a silent window: the build is mid-way while the clients join.
-    process, base = start_demo(*HOLD, "--journal", str(journal))
+    process, base = serving_demo(*HOLD, "--journal", str(journal))
     try:
         first_part = sse_events(base, limit=40)
         late: list[dict[str, Any]] = []
@@ -140,7 +124,7 @@ def test_clients_joining_mid_build_and_resuming_get_every_event_once_in_order(
 
 @pytest.mark.e2e
 def test_since_query_resumes_too(tmp_path: Path) -> None:
-    process, base = start_demo(*HOLD)
+    process, base = serving_demo(*HOLD)
     try:
         with urllib.request.urlopen(f"{base}/events?since=9", timeout=30) as response:
             head = response.read(4096).decode()
@@ -153,7 +137,7 @@ def test_since_query_resumes_too(tmp_path: Path) -> None:
 
 @pytest.mark.e2e
 def test_status_describes_the_build(tmp_path: Path) -> None:
-    process, base = start_demo(*HOLD)
+    process, base = serving_demo(*HOLD)
     try:
         status = get_json(f"{base}/status")
 
@@ -182,7 +166,7 @@ def test_status_describes_the_build(tmp_path: Path) -> None:
 @pytest.mark.e2e
 def test_cancel_needs_the_right_token_and_says_why(tmp_path: Path) -> None:
     journal = tmp_path / "cancel.jsonl"
-    process, base = start_demo(
+    process, base = serving_demo(
         *HOLD, "--journal", str(journal), env={"TRT_OTEL_CANCEL_TOKEN": TOKEN}
     )
     try:
@@ -209,7 +193,7 @@ def test_cancel_needs_the_right_token_and_says_why(tmp_path: Path) -> None:
 
 @pytest.mark.e2e
 def test_a_generated_token_is_written_for_the_owner_only(tmp_path: Path) -> None:
-    process, base = start_demo(*HOLD, env={"XDG_RUNTIME_DIR": str(tmp_path)})
+    process, base = serving_demo(*HOLD, env={"XDG_RUNTIME_DIR": str(tmp_path)})
     assert process.stderr is not None
     line = process.stderr.readline()
     match = re.search(r"\$\(cat ([^)]+)\)", line)
@@ -428,7 +412,7 @@ def build_lines(text: str) -> list[str]:
 @pytest.mark.e2e
 def test_watch_by_url_and_by_journal_show_what_the_build_showed(tmp_path: Path) -> None:
     journal = tmp_path / "watched.jsonl"
-    process, base = start_demo("--speed", "0", "--silence", "5s", "--journal", str(journal))
+    process, base = serving_demo("--speed", "0", "--silence", "5s", "--journal", str(journal))
     watchers = [
         subprocess.Popen(
             [*CLI, "watch", *source, "--no-progress"],
@@ -644,7 +628,7 @@ def test_names_the_user_allows_are_answered_and_any_ip_on_every_interface() -> N
 
 @pytest.mark.e2e
 def test_the_allowed_host_option_reaches_the_view(tmp_path: Path) -> None:
-    process, base = start_demo(
+    process, base = serving_demo(
         *HOLD, "--http-allowed-host", "Build.Example", env={"TRT_OTEL_CANCEL_TOKEN": TOKEN}
     )
     try:

@@ -7,7 +7,6 @@ import http.client
 import json
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -15,23 +14,18 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.e2e
+from cli import announced_url, start_demo
 
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
+pytestmark = pytest.mark.e2e
 
 
 def start(*args: str) -> tuple[subprocess.Popen[str], str]:
-    process = subprocess.Popen(
-        [*CLI, "demo", "--no-progress", "--no-gpu", "--http-port", "0", "--cancel-token", "t",
-         *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert process.stderr is not None
-    while True:
-        line = process.stderr.readline()
-        assert line, "the build ended before serving HTTP"
-        if line.startswith("http: "):
-            return process, line.split()[1].removesuffix("/status")
+    """A demo serving HTTP on a free port, its cancel token ``t``; the process and its base
+    URL."""
+    process = start_demo(
+        "--no-gpu", "--http-port", "0", "--cancel-token", "t", *args, stdout=subprocess.DEVNULL
+    )
+    return process, announced_url(process)
 
 
 def test_head_is_a_get_without_its_body(tmp_path: Path) -> None:

@@ -8,14 +8,14 @@ import os
 import re
 import signal
 import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cli import CLI, MID_BUILD
+from journals import fold
 from trt_otel import BuildMonitor, JournalError, JournalWriter, Outcome, read_journal
 from trt_otel.app.cli import main
 from trt_otel.builder.simulator import Driver, generate_plan, load_trace
@@ -43,7 +43,7 @@ from trt_otel.core.journal import (
     encode_events,
     journal_in_use,
 )
-from trt_otel.core.state import BuildState
+from waiting import wait_for_text
 
 
 def record(path: Path, *, cancel_at: int | None = None) -> BuildMonitor:
@@ -61,13 +61,6 @@ def record(path: Path, *, cancel_at: int | None = None) -> BuildMonitor:
     return monitor
 
 
-def fold(events: list[object]) -> BuildState:
-    state = BuildState()
-    for event in events:
-        state.apply(event)  # type: ignore[arg-type]
-    return state
-
-
 def test_round_trip_equals_the_live_log(tmp_path: Path) -> None:
     path = tmp_path / "build.jsonl"
     monitor = record(path)
@@ -75,7 +68,7 @@ def test_round_trip_equals_the_live_log(tmp_path: Path) -> None:
     assert journal.problems == []
     assert journal.header["version"] == 1
     assert journal.events == monitor.log.recent()
-    replayed = fold(journal.events)  # type: ignore[arg-type]
+    replayed = fold(journal.events)
     live = monitor.state
     assert replayed.outcome is live.outcome is Outcome.SUCCESS
     assert replayed.phases == live.phases
@@ -87,7 +80,7 @@ def test_round_trip_equals_the_live_log(tmp_path: Path) -> None:
 def test_a_cancelled_build_round_trips_with_its_reason(tmp_path: Path) -> None:
     path = tmp_path / "cancelled.jsonl"
     monitor = record(path, cancel_at=200)
-    replayed = fold(read_journal(path).events)  # type: ignore[arg-type]
+    replayed = fold(read_journal(path).events)
     assert replayed.outcome is Outcome.CANCELLATION
     assert replayed.cancel is not None and replayed.cancel.reason == "enough"
     assert replayed.phases == monitor.state.phases
@@ -210,23 +203,20 @@ def test_the_journal_is_flushed_at_phase_boundaries_while_the_writer_is_alive(
 @pytest.mark.e2e
 def test_a_build_killed_mid_write_leaves_a_usable_prefix(tmp_path: Path) -> None:
     path = tmp_path / "killed.jsonl"
-    command = [sys.executable, "-m", "trt_otel.app.cli", "demo", "--speed", "0", "--no-progress"]
+    command = [*CLI, "demo", "--speed", "0", "--no-progress"]
     process = subprocess.Popen(
         [*command, "--silence", "10m", "--journal", str(path)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 30
-    while not (path.exists() and b"Computing profile costs" in path.read_bytes()):
-        assert time.monotonic() < deadline, "the build never reached its silent window"
-        time.sleep(0.05)
+    wait_for_text(path, MID_BUILD, timeout_s=30)
     os.kill(process.pid, signal.SIGKILL)
     process.wait(10)
     journal = read_journal(path)
     assert len(journal.events) > 50
     assert {p.kind for p in journal.problems} <= {"torn_tail"}
     assert [e.seq for e in journal.events] == list(range(len(journal.events)))
-    state = fold(journal.events)  # type: ignore[arg-type]
+    state = fold(journal.events)
     assert state.outcome is None and state.open_by_name  # killed mid-build, phases open
 
 
@@ -367,7 +357,7 @@ def test_a_duplicated_line_is_reported_and_counted_once(tmp_path: Path) -> None:
     assert [p.kind for p in journal.problems] == ["seq_repeat", "seq_repeat"]
     assert "a repeated line" in journal.problems[0].message
     assert journal.events == live.log.recent()
-    replayed = fold(journal.events)  # type: ignore[arg-type]
+    replayed = fold(journal.events)
     assert replayed.steps_completed_total == live.state.steps_completed_total
 
 
@@ -427,7 +417,7 @@ def test_an_attribute_that_is_not_json_is_written_as_its_text(tmp_path: Path) ->
     assert monitor.close(10)
     journal = read_journal(path)
     assert journal.problems == []
-    assert fold(journal.events).attributes == {"model.path": "/models/m.onnx", "n": 3}  # type: ignore[arg-type]
+    assert fold(journal.events).attributes == {"model.path": "/models/m.onnx", "n": 3}
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,10 @@ The rooms stand on floors: ``core`` (the log and its folds) at the bottom, then 
 build stops), ``capture`` (where records come from), ``views`` and ``builder``, and ``app`` on top.
 A room imports only from its own floor's room or from lower floors; every import counts, those made
 inside a function too, since they are dependencies all the same.
+
+The tests have rooms of their own: a test module (``tests/test_*.py``) holds tests, and what two of
+them share lives once in a helper module beside them (``cli.py``, ``journals.py``, ``waiting.py``,
+...), which they import; no test module imports another or keeps its own copy of a helper.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "trt_otel"
+TESTS = PACKAGE.parent / "tests"
 FLOORS = {"core": 0, "control": 1, "capture": 2, "views": 3, "builder": 3, "app": 4}
 # The package's face: what ``import trt_otel`` and the test doubles show.
 FACE = {"trt_otel", "trt_otel.testing", "trt_otel.__main__"}
@@ -254,3 +259,87 @@ def test_every_module_is_named_on_the_architecture_page() -> None:
         if path.name != "__init__.py" and path.name not in named
     ]
     assert missing == []
+
+
+# -- the tests' own rooms ------------------------------------------------------------------------
+
+
+def suite_modules() -> list[Path]:
+    """The test modules: ``tests/test_*.py``."""
+    return sorted(TESTS.glob("test_*.py"))
+
+
+def helper_modules() -> list[Path]:
+    """The tests' helper modules: every other ``tests/*.py`` (conftest.py among them)."""
+    return sorted(path for path in TESTS.glob("*.py") if not path.name.startswith("test_"))
+
+
+def imported_modules(path: Path) -> Iterator[tuple[int, str]]:
+    """The absolute imports of ``path``, with their lines, those inside a function too."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.lineno, node.module
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+
+
+def top_level_functions(path: Path) -> dict[str, int]:
+    """The functions (fixtures among them) that ``path`` defines at its top level, with their
+    lines."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {
+        node.name: node.lineno
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+
+
+def test_no_test_module_imports_another() -> None:
+    """What two test modules share is in a helper module: importing a test module would also
+    run its module-level code (its skips and marks) and collect its tests twice."""
+    suite = {path.stem for path in suite_modules()}
+    wrong = sorted(
+        f"tests/{path.name}:{line} imports {target}"
+        for path in suite_modules()
+        for line, target in imported_modules(path)
+        if target.split(".")[0] in suite
+    )
+    assert wrong == [], "move what is shared into a helper module of tests/"
+
+
+CLI_COMMAND_LINE = re.compile(r"""["']-m["']\s*,\s*["']trt_otel\.app\.cli["']""")
+"""The CLI's module given to an interpreter, as a command line spells it in a list."""
+
+
+def cli_spelled_at(path: Path) -> list[int]:
+    """The lines where ``path`` spells :data:`CLI_COMMAND_LINE`."""
+    text = path.read_text(encoding="utf-8")
+    return [text.count("\n", 0, match.start()) + 1 for match in CLI_COMMAND_LINE.finditer(text)]
+
+
+def test_the_clis_command_line_is_spelled_only_in_tests_cli() -> None:
+    """Every test starts ``python -m trt_otel.app.cli`` through tests/cli.py (``CLI``,
+    ``CLI_MODULE`` and its runners), so that how the tests start the command is said once."""
+    assert cli_spelled_at(TESTS / "cli.py"), "tests/cli.py spells the command line"
+    wrong = [
+        f"tests/{path.name}:{line} spells it"
+        for path in sorted(TESTS.glob("*.py"))
+        if path.name != "cli.py"
+        for line in cli_spelled_at(path)
+    ]
+    assert wrong == [], "use CLI or CLI_MODULE of tests/cli.py"
+
+
+def test_no_test_module_redefines_a_function_of_a_helper_module() -> None:
+    """A helper (or a fixture) of a helper module is imported, not copied: a test module that
+    defines one of the same name at its top level keeps a copy of its own (or hides the
+    shared one)."""
+    shared = {name: path.name for path in helper_modules() for name in top_level_functions(path)}
+    wrong = sorted(
+        f"tests/{path.name}:{line} defines {name}(), as tests/{shared[name]} does"
+        for path in suite_modules()
+        for name, line in top_level_functions(path).items()
+        if name in shared
+    )
+    assert wrong == [], "import the helper module's instead"

@@ -8,8 +8,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,46 +17,25 @@ from xml.etree import ElementTree
 import pytest
 
 from browser import chromium
+from cli import CLI, ServingBuild
 
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 SVG = "{http://www.w3.org/2000/svg}"
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-class LiveDemo:
+class LiveDemo(ServingBuild):
     """A paced ``trt-otel demo`` with a silent window, serving its HTTP view."""
 
     def __init__(self, journal: Path, silence: str = "6s") -> None:
-        self.process = subprocess.Popen(
-            [*CLI, "demo", "--simulate", "tensorrt-rtx", "--silence", silence, "--no-progress",
-             "--no-summary", "--http-port", "0", "--journal", str(journal)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        super().__init__(
+            "demo", "--simulate", "tensorrt-rtx", "--silence", silence, "--no-progress",
+            "--no-summary", "--http-port", "0", "--journal", journal,
         )  # fmt: skip
-        self.lines: list[str] = []
-        self._announced = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-        assert self._announced.wait(60), self.lines
-        found = (re.match(r"http: (http://[^/]+)/status", line) for line in self.lines)
-        self.base = next(m.group(1) for m in found if m)
-
-    def _read(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.lines.append(line)
-            if line.startswith("http: "):
-                self._announced.set()
 
     def timeline(self) -> tuple[dict[str, str], ElementTree.Element]:
         with urllib.request.urlopen(f"{self.base}/timeline.svg", timeout=10) as answer:
             return dict(answer.headers), ElementTree.fromstring(answer.read())
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
-        if self.process.stderr is not None:
-            self.process.stderr.close()
 
 
 @pytest.fixture

@@ -17,19 +17,19 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import anyio
 import pytest
 
-mcp = pytest.importorskip("mcp")
-from mcp import Client, StdioServerParameters  # noqa: E402
-from mcp.client.stdio import stdio_client  # noqa: E402
-from mcp.types import CallToolResult, TextContent  # noqa: E402
+from cli import CLI
 
+mcp = pytest.importorskip("mcp")
+
+from mcp_client import error_text, payload, run_async, server  # noqa: E402
 from rtx_builds import (  # noqa: E402
     CONV_SHAPES,
     RESIDUAL_SHAPES,
@@ -45,7 +45,6 @@ from trt_otel.app.fleet import (  # noqa: E402
     check_command_line,
 )
 from trt_otel.app.mcp_server import MAX_LOG_CHARS, bound_log_lines  # noqa: E402
-from trt_otel.builder.onnx_models import demo_model_bytes  # noqa: E402
 from trt_otel.core.attempts import ATTEMPT, ATTEMPTS  # noqa: E402
 from trt_otel.core.state import BuildState  # noqa: E402
 
@@ -76,52 +75,10 @@ def _importable(name: str) -> bool:
 REAL = _real_builder()
 
 
-def server(
-    state_dir: Path,
-    *roots: Path,
-    cwd: Path | None = None,
-    errlog: TextIO | None = None,
-    flags: Sequence[str] = (),
-) -> Client:
-    """The server over stdio, started in ``cwd`` (default: the state directory's parent, so
-    that with no ``roots`` the test's files are inside its default roots), with ``flags``."""
-    args = ["-m", "trt_otel.app.cli", "mcp", "--state-dir", str(state_dir), *flags]
-    for root in roots:
-        args += ["--root", str(root)]
-    parameters = StdioServerParameters(
-        command=sys.executable, args=args, env={**os.environ}, cwd=str(cwd or state_dir.parent)
-    )
-    if errlog is None:
-        return Client(parameters, read_timeout_seconds=120)
-    return Client(stdio_client(parameters, errlog=errlog), read_timeout_seconds=120)
-
-
-def run(test: Callable[[], Awaitable[None]]) -> None:
-    anyio.run(test)
-
-
-def payload(result: CallToolResult) -> dict[str, Any]:
-    """A tool's answer: its structured content, which must match its text."""
-    assert not result.is_error, _text(result)
-    content: dict[str, Any] | None = result.structured_content
-    assert content is not None
-    return content
-
-
-def _text(result: CallToolResult) -> str:
-    return " ".join(c.text for c in result.content if isinstance(c, TextContent))
-
-
-def error_text(result: CallToolResult) -> str:
-    assert result.is_error, result
-    return _text(result)
-
-
 @pytest.fixture
-def model(tmp_path: Path) -> Path:
-    path = tmp_path / "mnist.onnx"
-    path.write_bytes(demo_model_bytes())
-    return path
+def model(mnist: Path) -> Path:
+    """The demo's model (conftest's ``mnist``), in the test's folder."""
+    return mnist
 
 
 def start_arguments(model: Path, *options: str, slow: bool = False) -> dict[str, Any]:
@@ -170,7 +127,7 @@ def test_tools_are_listed_with_their_inputs(tmp_path: Path) -> None:
             assert (limit["minimum"], limit["maximum"]) == (1, 1000)
             assert "refused (a tool error), not clamped" in limit["description"]
 
-    run(test)
+    run_async(test)
 
 
 @pytest.mark.e2e
@@ -223,7 +180,7 @@ def test_a_build_followed_to_success(tmp_path: Path, model: Path) -> None:
                 (build_id, "finished", "success")
             ]
 
-    run(test)
+    run_async(test)
 
 
 @pytest.mark.e2e
@@ -255,7 +212,7 @@ def test_a_build_cancelled_with_a_reason(tmp_path: Path, model: Path) -> None:
             again = await client.call_tool("cancel_build", {"id": build_id})
             assert "not running (finished)" in error_text(again)
 
-    run(test)
+    run_async(test)
 
 
 @pytest.mark.e2e
@@ -280,7 +237,7 @@ def test_arguments_of_another_type_are_refused_not_coerced(tmp_path: Path) -> No
                 assert name in said and "valid" in said, (tool, arguments, said)
             assert payload(await client.call_tool("list_builds", {}))["builds"] == []
 
-    run(test)
+    run_async(test)
 
 
 @pytest.mark.e2e
@@ -355,7 +312,7 @@ def test_bad_requests_are_tool_errors(tmp_path: Path, model: Path) -> None:
             listed = payload(await client.call_tool("list_builds", {}))["builds"]
             assert [b["state"] for b in listed] == ["failed_to_start"]
 
-    run(test)
+    run_async(test)
 
 
 @pytest.mark.e2e
@@ -383,7 +340,7 @@ def test_a_sample_interval_the_stall_timeout_cannot_hold_is_refused_from_an_agen
             assert "--sample-interval 10.0s is too long for --stall-timeout 5.0s" in said, said
             assert payload(await client.call_tool("list_builds", {}))["builds"] == []
 
-    run(test)
+    run_async(test)
     with pytest.raises(FleetError, match="is too long for --stall-timeout"):
         check_command_line(["demo", "--sample-interval", "1m", "--stall-timeout", "5s"])
 
@@ -487,7 +444,7 @@ def test_paths_are_confined_to_the_roots(tmp_path: Path, model: Path) -> None:
             assert precious.read_bytes() != b"not an engine: keep me"
         assert sorted(p.name for p in outside.iterdir()) == ["secret.onnx"]
 
-    run(test)
+    run_async(test)
 
 
 @pytest.fixture
@@ -570,8 +527,8 @@ def test_options_that_point_a_build_at_the_network_need_the_servers_consent(
             assert ended["status"]["outcome"] == "cancellation", ended
             assert polled.is_set()
 
-    run(refused_by_default)
-    run(allowed)
+    run_async(refused_by_default)
+    run_async(allowed)
 
 
 @pytest.mark.e2e
@@ -609,13 +566,13 @@ def test_the_default_roots_are_the_state_and_working_directories(
             )
             assert ended["status"]["outcome"] == "cancellation"
 
-    run(test)
+    run_async(test)
 
 
 @pytest.mark.e2e
 def test_a_root_that_is_not_a_directory_is_a_usage_error(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "trt_otel.app.cli", "mcp", "--root", str(tmp_path / "nowhere")],
+        [*CLI, "mcp", "--root", str(tmp_path / "nowhere")],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -680,7 +637,7 @@ def test_inputs_are_bounded_before_any_work(tmp_path: Path) -> None:
         assert "characters long" in logged
         assert len(logged) < 1000 * len(calls), logged[:2000]
 
-    run(test)
+    run_async(test)
 
 
 def test_log_lines_hold_no_input_whole() -> None:

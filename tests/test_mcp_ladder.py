@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from test_mcp import error_text, payload, run, server
+from journals import write_journal
+from mcp_client import error_text, payload, run_async, server
 from trt_otel.builder.onnx_models import demo_model_bytes
 from trt_otel.builder.simulator import generate_plan
-from trt_otel.core.journal import JournalWriter
 from trt_otel.testing import virtual_build
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -36,9 +36,7 @@ def write_history(folder: Path, model: Path, paces: tuple[float, ...]) -> list[f
     took = []
     for index, pace in enumerate(paces):
         events = virtual_build(generate_plan(13), pace=pace, seed=index, attributes=attributes)
-        writer = JournalWriter(folder / f"b{index}.jsonl")
-        writer.handle(events)
-        writer.close()
+        write_journal(folder / f"b{index}.jsonl", events)
         took.append((events[-1].mono_ns - events[0].mono_ns) / 1e9)
     return took
 
@@ -71,7 +69,7 @@ def test_a_ladder_started_by_an_agent_shows_its_attempts(tmp_path: Path) -> None
             assert second["options"] == "--builder-optimization-level 0 --timeout 2m"
             assert final["build_id"] == second["build_id"]
 
-    run(test)
+    run_async(test)
 
 
 def test_a_deadline_its_history_cannot_meet_is_refused_at_once(tmp_path: Path) -> None:
@@ -99,7 +97,7 @@ def test_a_deadline_its_history_cannot_meet_is_refused_at_once(tmp_path: Path) -
             assert final["cancel"]["reason"].endswith("deadline; not started")
             assert final["steps_completed"] == 0 and final["attempts"] == []
 
-    run(test)
+    run_async(test)
 
 
 def test_deadline_and_retries_are_checked_before_anything_starts(tmp_path: Path) -> None:
@@ -129,7 +127,7 @@ def test_deadline_and_retries_are_checked_before_anything_starts(tmp_path: Path)
                 p.is_dir() for p in (tmp_path / "state").iterdir()
             )
 
-    run(test)
+    run_async(test)
 
 
 def test_will_it_fit_answers_from_history_without_building(tmp_path: Path) -> None:
@@ -163,4 +161,4 @@ def test_will_it_fit_answers_from_history_without_building(tmp_path: Path) -> No
             assert "history / is outside the server's roots" in error_text(refused)
             assert not (tmp_path / "state").exists() or not any((tmp_path / "state").iterdir())
 
-    run(test)
+    run_async(test)

@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 
-from test_cpp import compile_driver, missing_toolchain
+from cpp_toolchain import compile_driver, missing_toolchain
+from runs import PROGRAMS
 from trt_otel.app.cli import main
 from trt_otel.builder.onnx_models import demo_model_bytes
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.core.journal import read_journal
 
-PROGRAMS = Path(__file__).parent / "programs"
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 CALLBACK_EVENTS = {"phase_start": "phase_start", "step": "step", "phase_finish": "phase_finish"}
 """A taken record's kind, and the journal event type it becomes."""

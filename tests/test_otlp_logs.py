@@ -5,13 +5,13 @@ receiver, and exported again, identical, by ``replay``."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from opentelemetry._logs import SeverityNumber
 
+from cli import CLI
 from otlp_receiver import OtlpReceiver, ReceivedLog
 from prometheus_server import free_port
 from rtx_builds import CONV_SHAPES, import_rtx, write_conv
@@ -22,8 +22,6 @@ from trt_otel.core.journal import read_journal
 from trt_otel.views.otlp_logs import SEVERITY_NUMBERS, LogProjection
 from trt_otel.views.spans import SpanProjection
 from trt_otel.views.trace_ids import phase_span_id
-
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 
 def open_phase_at_each_message(journal: Path) -> list[tuple[str, str, str | None, int | None]]:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cli import CLI
 from otlp_receiver import OtlpReceiver, ReceivedPoint
 from rtx_builds import CONV_SHAPES, import_rtx, write_conv
 from trt_otel import BuildMonitor, read_journal
@@ -21,8 +21,6 @@ from trt_otel.core.events import BuildStarted
 from trt_otel.views.otlp_metrics import OtlpMetricsExport
 from trt_otel.views.otlp_settings import GRPC, METRICS, OtlpSettings
 from trt_otel.views.prometheus import MetricSources, metrics_registry
-
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 
 def exposition_series(text: str) -> set[tuple[str, tuple[tuple[str, str], ...]]]:

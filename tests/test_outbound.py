@@ -13,7 +13,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +23,7 @@ from typing import Any
 import pytest
 import requests
 
+from cli import CLI
 from dripping import drip_head, dripping
 from otlp_receiver import hanging_collector
 from trt_otel import BuildMonitor
@@ -35,7 +35,6 @@ from trt_otel.core.deadlines import Deadline, DeadlineExceededError, call_within
 from trt_otel.views.otlp_http import AcceptedOn2xx
 from trt_otel.views.prometheus import MetricSources, metrics_registry, push_build_metrics
 
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 PLACES = ["headers", "body", "mute"]
 SLACK_S = 0.8
 """What a bounded call may take past its deadline here (a loaded machine's scheduling)."""

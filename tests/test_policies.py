@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from cli import CLI, HOLD, MID_BUILD, run_demo, start_demo
+from journals import final_state, first_cancel
 from otlp_receiver import OtlpReceiver, otlp_receiver
 from prometheus_server import free_port
 from trt_otel import BuildMonitor, ManualClock, Outcome, read_journal
@@ -42,49 +43,9 @@ from trt_otel.control.policies import (
 )
 from trt_otel.core.activity import Verdict
 from trt_otel.core.events import CancelRequested, PhaseStarted
-from trt_otel.core.state import BuildState
 from waiting import wait_for_silence, wait_for_text, wait_until, write_at_once
 
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 S = 1_000_000_000
-
-
-def final_state(journal: Path) -> BuildState:
-    state = BuildState()
-    for event in read_journal(journal).events:
-        state.apply(event)
-    return state
-
-
-def cancel_event(journal: Path) -> CancelRequested:
-    return next(e for e in read_journal(journal).events if isinstance(e, CancelRequested))
-
-
-def run_demo(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, "demo", "--no-progress", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def start_demo(journal: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [*CLI, "demo", "--no-progress", "--journal", str(journal), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-HOLD = ("--speed", "0", "--silence", "2s")
-"""A build at full speed that holds still for 2 s where tactic timing begins (as real builds go
-silent there): the time a test has to act mid-build. A cancel asked for in the window takes
-effect at the first step after it, gracefully."""
-MID_BUILD = b"Computing profile costs"
-"""In the journal once the build has reached its silent window."""
 
 
 # -- policies in isolation ----------------------------------------------------------------------
@@ -290,13 +251,14 @@ def test_an_http_flag_that_turns_true_cancels_with_its_reason(
 ) -> None:
     journal = tmp_path / "flag.jsonl"
     process = start_demo(
-        journal, *HOLD, "--cancel-url", flag_server.url, "--cancel-url-interval", "0.2s"
-    )
+        "--journal", journal, *HOLD, "--cancel-url", flag_server.url,
+        "--cancel-url-interval", "0.2s",
+    )  # fmt: skip
     wait_for_text(journal, MID_BUILD)
     flag_server.body = json.dumps({"cancel": True, "reason": "release freeze"}).encode()
     _, err = process.communicate(timeout=60)
     assert process.returncode == 3, err
-    cancel = cancel_event(journal)
+    cancel = first_cancel(journal)
     assert (cancel.reason, cancel.source) == ("release freeze", "http")
     assert cancel.policy == f"url({flag_server.url})"
     state = final_state(journal)
@@ -335,7 +297,7 @@ def test_a_failing_flag_server_stops_the_build_when_failing_closed(tmp_path: Pat
         "--cancel-url-fail-closed",
     )  # fmt: skip
     assert result.returncode == 3, result.stderr
-    cancel = cancel_event(journal)
+    cancel = first_cancel(journal)
     assert cancel.source == "http" and "failing closed" in cancel.reason
 
 
@@ -347,7 +309,7 @@ def test_a_timeout_ends_the_build_as_a_timeout(tmp_path: Path) -> None:
     assert result.returncode == 3, result.stderr
     state = final_state(journal)
     assert state.outcome is Outcome.TIMEOUT and state.error_type == "timeout"
-    cancel = cancel_event(journal)
+    cancel = first_cancel(journal)
     assert (cancel.source, cancel.timeout, cancel.policy) == ("timeout", True, "timeout(2.0s)")
     assert state.start_mono_ns is not None
     took_s = (cancel.mono_ns - state.start_mono_ns) / S
@@ -357,12 +319,12 @@ def test_a_timeout_ends_the_build_as_a_timeout(tmp_path: Path) -> None:
 @pytest.mark.e2e
 def test_a_sentinel_file_created_mid_build_cancels_it(tmp_path: Path) -> None:
     journal, sentinel = tmp_path / "file.jsonl", tmp_path / "STOP"
-    process = start_demo(journal, *HOLD, "--cancel-file", str(sentinel))
+    process = start_demo("--journal", journal, *HOLD, "--cancel-file", str(sentinel))
     wait_for_text(journal, MID_BUILD)
     write_at_once(sentinel, "wrong model version\n")
     _, err = process.communicate(timeout=60)
     assert process.returncode == 3, err
-    cancel = cancel_event(journal)
+    cancel = first_cancel(journal)
     assert (cancel.reason, cancel.source) == ("wrong model version", "file")
     assert final_state(journal).open_by_name == {}
 
@@ -396,7 +358,7 @@ def test_a_stall_in_a_silent_window_is_stopped_from_outside(
 def test_a_cancel_in_a_ten_minute_silence_ends_within_the_grace_period(tmp_path: Path) -> None:
     journal, sentinel = tmp_path / "silent.jsonl", tmp_path / "STOP"
     process = start_demo(
-        journal, "--speed", "0", "--silence", "10m", "--cancel-file", str(sentinel),
+        "--journal", journal, "--speed", "0", "--silence", "10m", "--cancel-file", str(sentinel),
         "--grace", "2s",
     )  # fmt: skip
     wait_for_silence(journal)
@@ -429,8 +391,8 @@ def test_a_worker_killed_from_outside_is_exit_4_with_every_span_ended(tmp_path: 
     engine.write_bytes(b"the previous engine")
     with otlp_receiver() as receiver:
         process = start_demo(
-            journal, "--speed", "0", "--silence", "10m", "-o", str(engine), "--otlp-endpoint",
-            f"http://127.0.0.1:{receiver.grpc_port}", "--otlp-protocol", "grpc",
+            "--journal", journal, "--speed", "0", "--silence", "10m", "-o", str(engine),
+            "--otlp-endpoint", f"http://127.0.0.1:{receiver.grpc_port}", "--otlp-protocol", "grpc",
         )  # fmt: skip
         wait_for_text(journal, MID_BUILD)
         os.kill(worker_pid(process.pid), signal.SIGKILL)
@@ -457,7 +419,7 @@ def wait_for_spans(receiver: OtlpReceiver, count: int) -> list[Any]:
 @pytest.mark.e2e
 def test_sigterm_to_the_command_during_a_silence_escalates_after_grace(tmp_path: Path) -> None:
     journal = tmp_path / "term.jsonl"
-    process = start_demo(journal, "--speed", "0", "--silence", "10m", "--grace", "1s")
+    process = start_demo("--journal", journal, "--speed", "0", "--silence", "10m", "--grace", "1s")
     wait_for_silence(journal)
     worker = worker_pid(process.pid)
     os.kill(process.pid, signal.SIGTERM)

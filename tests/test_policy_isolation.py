@@ -7,7 +7,6 @@ import contextlib
 import os
 import socketserver
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +15,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from trt_otel import BuildMonitor, read_journal
+from cli import CLI
+from dripping import DripServer, dripping
+from journals import first_cancel
+from trt_otel import BuildMonitor
 from trt_otel.control.policies import (
     AnyOf,
     CancelFile,
@@ -28,11 +30,8 @@ from trt_otel.control.policies import (
     Timeout,
     fetch,
 )
-from trt_otel.core.events import CancelRequested
 from trt_otel.views.prometheus import MetricSources, metrics_registry
 from waiting import wait_for_text, wait_until
-
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 
 def until_cancelled(monitor: BuildMonitor, timeout_s: float = 10) -> None:
@@ -40,10 +39,6 @@ def until_cancelled(monitor: BuildMonitor, timeout_s: float = 10) -> None:
     deadline = time.monotonic() + timeout_s
     while not monitor.cancelled and time.monotonic() < deadline:
         time.sleep(0.02)
-
-
-def cancel_of(journal: Path) -> CancelRequested:
-    return next(e for e in read_journal(journal).events if isinstance(e, CancelRequested))
 
 
 # -- a cancel file that blocks ------------------------------------------------------------------
@@ -123,61 +118,24 @@ def test_a_fifo_appearing_mid_build_cancels_it_at_once(tmp_path: Path) -> None:
         process.kill()
     assert process.returncode == 3, err
     assert time.monotonic() - began < 15, "the cancel waited for something else"
-    cancel = cancel_of(journal)
+    cancel = first_cancel(journal)
     assert (cancel.source, cancel.reason) == ("file", f"cancel file {fifo} appeared")
 
 
 # -- a cancel URL that drips ------------------------------------------------------------------
 
 
-class DripServer(socketserver.ThreadingTCPServer):
-    """Accepts a request, then sends its answer one byte every ``drip_s``, forever: in the
-    headers (``where="headers"``) or in a body that never reaches its Content-Length."""
-
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, where: str, drip_s: float = 0.1) -> None:
-        self.where, self.drip_s = where, drip_s
-        self.requests = 0
-        self.stopping = threading.Event()
-        super().__init__(("127.0.0.1", 0), DripHandler)
-        self.url = f"http://127.0.0.1:{self.server_address[1]}/flag"
-
-
-class DripHandler(socketserver.BaseRequestHandler):
-    server: DripServer
-
-    def handle(self) -> None:
-        self.server.requests += 1
-        self.request.recv(65536)
-        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Padding: "
-        if self.server.where == "body":
-            self.request.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
-            head = b""
-        try:
-            for index in range(100_000):
-                if self.server.stopping.wait(self.server.drip_s):
-                    return
-                byte = head[index : index + 1] or b" "
-                self.request.sendall(byte)
-        except OSError:
-            return
-
-
 @pytest.fixture(params=["headers", "body"])
 def drip_server(request: pytest.FixtureRequest) -> Iterator[DripServer]:
-    server = DripServer(request.param)
-    thread = threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-    )
-    thread.start()
-    try:
+    """A flag server that drips its answer a byte every tenth of a second, in its headers or in
+    a body that never reaches its Content-Length."""
+    with dripping(request.param, drip_s=0.1) as server:
         yield server
-    finally:
-        server.stopping.set()
-        server.shutdown()
-        server.server_close()
+
+
+def flag_url(server: DripServer) -> str:
+    """The cancel URL's flag on ``server`` (which answers any path alike, dripping)."""
+    return f"{server.url}/flag"
 
 
 def test_one_poll_is_bounded_as_a_whole(drip_server: DripServer) -> None:
@@ -185,7 +143,7 @@ def test_one_poll_is_bounded_as_a_whole(drip_server: DripServer) -> None:
 
     def poll() -> None:
         try:
-            outcome.append(fetch(drip_server.url, 1.0, 65536))
+            outcome.append(fetch(flag_url(drip_server), 1.0, 65536))
         except Exception as error:
             outcome.append(error)
 
@@ -204,12 +162,12 @@ def test_a_dripping_cancel_url_fails_closed(tmp_path: Path, drip_server: DripSer
     journal = tmp_path / "drip.jsonl"
     result = subprocess.run(
         [*CLI, "demo", "--no-progress", "--journal", str(journal),
-         "--cancel-url", drip_server.url, "--cancel-url-interval", "0.5s",
+         "--cancel-url", flag_url(drip_server), "--cancel-url-interval", "0.5s",
          "--cancel-url-fail-closed", "--silence", "60s"],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert result.returncode == 3, result.stderr
-    cancel = cancel_of(journal)
+    cancel = first_cancel(journal)
     assert cancel.source == "http" and "failing closed" in cancel.reason
     assert "no complete answer within 0.5s" in cancel.reason
     assert drip_server.requests >= 3, "each poll is its own request, the first did not hang"
@@ -234,20 +192,12 @@ def test_a_stuck_policy_shows_in_the_metrics() -> None:
 
 
 def test_a_stall_still_fires_while_a_cancel_url_hangs() -> None:
-    server = DripServer("headers", drip_s=0.5)
-    threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-    ).start()
-    url = CancelUrl(server.url, interval_s=10)
     monitor = BuildMonitor()
-    try:
+    with dripping("headers", drip_s=0.5) as server:
+        url = CancelUrl(flag_url(server), interval_s=10)
         with PolicyRunner(monitor, AnyOf(url, Stall(0.5)), interval_s=0.02, warn=lambda m: None):
             monitor.start()
             until_cancelled(monitor)
-    finally:
-        server.stopping.set()
-        server.shutdown()
-        server.server_close()
     assert monitor.state.cancel is not None and monitor.state.cancel.source == "stall"
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from prometheus_server import PrometheusServer, free_port, promtool_lint
+from prometheus_server import PrometheusServer, free_port, needs_prometheus, promtool_lint
 from trt_otel import BuildMonitor, JournalWriter, ManualClock, read_journal
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.capture.gpu import GpuReading, GpuSampler
@@ -31,11 +31,6 @@ from trt_otel.views.prometheus import (
 
 REPO = Path(__file__).resolve().parents[1]
 DASHBOARD = REPO / "dashboards" / "trt-otel.json"
-
-needs_prometheus = pytest.mark.skipif(
-    shutil.which("prometheus") is None or shutil.which("promtool") is None,
-    reason="Debian's prometheus package is not installed (.ci/run installs it)",
-)
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +104,7 @@ def dashboard_expressions() -> list[str]:
 
 
 @pytest.mark.e2e
-@needs_prometheus
+@needs_prometheus()
 def test_prometheus_finds_the_step_gauges_the_build_reported(
     prometheus: PrometheusServer, exporter_port: int
 ) -> None:
@@ -207,7 +202,7 @@ def test_the_event_and_callback_counts_are_the_logs_own() -> None:
 
 
 @pytest.mark.e2e
-@needs_prometheus
+@needs_prometheus()
 def test_every_dashboard_expression_returns_data_during_a_build(
     prometheus: PrometheusServer, exporter_port: int, tmp_path: Path
 ) -> None:
@@ -249,7 +244,7 @@ def test_every_dashboard_expression_returns_data_during_a_build(
 
 
 @pytest.mark.e2e
-@needs_prometheus
+@needs_prometheus()
 def test_promtool_finds_nothing_to_lint_mid_build() -> None:
     from trt_otel.control.policies import PolicyHealth
     from trt_otel.views.otlp_settings import SpanExportHealth
@@ -497,7 +492,7 @@ def test_registering_reading_or_pushing_is_not_a_scrape() -> None:
 
 
 @pytest.mark.e2e
-@needs_prometheus
+@needs_prometheus()
 def test_a_real_scraper_gets_the_final_values_before_the_end(
     prometheus: PrometheusServer, exporter_port: int
 ) -> None:

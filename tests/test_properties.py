@@ -33,12 +33,12 @@ from hypothesis import Phase as Stage
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from journals import unchecked
 from trt_otel import BuildMonitor, JournalWriter, ManualClock, read_journal
 from trt_otel.capture import checked
 from trt_otel.capture.checked import CheckedEvents
 from trt_otel.core import journal as journals
 from trt_otel.core.events import (
-    Anomaly,
     AnomalyKind,
     BuildFinished,
     Event,
@@ -820,13 +820,6 @@ test_the_forgetting_fold_draws_the_remembering_ones_tree = ForgettingAndRemember
 
 
 # -- 5. a checked and an unchecked journal of the same callbacks -----------------------------------
-
-
-def unchecked(events: Sequence[Event]) -> list[Event]:
-    """What a recorder that checks nothing (the C++ monitor) writes for the same callbacks: no
-    anomaly, numbered without them."""
-    kept = [event for event in events if not isinstance(event, Anomaly)]
-    return [msgspec.structs.replace(event, seq=seq) for seq, event in enumerate(kept)]
 
 
 def parts(items: Sequence[Event], at: Sequence[int]) -> Iterator[Sequence[Event]]:

@@ -5,24 +5,17 @@ the timing cache before, a ``fingerprint`` of what decides the engine) and what 
 from __future__ import annotations
 
 import hashlib
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cli import demo_journal, run_cli
 from rtx_builds import CONV_SHAPES, import_rtx, write_conv
 from trt_otel.builder.provenance import fingerprint, fingerprint_inputs
 from trt_otel.core.events import BuildFinished, BuildOutput, BuildStarted, Event
 from trt_otel.core.journal import read_journal
 from trt_otel.core.version import __version__
-
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
-
-
-def trt_otel(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300, check=False)
 
 
 def record(journal: Path) -> tuple[dict[str, Any], dict[str, Any], list[Event]]:
@@ -36,23 +29,13 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def demo(tmp_path: Path, name: str, *options: str) -> Path:
-    journal = tmp_path / f"{name}.jsonl"
-    done = trt_otel(
-        "demo", "--speed", "0", "--no-progress", "--no-summary", "--journal", str(journal),
-        *options,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return journal
-
-
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_a_real_build_records_what_went_in_and_the_engine_that_came_out(tmp_path: Path) -> None:
     import_rtx()
     model = write_conv(tmp_path / "conv.onnx")
     engine, journal = tmp_path / "conv.engine", tmp_path / "b.jsonl"
-    done = trt_otel(
+    done = run_cli(
         "build", str(model), "-o", str(engine), "--shapes", CONV_SHAPES,
         "--journal", str(journal), "--no-progress", "--no-summary",
     )  # fmt: skip
@@ -71,28 +54,32 @@ def test_a_real_build_records_what_went_in_and_the_engine_that_came_out(tmp_path
     # The output comes before the end, so a follower that stops at the end has it.
     assert isinstance(events[-1], BuildFinished)
     assert any(isinstance(e, BuildOutput) for e in events[-3:])
-    page = trt_otel("report", str(journal), "--format", "markdown").stdout
+    page = run_cli("report", str(journal), "--format", "markdown").stdout
     assert f"| engine.sha256 | {sha256(engine)} |" in page
 
 
 @pytest.mark.e2e
 def test_the_timing_cache_is_recorded_before_and_after(tmp_path: Path) -> None:
     cache = tmp_path / "timing.cache"
-    first = demo(tmp_path, "first", "--timing-cache", str(cache), "-o", str(tmp_path / "a.e"))
+    first = demo_journal(
+        tmp_path / "first.jsonl", "--timing-cache", str(cache), "-o", str(tmp_path / "a.e")
+    )
     went_in, came_out, _ = record(first)
     assert "trt.timing_cache.sha256.before" not in went_in  # there was none
     after = came_out["trt.timing_cache.sha256.after"]
     assert after == sha256(cache)
-    second = demo(tmp_path, "second", "--timing-cache", str(cache), "-o", str(tmp_path / "b.e"))
+    second = demo_journal(
+        tmp_path / "second.jsonl", "--timing-cache", str(cache), "-o", str(tmp_path / "b.e")
+    )
     went_in, _, _ = record(second)
     assert went_in["trt.timing_cache.sha256.before"] == after
 
 
 @pytest.mark.e2e
 def test_the_fingerprint_tells_the_same_build_from_a_different_one(tmp_path: Path) -> None:
-    one = record(demo(tmp_path, "one", "--timing-cache", str(tmp_path / "c1")))[0]
-    same = record(demo(tmp_path, "same", "--timing-cache", str(tmp_path / "c2")))[0]
-    other = record(demo(tmp_path, "other", "--builder-optimization-level", "1"))[0]
+    one = record(demo_journal(tmp_path / "one.jsonl", "--timing-cache", str(tmp_path / "c1")))[0]
+    same = record(demo_journal(tmp_path / "same.jsonl", "--timing-cache", str(tmp_path / "c2")))[0]
+    other = record(demo_journal(tmp_path / "other.jsonl", "--builder-optimization-level", "1"))[0]
     assert one["fingerprint"] == same["fingerprint"]  # the cache's path decides nothing
     assert one["fingerprint"] != other["fingerprint"]
 

@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 import pytest
 
+from cli import CLI, CLI_MODULE, run_cli
 from ray_cluster import RayCluster
 from rtx_builds import CONV_SHAPES, RESIDUAL_SHAPES, import_rtx, write_conv, write_residual
 from trt_otel import Outcome, read_journal
@@ -34,16 +35,14 @@ from waiting import wait_for_text
 # The first test also waits for the cluster to start (up to three attempts of STARTUP_S).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray"), pytest.mark.timeout(900)]
 
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 REASON = "the GPU is needed for a training run"
 
 
 def fleet(cluster: RayCluster, shared: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
     """``trt-otel fleet ...``: a new process every time."""
-    return subprocess.run(
-        [*CLI, "fleet", *arguments[:1], "--ray", cluster.address, "--shared-dir", str(shared),
-         *arguments[1:]],
-        capture_output=True, text=True, timeout=300, check=False,
+    return run_cli(
+        "fleet", *arguments[:1], "--ray", cluster.address, "--shared-dir", shared,
+        *arguments[1:], timeout=300,
     )  # fmt: skip
 
 
@@ -86,7 +85,7 @@ async def mcp_call(
 
     parameters = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "trt_otel.app.cli", "mcp", "--ray", cluster.address,
+        args=[*CLI_MODULE, "mcp", "--ray", cluster.address,
               "--shared-dir", str(shared)],
         env={**os.environ}, cwd=str(shared),
     )  # fmt: skip

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli import run_cli
+from journals import DATA
+
 pytestmark = pytest.mark.e2e
 
-DATA = Path(__file__).parent / "data"
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 RECORDED = {
     "success": "rtx-conv8-success.jsonl",
     "cancellation": "rtx-residual400-cancelled.jsonl",
@@ -39,9 +39,7 @@ def several_builds(path: Path, *outcomes: str) -> Path:
 
 
 def replay(journal: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, "replay", str(journal)], capture_output=True, text=True, timeout=120, check=False
-    )
+    return run_cli("replay", journal, timeout=120)
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,8 @@ from typing import Any
 import pytest
 
 from browser import chromium
+from cli import run_cli
+from journals import DATA, write_journal
 from rtx_builds import RESIDUAL_SHAPES, import_rtx, write_residual
 from trt_otel.core.events import (
     BuildFinished,
@@ -32,23 +32,13 @@ from trt_otel.core.events import (
     ProcessSample,
     StepCompleted,
 )
-from trt_otel.core.journal import JournalWriter, read_journal
+from trt_otel.core.journal import read_journal
 
 # On one worker: the real build of the rtx_journal fixture is made once a run.
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("report")]
 
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
-DATA = Path(__file__).parent / "data"
 CANCELLED = DATA / "rtx-residual400-cancelled.jsonl"
 EVIL = '<img src=x onerror="window.pwned=1"><script>window.pwned=2</script>| `x` **y**'
-
-
-def trt_otel(
-    *args: str, cwd: Path | None = None, timeout: float = 300
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, check=False
-    )
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +48,7 @@ def rtx_journal(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("rtx")
     model = write_residual(folder / "residual.onnx")
     journal = folder / "build.jsonl"
-    done = trt_otel(
+    done = run_cli(
         "build", str(model), "-o", str(folder / "residual.engine"), "--shapes", RESIDUAL_SHAPES,
         "--journal", str(journal), "--no-progress", "--sample-interval", "0.5",
     )  # fmt: skip
@@ -85,10 +75,7 @@ def crafted_journal(path: Path, name: str = EVIL) -> Path:
         _event(PhaseFinished, 8, 4.7, name="Building engine"),
         _event(BuildFinished, 9, 4.8, outcome=Outcome.CANCELLATION, detail=name),
     ]
-    writer = JournalWriter(path)
-    writer.handle(events)
-    writer.close()
-    return path
+    return write_journal(path, events)
 
 
 def _screenshot(driver: Any, name: str) -> None:
@@ -107,7 +94,7 @@ def test_the_page_of_a_real_build_shows_its_timeline_phases_and_resources_and_fe
     rtx_journal: Path, tmp_path: Path
 ) -> None:
     page = tmp_path / "report.html"
-    done = trt_otel("report", str(rtx_journal), "-o", str(page))
+    done = run_cli("report", str(rtx_journal), "-o", str(page))
     assert done.returncode == 0, done.stderr
     with chromium() as driver:
         driver.get(page.as_uri())
@@ -154,7 +141,7 @@ def test_a_row_with_children_folds_and_unfolds_in_the_browser(
     rtx_journal: Path, tmp_path: Path
 ) -> None:
     page = tmp_path / "report.html"
-    assert trt_otel("report", str(rtx_journal), "-o", str(page)).returncode == 0
+    assert run_cli("report", str(rtx_journal), "-o", str(page)).returncode == 0
     visible = (
         "return Array.from(document.querySelectorAll('svg.timeline g.row'))"
         ".filter(r => r.getAttribute('visibility') !== 'hidden').length"
@@ -172,7 +159,7 @@ def test_a_row_with_children_folds_and_unfolds_in_the_browser(
 @pytest.mark.slow
 def test_a_crafted_journal_is_shown_as_text_and_runs_nothing(tmp_path: Path) -> None:
     page = tmp_path / "report.html"
-    done = trt_otel("report", str(crafted_journal(tmp_path / "evil.jsonl")), "-o", str(page))
+    done = run_cli("report", str(crafted_journal(tmp_path / "evil.jsonl")), "-o", str(page))
     assert done.returncode == 0, done.stderr
     with chromium() as driver:
         driver.get(page.as_uri())
@@ -194,7 +181,7 @@ def test_a_crafted_journal_is_shown_as_text_and_runs_nothing(tmp_path: Path) -> 
 def test_the_page_holds_no_unescaped_markup_from_the_journal(tmp_path: Path) -> None:
     page = tmp_path / "report.html"
     assert (
-        trt_otel("report", str(crafted_journal(tmp_path / "e.jsonl")), "-o", str(page)).returncode
+        run_cli("report", str(crafted_journal(tmp_path / "e.jsonl")), "-o", str(page)).returncode
         == 0
     )
     text = page.read_text(encoding="utf-8")
@@ -208,7 +195,7 @@ def test_the_page_holds_no_unescaped_markup_from_the_journal(tmp_path: Path) -> 
 def test_markdown_names_the_outcome_the_phases_and_the_cancel_and_keeps_names_inert(
     tmp_path: Path,
 ) -> None:
-    done = trt_otel("report", str(crafted_journal(tmp_path / "e.jsonl")), "--format", "markdown")
+    done = run_cli("report", str(crafted_journal(tmp_path / "e.jsonl")), "--format", "markdown")
     assert done.returncode == 0, done.stderr
     text = done.stdout
     assert "**cancellation** in 4.8s" in text
@@ -232,14 +219,14 @@ def test_control_characters_in_a_journal_do_not_reach_the_terminal(
     # the window's title is written as escapes, as the console writes it.
     name = "\x1b[2J\x1b[32mbuild success\x1b]0;pwned\x07 \x9b31m"
     journal = crafted_journal(tmp_path / "e.jsonl", name)
-    done = trt_otel("report", str(journal), "--format", form)
+    done = run_cli("report", str(journal), "--format", form)
     assert done.returncode == 0, done.stderr
     assert not any((ord(c) < 32 and c not in "\n") or 0x7F <= ord(c) < 0xA0 for c in done.stdout)
     assert "x1b" in done.stdout and "x07" in done.stdout and "x9b31m" in done.stdout
 
 
 def test_markdown_of_a_real_cancelled_build(tmp_path: Path) -> None:
-    done = trt_otel("report", str(CANCELLED), "--format", "markdown")
+    done = run_cli("report", str(CANCELLED), "--format", "markdown")
     assert done.returncode == 0, done.stderr
     assert "**cancellation**" in done.stdout
     assert "Cancelled by **file**" in done.stdout
@@ -291,7 +278,7 @@ def check_trace_event_format(trace: dict[str, Any]) -> list[dict[str, Any]]:
 def test_the_trace_of_a_real_build_follows_the_format_with_every_phase_and_the_resources(
     rtx_journal: Path,
 ) -> None:
-    done = trt_otel("report", str(rtx_journal), "--format", "chrome-trace")
+    done = run_cli("report", str(rtx_journal), "--format", "chrome-trace")
     assert done.returncode == 0, done.stderr
     events = check_trace_event_format(json.loads(done.stdout))
     phases = [e for e in events if e["ph"] == "X" and e["cat"] == "phase"]
@@ -308,7 +295,7 @@ def test_the_trace_of_a_real_build_follows_the_format_with_every_phase_and_the_r
 
 
 def test_the_trace_of_a_cancelled_build_has_the_cancel_as_an_instant() -> None:
-    done = trt_otel("report", str(CANCELLED), "--format", "chrome-trace")
+    done = run_cli("report", str(CANCELLED), "--format", "chrome-trace")
     events = check_trace_event_format(json.loads(done.stdout))
     instants = [e for e in events if e["ph"] == "i"]
     assert [e["name"] for e in instants] == ["cancel (file)", "build cancellation"]
@@ -328,10 +315,8 @@ def test_phases_that_overlap_without_nesting_on_one_thread_go_to_another_lane(
         _event(PhaseFinished, 4, 0.9, name="C"),
         _event(BuildFinished, 5, 1.0, outcome=Outcome.SUCCESS),
     ]
-    writer = JournalWriter(tmp_path / "j.jsonl")
-    writer.handle(events)
-    writer.close()
-    done = trt_otel("report", str(tmp_path / "j.jsonl"), "--format", "chrome-trace")
+    write_journal(tmp_path / "j.jsonl", events)
+    done = run_cli("report", str(tmp_path / "j.jsonl"), "--format", "chrome-trace")
     trace = check_trace_event_format(json.loads(done.stdout))
     lanes = {e["args"]["name"] for e in trace if e["name"] == "thread_name"}
     assert lanes == {"Main", "Main (2)"}
@@ -342,9 +327,7 @@ def test_phases_that_overlap_without_nesting_on_one_thread_go_to_another_lane(
 
 def test_several_journals_give_one_section_per_build(tmp_path: Path) -> None:
     page = tmp_path / "r.html"
-    done = trt_otel(
-        "report", str(CANCELLED), str(DATA / "rtx-conv8-success.jsonl"), "-o", str(page)
-    )
+    done = run_cli("report", str(CANCELLED), str(DATA / "rtx-conv8-success.jsonl"), "-o", str(page))
     assert done.returncode == 0, done.stderr
     text = page.read_text(encoding="utf-8")
     assert text.count('<section class="build"') == 2
@@ -364,7 +347,7 @@ def test_several_journals_give_one_section_per_build(tmp_path: Path) -> None:
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], said: str, tmp_path: Path) -> None:
-    done = trt_otel("report", *args, cwd=tmp_path)
+    done = run_cli("report", *args, cwd=tmp_path)
     assert done.returncode == 2
     assert said in done.stderr and "Traceback" not in done.stderr
     if "--format" not in args:  # argparse's own errors come after the usage
@@ -379,7 +362,7 @@ def test_the_output_is_never_one_of_the_journals(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     (tmp_path / "link.jsonl").symlink_to(journal)
     for output in ("build.jsonl", "sub/../build.jsonl", "link.jsonl", str(journal)):
-        done = trt_otel("report", str(CANCELLED), "build.jsonl", "-o", output, cwd=tmp_path)
+        done = run_cli("report", str(CANCELLED), "build.jsonl", "-o", output, cwd=tmp_path)
         assert done.returncode == 2, (output, done.stderr)
         assert "is also the journal" in done.stderr and "Traceback" not in done.stderr
         assert len(done.stderr.splitlines()) == 1, done.stderr

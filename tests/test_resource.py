@@ -8,7 +8,6 @@ import os
 import re
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from opentelemetry.semconv._incubating.attributes.k8s_attributes import (
     K8S_POD_NAME,
 )
 
+from cli import CLI
 from otlp_receiver import OtlpReceiver
 from trt_otel.views.resource import (
     detect_resource,
@@ -33,7 +33,6 @@ from trt_otel.views.resource import (
     slurm_attributes,
 )
 
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 POD = {
     "K8S_POD_NAME": "build-resnet-7f9c4",
     "K8S_NAMESPACE_NAME": "ml-builds",

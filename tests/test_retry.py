@@ -6,11 +6,11 @@ refused before anything starts."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli import CLI, run_demo
 from otlp_receiver import otlp_receiver
 from trt_otel import read_journal
 from trt_otel.app.ladder import retry_reason
@@ -21,18 +21,10 @@ from trt_otel.core.events import BuildFinished, BuildStarted, Outcome
 from trt_otel.views.trace_ids import build_span_context
 from waiting import wait_for_text
 
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 # Level 5 times 2.5 times the tactics of level 3, level 0 a twentieth: at --speed 4 the first
 # takes ~10 s of simulated work, the second ~4 s.
 SLOW_THEN_FAST = ("--speed", "4", "--builder-optimization-level", "5", "--timeout", "5s",
                   "--retry", "--builder-optimization-level 0 --timeout 2m")  # fmt: skip
-
-
-def demo(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, "demo", "--no-progress", "--no-gpu", *args],
-        check=False, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
 
 
 def starts(journal: Path) -> list[BuildStarted]:
@@ -45,9 +37,10 @@ def test_a_ladders_second_rung_builds_after_the_first_timed_out_linked_in_one_tr
 ) -> None:
     journal = tmp_path / "ladder.jsonl"
     with otlp_receiver() as receiver:
-        done = demo(*SLOW_THEN_FAST, "--journal", str(journal), "-o", str(tmp_path / "e.engine"),
-                    "--otlp-endpoint", f"http://127.0.0.1:{receiver.grpc_port}",
-                    "--otlp-protocol", "grpc")  # fmt: skip
+        done = run_demo("--no-gpu", *SLOW_THEN_FAST, "--journal", str(journal),
+                        "-o", str(tmp_path / "e.engine"),
+                        "--otlp-endpoint", f"http://127.0.0.1:{receiver.grpc_port}",
+                        "--otlp-protocol", "grpc", timeout=240)  # fmt: skip
         assert done.returncode == 0, done.stderr
         builds = [s for s in receiver.wait_for(2, timeout_s=30) if s.name.startswith("BUILD ")]
     assert "built by attempt 2 of 2 (--builder-optimization-level 0 --timeout 2m)" in done.stderr
@@ -96,8 +89,9 @@ def test_a_users_cancel_is_not_retried(tmp_path: Path) -> None:
 @pytest.mark.e2e
 def test_the_deadline_covers_the_whole_ladder(tmp_path: Path) -> None:
     journal = tmp_path / "j.jsonl"
-    done = demo("--speed", "4", "--builder-optimization-level", "5", "--deadline", "4s",
-                "--retry", "--builder-optimization-level 0", "--journal", str(journal))  # fmt: skip
+    done = run_demo("--no-gpu", "--speed", "4", "--builder-optimization-level", "5",
+                    "--deadline", "4s", "--retry", "--builder-optimization-level 0",
+                    "--journal", str(journal), timeout=240)  # fmt: skip
     assert done.returncode == 3, done.stderr
     assert "attempt 2 not started: the 4.0s deadline has passed" in done.stderr
     assert len(starts(journal)) == 1
@@ -116,7 +110,9 @@ def test_the_deadline_covers_the_whole_ladder(tmp_path: Path) -> None:
 )
 def test_a_bad_rung_is_refused_before_anything_starts(tmp_path: Path, rung: str, said: str) -> None:
     journal = tmp_path / "j.jsonl"
-    done = demo("--speed", "0", "--journal", str(journal), "--retry", rung, timeout=60)
+    done = run_demo(
+        "--no-gpu", "--speed", "0", "--journal", str(journal), "--retry", rung, timeout=60
+    )
     assert done.returncode == 2, done.stderr
     assert said in done.stderr and "--retry" in done.stderr
     assert "Traceback" not in done.stderr and not journal.exists()

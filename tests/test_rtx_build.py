@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from cli import CLI
 from rtx_builds import (
     CONV_SHAPES,
     callbacks_of,
-    import_rtx,
     plain_build,
     shapes,
     write_conv,
@@ -30,13 +30,6 @@ from trt_otel.builder.options import BuildOptions
 from trt_otel.core.events import CancelRequested, LogMessage, PhaseFinished, StepCompleted
 
 pytestmark = pytest.mark.e2e
-
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
-
-
-@pytest.fixture(scope="module")
-def rtx() -> Any:
-    return import_rtx()
 
 
 def conv_options() -> BuildOptions:

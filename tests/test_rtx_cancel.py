@@ -14,7 +14,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -23,9 +22,10 @@ from typing import Any
 
 import pytest
 
+from cli import CLI
 from otlp_receiver import OtlpReceiver
 from prometheus_server import free_port
-from rtx_builds import RESIDUAL_SHAPES, SILENT_BLOCKS, import_rtx, write_residual
+from rtx_builds import RESIDUAL_SHAPES, SILENT_BLOCKS, SILENT_PHASE, import_rtx, write_residual
 from trt_otel import read_journal
 from trt_otel.capture.supervisor import DEFAULT_KILL_AFTER_S
 from trt_otel.core.events import (
@@ -37,8 +37,6 @@ from trt_otel.core.events import (
 )
 from waiting import write_at_once
 
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
-SILENT_PHASE = "Determining refit engines"
 # Policies are checked every 0.1 s and the worker's process takes a moment to end; under a
 # loaded CI machine, allow a few seconds on top of grace + kill delay.
 SLACK_S = 4.0

@@ -9,29 +9,21 @@ from __future__ import annotations
 import io
 import itertools
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-from rtx_builds import import_rtx, write_conv
-from trt_otel import read_journal
+from cli import CLI
+from journals import DATA, read_clean
+from rtx_builds import SILENT_PHASE, import_rtx, write_conv
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.core.events import Event, LogMessage, PhaseFinished, PhaseStarted, StepCompleted
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.views.console import LiveConsole, PlainLines, render_build
 
-DATA = Path(__file__).parent / "data"
 SUCCESS = DATA / "rtx-residual400-success.jsonl"
-SILENT_PHASE = "Determining refit engines"
-
-
-def recorded(path: Path) -> list[Event]:
-    journal = read_journal(path)
-    assert not journal.problems
-    return journal.events
 
 
 def before_the_silence(events: list[Event]) -> list[Event]:
@@ -52,7 +44,7 @@ def before_the_silence(events: list[Event]) -> list[Event]:
 
 def test_the_live_view_says_the_real_silent_step_and_how_long() -> None:
     model = ReadModel()
-    model.handle(before_the_silence(recorded(SUCCESS)))
+    model.handle(before_the_silence(read_clean(SUCCESS, contiguous=False).events))
 
     def header(silent_s: float) -> str:
         console = Console(file=io.StringIO(), width=200, color_system=None)
@@ -67,7 +59,7 @@ def test_plain_lines_keep_a_heartbeat_through_the_real_silent_step() -> None:
     model, stream = ReadModel(), io.StringIO()
     lines = PlainLines(model, stream, heartbeat_s=0.2)
     model.subscribe(lines)
-    model.handle(before_the_silence(recorded(SUCCESS)))
+    model.handle(before_the_silence(read_clean(SUCCESS, contiguous=False).events))
     deadline = time.monotonic() + 10
     while "… silent for" not in stream.getvalue():
         assert time.monotonic() < deadline, "no heartbeat while TensorRT was silent"
@@ -87,13 +79,13 @@ def test_tensorrt_s_own_error_is_on_the_failure_line_of_a_real_failed_build(
     import_rtx()
     model, journal = write_conv(tmp_path / "conv.onnx"), tmp_path / "conv.jsonl"
     done = subprocess.run(
-        [sys.executable, "-m", "trt_otel.app.cli", "build", str(model), "-o",
+        [*CLI, "build", str(model), "-o",
          str(tmp_path / "conv.engine"), "--journal", str(journal), "--no-progress", "--no-gpu",
          "--shapes", "input:1x3x16x16,1x3x16x16,1x3x16x16"],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 4, done.stderr
-    events = recorded(journal)
+    events = read_clean(journal, contiguous=False).events
     errors = [e.message for e in events if isinstance(e, LogMessage) and e.severity == "ERROR"]
     assert errors and "Dimension mismatch for tensor input" in errors[-1], errors
     failure = next(line for line in done.stderr.splitlines() if "build failure in" in line)

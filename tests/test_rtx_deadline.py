@@ -9,26 +9,22 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli import run_cli
 from rtx_builds import CONV_SHAPES, import_rtx, write_conv
 from trt_otel import read_journal
 from trt_otel.core.events import BuildFinished, CancelRequested, PhaseStarted
-
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def build(model: Path, directory: Path, *options: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, "build", str(model), "-o", str(directory / "conv.engine"), "--no-progress",
-         "--no-gpu", "--shapes", CONV_SHAPES, "--journal", str(directory / "build.jsonl"),
-         *options],
-        check=False, capture_output=True, text=True, timeout=300,
+    return run_cli(
+        "build", model, "-o", directory / "conv.engine", "--no-progress", "--no-gpu",
+        "--shapes", CONV_SHAPES, "--journal", directory / "build.jsonl", *options, timeout=300,
     )  # fmt: skip
 
 

@@ -8,30 +8,22 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from cli import CLI
+from journals import DATA, read_clean
 from otlp_receiver import OtlpReceiver
 from prometheus_server import PrometheusServer, free_port
-from rtx_builds import callbacks_of
+from rtx_builds import SILENT_PHASE, callbacks_of
 from trt_otel import read_journal
 from trt_otel.builder.simulator import generate_rtx_plan
-from trt_otel.core.events import BuildFinished, BuildStarted, Event, PhaseStarted
+from trt_otel.core.events import BuildFinished, BuildStarted, PhaseStarted
 
-DATA = Path(__file__).parent / "data"
 JOURNALS = sorted(DATA.glob("rtx-*.jsonl"))
 DASHBOARD = Path(__file__).resolve().parents[1] / "dashboards" / "trt-otel.json"
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
-SILENT_PHASE = "Determining refit engines"
-
-
-def events_of(name: str) -> list[Event]:
-    journal = read_journal(DATA / name)
-    assert not journal.problems
-    return journal.events
 
 
 @pytest.mark.parametrize("path", JOURNALS, ids=[p.name for p in JOURNALS])
@@ -46,7 +38,7 @@ def test_each_recorded_journal_names_its_real_builder(path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["rtx-conv8-success.jsonl", "rtx-residual400-success.jsonl"])
 def test_the_simulators_tensorrt_rtx_shape_is_the_recorded_one(name: str) -> None:
-    recorded = callbacks_of(events_of(name))
+    recorded = callbacks_of(read_clean(DATA / name, contiguous=False).events)
     cloning = next(c for c in recorded if c[:2] == ("phase_start", "Cloning network graph"))
     plan = generate_rtx_plan(int(cloning[3]) - 2)
     simulated = [
@@ -80,7 +72,7 @@ def test_a_replayed_cancelled_build_ends_its_spans_inside_the_silent_window(
     receiver: OtlpReceiver,
 ) -> None:
     name = "rtx-residual400-cancelled.jsonl"
-    events = events_of(name)
+    events = read_clean(DATA / name, contiguous=False).events
     result = subprocess.run(
         [*CLI, "replay", str(DATA / name), "--otlp-endpoint",
          f"http://127.0.0.1:{receiver.grpc_port}", "--otlp-protocol", "grpc"],

@@ -14,28 +14,21 @@ from typing import Any
 
 import pytest
 
-from rtx_builds import CONV_SHAPES, import_rtx, write_conv
+from cli import run_cli
+from rtx_builds import CONV_SHAPES, write_conv
 from trt_otel import read_journal
 from trt_otel.builder.build import BuildSetupError, select_backend
 from trt_otel.builder.options import BuildOptions, unsupported_options
 from trt_otel.capture.backends import TENSORRT_RTX
 from trt_otel.core.events import LogMessage
 
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
-
-
-@pytest.fixture(scope="module")
-def rtx() -> Any:
-    return import_rtx()
-
 
 def build(tmp_path: Path, *options: str) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
     model = write_conv(tmp_path / "conv.onnx")
     engine, journal = tmp_path / "conv.engine", tmp_path / "conv.jsonl"
-    result = subprocess.run(
-        [*CLI, "build", str(model), "-o", str(engine), "--journal", str(journal),
-         "--no-progress", "--no-gpu", *options],
-        capture_output=True, text=True, timeout=300, check=False,
+    result = run_cli(
+        "build", model, "-o", engine, "--journal", journal, "--no-progress", "--no-gpu", *options,
+        timeout=300,
     )  # fmt: skip
     return result, engine, journal
 

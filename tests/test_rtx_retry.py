@@ -8,18 +8,16 @@ Skipped only where ``tensorrt_rtx`` does not import, with the reason.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli import CLI
 from otlp_receiver import otlp_receiver
 from rtx_builds import RESIDUAL_SHAPES, import_rtx, write_residual
 from trt_otel import read_journal
 from trt_otel.core.attempts import attempt_of
 from trt_otel.core.events import BuildFinished, BuildStarted, Outcome
-
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -16,18 +16,12 @@ from rtx_builds import (
     RESIDUAL_SHAPES,
     callbacks_of,
     configured_build,
-    import_rtx,
     plain_build,
 )
 from trt_otel import BuildMonitor
 from trt_otel.builder.onnx_models import conv_net_bytes, demo_model_bytes, residual_net_bytes
 from trt_otel.builder.simulator import SimulatedTensorRT, generate_rtx_plan
 from trt_otel.builder.simulator.plan import SILENT_PHASE_RTX
-
-
-@pytest.fixture(scope="module")
-def rtx() -> Any:
-    return import_rtx()
 
 
 def simulated_callbacks(model: bytes, shape_text: str, profiles: int) -> list[tuple[Any, ...]]:

@@ -9,28 +9,20 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cli import CLI
 from otlp_receiver import OtlpReceiver
 from prometheus_server import PrometheusServer, free_port
-from rtx_builds import RESIDUAL_SHAPES, SILENT_BLOCKS, import_rtx, write_residual
+from rtx_builds import RESIDUAL_SHAPES, SILENT_BLOCKS, SILENT_PHASE, write_residual
 from trt_otel import read_journal
 from trt_otel.core.events import PhaseStarted, StepCompleted
 
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
-SILENT_PHASE = "Determining refit engines"
-
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def rtx() -> Any:
-    return import_rtx()
 
 
 def test_a_real_builds_metrics_and_spans_arrive(

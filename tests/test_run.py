@@ -12,23 +12,21 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from cli import CLI, run_cli
+from runs import PROGRAMS, PYTHON, builds_in, residual_net, start_of, start_run
 from trt_otel import ProcessSample, read_journal
-from trt_otel.builder.onnx_models import demo_model_bytes, residual_net_bytes
 from trt_otel.core.events import BuildFinished, BuildStarted, CancelRequested, Event, PhaseStarted
+from waiting import wait_for_journal
 
 trt = pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install -e '.[dev]')")
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-PROGRAMS = Path(__file__).parent / "programs"
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
-PYTHON = sys.executable
 RTX_PHASES = [
     "Building engine",
     "Cloning network graph",
@@ -40,52 +38,18 @@ RTX_PHASES = [
 """The phases every TensorRT-RTX 1.7 build starts with, in order."""
 
 
-def residual_net(blocks: int, tmp_path: Path) -> Path:
-    """``blocks`` residual blocks: TensorRT-RTX spends most of the build of a deep one inside a
-    single step of "Determining refit engines", with no callback at all."""
-    path = tmp_path / f"residual{blocks}.onnx"
-    path.write_bytes(residual_net_bytes(blocks))
-    return path
-
-
-@pytest.fixture(scope="module")
-def mnist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("models") / "mnist.onnx"
-    path.write_bytes(demo_model_bytes())
-    return path
-
-
 def run(
     tmp_path: Path, program: str, *args: str, options: tuple[str, ...] = (), timeout: float = 300
 ) -> tuple[subprocess.CompletedProcess[str], list[Event]]:
+    """``trt-otel run OPTIONS -- python PROGRAM ARGS`` to its end, its journal in ``tmp_path``;
+    what it did and what the journal holds."""
     journal = tmp_path / "run.jsonl"
-    command = [*CLI, "run", "--journal", str(journal), *options, "--", PYTHON]
-    result = subprocess.run(
-        [*command, str(PROGRAMS / program), *args],
-        capture_output=True,
-        text=True,
+    result = run_cli(
+        "run", "--journal", journal, *options, "--", PYTHON, PROGRAMS / program, *args,
         timeout=timeout,
-        check=False,
-    )
+    )  # fmt: skip
     events = read_journal(journal).events if journal.exists() else []
     return result, events
-
-
-def builds_in(events: list[Event]) -> list[list[Event]]:
-    """The journal cut into builds, each from its build_start to its build_end."""
-    builds: list[list[Event]] = []
-    for event in events:
-        if isinstance(event, BuildStarted):
-            builds.append([])
-        if builds:
-            builds[-1].append(event)
-    return builds
-
-
-def starts(build: list[Event]) -> BuildStarted:
-    first = build[0]
-    assert isinstance(first, BuildStarted)
-    return first
 
 
 def ends(build: list[Event]) -> BuildFinished:
@@ -108,7 +72,7 @@ def test_a_plain_build_is_observed_and_the_programs_output_is_untouched(
     assert result.stdout == alone.stdout
     assert "to stderr\n" in result.stderr.splitlines(keepends=True)
     (build,) = builds_in(events)
-    attributes = starts(build).attributes
+    attributes = start_of(build).attributes
     assert attributes["network.name"] == "net1"
     assert attributes["network.layers"] == 22
     assert attributes["network.inputs"] == ["input: FLOAT[-1,1,28,28]"]
@@ -180,10 +144,10 @@ def test_three_builds_in_a_row_are_three_builds_of_one_journal(mnist: Path, tmp_
     assert result.returncode == 0, result.stderr
     assert read_journal(tmp_path / "run.jsonl").problems == []
     builds = builds_in(events)
-    assert [starts(b).attributes["network.name"] for b in builds] == ["net1", "net2", "net3"]
-    assert [starts(b).attributes["run.build_index"] for b in builds] == [1, 2, 3]
-    assert len({starts(b).build_id for b in builds}) == 3
-    assert [starts(b).attributes["network.layers"] for b in builds] == [22, 3 * 3 + 1, 22]
+    assert [start_of(b).attributes["network.name"] for b in builds] == ["net1", "net2", "net3"]
+    assert [start_of(b).attributes["run.build_index"] for b in builds] == [1, 2, 3]
+    assert len({start_of(b).build_id for b in builds}) == 3
+    assert [start_of(b).attributes["network.layers"] for b in builds] == [22, 3 * 3 + 1, 22]
     for build in builds:
         assert ends(build).outcome == "success"
         names = [e.name for e in build if isinstance(e, PhaseStarted)]
@@ -193,7 +157,7 @@ def test_three_builds_in_a_row_are_three_builds_of_one_journal(mnist: Path, tmp_
     # last event is its end), and the samples name it.
     samples = [(b, e) for b in builds for e in b if isinstance(e, ProcessSample)]
     assert samples, "the process that builds is sampled"
-    assert all(e.pid == starts(b).attributes["program.pid"] for b, e in samples)
+    assert all(e.pid == start_of(b).attributes["program.pid"] for b, e in samples)
     assert "3 builds: 3 success" in result.stderr
     # Each build's summary line counts that build's phases, not the run's so far.
     assert result.stderr.count(" steps, 12 phases)") == 3
@@ -205,7 +169,7 @@ def test_builds_made_at_once_are_recorded_one_after_the_other(tmp_path: Path) ->
     assert result.returncode == 0, result.stderr
     assert result.stdout == "thread1: engine thread2: engine\n"
     builds = builds_in(events)
-    assert sorted(starts(b).attributes["network.name"] for b in builds) == ["thread1", "thread2"]
+    assert sorted(start_of(b).attributes["network.name"] for b in builds) == ["thread1", "thread2"]
     for build in builds:
         assert ends(build).outcome == "success"
         assert [e for e in build if e.type == "anomaly"] == [], "each build's events are its own"
@@ -227,37 +191,6 @@ def test_a_timeout_cancels_the_build_the_program_sees_none_and_the_run_exits_3(
     (build,) = builds_in(events)
     assert ends(build).outcome == "timeout"
     assert "SIGTERM" not in ends(build).detail
-
-
-def wait_for_journal(
-    journal: Path, process: subprocess.Popen[str], kind: str, name: str | None = None
-) -> None:
-    """Until the journal has an event of type ``kind`` (and that ``name``, for a phase)."""
-    deadline = time.monotonic() + 120
-    while True:
-        # Created before its header is written: an empty journal is one just begun.
-        if journal.exists() and journal.stat().st_size > 0:
-            events = read_journal(journal).events
-            if any(e.type == kind and getattr(e, "name", name) == name for e in events):
-                return
-        assert time.monotonic() < deadline, f"never saw {kind} {name or ''} in the journal"
-        assert process.poll() is None, process.communicate()
-        time.sleep(0.05)
-
-
-def start_run(
-    tmp_path: Path, *args: str, options: tuple[str, ...] = ()
-) -> tuple[subprocess.Popen[str], Path]:
-    journal = tmp_path / "run.jsonl"
-    process = subprocess.Popen(
-        [*CLI, "run", "--journal", str(journal), *options, "--", PYTHON,
-         str(PROGRAMS / "plain_build.py"), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group, as a terminal's foreground job
-    )  # fmt: skip
-    return process, journal
 
 
 def test_a_cancel_in_the_silent_window_terminates_the_program_within_the_grace_period(
@@ -388,7 +321,7 @@ def test_polygraphy_builds_are_observed(mnist: Path, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert engine.stat().st_size > 0
     (build,) = builds_in(read_journal(journal).events)
-    assert starts(build).attributes["trt.backend"] == "tensorrt-rtx"
-    assert starts(build).attributes["network.inputs"] == ["input: FLOAT[-1,1,28,28]"]
+    assert start_of(build).attributes["trt.backend"] == "tensorrt-rtx"
+    assert start_of(build).attributes["network.inputs"] == ["input: FLOAT[-1,1,28,28]"]
     assert ends(build).outcome == "success"
     assert "Finished engine building" in result.stdout  # Polygraphy's own log, untouched

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from prometheus_server import free_port
-from test_run import residual_net
+from runs import residual_net
 from trt_otel import read_journal
 from trt_otel.app.instrumentation import InstrumentError, InstrumentSettings
 from trt_otel.core.events import BuildFinished, BuildStarted

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -16,16 +15,17 @@ from pathlib import Path
 
 import pytest
 
+from cli import CLI
 from otlp_receiver import OtlpReceiver
-from test_run import PROGRAMS, PYTHON, builds_in, residual_net, starts, wait_for_journal
+from runs import PROGRAMS, PYTHON, builds_in, residual_net, start_of
 from trt_otel import read_journal
 from trt_otel.core.events import CancelRequested
+from waiting import wait_for_journal
 
 pytestmark = pytest.mark.e2e
 
 pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install -e '.[dev]')")
 
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 TOKEN = "run-views-token"
 
 
@@ -55,7 +55,7 @@ def test_the_builds_of_a_run_are_children_of_its_span_in_the_jobs_trace(
         (s for s in spans if s.parent_span_id == run_span.span_id), key=lambda s: s.start_ns
     )
     assert [r.attributes["network.name"] for r in roots] == ["net1", "net2", "net3"]
-    assert [r.attributes["trt.build.id"] for r in roots] == [starts(b).build_id for b in builds]
+    assert [r.attributes["trt.build.id"] for r in roots] == [start_of(b).build_id for b in builds]
     for root in roots:
         (engine,) = [
             s for s in spans if s.name == "Building engine" and s.parent_span_id == root.span_id
@@ -105,7 +105,7 @@ def test_http_and_metrics_show_the_current_build_count_builds_and_cancel_the_one
         scraped = _get(metrics[1])
         assert 'trt_run_builds_total{outcome="success"} 1.0' in scraped
         assert "trt_run_builds_started_total 1.0" in scraped
-        first_id = starts(builds_in(read_journal(journal).events)[0]).build_id
+        first_id = start_of(builds_in(read_journal(journal).events)[0]).build_id
         assert f'"build_id": "{first_id}"' in _get(f"{base[1]}/status").replace('":"', '": "')
 
         stream: list[str] = []
@@ -122,7 +122,7 @@ def test_http_and_metrics_show_the_current_build_count_builds_and_cancel_the_one
             assert time.monotonic() < deadline, "the second build never started"
             time.sleep(0.05)
         status = json.loads(_get(f"{base[1]}/status"))
-        second_id = starts(builds_in(read_journal(journal).events)[1]).build_id
+        second_id = start_of(builds_in(read_journal(journal).events)[1]).build_id
         assert (status["build_id"], status["outcome"]) == (second_id, None)
         assert _cancel(base[1]) == 202  # accepted: TensorRT stops at its next step
         stdout, _ = process.communicate(timeout=120)

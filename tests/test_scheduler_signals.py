@@ -8,19 +8,17 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli import CLI
 from trt_otel import Outcome, read_journal
 from trt_otel.app.session import TIME_LIMIT_REASON
 from trt_otel.core.events import BuildFinished, CancelRequested
 from waiting import wait_for_silence, wait_for_text
 
 pytestmark = pytest.mark.e2e
-
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 
 def start_job(journal: Path, *options: str) -> subprocess.Popen[str]:

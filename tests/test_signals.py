@@ -6,19 +6,18 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from cli import CLI
+from runs import residual_net, start_run
 from trt_otel import Outcome, read_journal
 from trt_otel.core.events import BuildFinished
-from waiting import wait_for_text
+from waiting import wait_for_journal, wait_for_text
 
 pytestmark = pytest.mark.e2e
-
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 
 @pytest.mark.parametrize("in_process", [False, True], ids=["worker", "in-process"])
@@ -74,7 +73,6 @@ def test_sighup_cancels_a_build_as_sigterm_does_and_its_journal_ends(tmp_path: P
 
 def test_sighup_to_run_cancels_the_program_s_build_as_sigterm_does(tmp_path: Path) -> None:
     pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install -e '.[dev]')")
-    from test_run import residual_net, start_run, wait_for_journal
 
     model = residual_net(1000, tmp_path)
     process, journal = start_run(tmp_path, str(model), options=("--grace", "1s"))

@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -20,6 +19,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from cli import CLI, MID_BUILD, run_demo
 from conftest import ReferencePhase, reference_tree, trace_params
 from otlp_receiver import (
     OtlpReceiver,
@@ -42,8 +42,8 @@ from trt_otel.views.otlp_settings import (
 )
 from trt_otel.views.spans import UNFINISHED, SpanProjection, SpanRecord
 from trt_otel.views.trace_ids import TRACEPARENT_ATTRIBUTE, parse_traceparent
+from waiting import wait_for_text
 
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 STATUS_ERROR = 2
 
 
@@ -171,17 +171,6 @@ ends as soon as they are; the default 3 s gave up on the build's own span, sent 
 few dozen runs on a loaded machine). A test of a collector that does not answer gives its own."""
 
 
-def run_demo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, "demo", "--no-progress", *FLUSH_TIMEOUT, *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-        env={**os.environ, **(env or {})},
-    )
-
-
 @pytest.mark.e2e
 @pytest.mark.parametrize("protocol", [GRPC, HTTP_PROTOBUF])
 def test_replay_exports_exactly_the_live_spans(
@@ -190,7 +179,7 @@ def test_replay_exports_exactly_the_live_spans(
     journal = tmp_path / "build.jsonl"
     url = endpoint(receiver, protocol)
     live = run_demo(
-        "--speed", "0", "--journal", str(journal), "--otlp-endpoint", url,
+        *FLUSH_TIMEOUT, "--speed", "0", "--journal", str(journal), "--otlp-endpoint", url,
         "--otlp-protocol", protocol,
     )  # fmt: skip
     assert live.returncode == 0, live.stderr
@@ -241,14 +230,6 @@ def comparable(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
     )
 
 
-def wait_for_silence(journal: Path) -> None:
-    """Until the build is in its silent window (where tactic timing begins)."""
-    deadline = time.monotonic() + 30
-    while not (journal.exists() and b"Computing profile costs" in journal.read_bytes()):
-        assert time.monotonic() < deadline, "the demo did not reach its silent window"
-        time.sleep(0.05)
-
-
 @pytest.mark.e2e
 def test_a_cancelled_build_ends_every_span_and_says_why(
     tmp_path: Path, receiver: OtlpReceiver
@@ -259,7 +240,7 @@ def test_a_cancelled_build_ends_every_span_and_says_why(
          "--silence", "2s", "--otlp-endpoint", endpoint(receiver, GRPC), "--otlp-protocol", GRPC],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    wait_for_silence(journal)
+    wait_for_text(journal, MID_BUILD, timeout_s=30)
     # Cancelled in the silence before tactic timing; refused at the first step after it, in
     # "Timing graph nodes".
     os.kill(process.pid, signal.SIGTERM)
@@ -291,7 +272,7 @@ def test_a_killed_build_replays_with_every_span_ended(
          "--silence", "10m"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    wait_for_silence(journal)
+    wait_for_text(journal, MID_BUILD, timeout_s=30)
     process.kill()
     process.wait(timeout=10)
 
@@ -321,7 +302,8 @@ def test_a_failed_build_is_an_error_span(tmp_path: Path, receiver: OtlpReceiver)
     model = tmp_path / "broken.onnx"
     model.write_bytes(b"\x08\x01 not a model")
     result = run_demo(
-        "--model", str(model), "--otlp-endpoint", endpoint(receiver, GRPC), "--otlp-protocol", GRPC
+        *FLUSH_TIMEOUT, "--model", str(model), "--otlp-endpoint", endpoint(receiver, GRPC),
+        "--otlp-protocol", GRPC,
     )  # fmt: skip
     assert result.returncode == 4
     (root,) = receiver.wait_for(1)
@@ -476,7 +458,7 @@ def test_a_collector_that_redirects_is_a_failure_and_nothing_is_counted_exported
     target = endpoint(receiver, HTTP_PROTOBUF)
     with redirecting_collector(status, target) as (port, posts):
         result = run_demo(
-            "--speed", "0", "--otlp-endpoint", f"http://127.0.0.1:{port}",
+            *FLUSH_TIMEOUT, "--speed", "0", "--otlp-endpoint", f"http://127.0.0.1:{port}",
             "--otlp-protocol", HTTP_PROTOBUF, "--otlp-logs-level", "info", "--otlp-metrics",
         )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -534,13 +516,13 @@ def test_the_cli_exits_promptly_when_the_collector_is_unreachable(collector: str
     # collector adds, which the 2 s flush timeout bounds (an exporter waiting out its own
     # timeouts and retries would add half a minute and more).
     began = time.monotonic()
-    assert run_demo("--speed", "0").returncode == 0
+    assert run_demo(*FLUSH_TIMEOUT, "--speed", "0").returncode == 0
     baseline = time.monotonic() - began
     with hanging_collector() as hanging_port:
         port = dead_port() if collector == "down" else hanging_port
         began = time.monotonic()
         result = run_demo(
-            "--speed", "0", "--otlp-endpoint", f"http://127.0.0.1:{port}",
+            *FLUSH_TIMEOUT, "--speed", "0", "--otlp-endpoint", f"http://127.0.0.1:{port}",
             "--otlp-protocol", HTTP_PROTOBUF, "--otlp-flush-timeout", "2s",
         )  # fmt: skip
         took = time.monotonic() - began
@@ -621,8 +603,8 @@ def test_the_default_budget_keeps_the_recorded_traces_whole(trace: Path) -> None
 def test_a_build_inside_a_traced_job_joins_its_trace(receiver: OtlpReceiver) -> None:
     traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     result = run_demo(
-        "--speed", "0", "--otlp-endpoint", endpoint(receiver, HTTP_PROTOBUF),
-        env={"TRACEPARENT": traceparent},
+        *FLUSH_TIMEOUT, "--speed", "0", "--otlp-endpoint", endpoint(receiver, HTTP_PROTOBUF),
+        env={**os.environ, "TRACEPARENT": traceparent},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert f"spans: {DEMO_SPANS} exported" in result.stderr
@@ -644,8 +626,9 @@ def test_a_build_inside_a_traced_job_joins_its_trace(receiver: OtlpReceiver) -> 
 @pytest.mark.e2e
 def test_standard_environment_variables_configure_the_export(receiver: OtlpReceiver) -> None:
     result = run_demo(
-        "--speed", "0",
+        *FLUSH_TIMEOUT, "--speed", "0",
         env={
+            **os.environ,
             "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint(receiver, GRPC),
             "OTEL_EXPORTER_OTLP_PROTOCOL": GRPC,
             "OTEL_SERVICE_NAME": "engine-builds",

@@ -10,25 +10,25 @@ from pathlib import Path
 
 import pytest
 
+from cli import CLI, run_cli
 from rtx_builds import CONV_SHAPES, import_rtx, write_conv
+from runs import PROGRAMS
 from trt_otel.builder.onnx_models import demo_model_bytes
 
 pytestmark = pytest.mark.e2e
 
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
-PROGRAMS = Path(__file__).parent / "programs"
 BEFORE = "## an earlier step's summary\n"
 
 
 def trt_otel(tmp_path: Path, *args: str, summary: bool = True) -> subprocess.CompletedProcess[str]:
+    """``trt-otel ARGS`` as a step of GitHub Actions runs it: ``$RUNNER_TEMP`` is ``tmp_path``,
+    and ``$GITHUB_STEP_SUMMARY`` (an earlier step's summary in it) is set where ``summary``."""
     env = {**os.environ, "RUNNER_TEMP": str(tmp_path)}
     env.pop("GITHUB_STEP_SUMMARY", None)
     if summary:
         env["GITHUB_STEP_SUMMARY"] = str(tmp_path / "summary.md")
         (tmp_path / "summary.md").write_text(BEFORE, encoding="utf-8")
-    return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, timeout=300, env=env, check=False
-    )
+    return run_cli(*args, timeout=300, env=env)
 
 
 def summary(tmp_path: Path) -> str:

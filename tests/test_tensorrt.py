@@ -8,20 +8,19 @@ deserializes, and that a cancel through the monitor really stops it.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cli import CLI
 from trt_otel import BuildMonitor, Outcome, read_journal
 from trt_otel.builder.build import run_build
 from trt_otel.builder.onnx_models import demo_model_bytes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.tensorrt]
 
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 SHAPES = ["--shapes", "input:1x1x28x28,4x1x28x28,8x1x28x28"]
 
 

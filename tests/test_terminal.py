@@ -6,15 +6,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from cli import CLI
 from trt_otel.views.terminal import printable
-
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 
 @pytest.mark.e2e

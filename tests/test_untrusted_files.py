@@ -17,6 +17,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from cli import CLI, run_cli
+from journals import write_journal
 from trt_otel.builder.simulator import TraceError, load_trace
 from trt_otel.core.eta import History
 from trt_otel.core.events import (
@@ -48,16 +50,9 @@ COMMAND_TIMEOUT_S = 30
 
 
 def trt_otel(*args: str | Path, timeout_s: float = COMMAND_TIMEOUT_S) -> tuple[int, str]:
-    """Run ``python -m trt_otel.app.cli`` and return its exit code and what it wrote."""
+    """Run ``trt-otel ARGS`` and return its exit code and what it wrote; a hang fails."""
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "trt_otel.app.cli", *map(str, args)],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            stdin=subprocess.DEVNULL,
-        )
+        done = run_cli(*args, timeout=timeout_s, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         pytest.fail(f"trt-otel {' '.join(map(str, args))} hung ({timeout_s}s)")
     return done.returncode, done.stdout + done.stderr
@@ -83,13 +78,6 @@ def fifo(tmp_path: Path) -> Path:
 def zero(tmp_path: Path) -> Path:
     path = tmp_path / "zero.jsonl"
     path.symlink_to("/dev/zero")
-    return path
-
-
-def journal_of(path: Path, events: Sequence[Event]) -> Path:
-    writer = JournalWriter(path)
-    writer.handle(events)
-    writer.close()
     return path
 
 
@@ -264,7 +252,7 @@ def test_a_directory_as_the_model_is_a_usage_error(command: str, tmp_path: Path)
 @pytest.mark.e2e
 @pytest.mark.parametrize("ended", [False, True])
 def test_replay_of_phases_nested_a_thousand_deep(tmp_path: Path, ended: bool) -> None:
-    path = journal_of(tmp_path / "deep.jsonl", nested(1000, ended=ended))
+    path = write_journal(tmp_path / "deep.jsonl", nested(1000, ended=ended))
     code, output = trt_otel("replay", path)
     assert "Traceback" not in output and "RecursionError" not in output, output[-3000:]
     assert code == (0 if ended else 4), output[-3000:]
@@ -425,7 +413,7 @@ def test_a_second_writer_of_a_journal_is_refused_and_cuts_nothing(tmp_path: Path
 def running_build(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
     journal = tmp_path / "shared.jsonl"
     process = subprocess.Popen(
-        [sys.executable, "-m", "trt_otel.app.cli", "demo", "--journal", str(journal)],
+        [*CLI, "demo", "--journal", str(journal)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         stdin=subprocess.DEVNULL,

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from cli import CLI
 from crafted import craft_journal
+from journals import DATA
 from trt_otel.app.cli import main
 from waiting import wait_for_text
 
@@ -31,10 +33,6 @@ def test_a_bad_url_is_refused_with_exit_2(
     assert main(["watch", "--url", url, "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
-
-
-DATA = Path(__file__).parent / "data"
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 
 
 @pytest.mark.parametrize(

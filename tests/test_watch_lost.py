@@ -16,25 +16,17 @@ from pathlib import Path
 
 import pytest
 
+from cli import CLI, run_cli, start_demo
 from crafted import craft_journal
 from trt_otel.capture.watch import BuildLostError, follow_journal
 from trt_otel.control.stopping import process_running
 from trt_otel.core.writer import Toucher
 from waiting import wait_for_text
 
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
-
-
-def start_demo(journal: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [*CLI, "demo", "--no-progress", "--no-gpu", "--journal", str(journal), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-
 
 def killed_in_silence(journal: Path) -> subprocess.Popen[str]:
     """A demo build SIGKILLed in its silent window, its journal left with no end."""
-    build = start_demo(journal, "--silence", "120s")
+    build = start_demo("--no-gpu", "--journal", journal, "--silence", "120s")
     try:
         wait_for_text(journal, b"Optimizing graph")
     finally:
@@ -44,10 +36,7 @@ def killed_in_silence(journal: Path) -> subprocess.Popen[str]:
 
 
 def watch(journal: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, "watch", "--no-progress", str(journal), *args],
-        capture_output=True, text=True, timeout=timeout, check=False,
-    )  # fmt: skip
+    return run_cli("watch", "--no-progress", journal, *args, timeout=timeout)
 
 
 @pytest.mark.e2e
@@ -94,7 +83,7 @@ def test_a_journal_with_no_sign_of_life_is_lost_after_the_limit(tmp_path: Path) 
 @pytest.mark.e2e
 def test_a_live_build_silent_longer_than_the_limit_is_followed_to_its_end(tmp_path: Path) -> None:
     journal = tmp_path / "live.jsonl"
-    build = start_demo(journal, "--speed", "4", "--silence", "6s")
+    build = start_demo("--no-gpu", "--journal", journal, "--speed", "4", "--silence", "6s")
     try:
         wait_for_text(journal, b"Optimizing graph")
         result = watch(journal, "--lost-after", "1s", timeout=120)

@@ -12,10 +12,7 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -28,6 +25,8 @@ import psutil
 import pytest
 from prometheus_client import CollectorRegistry
 
+from browser import chromium
+from cli import ServingBuild
 from trt_otel import BuildMonitor, Outcome
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.capture.gpu import GpuReading, GpuSampler
@@ -40,44 +39,17 @@ from selenium.webdriver.chrome.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 
-CLI = [sys.executable, "-m", "trt_otel.app.cli"]
 TOKEN = "page-token-for-tests"
 T = TypeVar("T")
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def _browser_paths() -> tuple[str, str] | None:
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    return (browser, driver) if browser and driver else None
-
-
 @pytest.fixture(scope="module")
 def browser() -> Iterator[WebDriver]:
-    paths = _browser_paths()
-    if paths is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium and chromedriver are missing: .ci/run installs them")
-        pytest.skip("needs chromium and chromedriver (apt-get install chromium chromium-driver)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = paths[0]
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",  # CI runs as root
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        "--window-size=1100,1200",
-    ):
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    # An explicit driver path: Selenium would otherwise try to download one.
-    service = webdriver.ChromeService(executable_path=paths[1])
-    driver = webdriver.Chrome(options=options, service=service)
-    try:
+    """One headless Chromium for the module's tests, its window 1100 by 1200."""
+    with chromium(1100, 1200) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 @pytest.fixture
@@ -88,55 +60,16 @@ def page(browser: WebDriver) -> Iterator[WebDriver]:
     browser_log(browser)
 
 
-class Demo:
+class Demo(ServingBuild):
     """A ``trt-otel demo`` serving its HTTP view on a free port, with a known cancel token.
 
     ``lines`` collects what it prints; leaving the ``with`` block stops it if still running.
     """
 
     def __init__(self, *args: str) -> None:
-        self.process = subprocess.Popen(
-            [*CLI, "demo", "--no-progress", "--http-port", "0", "--cancel-token", TOKEN, *args],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
+        super().__init__(
+            "demo", "--no-progress", "--http-port", "0", "--cancel-token", TOKEN, *args
         )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._announced = threading.Event()
-        self._reader.start()
-        if not self._announced.wait(60):
-            self.close()
-            raise AssertionError(f"the demo did not announce its HTTP endpoint: {self.lines}")
-        announced = (re.match(r"http: (http://[^/]+)/status", line) for line in self.lines)
-        self.base = next(m.group(1) for m in announced if m)
-
-    def _read(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:  # read all along, so the build never blocks on a pipe
-            self.lines.append(line)
-            if line.startswith("http: "):
-                self._announced.set()
-
-    def wait(self, timeout_s: float = 60) -> int:
-        try:
-            return self.process.wait(timeout_s)
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
-        self._reader.join(10)
-        if self.process.stderr is not None:
-            self.process.stderr.close()
-
-    def __enter__(self) -> Demo:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = 60.0) -> T:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from trt_otel import read_journal
 from trt_otel.builder.simulator import Callback, generate_plan
 
 CALLBACK_TYPES = (b'"type":"phase_start"', b'"type":"step"', b'"type":"phase_finish"')
@@ -18,6 +20,11 @@ def wait_until(condition: Callable[[], object], what: str, timeout_s: float = 60
     while not condition():
         assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g}s"
         time.sleep(0.02)
+
+
+def wait_for_file(path: Path, timeout_s: float = 30) -> None:
+    """Until something is at ``path`` (a file that a process creates when it is ready)."""
+    wait_until(path.exists, f"{path} did not appear", timeout_s)
 
 
 def wait_for_text(path: Path, text: bytes, timeout_s: float = 60) -> None:
@@ -59,6 +66,23 @@ def wait_for_silence(journal: Path, before: int = DEMO_SILENT_AT, timeout_s: flo
         f"{journal} never reached the silent window ({before} callbacks)",
         timeout_s,
     )
+
+
+def wait_for_journal(
+    journal: Path, process: subprocess.Popen[str], kind: str, name: str | None = None
+) -> None:
+    """Until the journal has an event of type ``kind`` (and that ``name``, for a phase), for
+    two minutes at most; fails at once if ``process`` (its writer) ends first."""
+    deadline = time.monotonic() + 120
+    while True:
+        # Created before its header is written: an empty journal is one just begun.
+        if journal.exists() and journal.stat().st_size > 0:
+            events = read_journal(journal).events
+            if any(e.type == kind and getattr(e, "name", name) == name for e in events):
+                return
+        assert time.monotonic() < deadline, f"never saw {kind} {name or ''} in the journal"
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.05)
 
 
 def write_at_once(path: Path, text: str) -> None:
