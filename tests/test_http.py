@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import http.client
 import json
@@ -853,6 +854,30 @@ def raw_answer(port: int, request: bytes) -> bytes:
     return answer
 
 
+@contextlib.contextmanager
+def every_ordinary_slot_held(slots: int) -> Iterator[tuple[BuildMonitor, StatusServer]]:
+    """A served build whose ``slots`` ordinary slots (``MAX_CONNECTIONS``, as the caller set
+    it) are each held by an idle connection: the next connection is past them."""
+    monitor = BuildMonitor()
+    model = ReadModel()
+    monitor.log.follow(model)
+    server = StatusServer(monitor, model, CollectorRegistry(), port=0, cancel_token=TOKEN)
+    monitor.start()
+    idle = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(slots)]
+    try:
+        wait_until(
+            lambda: raw_answer(server.port, b"GET /status HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .split(b" ")[1] == b"503",
+            "the ordinary slots taken",
+        )  # fmt: skip
+        yield monitor, server
+    finally:
+        for connection in idle:
+            connection.close()
+        server.close(linger_s=0)
+        monitor.close()
+
+
 def test_the_owners_controls_are_answered_while_others_hold_every_slot(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -861,19 +886,7 @@ def test_the_owners_controls_are_answered_while_others_hold_every_slot(
     from trt_otel.views import http as view
 
     monkeypatch.setattr(view, "MAX_CONNECTIONS", 4)
-    monitor = BuildMonitor()
-    model = ReadModel()
-    monitor.log.follow(model)
-    server = StatusServer(monitor, model, CollectorRegistry(), port=0, cancel_token=TOKEN)
-    monitor.start()
-    idle = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(4)]
-    try:
-        # Each idle one holds its slot once accepted: the next connection is past them.
-        wait_until(
-            lambda: raw_answer(server.port, b"GET /status HTTP/1.1\r\nHost: localhost\r\n\r\n")
-            .split(b" ")[1] == b"503",
-            "the ordinary slots taken",
-        )  # fmt: skip
+    with every_ordinary_slot_held(4) as (monitor, server):
         healthz = raw_answer(server.port, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         assert healthz.split(b" ")[1] == b"200", healthz[:80]
         cancel = raw_answer(
@@ -885,11 +898,6 @@ def test_the_owners_controls_are_answered_while_others_hold_every_slot(
         assert monitor.state.cancel is not None and monitor.state.cancel.source == "http"
         wrong = raw_answer(server.port, b"POST /cancel HTTP/1.1\r\nHost: localhost\r\n\r\n")
         assert wrong.split(b" ")[1] == b"401", wrong[:80]
-    finally:
-        for connection in idle:
-            connection.close()
-        server.close(linger_s=0)
-        monitor.close()
 
 
 def test_a_reserved_slot_is_refused_on_its_request_line_not_held_for_its_headers(
@@ -903,18 +911,7 @@ def test_a_reserved_slot_is_refused_on_its_request_line_not_held_for_its_headers
     monkeypatch.setattr(view, "MAX_CONNECTIONS", 2)
     monkeypatch.setattr(view, "RESERVED_CONNECTIONS", 1)
     monkeypatch.setattr(view, "RESERVED_DEADLINE_S", 60.0)
-    monitor = BuildMonitor()
-    model = ReadModel()
-    monitor.log.follow(model)
-    server = StatusServer(monitor, model, CollectorRegistry(), port=0, cancel_token=TOKEN)
-    monitor.start()
-    idle = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(2)]
-    try:
-        wait_until(
-            lambda: raw_answer(server.port, b"GET /status HTTP/1.1\r\nHost: localhost\r\n\r\n")
-            .split(b" ")[1] == b"503",
-            "the ordinary slots taken",
-        )  # fmt: skip
+    with every_ordinary_slot_held(2) as (_, server):
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as slow:
             slow.sendall(b"GET /status HTTP/1.1\r\nHost: local")  # and no more
             assert slow.recv(65536).startswith(b"HTTP/1.1 503"), "held for its headers"
@@ -926,11 +923,6 @@ def test_a_reserved_slot_is_refused_on_its_request_line_not_held_for_its_headers
             "/healthz answered on a reserved slot",
             timeout_s=10,
         )  # fmt: skip
-    finally:
-        for connection in idle:
-            connection.close()
-        server.close(linger_s=0)
-        monitor.close()
 
 
 def test_a_request_that_trickles_in_is_dropped_at_its_deadline(

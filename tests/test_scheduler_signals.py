@@ -40,6 +40,15 @@ def ended(process: subprocess.Popen[str]) -> tuple[int, str]:
     return process.returncode, err
 
 
+def stopped(journal: Path) -> tuple[CancelRequested, BuildFinished]:
+    """The journal's cancel, and its end, which must be its last event."""
+    events = read_journal(journal).events
+    cancel = next(e for e in events if isinstance(e, CancelRequested))
+    end = events[-1]
+    assert isinstance(end, BuildFinished), end
+    return cancel, end
+
+
 def test_sigterm_to_the_whole_process_group_in_a_silent_window_is_a_cancel(
     tmp_path: Path,
 ) -> None:
@@ -53,11 +62,8 @@ def test_sigterm_to_the_whole_process_group_in_a_silent_window_is_a_cancel(
     finally:
         code, err = ended(process)
     assert code == 3, err
-    events = read_journal(journal).events
-    cancel = next(e for e in events if isinstance(e, CancelRequested))
+    cancel, end = stopped(journal)
     assert (cancel.source, cancel.reason) == ("signal", "received SIGTERM")
-    end = events[-1]
-    assert isinstance(end, BuildFinished), end
     assert end.outcome is Outcome.CANCELLATION, end
     assert "the whole process group was signalled" in end.detail
     assert end.error_type is None
@@ -77,10 +83,7 @@ def test_a_time_limit_warning_to_the_job_stops_it_gracefully_as_a_timeout(
     finally:
         code, err = ended(process)
     assert code == 3, err
-    events = read_journal(journal).events
-    cancel = next(e for e in events if isinstance(e, CancelRequested))
+    cancel, end = stopped(journal)
     assert (cancel.source, cancel.reason, cancel.timeout) == ("signal", TIME_LIMIT_REASON, True)
-    end = events[-1]
-    assert isinstance(end, BuildFinished), end
     assert end.outcome is Outcome.TIMEOUT, end
     assert "died" not in end.detail  # the worker lived to answer TensorRT's next step
