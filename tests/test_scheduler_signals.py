@@ -6,6 +6,7 @@ never a death with no end in the journal. Real processes, real process groups, r
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -13,8 +14,11 @@ from pathlib import Path
 import pytest
 
 from cli import CLI
-from trt_otel import Outcome, read_journal
+from trt_otel import BuildMonitor, Outcome, read_journal
 from trt_otel.app.session import TIME_LIMIT_REASON
+from trt_otel.builder.build import BuildJob, SimulatorSettings, run_build_job
+from trt_otel.builder.onnx_models import demo_model_bytes
+from trt_otel.capture.supervisor import run_isolated
 from trt_otel.core.events import BuildFinished, CancelRequested
 from waiting import wait_for_silence, wait_for_text
 
@@ -87,3 +91,29 @@ def test_a_time_limit_warning_to_the_job_stops_it_gracefully_as_a_timeout(
     assert (cancel.source, cancel.reason, cancel.timeout) == ("signal", TIME_LIMIT_REASON, True)
     assert end.outcome is Outcome.TIMEOUT, end
     assert "died" not in end.detail  # the worker lived to answer TensorRT's next step
+
+
+SIGNALS_OF = re.compile(r"^(SigBlk|SigIgn):\s*([0-9a-f]+)$", re.MULTILINE)
+
+
+def test_the_worker_never_dies_of_a_ctrl_c_to_the_group_while_it_starts() -> None:
+    """From its first instruction the build's worker has Ctrl-C, SIGHUP and SIGUSR1 blocked (it
+    inherits the supervisor's mask through its exec) and then ignored: a Ctrl-C to the whole
+    group during its start-up (unpickling, importing) killed it with a traceback."""
+    seen: list[dict[str, int]] = []
+
+    def sample(pid: int) -> None:  # at once after the worker is started, while it starts up
+        status = Path(f"/proc/{pid}/status").read_text()
+        seen.append({name: int(mask, 16) for name, mask in SIGNALS_OF.findall(status)})
+
+    job = BuildJob(
+        model_path=Path("m.onnx"), model=demo_model_bytes(), simulator=SimulatorSettings(speed=0)
+    )
+    monitor = BuildMonitor()
+    monitor.start()
+    isolated = run_isolated(run_build_job, job, monitor=monitor, on_start=sample)
+    assert isolated.returned, isolated
+    (masks,) = seen
+    for number in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+        bit = 1 << (number - 1)
+        assert (masks["SigBlk"] | masks["SigIgn"]) & bit, f"{number.name} would kill it"

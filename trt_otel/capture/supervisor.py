@@ -23,9 +23,9 @@ How the two processes talk:
   made before it, before every one made after, even when the replay is seconds behind. A
   silent worker still says how far it got (an empty frame), so the cancel shows at once.
 - The pipe carries only the worker's result.
-- The worker ignores SIGINT, SIGHUP and SIGUSR1: Ctrl-C in a terminal, a hangup and a
-  scheduler's time-limit warning reach the whole process group, and deciding what they mean is
-  this process's job.
+- The worker ignores SIGINT, SIGHUP and SIGUSR1 (blocked from its start, ignored once it runs):
+  Ctrl-C in a terminal, a hangup and a scheduler's time-limit warning reach the whole process
+  group, and deciding what they mean is this process's job.
 """
 
 from __future__ import annotations
@@ -345,6 +345,24 @@ def _forward(
             )
 
 
+WORKER_IGNORES = (signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+"""What the worker ignores: a terminal and a scheduler send them to the whole process group."""
+
+
+@contextlib.contextmanager
+def _started_with_them_blocked() -> Iterator[None]:
+    """:data:`WORKER_IGNORES` blocked while the worker is started. It inherits the mask through
+    its exec, so a Ctrl-C to the whole group while it starts (unpickling, importing, before it
+    ignores them) waits in it instead of killing it with a traceback; here they are delivered
+    as soon as it has started. Only the calling thread's mask changes: it is the one the worker
+    inherits, and the process's other threads take signals meanwhile as before."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_IGNORES)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _die_with_parent(parent_pid: int) -> None:
     """Have the kernel kill this worker if the supervisor dies (even by SIGKILL), so an
     orphaned build never holds the GPU. Linux only; elsewhere the supervisor's end is noticed
@@ -369,9 +387,11 @@ def _worker_main(
     backend: str | None,
 ) -> None:
     _die_with_parent(parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a hangup is the supervisor's to decide
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # so is a scheduler's time-limit warning
+    # Ctrl-C, a hangup and a scheduler's time-limit warning are the supervisor's to decide;
+    # blocked since this process began (see _started_with_them_blocked), ignored from here.
+    for number in WORKER_IGNORES:
+        signal.signal(number, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, WORKER_IGNORES)
     # Everything imported so far lives as long as the process: out of the collector's sight,
     # so the collections that the callbacks' records set off do not walk it again and again.
     gc.freeze()
@@ -555,7 +575,7 @@ def run_isolated(
     replay = _Replay(SpoolReader(spool_fd), monitor, inbox)
     monitor.hold_cancels = True
     try:
-        with _main_module_kept_from(target), _no_resource_tracker():
+        with _main_module_kept_from(target), _no_resource_tracker(), _started_with_them_blocked():
             process.start()
         if on_start is not None and process.pid is not None:
             on_start(process.pid)
