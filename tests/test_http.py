@@ -424,7 +424,11 @@ def test_watch_by_url_and_by_journal_show_what_the_build_showed(tmp_path: Path) 
         for source in (["--url", base], [str(journal)])
     ]
     try:
-        _, build_err = process.communicate(timeout=60)
+        # The rest of its stderr through the reader that found the announcement: what that
+        # reader had read ahead is in its buffer (communicate() reads the pipe beneath it).
+        assert process.stderr is not None
+        build_err = process.stderr.read()
+        process.wait(60)
         outputs = [w.communicate(timeout=60)[1] for w in watchers]
     finally:
         for p in (process, *watchers):
