@@ -433,6 +433,9 @@ def test_watch_by_url_and_by_journal_show_what_the_build_showed(tmp_path: Path) 
     finally:
         for p in (process, *watchers):
             p.kill()
+        for pipe in (process.stdout, process.stderr):
+            if pipe is not None:
+                pipe.close()
     assert process.returncode == 0
     # The build printed its first lines before the watchers started; they get them all.
     expected = build_lines("".join(READ_BEFORE_ANNOUNCED[process.pid]) + build_err)
