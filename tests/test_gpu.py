@@ -212,6 +212,8 @@ def test_without_nvml_sampling_is_off_with_one_line_saying_why() -> None:
         reader.close()
         pytest.skip("this machine has a GPU and a driver")
     assert line.startswith("gpu: no telemetry: ")
+    if not Path("/proc/driver/nvidia").exists():  # no driver at all: a CPU-only machine
+        assert "no NVIDIA driver on this machine" in line and "NVML" in line, line
     result = subprocess.run(
         [*CLI, "demo", "--speed", "0", "--no-progress"],
         capture_output=True,

@@ -91,6 +91,13 @@ class NvmlReader:
         try:
             nvml.nvmlInit()
         except Exception as error:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...
+            if getattr(error, "value", None) == getattr(nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", -1):
+                # No NVIDIA driver at all: a CPU-only machine (TensorRT-RTX builds there), not
+                # a fault to report as one.
+                raise NvmlUnavailableError(
+                    "no NVIDIA driver on this machine (NVML's library is not there): a CPU-only "
+                    "build"
+                ) from None
             raise NvmlUnavailableError(f"NVML cannot start: {error}") from None
         try:
             if device.startswith(("GPU-", "MIG-")):
