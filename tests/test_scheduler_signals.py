@@ -9,8 +9,11 @@ import os
 import re
 import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from cli import CLI
@@ -18,7 +21,7 @@ from trt_otel import BuildMonitor, Outcome, read_journal
 from trt_otel.app.session import TIME_LIMIT_REASON
 from trt_otel.builder.build import BuildJob, SimulatorSettings, run_build_job
 from trt_otel.builder.onnx_models import demo_model_bytes
-from trt_otel.capture.supervisor import run_isolated
+from trt_otel.capture.supervisor import IsolatedResult, run_isolated
 from trt_otel.core.events import BuildFinished, CancelRequested
 from waiting import wait_for_silence, wait_for_text
 
@@ -117,3 +120,36 @@ def test_the_worker_never_dies_of_a_ctrl_c_to_the_group_while_it_starts() -> Non
     for number in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
         bit = 1 << (number - 1)
         assert (masks["SigBlk"] | masks["SigIgn"]) & bit, f"{number.name} would kill it"
+
+
+def test_a_worker_killed_as_it_starts_never_leaves_the_supervisor_waiting() -> None:
+    """SIGKILL of the worker the moment it exists, before it has read its job (a megabyte of
+    model here, more than a pipe holds): the supervisor sees it die and says so. The job went
+    through the pipe that starts the worker, whose writer blocked for ever on a dead reader."""
+    job = BuildJob(model_path=Path("m.onnx"), model=os.urandom(1 << 20))
+    ours = {child.pid for child in psutil.Process().children()}
+    killed: list[int] = []
+
+    def kill_the_worker_at_birth() -> None:
+        deadline = time.monotonic() + 60
+        while not killed and time.monotonic() < deadline:
+            for child in psutil.Process().children():
+                if child.pid not in ours:
+                    os.kill(child.pid, signal.SIGKILL)
+                    killed.append(child.pid)
+                    break
+
+    killer = threading.Thread(target=kill_the_worker_at_birth, daemon=True)
+    killer.start()
+    monitor = BuildMonitor()
+    monitor.start()
+    ended: list[IsolatedResult] = []
+    supervisor = threading.Thread(
+        target=lambda: ended.append(run_isolated(run_build_job, job, monitor=monitor)),
+        daemon=True,
+    )
+    supervisor.start()
+    supervisor.join(60)
+    assert killed, "the worker was never seen"
+    assert ended, "the supervisor still waits for a worker that is dead"
+    assert ended[0].died == "killed by SIGKILL", ended[0]

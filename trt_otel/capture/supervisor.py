@@ -38,6 +38,7 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import pickle
 import signal
 import sys
 import tempfile
@@ -363,6 +364,31 @@ def _started_with_them_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+def _write_job(target: Target, args: tuple[Any, ...]) -> str:
+    """The target and its arguments, pickled into a file of their own (0600) for the worker:
+    not through the pipe that starts it, which ``multiprocessing`` writes while it still holds
+    the pipe's other end, so that a worker killed as it starts left this process blocked for
+    ever on a job larger than the pipe's buffer (the model's bytes, a simulator's plan)."""
+    descriptor, path = tempfile.mkstemp(prefix="trt-otel-", suffix=".job")
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            pickle.dump((target, args), handle, protocol=pickle.HIGHEST_PROTOCOL)
+    except BaseException:
+        _unlink(path)
+        raise
+    return path
+
+
+def _read_job(path: str) -> tuple[Target, tuple[Any, ...]]:
+    """The worker's job (see :func:`_write_job`), its file unlinked once read."""
+    try:
+        with open(path, "rb") as handle:
+            target, args = pickle.load(handle)  # written by this build's supervisor, 0600
+    finally:
+        _unlink(path)
+    return target, args
+
+
 def _die_with_parent(parent_pid: int) -> None:
     """Have the kernel kill this worker if the supervisor dies (even by SIGKILL), so an
     orphaned build never holds the GPU. Linux only; elsewhere the supervisor's end is noticed
@@ -379,9 +405,8 @@ def _worker_main(
     connection: multiprocessing.connection.Connection,
     flag: Any,
     note: Any,
-    target: Target,
-    args: tuple[Any, ...],
     *,
+    job_path: str,
     spool_path: str,
     parent_pid: int,
     backend: str | None,
@@ -407,6 +432,7 @@ def _worker_main(
     forwarder.start()
     message: tuple[Any, ...]
     try:
+        target, args = _read_job(job_path)
         message = ("result", target(monitor, *args))
     except BaseException as error:
         message = ("error", type(error).__name__, str(error))
@@ -561,11 +587,17 @@ def run_isolated(
     # The spool: created here, opened by the worker, and unlinked as soon as it has (so
     # nothing is left behind, whoever dies); this process reads it through its own descriptor.
     spool_fd, spool_path = tempfile.mkstemp(prefix="trt-otel-", suffix=".spool")
+    job_path = _write_job(target, args)
     receiving, sending = context.Pipe(duplex=False)
     process = context.Process(
         target=_worker_main,
-        args=(sending, flag, note, target, args),
-        kwargs={"spool_path": spool_path, "parent_pid": os.getpid(), "backend": backend},
+        args=(sending, flag, note),
+        kwargs={
+            "job_path": job_path,
+            "spool_path": spool_path,
+            "parent_pid": os.getpid(),
+            "backend": backend,
+        },
         name="trt-otel-builder",
     )
     inbox = _Inbox()
@@ -597,6 +629,7 @@ def run_isolated(
         os.close(spool_fd)
         if spool_path:
             _unlink(spool_path)
+        _unlink(job_path)  # the worker's, unless it died before it read it
     return _result(process, inbox, ending, cancel.grace_s)
 
 
