@@ -524,7 +524,15 @@ def _check_left_behind(build: Build, killed_writer: bool) -> None:
     expected = {"build.jsonl", "model.engine", "stderr", "watch.err"}
     if killed_writer:  # nothing is left to remove what the build had made
         expected |= {"url"}
-    strays = [p.name for p in build.folder.iterdir() if p.name not in expected]
+    # Nor, after a SIGKILL of the supervisor, the engine the worker was writing (the kernel
+    # kills the worker with it): a known limit, said in BENCHMARKS.md, not a new finding.
+    left_by_the_killed = ".model.engine." if killed_writer else "\0"
+    strays = [
+        p.name
+        for p in build.folder.iterdir()
+        if p.name not in expected
+        and not (p.name.startswith(left_by_the_killed) and p.name.endswith(".partial"))
+    ]
     if strays:
         build.find(f"files left behind: {strays}")
     tokens = Path(tempfile.gettempdir()) / f"trt-otel-{os.getuid()}"
