@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cli import CLI
+from cli import start_cli
 from trt_otel import BuildMonitor, Outcome, read_journal
 from trt_otel.app.session import TIME_LIMIT_REASON
 from trt_otel.builder.build import BuildJob, SimulatorSettings, run_build_job
@@ -30,10 +30,9 @@ pytestmark = pytest.mark.e2e
 
 def start_job(journal: Path, *options: str) -> subprocess.Popen[str]:
     """A demo in a process group of its own, as a scheduler's job step is."""
-    return subprocess.Popen(
-        [*CLI, "demo", "--no-progress", "--no-gpu", "--speed", "0", "--journal", str(journal),
-         *options],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    return start_cli(
+        "demo", "--no-progress", "--no-gpu", "--speed", "0", "--journal", journal, *options,
+        start_new_session=True,
     )  # fmt: skip
 
 
