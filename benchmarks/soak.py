@@ -525,7 +525,8 @@ def _check_left_behind(build: Build, killed_writer: bool) -> None:
     if killed_writer:  # nothing is left to remove what the build had made
         expected |= {"url"}
     # Nor, after a SIGKILL of the supervisor, the engine the worker was writing (the kernel
-    # kills the worker with it): a known limit, said in BENCHMARKS.md, not a new finding.
+    # kills the worker with it): the next write of the same engine removes it (each build here
+    # writes its own), said in BENCHMARKS.md, not a new finding.
     left_by_the_killed = ".model.engine." if killed_writer else "\0"
     strays = [
         p.name

@@ -24,6 +24,7 @@ from trt_otel.capture import backends
 from trt_otel.capture.backends import Backend
 from trt_otel.capture.binding import ProgressMonitorBase
 from trt_otel.core.events import Outcome
+from trt_otel.core.files import glob_escape
 
 _SEVERITY_RANK = {"internal_error": 0, "error": 1, "warning": 2, "info": 3, "verbose": 4}
 
@@ -130,7 +131,7 @@ def partial_files(engine_path: Path, pid: int) -> list[Path]:
     """Temporary files a build process ``pid`` may have left while writing ``engine_path``
     (if it was killed mid-write)."""
     directory = engine_path.parent if str(engine_path.parent) else Path(".")
-    return sorted(directory.glob(f".{engine_path.name}.{pid}.*.partial"))
+    return sorted(directory.glob(f".{glob_escape(engine_path.name)}.{pid}.*.partial"))
 
 
 def model_attributes(model_path: Path, model: bytes) -> dict[str, Any]:

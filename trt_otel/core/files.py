@@ -5,11 +5,13 @@ they are before they are opened."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import io
 import os
 import secrets
 import select
 import stat
+import time
 from pathlib import Path
 from typing import BinaryIO
 
@@ -19,9 +21,12 @@ def write_atomically(path: Path, data: bytes, *, mode: int | None = None) -> Non
     ``mode``: the file's permissions; else a data file's, ``0666`` less the process's umask
     (as ``open()`` makes one): an engine or a report another user's process (a server) reads
     as the umask allows, never a file only its writer can read."""
-    # The pid in the name lets a supervisor that killed this process find what it left.
+    # The pid in the name lets a supervisor that killed this process find what it left; the
+    # lock held while it is written tells a later writer whether anyone still writes it.
+    remove_abandoned_partials(path)
     descriptor, temporary = _new_file_beside(path)
     try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
         with os.fdopen(descriptor, "wb") as file:
             if mode is not None:
                 os.fchmod(file.fileno(), mode)
@@ -49,6 +54,81 @@ def _new_file_beside(path: Path) -> tuple[int, str]:
         except FileExistsError:
             continue
     raise FileExistsError(errno.EEXIST, "no free temporary name", os.fspath(directory))
+
+
+ABANDONED_AFTER_S = 10.0
+"""How long a temporary file must have gone unmodified before a later writer of the same path
+may take it for abandoned (on top of its writer's pid being gone and its lock being free)."""
+
+
+def remove_abandoned_partials(path: Path) -> list[Path]:
+    """Remove the temporary files of ``path`` that a killed writer left (a supervisor killed
+    with SIGKILL takes its worker with it, mid-write, and nothing of either is left to clean
+    up): the files named as :func:`write_atomically` names them, owned by this user, whose
+    writer's pid is no process here, whose lock nobody holds (a writer in another pid namespace
+    or on another host of a shared folder holds it) and untouched for
+    :data:`ABANDONED_AFTER_S`. The files removed."""
+    directory = path.parent if str(path.parent) else Path(".")
+    removed: list[Path] = []
+    try:
+        candidates = list(directory.glob(f".{glob_escape(path.name)}.*.*.partial"))
+    except OSError:
+        return removed
+    for candidate in candidates:
+        pid = _writer_pid(candidate.name, path.name)
+        if pid is None or _is_running(pid):
+            continue
+        if _remove_if_abandoned(candidate):
+            removed.append(candidate)
+    return removed
+
+
+def glob_escape(name: str) -> str:
+    """``name`` matched literally by :meth:`Path.glob`."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
+def _writer_pid(temporary: str, name: str) -> int | None:
+    """The pid in ``.NAME.PID.RANDOM.partial``, or None where the name is not one of ours."""
+    middle = temporary[len(name) + 2 : -len(".partial")]
+    pid, _, token = middle.partition(".")
+    if not (pid.isdigit() and len(token) == 8 and all(c in "0123456789abcdef" for c in token)):
+        return None
+    return int(pid)
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _remove_if_abandoned(candidate: Path) -> bool:
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        descriptor = os.open(candidate, flags)
+    except OSError:  # gone, a link, or not ours to read
+        return False
+    try:
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            return False
+        if time.time() - info.st_mtime < ABANDONED_AFTER_S:
+            return False
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # its writer still holds it
+            return False
+        candidate.unlink(missing_ok=True)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(descriptor)
 
 
 # -- files from outside: checked for what they are before they are opened ------------------------
