@@ -16,12 +16,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
+from trt_otel.app import view_registry
 from trt_otel.app.config import (
     ConsoleConfig,
     GpuConfig,
@@ -32,6 +34,7 @@ from trt_otel.app.config import (
     SpanConfig,
     UsageError,
 )
+from trt_otel.app.view_registry import ViewContext
 from trt_otel.capture.checked import read_journal
 from trt_otel.capture.gpu import GpuReader, GpuSampler, open_reader
 from trt_otel.capture.monitor import BuildMonitor
@@ -469,57 +472,90 @@ def attach_views(
     collectors: Sequence[Collector] = (),
     attributes: Mapping[str, Any] | None = None,
 ) -> Views:
-    """The sinks ``trt-otel build``, ``run`` and ``watch`` attach alike, entered on ``stack``:
-    spans, then one registry (with ``collectors`` added) for scrapes, the HTTP view and the
-    push, then the scrape endpoint and the HTTP view, announced to Prometheus (labelled from
-    ``attributes``) where asked. Each stops after the log's followers have drained into it.
-    The OpenTelemetry exports share one resource, detected once (the build's ``attributes``
-    name its GPU). Without a metrics view (no scrape endpoint, push, OTLP metrics or HTTP
-    view), there is no registry, and Prometheus' client is not imported."""
-    resource = telemetry_resource(observe.spans, attributes)
-    logs = stack.enter_context(log_export(observe.spans, model, resource))
-    spans = stack.enter_context(span_export(observe.spans, model, resource))
-    # Entered before the endpoints, so that it is withdrawn after they close: after the last
-    # scrape that brings Prometheus the build's final values.
-    target = stack.enter_context(scrape_target(observe.metrics, attributes or {}, monitor))
-    registry: CollectorRegistry | None = None
-    metrics: MetricsServer | None = None
-    http: StatusServer | None = None
-    otlp: OtlpMetricsExport | None = None
-    if metrics_wanted(observe):
-        from trt_otel.views.prometheus import metrics_registry
-
-        sources = metric_sources(monitor, observe.metrics, spans=spans, runner=runner, model=model)
-        registry = metrics_registry(sources)  # one registry: scrapes, the HTTP view, the push
-        for collector in collectors:
-            registry.register(collector)
-        metrics = stack.enter_context(metrics_endpoint(registry, observe.metrics))
-        otlp = stack.enter_context(otlp_metrics(observe.spans, registry, resource))
-        http = stack.enter_context(
-            status_server(monitor, observe.http, model=model, registry=registry)
-        )
-    # Left first, in this order: the push (its warning is still a log record), then the
-    # OTLP exports begin their final flush together, each to wait, as it is left, for what
-    # remains of the one flush timeout.
-    stack.enter_context(final_flush(observe.spans.flush_timeout_s, spans, logs, otlp))
-    if registry is not None:
-        stack.enter_context(final_push(registry, observe.metrics))
-    if target is not None:
-        _announce_target(target, metrics, http)
-    return Views(spans, registry, http)
-
-
-def metrics_wanted(observe: ObservabilityConfig) -> bool:
-    """Whether anything reads the build's metrics: a scrape endpoint, a Pushgateway, OTLP
-    metrics (asked for even without an endpoint: :func:`otlp_metrics` refuses that) or the
-    HTTP view (its ``/metrics``)."""
-    metrics = observe.metrics
-    return (
-        metrics.port is not None
-        or metrics.pushgateway is not None
-        or observe.spans.metrics
-        or observe.http.port is not None
+    """The views ``trt-otel build``, ``run`` and ``watch`` attach alike: every view of
+    :mod:`~trt_otel.app.view_registry` that ``observe`` asks for, entered on ``stack`` in the
+    registry's order (so they stop in the reverse order, each after the log's followers have
+    drained into it). The OpenTelemetry exports share one resource, detected once (the build's
+    ``attributes`` name its GPU); ``collectors`` join the metrics registry. Without a metrics
+    view there is no registry, and Prometheus' client is not imported."""
+    context = ViewContext(
+        monitor,
+        observe,
+        model,
+        runner,
+        attributes or {},
+        collectors,
+        resource=telemetry_resource(observe.spans, attributes),
     )
+    for entry in view_registry.wanted_by(observe):
+        context.started[entry.name] = stack.enter_context(entry.attached(context))
+    return Views(context.view("spans"), context.view("metrics"), context.view("http"))
+
+
+# -- each view as the registry attaches it -----------------------------------------------------
+
+
+def attach_log_export(context: ViewContext) -> AbstractContextManager[OtlpLogExport | None]:
+    return log_export(context.observe.spans, context.model, context.resource)
+
+
+def attach_span_export(context: ViewContext) -> AbstractContextManager[OtlpSpanExport | None]:
+    return span_export(context.observe.spans, context.model, context.resource)
+
+
+def attach_scrape_target(context: ViewContext) -> AbstractContextManager[ScrapeTarget | None]:
+    return scrape_target(context.observe.metrics, context.attributes, context.monitor)
+
+
+@contextlib.contextmanager
+def attach_metrics_registry(context: ViewContext) -> Iterator[CollectorRegistry]:
+    """One registry for scrapes, the HTTP view, the push and OTLP metrics, with the
+    session's ``collectors`` on it."""
+    from trt_otel.views.prometheus import metrics_registry
+
+    sources = metric_sources(
+        context.monitor,
+        context.observe.metrics,
+        spans=context.view("spans"),
+        runner=context.runner,
+        model=context.model,
+    )
+    registry = metrics_registry(sources)
+    for collector in context.collectors:
+        registry.register(collector)
+    yield registry
+
+
+def attach_metrics_endpoint(context: ViewContext) -> AbstractContextManager[MetricsServer | None]:
+    return metrics_endpoint(context.view("metrics"), context.observe.metrics)
+
+
+def attach_otlp_metrics(context: ViewContext) -> AbstractContextManager[OtlpMetricsExport | None]:
+    return otlp_metrics(context.observe.spans, context.view("metrics"), context.resource)
+
+
+def attach_status_server(context: ViewContext) -> AbstractContextManager[StatusServer | None]:
+    return status_server(
+        context.monitor, context.observe.http, model=context.model, registry=context.view("metrics")
+    )
+
+
+def attach_final_flush(context: ViewContext) -> AbstractContextManager[None]:
+    exports = (context.view("spans"), context.view("logs"), context.view("otlp-metrics"))
+    return final_flush(context.observe.spans.flush_timeout_s, *exports)
+
+
+def attach_final_push(context: ViewContext) -> AbstractContextManager[None]:
+    return final_push(context.view("metrics"), context.observe.metrics)
+
+
+@contextlib.contextmanager
+def attach_announcement(context: ViewContext) -> Iterator[None]:
+    """The scrape target announced, once the endpoint it names listens."""
+    target = context.view("scrape-target")
+    if target is not None:
+        _announce_target(target, context.view("prometheus"), context.view("http"))
+    yield
 
 
 def telemetry_resource(spans: SpanConfig, attributes: Mapping[str, Any] | None) -> Resource | None:
