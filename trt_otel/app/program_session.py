@@ -10,33 +10,24 @@ the builds by outcome. The GPU is sampled while a build is being made.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shlex
-import sys
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from trt_otel.app.components import (
-    DEEP_QUEUE,
-    attach_views,
-    build_context,
-    following,
-    open_journal,
-    sampling,
-)
+from trt_otel.app.assembly import attach_session
+from trt_otel.app.components import Views, build_context, sampling
 from trt_otel.app.config import SessionConfig, signal_grace_s
 from trt_otel.app.run import resolve_command, run_program
 from trt_otel.app.run_span import RunSpan
 from trt_otel.capture.gpu import GpuReader
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.program import CurrentBuild, ProgramBuilds, RunCollector
-from trt_otel.core.followers import Follower
 from trt_otel.core.log import EventLog
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.views import terminal
-from trt_otel.views.console import PlainLines
-from trt_otel.views.http import EventFeed
 from trt_otel.views.terminal import warn
 from trt_otel.views.trace_ids import TRACEPARENT_ATTRIBUTE
 
@@ -92,34 +83,27 @@ def observed_builds(
         current = CurrentBuild(builds, run_id)
         model = ReadModel(history)  # the builds folded once, for every view below
 
-        views = attach_views(
+        policy = config.policy.policy()
+
+        def announce(views: Views) -> None:
+            if run is not None and views.spans is not None:
+                say(f"trace: {run.trace_id:032x}")
+            if policy is not None:
+                say(f"policy (each build): {policy.describe()}")
+
+        # Plain lines even on a terminal: a live tree redraws lines the program writes.
+        console = dataclasses.replace(observe.console, live=False) if progress else None
+        views = attach_session(
             stack,
             current,
             observe,
-            runner=None,
             model=model,
             collectors=[RunCollector(builds)],
             attributes=attributes,
+            console=console,
+            builds_in_a_run=True,
+            before_following=announce,
         )
-        http = views.http
-        if run is not None and views.spans is not None:
-            say(f"trace: {run.trace_id:032x}")
-        if progress:
-            # Plain lines even on a terminal: a live tree redraws lines the program writes.
-            model.subscribe(PlainLines(model, sys.stderr))
-        policy = config.policy.policy()
-        if policy is not None:
-            say(f"policy (each build): {policy.describe()}")
-
-        followers: list[tuple[Follower, int]] = []
-        if observe.journal is not None:
-            followers.append((open_journal(observe.journal), DEEP_QUEUE))
-        followers.append((model, DEEP_QUEUE))
-        if http is not None:
-            # No client yet: the stream of a run goes on across its builds.
-            http.feed = EventFeed(ends_with_build=False)
-            followers.append((http.feed, DEEP_QUEUE))
-        stack.enter_context(following(log, followers, model))
         builds.listeners = (_sample_while_building(gpu, config),)
         yield builds
         if run is not None and views.spans is not None:

@@ -25,19 +25,13 @@ from typing import Any
 
 import msgspec
 
-from trt_otel.app.components import (
-    DEEP_QUEUE,
-    attach_views,
-    console_view,
-    following,
-    load_history,
-)
+from trt_otel.app.assembly import attach_session, policy_runner
+from trt_otel.app.components import Views, load_history
 from trt_otel.app.config import SessionConfig, UsageError, supervises
 from trt_otel.capture.liveness import DEFAULT_LOST_AFTER_S, Writer
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.process import ProcessSampler
 from trt_otel.capture.watch import follow_journal
-from trt_otel.control.policies import PolicyRunner
 from trt_otel.control.stopping import (
     holds_write_lock,
     owned_by_this_user,
@@ -54,7 +48,6 @@ from trt_otel.core.events import (
     ProcessSample,
 )
 from trt_otel.core.files import open_regular_for_reading, write_atomically
-from trt_otel.core.followers import Follower
 from trt_otel.core.journal import (
     JournalError,
     JournalProblem,
@@ -416,24 +409,26 @@ def watch_and_supervise(
         history = load_history(observe.history, attributes)
         model = ReadModel(history)  # the build folded once, for every view below
         monitor = RemoteBuild(control_file, started=started, model=model)
-        runner = PolicyRunner(monitor, policy, warn=warn) if policy is not None else None
+        runner = policy_runner(monitor, policy)
 
-        # As run_session attaches them to a build run here.
-        views = attach_views(
-            stack, monitor, observe, runner=runner, model=model, attributes=attributes
+        def announce(views: Views) -> None:
+            if views.spans is not None:
+                remote = parse_traceparent(str(attributes.get(TRACEPARENT_ATTRIBUTE, "")))
+                say(f"trace: {trace_id_for(started.build_id, remote):032x}")
+            if runner is not None:
+                say(f"policy: {runner.policy.describe()} (through {control_file})")
+
+        # As a build run here has them.
+        attach_session(
+            stack,
+            monitor,
+            observe,
+            model=model,
+            runner=runner,
+            attributes=attributes,
+            console=observe.console,
+            before_following=announce,
         )
-        spans, http = views.spans, views.http
-        console_view(observe.console, model)
-        if spans is not None:
-            remote = parse_traceparent(str(attributes.get(TRACEPARENT_ATTRIBUTE, "")))
-            say(f"trace: {trace_id_for(started.build_id, remote):032x}")
-        if runner is not None:
-            say(f"policy: {runner.policy.describe()} (through {control_file})")
-
-        followers: list[tuple[Follower, int]] = []
-        if http is not None:
-            followers.append((http.feed, DEEP_QUEUE))
-        stack.enter_context(following(monitor.log, followers, model))
         if runner is not None:
             stack.enter_context(runner)
         _sample_the_writer(stack, journal, header, monitor=monitor, model=model, config=config)

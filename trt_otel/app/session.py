@@ -22,16 +22,9 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from trt_otel.app.components import (
-    DEEP_QUEUE,
-    attach_views,
-    build_context,
-    console_view,
-    following,
-    open_journal,
-    sampling,
-)
-from trt_otel.app.config import ObservabilityConfig, SessionConfig, UsageError, signal_grace_s
+from trt_otel.app.assembly import attach_session, policy_runner
+from trt_otel.app.components import build_context, sampling
+from trt_otel.app.config import SessionConfig, UsageError, signal_grace_s
 from trt_otel.builder.build import BuildJob, BuildResult, partial_files, run_build_job
 from trt_otel.builder.provenance import FINGERPRINT, fingerprint
 from trt_otel.capture.monitor import BuildMonitor
@@ -39,7 +32,6 @@ from trt_otel.capture.supervisor import IsolatedResult, StopNow, run_isolated
 from trt_otel.control.signals import STOP_SIGNALS, TIME_LIMIT_SIGNAL, handling_interrupts
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import CancelSource, Outcome
-from trt_otel.core.followers import Follower
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.views.terminal import say, warn
 from trt_otel.views.trace_ids import TRACEPARENT_ATTRIBUTE, parse_traceparent, trace_id_for
@@ -66,7 +58,6 @@ EXIT_INTERRUPTED = 130
 
 if TYPE_CHECKING:  # made by the components, or here, only when asked for
     from trt_otel.control.policies import PolicyRunner
-    from trt_otel.views.http import StatusServer
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,21 +95,19 @@ def run_build(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]) 
             forget_closed=True,
             model=None if config.in_process else model,
         )
-        runner: PolicyRunner | None = None
-        if policy is not None:  # the policies are imported only for a build that has one
-            from trt_otel.control.policies import PolicyRunner
-
-            runner = PolicyRunner(monitor, policy, warn=warn)
-
-        # Sinks: each stops after the log's followers have drained into it.
-        views = attach_views(
-            stack, monitor, observe, runner=runner, model=model, attributes=attributes
+        runner = policy_runner(monitor, policy)
+        attach_session(
+            stack,
+            monitor,
+            observe,
+            model=model,
+            runner=runner,
+            attributes=attributes,
+            console=observe.console,
+            before_following=lambda views: _announce(
+                monitor.build_id, attributes, views.spans is not None, runner
+            ),
         )
-        spans, http = views.spans, views.http
-        console_view(observe.console, model)
-        _announce(monitor.build_id, attributes, spans is not None, runner)
-
-        _follow(stack, monitor, model, observe, http)
 
         # Things that act during the build: policies, the samplers, signal handlers.
         monitor.start()
@@ -148,33 +137,6 @@ def run_build(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]) 
     code = EXIT_USAGE if state.error_type == "BuildSetupError" else exit_code_of(result.outcome)
     detail = result.detail or state.outcome_detail or ""
     return Ended(code, monitor.build_id, result.outcome, cancel_source, state.error_type, detail)
-
-
-def _follow(
-    stack: contextlib.ExitStack[Any],
-    monitor: BuildMonitor,
-    model: ReadModel,
-    observe: ObservabilityConfig,
-    http: StatusServer | None,
-) -> None:
-    """The log's followers, each on its own thread behind a bounded queue (in a supervisor,
-    where the model is the log's own fold, the journal's lines and the HTTP feed are made as
-    each frame's events are)."""
-    followers: list[tuple[Follower, int]] = []
-    if observe.journal is not None:
-        journal = open_journal(observe.journal, append=observe.journal_append)
-        followers.append((journal, DEEP_QUEUE))
-        if model.is_fold:
-            monitor.log.add_batch_consumer(journal.encode_ahead)
-    if not model.is_fold:
-        followers.append((model, DEEP_QUEUE))
-    inline: list[Follower] = []
-    if http is not None:
-        if model.is_fold:
-            inline.append(http.feed)
-        else:
-            followers.append((http.feed, DEEP_QUEUE))
-    stack.enter_context(following(monitor.log, followers, model, inline=inline))
 
 
 def _announce(
