@@ -8,6 +8,7 @@ the user (Ctrl-C).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 from collections.abc import Sequence
@@ -24,14 +25,8 @@ from trt_otel.app.commands import (
     build_parser,
     command_of,
 )
-from trt_otel.app.components import (
-    console_view,
-    final_flush,
-    log_export,
-    span_export,
-    telemetry_resource,
-)
-from trt_otel.app.config import SessionConfig, UsageError, supervises
+from trt_otel.app.components import attach_views, console_view
+from trt_otel.app.config import ObservabilityConfig, SessionConfig, UsageError, supervises
 from trt_otel.app.diffing import DiffCommand, diff_command, gate
 from trt_otel.app.fleet_arguments import FleetCommand
 from trt_otel.app.ladder import run_ladder
@@ -286,12 +281,11 @@ def replay(command: ReplayCommand) -> int:
     code = EXIT_OK
     # The resource of where it is replayed, and of the GPU the journal says the build had.
     first = next((e for e in journal.events if type(e) is BuildStarted), None)
-    resource = telemetry_resource(command.spans, first.attributes if first else None)
-    with (
-        span_export(command.spans, model, resource) as spans,
-        log_export(command.spans, model, resource) as logs,
-        final_flush(command.spans.flush_timeout_s, spans, logs),
-    ):
+    attributes = first.attributes if first else None
+    with contextlib.ExitStack() as stack:
+        # The views of a live build that read only the model: its spans and log records.
+        observe = ObservabilityConfig(spans=command.spans)
+        attach_views(stack, None, observe, runner=None, model=model, attributes=attributes)
         # The same model and projections as the live run, fed the same events: the same tree
         # and the same spans.
         for index, events in enumerate(builds):

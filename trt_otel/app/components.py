@@ -464,7 +464,7 @@ class Views:
 
 def attach_views(
     stack: contextlib.ExitStack[Any],
-    monitor: ObservedBuild,
+    monitor: ObservedBuild | None,
     observe: ObservabilityConfig,
     *,
     runner: PolicyRunner | None,
@@ -504,7 +504,7 @@ def attach_span_export(context: ViewContext) -> AbstractContextManager[OtlpSpanE
 
 
 def attach_scrape_target(context: ViewContext) -> AbstractContextManager[ScrapeTarget | None]:
-    return scrape_target(context.observe.metrics, context.attributes, context.monitor)
+    return scrape_target(context.observe.metrics, context.attributes, context.build)
 
 
 @contextlib.contextmanager
@@ -514,7 +514,7 @@ def attach_metrics_registry(context: ViewContext) -> Iterator[CollectorRegistry]
     from trt_otel.views.prometheus import metrics_registry
 
     sources = metric_sources(
-        context.monitor,
+        context.build,
         context.observe.metrics,
         spans=context.view("spans"),
         runner=context.runner,
@@ -536,7 +536,7 @@ def attach_otlp_metrics(context: ViewContext) -> AbstractContextManager[OtlpMetr
 
 def attach_status_server(context: ViewContext) -> AbstractContextManager[StatusServer | None]:
     return status_server(
-        context.monitor, context.observe.http, model=context.model, registry=context.view("metrics")
+        context.build, context.observe.http, model=context.model, registry=context.view("metrics")
     )
 
 

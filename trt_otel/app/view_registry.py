@@ -2,8 +2,8 @@
 name, the options that ask for it, whether a configuration wants it, and the function that
 attaches it.
 
-:func:`~trt_otel.app.components.attach_views` (``build``, ``demo``, ``run`` and ``watch`` alike)
-enters every view the configuration wants, in this order, on the session's exit stack, so they
+:func:`~trt_otel.app.components.attach_views` (``build``, ``demo``, ``run``, ``watch`` and
+``replay`` alike) enters every view the configuration wants, in this order, on the session's exit stack, so they
 stop in the reverse order; docs/architecture.md's table of views and the tests read this. A new
 view is one module (the view, and the function that attaches it) and one registration here.
 
@@ -35,7 +35,8 @@ class ViewContext:
     """What a view is attached with: the build, its read model, what the session was asked
     for, and the views started before it (by name; None for one not wanted)."""
 
-    monitor: ObservedBuild
+    monitor: ObservedBuild | None
+    """The build as it runs (None: a journal replayed, whose views read only the model)."""
     observe: ObservabilityConfig
     model: ReadModel
     runner: PolicyRunner | None
@@ -44,6 +45,13 @@ class ViewContext:
     resource: Resource | None = None
     """The OpenTelemetry resource the exports share, detected once (None: none exports)."""
     started: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def build(self) -> ObservedBuild:
+        """The build as it runs, for a view that reads it (a replay asks for none)."""
+        if self.monitor is None:
+            raise RuntimeError("this view needs a running build, and a replay has none")
+        return self.monitor
 
     def view(self, name: str) -> Any:
         """The view ``name`` as it was started (None where it was not wanted)."""
