@@ -1,10 +1,11 @@
 """``trt-otel mcp``: a Model Context Protocol server (stdio) to start, follow and cancel builds.
 
-Each tool is a thin layer over :class:`trt_otel.app.fleet.Fleet`: every build is a ``trt-otel``
-process of its own with its HTTP view on loopback and its journal in the state directory, so
-the server holds nothing they do not, and a restarted server finds them all again. A request the
-fleet refuses (a missing model, an option the command line rejects, an unknown id) comes back as
-a tool error with the command's own message.
+Each tool is a thin layer over a fleet (:class:`trt_otel.app.fleets.BuildFleet`): every build
+is a ``trt-otel`` process of its own with its HTTP view on loopback and its journal in the state
+directory (or a Ray job's, in its shared folder), so the server holds nothing they do not, and
+a restarted server finds them all again. A request the fleet refuses (a missing model, an option
+the command line rejects, an unknown id) comes back as a tool error with the command's own
+message.
 
 Nothing a client sends reaches further than the user allowed: the paths it names (model, output,
 path options) must resolve inside the server's roots (``--root``), an existing output is replaced
@@ -39,6 +40,7 @@ from trt_otel.app.fleet import (
     Fleet,
     FleetError,
 )
+from trt_otel.app.fleets import BuildFleet
 from trt_otel.app.ray_fleet import RayFleet
 from trt_otel.app.retries import MAX_RUNG_CHARS, MAX_RUNGS
 from trt_otel.core.version import __version__
@@ -66,7 +68,7 @@ MAX_LOG_CHARS = 1000
 
 # Long: the tools are declared where the server is made, each a short function over the
 # fleet; their descriptions (what an agent reads) are most of the lines.
-def create_server(fleet: Fleet | RayFleet) -> MCPServer:
+def create_server(fleet: BuildFleet) -> MCPServer:
     roots = ", ".join(map(str, fleet.roots))
     network = _network_rule(fleet.allow_network)
     instructions = INSTRUCTIONS.format(

@@ -3,9 +3,10 @@ name, the options that ask for it, whether a configuration wants it, and the fun
 attaches it.
 
 :func:`~trt_otel.app.components.attach_views` (``build``, ``demo``, ``run``, ``watch`` and
-``replay`` alike) enters every view the configuration wants, in this order, on the session's exit stack, so they
-stop in the reverse order; docs/architecture.md's table of views and the tests read this. A new
-view is one module (the view, and the function that attaches it) and one registration here.
+``replay`` alike) enters every view the configuration wants, in this order, on the session's
+exit stack, so they stop in the reverse order; docs/architecture.md's table of views and the
+tests read this. A new view is one module (the view, and the function that attaches it) and one
+registration here.
 
 Nothing here imports a view: an entry names the function that attaches it by module and name,
 imported when a build wants it.
