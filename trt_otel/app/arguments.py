@@ -23,6 +23,8 @@ from typing import Any, NoReturn
 from trt_otel.app.config import (
     DEFAULT_HTTP_LINGER_S,
     DEFAULT_METRICS_INTERVAL_S,
+    DEFAULT_PROMETHEUS_LINGER_S,
+    LOOPBACK,
     ConsoleConfig,
     GpuConfig,
     HttpConfig,
@@ -34,6 +36,7 @@ from trt_otel.app.config import (
     UsageError,
 )
 from trt_otel.builder.options import (
+    DEFAULT_LOG_LEVEL,
     LOG_LEVELS,
     PRECISIONS,
     BuildOptions,
@@ -400,8 +403,8 @@ def add_builder_options(parser: argparse.ArgumentParser) -> Group:
     group.add_argument(
         "--log-level",
         choices=LOG_LEVELS,
-        default="info",
-        help="least severe builder message kept as a log event (default: info)",
+        default=DEFAULT_LOG_LEVEL,
+        help=f"least severe builder message kept as a log event (default: {DEFAULT_LOG_LEVEL})",
     )
     group.add_argument("--verbose", action="store_true", help="the same as --log-level verbose")
     return group
@@ -579,9 +582,9 @@ def add_observability_options(parser: argparse.ArgumentParser) -> Group:
     )
     group.add_argument(
         "--http-address",
-        default="127.0.0.1",
+        default=LOOPBACK,
         metavar="ADDRESS",
-        help="address to serve HTTP on (default: 127.0.0.1)",
+        help=f"address to serve HTTP on (default: {LOOPBACK})",
     )
     group.add_argument(
         "--http-allowed-host",
@@ -632,9 +635,9 @@ def add_observability_options(parser: argparse.ArgumentParser) -> Group:
     )
     group.add_argument(
         "--prometheus-address",
-        default="127.0.0.1",
+        default=LOOPBACK,
         metavar="ADDRESS",
-        help="address to serve metrics on (default: 127.0.0.1; 0.0.0.0 for every interface)",
+        help=f"address to serve metrics on (default: {LOOPBACK}; 0.0.0.0 for every interface)",
     )
     group.add_argument(
         "--http-linger",
@@ -647,9 +650,10 @@ def add_observability_options(parser: argparse.ArgumentParser) -> Group:
     group.add_argument(
         "--prometheus-linger",
         type=seconds,
-        default=15.0,
+        default=DEFAULT_PROMETHEUS_LINGER_S,
         metavar="DURATION",
-        help="after the build, wait up to this long for a last scrape (default: 15s)",
+        help="after the build, wait up to this long for a last scrape "
+        f"(default: {format_duration(DEFAULT_PROMETHEUS_LINGER_S)})",
     )
     group.add_argument(
         "--pushgateway",

@@ -41,6 +41,8 @@ if TYPE_CHECKING:  # the policies are imported where one is asked for (PolicyCon
     from trt_otel.core.eta import History
 
 LOOPBACK = "127.0.0.1"
+DEFAULT_PROMETHEUS_LINGER_S = 15.0
+"""After the build, how long the scrape endpoint waits for a last scrape."""
 DEFAULT_METRICS_INTERVAL_S = 10.0
 """How often ``--otlp-metrics`` pushes, by default."""
 
@@ -208,7 +210,7 @@ class MetricsConfig:
     port: int | None = None
     """None serves no endpoint of its own; 0 picks a free port."""
     address: str = LOOPBACK
-    linger_s: float = 15.0
+    linger_s: float = DEFAULT_PROMETHEUS_LINGER_S
     """After the build, how long to wait for a last scrape (only when something scraped)."""
     pushgateway: str | None = None
     build_id_label: bool = False

@@ -52,6 +52,10 @@ class OptionError(ValueError):
     """An option that cannot be used, with a message saying how to write it."""
 
 
+DEFAULT_LOG_LEVEL = "info"
+"""The least severe builder message kept as a log event."""
+
+
 @dataclass(frozen=True, slots=True)
 class BuildOptions:
     """Builder options, by value (they travel to the build's worker process)."""
@@ -64,7 +68,7 @@ class BuildOptions:
     max_threads: int | None = None
     timing_cache: Path | None = None
     shapes: dict[str, ShapeRange] = field(default_factory=dict)
-    log_level: str = "info"
+    log_level: str = DEFAULT_LOG_LEVEL
 
     def attributes(self) -> dict[str, Any]:
         """The build record's ``trt.options.*`` attributes (what was asked for)."""
