@@ -653,7 +653,7 @@ def add_observability_options(parser: argparse.ArgumentParser) -> Group:
         default=DEFAULT_PROMETHEUS_LINGER_S,
         metavar="DURATION",
         help="after the build, wait up to this long for a last scrape "
-        f"(default: {format_duration(DEFAULT_PROMETHEUS_LINGER_S)})",
+        f"(default: {DEFAULT_PROMETHEUS_LINGER_S:g}s)",
     )
     group.add_argument(
         "--pushgateway",
