@@ -33,6 +33,7 @@ from trt_otel.app.config import (
     PolicyConfig,
     SessionConfig,
     SpanConfig,
+    StoreConfig,
     UsageError,
 )
 from trt_otel.builder.options import (
@@ -730,12 +731,47 @@ def check_sd_dir(args: argparse.Namespace) -> None:
 
 
 def add_session_options(parser: argparse.ArgumentParser, *, in_process: bool = True) -> None:
-    """Every group an observed, cancellable build takes: policies, spans, observability."""
+    """Every group an observed, cancellable build takes: policies, spans, observability (and,
+    for a build made here, the engine store)."""
     policies = add_policy_options(parser)
     if in_process:
         add_in_process_option(policies)
+        add_store_options(parser)
     add_span_options(parser)
     add_observability_options(parser)
+
+
+STORE_VARIABLE = "TRT_OTEL_ENGINE_STORE"
+
+
+def add_store_options(parser: argparse.ArgumentParser) -> Group:
+    group = parser.add_argument_group("engine store")
+    group.add_argument(
+        "--engine-store",
+        type=Path,
+        metavar="DIR",
+        help="serve the engine from this folder when a build of the same model, options, "
+        "backend version and GPU stored it, instead of building it again (and say why one "
+        f"was rebuilt); store what a successful build makes (default: ${STORE_VARIABLE})",
+    )
+    group.add_argument(
+        "--engine-store-max",
+        type=size,
+        metavar="SIZE",
+        help="the most the store's engines may take, e.g. 50GiB; the least recently used "
+        "are removed first",
+    )
+    return group
+
+
+def store_config(args: argparse.Namespace, environ: Mapping[str, str]) -> StoreConfig:
+    directory = getattr(args, "engine_store", None)
+    if directory is None and environ.get(STORE_VARIABLE, "").strip():
+        directory = Path(environ[STORE_VARIABLE].strip())
+    max_bytes = getattr(args, "engine_store_max", None)
+    if max_bytes is not None and directory is None:
+        raise UsageError(f"--engine-store-max needs --engine-store DIR (or ${STORE_VARIABLE})")
+    return StoreConfig(directory=directory, max_bytes=max_bytes)
 
 
 def check_sampling(
@@ -763,5 +799,6 @@ def session_config(args: argparse.Namespace) -> SessionConfig:
     return SessionConfig(
         observe=observability_config(args),
         policy=policy_config(args),
+        store=store_config(args, os.environ),
         in_process=bool(getattr(args, "in_process", False)),
     )

@@ -39,6 +39,7 @@ from trt_otel.app.session import (
     exit_code_of,
     warn,
 )
+from trt_otel.app.store_command import StoreCommand
 from trt_otel.builder.build import (
     BuildJob,
     BuildSetupError,
@@ -119,6 +120,10 @@ def _main(argv: Sequence[str] | None) -> int:
             return report(command)
         if isinstance(command, DiffCommand):
             return diff_command(command)
+        if isinstance(command, StoreCommand):
+            from trt_otel.app.store_command import run_store
+
+            return run_store(command)
         return replay(command)
     except StopNow:  # a second SIGTERM outside the build: still a cancel
         return EXIT_CANCELLED

@@ -42,6 +42,7 @@ from trt_otel.app.fleet_arguments import (
 )
 from trt_otel.app.reporting import FORMATS, ReportCommand
 from trt_otel.app.retries import Rung, add_retry_option, retry_rungs
+from trt_otel.app.store_command import StoreCommand, add_store, store_command_of
 from trt_otel.builder.build import SimulatorSettings
 from trt_otel.builder.options import BuildOptions
 from trt_otel.builder.simulator import SHAPES
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_fleet,
         _add_report,
         _add_diff,
+        add_store,
     )
     for add in adders:
         add(commands)
@@ -381,6 +383,7 @@ Command = (
     | FleetCommand
     | ReportCommand
     | DiffCommand
+    | StoreCommand
 )
 
 
@@ -434,6 +437,8 @@ def command_of(args: argparse.Namespace) -> Command:
         )
     if args.command == "fleet":
         return fleet_command_of(args)
+    if args.command == "store":
+        return store_command_of(args)
     if args.command == "mcp" and (args.ray or args.shared_dir):
         return _ray_mcp_command(args)
     if args.command in ("diff", "report"):

@@ -257,11 +257,22 @@ class ObservabilityConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """The engine store (``--engine-store``): engines served instead of built again."""
+
+    directory: Path | None = None
+    """None: no store."""
+    max_bytes: int | None = None
+    """The most its engines may take; the least recently used go first."""
+
+
+@dataclass(frozen=True, slots=True)
 class SessionConfig:
     """One observed, cancellable build."""
 
     observe: ObservabilityConfig = field(default_factory=ObservabilityConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
     in_process: bool = False
     """Build in the calling process: no worker to stop from outside, so a cancel takes effect
     at TensorRT's next step only."""

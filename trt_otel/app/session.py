@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from trt_otel.app.assembly import attach_session, policy_runner
 from trt_otel.app.components import build_context, sampling
 from trt_otel.app.config import SessionConfig, UsageError, signal_grace_s
+from trt_otel.app.engine_store import visit_store
 from trt_otel.builder.build import BuildJob, BuildResult, partial_files, run_build_job
 from trt_otel.builder.provenance import FINGERPRINT, fingerprint
 from trt_otel.capture.monitor import BuildMonitor
@@ -84,6 +85,7 @@ def run_build(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]) 
     with contextlib.ExitStack() as stack:
         gpu, history = build_context(stack, observe, attributes, config.policy)
         attributes[FINGERPRINT] = fingerprint(attributes)  # the GPU's architecture is known now
+        visit = visit_store(stack, config.store, job, attributes)  # served, or why it is built
         model = ReadModel(history)  # the build folded once, for every view below
         policy = config.policy.policy(history=history, project=model.project)
         # Only a build in this process attaches this monitor to a builder library, and keeps
@@ -121,8 +123,12 @@ def run_build(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]) 
         if refused is not None:  # nothing is started, so nothing is spent
             outcome = monitor.end()  # the cancel's: a timeout
             result, interrupted = BuildResult(outcome, refused.reason, None, 0), False
+        elif visit is not None and visit.served is not None:
+            result, interrupted = visit.record_served(monitor, job), False
         else:
             result, interrupted = _build(monitor, job, config, watch, signals)
+            if visit is not None and not signals.interrupted:
+                visit.keep(monitor, result, job)
         interrupted = _interrupted(result, interrupted, signals)
     if observe.journal is not None:
         say(f"journal: {observe.journal}")

@@ -19,7 +19,7 @@ import socketserver
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -110,6 +110,10 @@ class BuildSample:
     backend: str = ""
     trace_id: str | None = None
     """The build's trace id (32 hex digits), for the duration's exemplar."""
+    store_hit: bool | None = None
+    """Whether the engine store served the build (None: no store)."""
+    store_saved_s: float = 0.0
+    """What serving it saved: the median of the builds that made the engine."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,8 +191,12 @@ def sample_build(sources: MetricSources) -> BuildSample:
         followers += (monitor.model.health(),)
     spans = span_health() if span_health is not None else None
     policies = tuple(policy_health()) if policy_health is not None else ()
+    hit = attributes.get("trt.store.hit")
+    saved = attributes.get("trt.store.saved_s") if hit is True else None
     return BuildSample(
         backend=str(attributes.get("trt.backend", "")),
+        store_hit=hit if isinstance(hit, bool) else None,
+        store_saved_s=float(saved) if isinstance(saved, int | float) and saved >= 0 else 0.0,
         phases=phases,
         followers=followers,
         info=info,
@@ -200,6 +208,25 @@ def sample_build(sources: MetricSources) -> BuildSample:
         builder_peak_rss_bytes=peak_rss,
         liveness=liveness,
         **sample_values,
+    )
+
+
+def _store_metrics(sample: BuildSample) -> Iterator[Metric]:
+    """The engine store's part: a build served (a hit) or built (a miss), and what a hit saved."""
+    yield CounterMetricFamily(
+        "trt_engine_store_hits",
+        "Builds the engine store served instead of building",
+        1 if sample.store_hit else 0,
+    )
+    yield CounterMetricFamily(
+        "trt_engine_store_misses",
+        "Builds the engine store could not serve, so built (and stored, if they succeeded)",
+        0 if sample.store_hit else 1,
+    )
+    yield CounterMetricFamily(
+        "trt_engine_store_saved_seconds",
+        "Build time the engine store saved: for each served build, its earlier builds' median",
+        sample.store_saved_s,
     )
 
 
@@ -302,6 +329,8 @@ def build_metrics(sample: BuildSample) -> Iterable[Metric]:
         yield duration_histogram(sample)
     if sample.cancel_latency_s is not None:
         yield cancel_latency_histogram(sample)
+    if sample.store_hit is not None:
+        yield from _store_metrics(sample)
     if sample.info:
         yield InfoMetricFamily(
             "trt_build", "What was built, and with what", value=dict(sample.info)

@@ -1,0 +1,355 @@
+"""The engine store (``--engine-store``): a build whose key is stored is served, byte for byte, and
+recorded as a build of its own; one that is not says why; damaged entries are found by their
+digest and built again; two builds of one key build once; a store that cannot be used never
+fails a build. Real files, real locks, real processes, and TensorRT-RTX's real builder."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cli import run_cli, start_cli
+from rtx_builds import CONV_SHAPES, RESIDUAL_SHAPES, import_rtx, write_conv, write_residual
+from trt_otel import read_journal
+from trt_otel.builder.store import (
+    EngineStore,
+    Entry,
+    key_inputs,
+    miss_reason,
+    store_key,
+)
+from trt_otel.core.events import BuildOutput, BuildStarted, PhaseStarted
+from trt_otel.views.prometheus import BuildSample, build_metrics
+from waiting import wait_for_text
+
+BASE: dict[str, Any] = {
+    "model.path": "/models/resnet.onnx",
+    "model.sha256": "3f9a" + "0" * 60,
+    "trt.backend": "tensorrt-rtx",
+    "trt.version": "1.7.1.116",
+    "trt.options.optimization_level": 3,
+    "trt.options.timing_cache": "/caches/a.cache",
+    "host.name": "builder-1",
+}
+
+
+def attributes(**changed: Any) -> dict[str, Any]:
+    merged = {**BASE, **changed}
+    return {key: value for key, value in merged.items() if value is not None}
+
+
+# -- the key ----------------------------------------------------------------------------------
+
+
+def test_the_key_covers_what_decides_the_engine_and_nothing_else() -> None:
+    key = store_key(BASE)
+    assert len(key) == 64
+    assert store_key(attributes(**{"host.name": "builder-2"})) == key
+    assert store_key(attributes(**{"trt.options.timing_cache": "/other.cache"})) == key
+    for changed in (
+        {"model.sha256": "8c1e" + "0" * 60},
+        {"trt.version": "1.7.2.4"},
+        {"trt.backend": "tensorrt"},
+        {"trt.options.optimization_level": 1},
+        {"trt.options.workspace": "1G"},
+        {"gpu.compute_capability": "9.0"},
+    ):
+        assert store_key(attributes(**changed)) != key, changed
+
+
+def test_a_tensorrt_engine_is_keyed_to_its_gpu_model_unless_hardware_compatible() -> None:
+    h200 = attributes(**{"trt.backend": "tensorrt", "gpu.name": "NVIDIA H200"})
+    h100 = attributes(**{"trt.backend": "tensorrt", "gpu.name": "NVIDIA H100"})
+    assert store_key(h200) != store_key(h100)
+    compatible = {"trt.options.hardware_compatibility": "ampere_plus"}
+    assert store_key({**h200, **compatible}) == store_key({**h100, **compatible})
+    rtx = [attributes(**{"gpu.name": name}) for name in ("NVIDIA H200", "NVIDIA H100")]
+    assert store_key(rtx[0]) == store_key(rtx[1]), "TensorRT-RTX engines are not per model"
+    assert "gpu.name" in key_inputs(h200) and "gpu.name" not in key_inputs(rtx[0])
+
+
+# -- one entry ----------------------------------------------------------------------------------
+
+
+def stored(store: EngineStore, tmp_path: Path, given: dict[str, Any], data: bytes) -> Entry:
+    engine = tmp_path / "built.engine"
+    engine.write_bytes(data)
+    return store.put(store_key(given), given, engine, build_s=42.0, build_id="b1")
+
+
+def test_an_engine_stored_is_served_byte_for_byte(tmp_path: Path) -> None:
+    store = EngineStore(tmp_path / "store")
+    stored(store, tmp_path, BASE, b"an engine")
+    entry = store.lookup(store_key(BASE), warn=pytest.fail)
+    assert entry is not None and entry.record.saves_s == 42.0
+    output = tmp_path / "out.engine"
+    assert store.serve(entry, output, warn=pytest.fail) == b"an engine"
+    assert output.read_bytes() == b"an engine"
+    assert store.lookup(store_key(attributes(**{"trt.version": "1.7.2"})), warn=pytest.fail) is None
+
+
+def test_what_a_hit_saves_is_the_median_of_the_builds_that_made_it(tmp_path: Path) -> None:
+    store = EngineStore(tmp_path / "store")
+    engine = tmp_path / "e"
+    engine.write_bytes(b"x")
+    for seconds in (10.0, 50.0, 20.0):
+        store.put(store_key(BASE), BASE, engine, build_s=seconds, build_id="b")
+    entry = store.lookup(store_key(BASE), warn=pytest.fail)
+    assert entry is not None and entry.record.build_s == [10.0, 50.0, 20.0]
+    assert entry.record.saves_s == 20.0
+
+
+def test_a_corrupt_engine_is_found_by_its_digest_removed_and_not_served(tmp_path: Path) -> None:
+    store = EngineStore(tmp_path / "store")
+    entry = stored(store, tmp_path, BASE, b"an engine")
+    entry.engine.write_bytes(b"an engin3")  # same size, other bytes
+    warnings: list[str] = []
+    assert store.serve(entry, tmp_path / "out.engine", warn=warnings.append) is None
+    assert not (tmp_path / "out.engine").exists()
+    assert "does not match its SHA-256" in warnings[0]
+    assert store.lookup(store_key(BASE), warn=warnings.append) is None
+    assert store.verify() == []  # removed, so nothing is left to be wrong
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["truncated", "not json", "a list", "huge", "another key", "a link", "no engine"],
+)
+def test_a_damaged_entry_is_reported_removed_and_built_again(tmp_path: Path, damage: str) -> None:
+    store = EngineStore(tmp_path / "store")
+    entry = stored(store, tmp_path, BASE, b"an engine")
+    record = entry.folder / "record.json"
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_bytes(record.read_bytes())
+    if damage == "truncated":
+        entry.engine.write_bytes(b"an en")
+    elif damage == "not json":
+        record.write_bytes(b"\x00\xff{")
+    elif damage == "a list":
+        record.write_text("[]")
+    elif damage == "huge":
+        record.write_text(json.dumps({"key": "k" * 300_000}))
+    elif damage == "another key":
+        record.write_text(record.read_text().replace(store_key(BASE), "0" * 64))
+    elif damage == "a link":
+        record.unlink()
+        record.symlink_to(elsewhere)
+    else:
+        entry.engine.unlink()
+    assert store.verify() != []
+    warnings: list[str] = []
+    assert store.lookup(store_key(BASE), warn=warnings.append) is None
+    assert len(warnings) == 1 and "is damaged" in warnings[0]
+    assert not entry.folder.exists()
+    assert elsewhere.exists(), "a link is removed, never what it points at"
+
+
+def test_the_least_recently_used_entries_go_first(tmp_path: Path) -> None:
+    store = EngineStore(tmp_path / "store")
+    entries = [
+        stored(store, tmp_path, attributes(**{"trt.options.optimization_level": level}), b"x" * 100)
+        for level in (1, 2, 3)
+    ]
+    for age, entry in zip((300, 100, 200), entries, strict=True):
+        os.utime(entry.folder, (entry.record.created - age, entry.record.created - age))
+    removed = store.prune(150)
+    assert [e.record.key for e in removed] == [entries[0].record.key, entries[2].record.key]
+    assert [e.record.key for e in store.entries()] == [entries[1].record.key]
+
+
+def test_a_bound_on_the_store_never_evicts_what_was_just_stored(tmp_path: Path) -> None:
+    store = EngineStore(tmp_path / "store", max_bytes=50)
+    first = stored(store, tmp_path, BASE, b"x" * 100)
+    assert [e.record.key for e in store.entries()] == [first.record.key]
+    second = stored(store, tmp_path, attributes(**{"trt.version": "1.7.2"}), b"y" * 100)
+    assert [e.record.key for e in store.entries()] == [second.record.key]
+
+
+# -- why it rebuilt ---------------------------------------------------------------------------
+
+
+def test_a_miss_says_what_differs_most_decisive_first(tmp_path: Path) -> None:
+    store = EngineStore(tmp_path / "store")
+    stored(store, tmp_path, BASE, b"e")
+    newer = attributes(**{"trt.version": "1.7.2.4", "trt.options.builder_optimization_level": 1})
+    reason = miss_reason(store.nearest(newer), newer)
+    assert reason == "tensorrt-rtx 1.7.1.116 -> 1.7.2.4; options: +builder_optimization_level 1"
+    changed = attributes(**{"model.sha256": "8c1e" + "0" * 60})
+    assert miss_reason(store.nearest(changed), changed) == (
+        "the model changed (sha256 3f9a0000.. -> 8c1e0000..)"
+    )
+    other = attributes(**{"model.path": "/models/bert.onnx", "model.sha256": "ab" * 32})
+    assert miss_reason(store.nearest(other), other) == "no engine of this model in the store yet"
+
+
+# -- two builds of one key --------------------------------------------------------------------
+
+
+def test_a_second_build_of_a_key_waits_for_the_first_and_says_for_whom(tmp_path: Path) -> None:
+    store = EngineStore(tmp_path / "store")
+    key = store_key(BASE)
+    said: list[str] = []
+    waiting, done = threading.Event(), threading.Event()
+
+    def second() -> None:
+        def say(message: str) -> None:
+            said.append(message)
+            waiting.set()
+
+        with store.building(key, holder="the second", say=say):
+            done.set()
+
+    with store.building(key, holder="pid 1 on builder-1", say=pytest.fail):
+        thread = threading.Thread(target=second)
+        thread.start()
+        assert waiting.wait(30)
+        assert not done.is_set(), "the second build went on while the first held its key"
+    thread.join(30)
+    assert done.is_set()
+    assert said == ["store: waiting for pid 1 on builder-1, which builds this engine"]
+
+
+# -- the metrics ---------------------------------------------------------------------------------
+
+
+def metric_values(**store: Any) -> dict[str, float]:
+    sample = BuildSample(
+        state="success", progress_ratio=1.0, start_s=None, end_s=None, last_progress_s=None,
+        steps_total=0, phases_started_total=0, phases=(), cancel_reason=None, anomalies={},
+        events_total=0, callbacks_total=0, callback_s_total=0.0, internal_errors=0,
+        fold_errors=0, followers=(), info={}, **store,
+    )  # fmt: skip
+    return {
+        s.name: s.value
+        for family in build_metrics(sample)
+        for s in family.samples
+        if s.name.startswith("trt_engine_store")
+    }
+
+
+def test_the_store_counts_what_it_served_and_what_that_saved() -> None:
+    assert metric_values() == {}
+    assert metric_values(store_hit=True, store_saved_s=42.0) == {
+        "trt_engine_store_hits_total": 1,
+        "trt_engine_store_misses_total": 0,
+        "trt_engine_store_saved_seconds_total": 42.0,
+    }
+    assert metric_values(store_hit=False)["trt_engine_store_misses_total"] == 1
+
+
+# -- the command, end to end -------------------------------------------------------------------
+
+
+def started(journal: Path) -> BuildStarted:
+    (start,) = [e for e in read_journal(journal).events if isinstance(e, BuildStarted)]
+    return start
+
+
+@pytest.mark.e2e
+def test_a_real_engine_is_served_the_second_time_and_a_changed_option_explained(
+    tmp_path: Path,
+) -> None:
+    import_rtx()
+    model = write_conv(tmp_path / "conv.onnx")
+    store = tmp_path / "store"
+
+    def build(engine: str, journal: str, *options: str) -> tuple[str, Path]:
+        result = run_cli(
+            "build", model, "-o", tmp_path / engine, "--shapes", CONV_SHAPES, "--no-progress",
+            "--engine-store", store, "--journal", tmp_path / journal, *options,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return result.stderr, tmp_path / journal
+
+    said, first = build("first.engine", "first.jsonl")
+    assert "store: no engine of this model in the store yet: building" in said
+    assert started(first).attributes["trt.store.hit"] is False
+
+    said, second = build("second.engine", "second.jsonl")
+    assert "store: served" in said
+    assert (tmp_path / "second.engine").read_bytes() == (tmp_path / "first.engine").read_bytes()
+    events = read_journal(second).events
+    attributes = started(second).attributes
+    assert attributes["trt.store.hit"] is True and attributes["trt.store.saved_s"] > 0
+    assert not [e for e in events if isinstance(e, PhaseStarted)], "nothing was built"
+    (output,) = [e for e in events if isinstance(e, BuildOutput)]
+    (built,) = [e for e in read_journal(first).events if isinstance(e, BuildOutput)]
+    assert output.attributes["engine.sha256"] == built.attributes["engine.sha256"]
+    assert (events[-1].mono_ns - events[0].mono_ns) / 1e9 < 1.0
+
+    said, third = build("third.engine", "third.jsonl", "--builder-optimization-level", "1")
+    assert "rebuilding: options: +optimization_level 1" in said
+    assert started(third).attributes["trt.store.miss_reason"] == "options: +optimization_level 1"
+
+    listing = run_cli("store", "ls", store)
+    assert listing.returncode == 0 and listing.stdout.endswith("2 entries\n")
+    assert run_cli("store", "verify", store).returncode == 0
+
+
+@pytest.mark.e2e
+def test_a_corrupt_entry_is_rebuilt_and_a_store_that_cannot_be_used_fails_nothing(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    demo = ("demo", "--speed", "0", "--no-progress", "--engine-store", store)
+    assert run_cli(*demo, "-o", tmp_path / "a.engine").returncode == 0
+    (engine,) = store.glob("v1/entries/*/engine")
+    engine.write_bytes(engine.read_bytes()[:-1] + b"!")
+    checked = run_cli("store", "verify", store)
+    assert checked.returncode == 4 and "does not match its SHA-256" in checked.stdout
+    rebuilt = run_cli(*demo, "-o", tmp_path / "b.engine")
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "is damaged" in rebuilt.stderr or "corrupt" in rebuilt.stderr
+    assert (tmp_path / "b.engine").read_bytes() == (tmp_path / "a.engine").read_bytes()
+    assert run_cli("store", "verify", store).returncode == 0, "stored again, intact"
+
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    built = run_cli("demo", "--speed", "0", "--engine-store", not_a_folder, "-o", tmp_path / "c")
+    assert built.returncode == 0
+    assert "store: not used: engine store" in built.stderr and "is not a folder" in built.stderr
+
+
+@pytest.mark.e2e
+def test_two_builds_of_one_key_at_once_build_once(tmp_path: Path) -> None:
+    import_rtx()
+    model = write_residual(tmp_path / "deep.onnx", blocks=300)
+    store = tmp_path / "store"
+    processes = []
+    with contextlib.ExitStack() as stack:
+        for name in ("a", "b"):
+            process = start_cli(
+                "build", model, "-o", tmp_path / f"{name}.engine", "--shapes", RESIDUAL_SHAPES,
+                "--no-progress", "--engine-store", store, "--journal", tmp_path / f"{name}.jsonl",
+            )  # fmt: skip
+            stack.callback(_kill, process)
+            processes.append(process)
+            if name == "a":  # holds the key once its build has started
+                wait_for_text(tmp_path / "a.jsonl", b'"build_start"')
+        errors = [p.communicate(timeout=300)[1] for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], errors
+    assert "store: waiting for pid" in errors[1] and "which builds this engine" in errors[1]
+    assert [started(tmp_path / f"{n}.jsonl").attributes["trt.store.hit"] for n in "ab"] == [
+        False,
+        True,
+    ]
+    assert (tmp_path / "a.engine").read_bytes() == (tmp_path / "b.engine").read_bytes()
+
+
+def _kill(process: Any) -> None:
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture(autouse=True)
+def no_store_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delenv("TRT_OTEL_ENGINE_STORE", raising=False)
+    yield

@@ -1,0 +1,108 @@
+"""A session's part of the engine store (``--engine-store``): before the build, its key's lock
+taken and its entry looked up (a hit is served to ``-o`` at once); after a successful build,
+its engine stored. A hit is still a build of its own: it has a journal, a span and metrics, and
+says what it saved; a miss says why it was built.
+
+What the build record says (``build_start``'s attributes, so the span, ``/status``, the report
+and ``diff`` have them): ``trt.store.hit`` (true or false), ``trt.store.key``, and on a hit
+``trt.store.saved_s`` (the median of the builds that made the engine), on a miss
+``trt.store.miss_reason``. A store that cannot be used (not a folder, not writable, full) never
+fails a build: it is said once, and the build goes on without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from trt_otel.app.config import StoreConfig, UsageError
+from trt_otel.builder.build import BuildJob, BuildResult
+from trt_otel.builder.provenance import output_attributes
+from trt_otel.builder.store import EngineStore, StoreError, miss_reason, store_key
+from trt_otel.capture.monitor import BuildMonitor
+from trt_otel.core.durations import format_duration
+from trt_otel.core.events import Outcome
+from trt_otel.views.terminal import say, warn
+
+STORE_HIT = "trt.store.hit"
+STORE_KEY = "trt.store.key"
+STORE_SAVED_S = "trt.store.saved_s"
+STORE_MISS_REASON = "trt.store.miss_reason"
+
+
+@dataclass(slots=True)
+class StoreVisit:
+    """A build's visit to the store: its key (whose lock it holds), and the engine served."""
+
+    store: EngineStore
+    key: str
+    served: bytes | None
+    saved_s: float = 0.0
+
+    def record_served(self, monitor: BuildMonitor, job: BuildJob) -> BuildResult:
+        """The served engine, as the build's output and end."""
+        assert self.served is not None and job.engine_path is not None
+        monitor.record_output(output_attributes(self.served, job.engine_path))
+        detail = f"served from the engine store (its builds took {format_duration(self.saved_s)})"
+        monitor.end(Outcome.SUCCESS, detail)
+        return BuildResult(Outcome.SUCCESS, detail, job.engine_path, len(self.served))
+
+    def keep(self, monitor: BuildMonitor, result: BuildResult | None, job: BuildJob) -> None:
+        """Store the engine of a successful build (a failed, cancelled or interrupted one is
+        never stored); a store that cannot take it is said, and the build stays a success."""
+        state = monitor.state
+        if result is None or result.outcome is not Outcome.SUCCESS or job.engine_path is None:
+            return
+        if state.start_mono_ns is None or state.end_mono_ns is None:
+            return
+        try:
+            self.store.put(
+                self.key,
+                state.attributes,
+                job.engine_path,
+                build_s=(state.end_mono_ns - state.start_mono_ns) / 1e9,
+                build_id=monitor.build_id,
+            )
+        except OSError as error:
+            warn(f"store: the engine was not stored: {error.strerror or error}")
+            return
+        say(f"store: engine stored as {self.key[:12]}.. in {self.store.root}")
+
+
+def visit_store(
+    stack: contextlib.ExitStack[Any],
+    config: StoreConfig,
+    job: BuildJob,
+    attributes: dict[str, Any],
+) -> StoreVisit | None:
+    """Open the store, hold the build's key on ``stack`` (waiting for a build of the same key
+    elsewhere to end), and serve its engine where it is stored; the build's record says which.
+    None: no store asked for, or one that cannot be used (said)."""
+    if config.directory is None:
+        return None
+    if job.engine_path is None:
+        raise UsageError("--engine-store needs --output: the engine it serves or stores")
+    try:
+        store = EngineStore(config.directory, max_bytes=config.max_bytes)
+        key = store_key(attributes)
+        holder = f"pid {os.getpid()} on {socket.gethostname()}"
+        stack.enter_context(store.building(key, holder=holder, say=say))
+        entry = store.lookup(key, warn=warn)
+        served = store.serve(entry, job.engine_path, warn=warn) if entry is not None else None
+    except (StoreError, OSError) as error:
+        warn(f"store: not used: {error}")
+        return None
+    attributes[STORE_KEY] = key
+    attributes[STORE_HIT] = served is not None
+    if entry is not None and served is not None:
+        attributes[STORE_SAVED_S] = round(entry.record.saves_s, 3)
+        say(f"store: served {key[:12]}.. (built in {format_duration(entry.record.saves_s)})")
+        return StoreVisit(store, key, served, entry.record.saves_s)
+    nearest = store.nearest(attributes)
+    reason = miss_reason(nearest, attributes)
+    attributes[STORE_MISS_REASON] = reason
+    say(f"rebuilding: {reason}" if nearest is not None else f"store: {reason}: building")
+    return StoreVisit(store, key, None)
