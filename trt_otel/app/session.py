@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from trt_otel.app.assembly import attach_session, policy_runner
 from trt_otel.app.components import build_context, sampling
 from trt_otel.app.config import SessionConfig, UsageError, signal_grace_s
-from trt_otel.app.engine_store import visit_store
+from trt_otel.app.engine_store import StoreVisit, visit_store
 from trt_otel.builder.build import BuildJob, BuildResult, partial_files, run_build_job
 from trt_otel.builder.provenance import FINGERPRINT, fingerprint
 from trt_otel.capture.monitor import BuildMonitor
@@ -58,7 +58,7 @@ EXIT_FAILED = 4
 EXIT_INTERRUPTED = 130
 
 if TYPE_CHECKING:  # made by the components, or here, only when asked for
-    from trt_otel.control.policies import PolicyRunner
+    from trt_otel.control.policies import Decision, PolicyRunner
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,16 +119,9 @@ def run_build(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]) 
             stack.enter_context(runner)
         watch = stack.enter_context(sampling(monitor, gpu, observe.sample_interval_s))
         signals = stack.enter_context(_cancel_on_signals(monitor))
-        result: BuildResult | None
-        if refused is not None:  # nothing is started, so nothing is spent
-            outcome = monitor.end()  # the cancel's: a timeout
-            result, interrupted = BuildResult(outcome, refused.reason, None, 0), False
-        elif visit is not None and visit.served is not None:
-            result, interrupted = visit.record_served(monitor, job), False
-        else:
-            result, interrupted = _build(monitor, job, config, watch, signals)
-            if visit is not None and not signals.interrupted:
-                visit.keep(monitor, result, job)
+        result, interrupted = _make(
+            monitor, job, config, refused=refused, visit=visit, watch=watch, signals=signals
+        )
         interrupted = _interrupted(result, interrupted, signals)
     if observe.journal is not None:
         say(f"journal: {observe.journal}")
@@ -153,6 +146,29 @@ def _announce(
         say(f"trace: {trace_id_for(build_id, remote):032x}")
     if runner is not None:
         say(f"policy: {runner.policy.describe()}")
+
+
+def _make(
+    monitor: BuildMonitor,
+    job: BuildJob,
+    config: SessionConfig,
+    *,
+    refused: Decision | None,
+    visit: StoreVisit | None,
+    watch: Callable[[int], None],
+    signals: _SignalState,
+) -> tuple[BuildResult | None, bool]:
+    """The engine made: refused before the build starts (nothing is spent), served from the
+    engine store, or built (and stored); its result, and whether the user interrupted it."""
+    if refused is not None:
+        outcome = monitor.end()  # the cancel's: a timeout
+        return BuildResult(outcome, refused.reason, None, 0), False
+    if visit is not None and visit.served is not None:
+        return visit.record_served(monitor, job), False
+    result, interrupted = _build(monitor, job, config, watch, signals)
+    if visit is not None and not signals.interrupted:
+        visit.keep(monitor, result, job)
+    return result, interrupted
 
 
 def _build(

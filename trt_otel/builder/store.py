@@ -3,11 +3,10 @@ served, not built, and a build that had to run says why the stored one would not
 
 The key is the SHA-256 of what decides the engine and where it may run (:func:`store_key`): the
 model's bytes, the backend and its exact version, the GPU's compute capability (and, for
-TensorRT, the GPU's model, unless the build asks for a hardware-compatible engine), and every
-builder option but where the timing cache lies. The timing cache is not in the key: it decides
-which tactics the builder times and chooses, so two builds with different caches may differ in
-speed, never in what the engine computes or where it runs, and a cache that only grows would
-otherwise make every build a miss.
+TensorRT, the GPU's model), and every builder option but where the timing cache lies. The timing
+cache is not in the key: it decides which tactics the builder times and chooses, so two builds
+with different caches may differ in speed, never in what the engine computes or where it runs,
+and a cache that only grows would otherwise make every build a miss.
 
 Layout, under ``DIR/v1/``: ``entries/KEY/engine`` and ``entries/KEY/record.json`` (the record
 written last: an entry without one is not there), and ``locks/KEY.lock``, held (``flock``) by the
@@ -47,8 +46,6 @@ MAX_RECORD_BYTES = 256 * 1024
 MAX_BUILDS_KEPT = 10
 """How many build durations an entry keeps (the time a hit saves is their median)."""
 GPU_MODEL = "gpu.name"
-HARDWARE_COMPATIBLE = "trt.options.hardware_compatibility"
-"""The builder option that makes a TensorRT engine run on other GPUs of its architecture."""
 
 
 class StoreError(Exception):
@@ -92,12 +89,10 @@ class Entry:
 
 def key_inputs(attributes: Mapping[str, Any]) -> dict[str, str]:
     """What decides a build's engine and where it may run: the fingerprint's inputs, and for
-    TensorRT (whose engines run on the GPU model they were built on) the GPU's model, unless
-    the build asked for a hardware-compatible engine."""
+    TensorRT, whose engines run on the GPU model they were built on (trt-otel's builder options
+    make no hardware-compatible one), the GPU's model."""
     inputs = fingerprint_inputs(attributes)
-    backend = str(attributes.get("trt.backend", ""))
-    hardware_compatible = str(attributes.get(HARDWARE_COMPATIBLE, "none")) not in ("", "none")
-    if backend == "tensorrt" and GPU_MODEL in attributes and not hardware_compatible:
+    if attributes.get("trt.backend") == "tensorrt" and GPU_MODEL in attributes:
         inputs[GPU_MODEL] = str(attributes[GPU_MODEL])
     return dict(sorted(inputs.items()))
 

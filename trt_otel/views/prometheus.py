@@ -191,12 +191,9 @@ def sample_build(sources: MetricSources) -> BuildSample:
         followers += (monitor.model.health(),)
     spans = span_health() if span_health is not None else None
     policies = tuple(policy_health()) if policy_health is not None else ()
-    hit = attributes.get("trt.store.hit")
-    saved = attributes.get("trt.store.saved_s") if hit is True else None
     return BuildSample(
         backend=str(attributes.get("trt.backend", "")),
-        store_hit=hit if isinstance(hit, bool) else None,
-        store_saved_s=float(saved) if isinstance(saved, int | float) and saved >= 0 else 0.0,
+        **_store(attributes),
         phases=phases,
         followers=followers,
         info=info,
@@ -209,6 +206,17 @@ def sample_build(sources: MetricSources) -> BuildSample:
         liveness=liveness,
         **sample_values,
     )
+
+
+def _store(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    """Whether the engine store served the build, and what that saved, from its record."""
+    hit = attributes.get("trt.store.hit")
+    if not isinstance(hit, bool):
+        return {}
+    saved = attributes.get("trt.store.saved_s") if hit else None
+    if not isinstance(saved, int | float) or isinstance(saved, bool) or saved < 0:
+        saved = 0.0
+    return {"store_hit": hit, "store_saved_s": float(saved)}
 
 
 def _store_metrics(sample: BuildSample) -> Iterator[Metric]:
