@@ -874,3 +874,32 @@ def test_a_live_builds_state_follows_its_journal(tmp_path: Path) -> None:
         last.end(Outcome.TIMEOUT)
         last.close()
         assert fleet.status(build_id)["state"] == "finished", "the last attempt ended"
+
+
+@pytest.mark.e2e
+def test_an_agent_asking_for_an_engine_the_store_holds_gets_it_without_a_build(
+    tmp_path: Path, model: Path
+) -> None:
+    store = tmp_path / "store"
+
+    async def test() -> None:
+        async with server(tmp_path / "state") as client:
+            hits = []
+            for name in ("first", "second"):
+                arguments = start_arguments(model, "--engine-store", str(store))
+                arguments["output"] = str(tmp_path / f"{name}.engine")
+                build_id = payload(await client.call_tool("start_build", arguments))["id"]
+                waited = {"id": build_id, "until": "end", "timeout_s": 300}
+                ended = payload(await client.call_tool("wait_build", waited))["status"]
+                assert (ended["outcome"], ended["exit_code"]) == ("success", 0)
+                events = payload(await client.call_tool("build_events", {"id": build_id}))
+                start = events["events"][0]
+                assert start["type"] == "build_start"
+                hits.append(start["attributes"]["trt.store.hit"])
+                phases = [e for e in events["events"] if e["type"] == "phase_start"]
+                assert bool(phases) is (name == "first"), "the second is served, not built"
+            assert hits == [False, True]
+            first, second = (tmp_path / f"{n}.engine" for n in ("first", "second"))
+            assert second.read_bytes() == first.read_bytes()
+
+    run_async(test)
