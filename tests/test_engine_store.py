@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,9 @@ import pytest
 from cli import run_cli, start_cli
 from rtx_builds import CONV_SHAPES, RESIDUAL_SHAPES, import_rtx, write_conv, write_residual
 from trt_otel import read_journal
+from trt_otel.app.engine_store import StoreVisit
+from trt_otel.builder.build import BuildJob, BuildResult
+from trt_otel.builder.options import BuildOptions
 from trt_otel.builder.store import (
     EngineStore,
     Entry,
@@ -25,8 +29,9 @@ from trt_otel.builder.store import (
     miss_reason,
     store_key,
 )
-from trt_otel.core.events import BuildOutput, BuildStarted, PhaseStarted
-from trt_otel.views.prometheus import BuildSample, build_metrics
+from trt_otel.capture.monitor import BuildMonitor
+from trt_otel.core.events import BuildOutput, BuildStarted, Outcome, PhaseStarted
+from trt_otel.views.prometheus import BuildSample, MetricSources, build_metrics, sample_build
 from waiting import wait_for_text
 
 BASE: dict[str, Any] = {
@@ -351,3 +356,96 @@ def _kill(process: Any) -> None:
 def no_store_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delenv("TRT_OTEL_ENGINE_STORE", raising=False)
     yield
+
+
+# -- what the mutants that survived showed untested --------------------------------------------
+
+
+def test_serving_an_entry_makes_it_the_last_to_be_evicted(tmp_path: Path) -> None:
+    store = EngineStore(tmp_path / "store")
+    older = stored(store, tmp_path, BASE, b"a" * 100)
+    newer = stored(store, tmp_path, attributes(**{"trt.version": "1.7.2"}), b"b" * 100)
+    os.utime(older.folder, (older.record.created - 300,) * 2)
+    os.utime(newer.folder, (newer.record.created - 100,) * 2)
+    assert store.serve(older, tmp_path / "out", warn=pytest.fail) is not None
+    assert [e.record.key for e in store.prune(100)] == [newer.record.key]
+
+
+def test_a_store_exactly_at_its_bound_keeps_everything(tmp_path: Path) -> None:
+    store = EngineStore(tmp_path / "store")
+    stored(store, tmp_path, BASE, b"a" * 100)
+    stored(store, tmp_path, attributes(**{"trt.version": "1.7.2"}), b"b" * 100)
+    assert store.prune(200) == []
+    assert len(store.entries()) == 2
+
+
+def test_an_entry_keeps_the_durations_of_its_latest_builds(tmp_path: Path) -> None:
+    store = EngineStore(tmp_path / "store")
+    engine = tmp_path / "e"
+    engine.write_bytes(b"x")
+    for seconds in range(1, 12):
+        store.put(store_key(BASE), BASE, engine, build_s=float(seconds), build_id="b")
+    entry = store.lookup(store_key(BASE), warn=pytest.fail)
+    assert entry is not None and entry.record.build_s == [float(s) for s in range(2, 12)]
+
+
+def test_the_nearest_build_is_the_one_that_differs_least(tmp_path: Path) -> None:
+    store = EngineStore(tmp_path / "store")
+    stored(
+        store, tmp_path, attributes(**{"trt.version": "1.7.0", "trt.options.workspace": "1G"}), b"a"
+    )
+    stored(store, tmp_path, attributes(**{"trt.options.workspace": "1G"}), b"b")
+    asked = attributes()
+    assert miss_reason(store.nearest(asked), asked) == "options: -workspace 1G"
+
+
+def ended_build(outcome: Outcome, seconds: float) -> BuildMonitor:
+    """A build's record that began ``seconds`` ago and has just ended."""
+    monitor = BuildMonitor(attributes=dict(BASE), backend="none")
+    now = time.monotonic_ns()
+    monitor.start_at(time.time_ns(), now - int(seconds * 1e9), "MainThread")
+    monitor.end(outcome)
+    return monitor
+
+
+@pytest.mark.parametrize("outcome", [Outcome.FAILURE, Outcome.CANCELLATION, Outcome.TIMEOUT])
+def test_a_build_that_did_not_succeed_is_never_stored(tmp_path: Path, outcome: Outcome) -> None:
+    store = EngineStore(tmp_path / "store")
+    engine = tmp_path / "half.engine"
+    engine.write_bytes(b"half")
+    monitor = ended_build(outcome, 2.0)
+    job = BuildJob(model_path=tmp_path / "m.onnx", engine_path=engine, options=BuildOptions())
+    visit = StoreVisit(store, store_key(BASE), None)
+    visit.keep(monitor, BuildResult(outcome, "", engine, 4), job)
+    visit.keep(monitor, None, job)  # interrupted
+    assert store.entries() == []
+    monitor.close()
+
+
+def test_a_stored_build_records_how_long_it_took(tmp_path: Path) -> None:
+    store = EngineStore(tmp_path / "store")
+    engine = tmp_path / "built.engine"
+    engine.write_bytes(b"whole")
+    monitor = ended_build(Outcome.SUCCESS, 2.0)
+    job = BuildJob(model_path=tmp_path / "m.onnx", engine_path=engine, options=BuildOptions())
+    StoreVisit(store, store_key(BASE), None).keep(
+        monitor, BuildResult(Outcome.SUCCESS, "", engine, 5), job
+    )
+    (entry,) = store.entries()
+    assert 2.0 <= entry.record.build_s[0] < 3.0
+    monitor.close()
+
+
+def test_a_scrape_reads_the_store_from_the_build_record() -> None:
+    for recorded, expected in (
+        ({"trt.store.hit": True, "trt.store.saved_s": 42.5}, (True, 42.5)),
+        ({"trt.store.hit": False}, (False, 0.0)),
+        ({"trt.store.hit": "yes", "trt.store.saved_s": 1}, (None, 0.0)),
+        ({"trt.store.hit": True, "trt.store.saved_s": -5}, (True, 0.0)),
+        ({}, (None, 0.0)),
+    ):
+        monitor = BuildMonitor(attributes={**BASE, **recorded}, backend="none")
+        monitor.start()
+        sample = sample_build(MetricSources(monitor))
+        assert (sample.store_hit, sample.store_saved_s) == expected, recorded
+        monitor.close()
