@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from cli import CLI
 from trt_otel import BuildMonitor, ManualClock, ProcessSample
 from trt_otel.capture.process import ProcessSampler
 from trt_otel.control.policies import BuildView, MemoryGuard, PolicyRunner, Stall
-from trt_otel.core.activity import IDLE_AFTER_S, Verdict
+from trt_otel.core.activity import ACTIVE_CPU_PERCENT, IDLE_AFTER_S, Verdict
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.sizes import SizeError, format_bytes, parse_size
 from trt_otel.views.prometheus import MetricSources, metrics_registry
@@ -441,7 +442,11 @@ def test_a_simulated_deadlock_shows_idle_in_the_heartbeat_and_the_journal(tmp_pa
     assert result.returncode == 0, result.stderr
     heartbeat = [line for line in result.stderr.splitlines() if "silent for" in line]
     assert heartbeat, result.stderr
-    assert ": idle for " in heartbeat[-1] and "(CPU 0%" in heartbeat[-1], heartbeat
+    assert ": idle for " in heartbeat[-1], heartbeat
+    # Asleep, as far as the heartbeat can tell: the simulated builder's own threads (its spool
+    # forwarder) and a loaded machine's accounting may show a few percent, never work.
+    shown = re.search(r"\(CPU (\d+)%", heartbeat[-1])
+    assert shown is not None and int(shown[1]) < ACTIVE_CPU_PERCENT, heartbeat
     verdicts = [
         json.loads(line)["status"] for line in journal.read_text().splitlines()
         if '"type":"process"' in line

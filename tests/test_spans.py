@@ -42,7 +42,7 @@ from trt_otel.views.otlp_settings import (
 )
 from trt_otel.views.spans import UNFINISHED, SpanProjection, SpanRecord
 from trt_otel.views.trace_ids import TRACEPARENT_ATTRIBUTE, parse_traceparent
-from waiting import wait_for_text
+from waiting import wait_for_text, wait_until
 
 STATUS_ERROR = 2
 
@@ -402,9 +402,7 @@ def test_a_refusing_collector_is_reported_once_and_every_span_counted() -> None:
         # The first batch (of 512 spans) is refused before the shutdown's last attempt, so two
         # batches fail whatever the machine's speed (a first failure after the shutdown began
         # would rightly give the rest up at once).
-        deadline = time.monotonic() + 10
-        while not posts and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: export.health().failed > 0, "the first batch's refusal", 10)
         health = export.shutdown(10.0)
     finally:
         server.shutdown()
