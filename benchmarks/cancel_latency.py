@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trt_otel import read_journal
-from trt_otel.builder.onnx_models import residual_net_bytes
+from trt_otel.builder.onnx_models import RESIDUAL_SHAPES, residual_net_bytes
 from trt_otel.core.events import BuildFinished, CancelRequested, PhaseStarted, StepCompleted
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
-SHAPES = "input:1x8x32x32,4x8x32x32,8x8x32x32"
+SHAPES = RESIDUAL_SHAPES
 SILENT_PHASE = "Determining refit engines"
 TOKEN = "benchmark-token"
 PATHS = ("sigint", "sigterm", "sigterm-group", "sigusr1", "http", "file", "timeout")

@@ -27,11 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from trt_otel.builder.onnx_models import CONV_SHAPES, RESIDUAL_SHAPES
+
 ROOT = Path(__file__).resolve().parents[1]
-SHAPES = {
-    "conv": "input:1x8x16x16,2x8x16x16,4x8x16x16",
-    "residual": "input:1x8x32x32,4x8x32x32,8x8x32x32",
-}
+SHAPES = {"conv": CONV_SHAPES, "residual": RESIDUAL_SHAPES}
 
 
 def build_example(directory: Path, include: Path) -> Path:

@@ -25,10 +25,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trt_otel.builder.onnx_models import conv_net_bytes, residual_net_bytes
+from trt_otel.builder.onnx_models import (
+    CONV_SHAPES,
+    RESIDUAL_SHAPES,
+    conv_net_bytes,
+    residual_net_bytes,
+)
 
-CONV = "input:1x8x16x16,2x8x16x16,4x8x16x16"
-RESIDUAL = "input:1x8x32x32,4x8x32x32,8x8x32x32"
+CONV, RESIDUAL = CONV_SHAPES, RESIDUAL_SHAPES
 MODELS: tuple[tuple[str, Callable[[], bytes], str], ...] = (
     ("conv-8", lambda: conv_net_bytes(8), CONV),
     ("conv-48", lambda: conv_net_bytes(48), CONV),

@@ -45,12 +45,12 @@ from pathlib import Path
 import psutil
 from soak_peers import SINK_KINDS, Hostility, hostile_clients, sink
 
-from trt_otel.builder.onnx_models import residual_net_bytes
+from trt_otel.builder.onnx_models import RESIDUAL_SHAPES, residual_net_bytes
 from trt_otel.capture.checked import read_journal
 from trt_otel.core.events import BuildFinished, BuildStarted, CancelRequested, Event, Outcome
 
 CLI = [sys.executable, "-m", "trt_otel.app.cli"]
-SHAPES = "input:1x8x32x32,4x8x32x32,8x8x32x32"
+SHAPES = RESIDUAL_SHAPES
 TOKEN = "soak-token"
 BUILD_LIMIT_S = 240.0
 """A build (and its reader) still running this long after it started is a hang."""

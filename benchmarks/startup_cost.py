@@ -22,9 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from trt_otel.builder.onnx_models import conv_net_bytes
+from trt_otel.builder.onnx_models import CONV_SHAPES, conv_net_bytes
 
-SHAPES = "input:1x8x16x16,2x8x16x16,4x8x16x16"
+SHAPES = CONV_SHAPES
 BARE = """
 import sys, tensorrt_rtx as trt
 class Monitor(trt.IProgressMonitor):

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_server import free_port
+from restarts import started_afresh
 
 STARTUP_S = 180.0
 
@@ -103,27 +104,16 @@ def _wait(condition: object, what: str, processes: list[subprocess.Popen[bytes]]
         time.sleep(0.5)
 
 
-START_ATTEMPTS = 3
-"""A node's ports are chosen free, then bound by Ray a moment later: on a busy machine another
-process can take one in between, and the node exits. The cluster is then started afresh."""
-
-
 @contextlib.contextmanager
 def ray_cluster(head_cpus: int = 1, worker_cpus: int = 2) -> Iterator[RayCluster]:
     """A head and a second node; yields once the head's job API answers and both nodes are
     alive (started again, with other ports, when a node exits while starting)."""
-    for attempt in range(1, START_ATTEMPTS + 1):
-        stack = contextlib.ExitStack()
-        try:
-            cluster = stack.enter_context(_one_cluster(head_cpus, worker_cpus))
-        except RayNodeExitedError:
-            stack.close()
-            if attempt == START_ATTEMPTS:
-                raise
-            continue
-        with stack:
-            yield cluster
-        return
+
+    def start(stack: contextlib.ExitStack[bool | None]) -> RayCluster:
+        return stack.enter_context(_one_cluster(head_cpus, worker_cpus))
+
+    with started_afresh(start, RayNodeExitedError) as cluster:
+        yield cluster
 
 
 class RayNodeExitedError(AssertionError):

@@ -12,11 +12,15 @@ from typing import Any
 
 import pytest
 
-from trt_otel.builder.onnx_models import conv_net_bytes, residual_net_bytes
+from trt_otel.builder.onnx_models import (
+    CONV_SHAPES,
+    RESIDUAL_SHAPES,
+    conv_net_bytes,
+    residual_net_bytes,
+)
 from trt_otel.core.events import Event, PhaseFinished, PhaseStarted, StepCompleted
 
-CONV_SHAPES = "input:1x8x16x16,2x8x16x16,4x8x16x16"
-RESIDUAL_SHAPES = "input:1x8x32x32,4x8x32x32,8x8x32x32"
+__all__ = ["CONV_SHAPES", "RESIDUAL_SHAPES"]  # and what is defined below
 SILENT_BLOCKS = 600
 """Residual blocks of the silent-window tests' model: a few seconds inside one step of
 "Determining refit engines" (1,500 blocks give ~20-30 s)."""

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from prometheus_server import free_port
+from restarts import started_afresh
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "scancel", "scontrol", "sinfo", "squeue", "srun")
@@ -198,11 +199,6 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
-START_ATTEMPTS = 3
-"""The daemons' ports are chosen free, then bound a moment later: on a busy machine another
-process can take one in between, and the daemon exits. The cluster is then started afresh."""
-
-
 @contextlib.contextmanager
 def slurm_cluster(directory: Path | None = None) -> Iterator[SlurmCluster]:
     """A one-node cluster whose node is idle, in a new folder under ``directory`` (kept, with
@@ -210,21 +206,15 @@ def slurm_cluster(directory: Path | None = None) -> Iterator[SlurmCluster]:
     daemons stopped at the end. Skips, saying why, where SLURM is not installed or this
     process is not root."""
     programs = skip_without_slurm()
-    for attempt in range(1, START_ATTEMPTS + 1):
+
+    def start(stack: contextlib.ExitStack[bool | None]) -> SlurmCluster:
         where = Path(tempfile.mkdtemp(prefix="slurm-", dir=directory))
-        stack = contextlib.ExitStack()
         if directory is None:
             stack.callback(shutil.rmtree, where, ignore_errors=True)
-        try:
-            cluster = stack.enter_context(_one_cluster(where, programs))
-        except DaemonExitedError:
-            stack.close()
-            if attempt == START_ATTEMPTS:
-                raise
-            continue
-        with stack:
-            yield cluster
-        return
+        return stack.enter_context(_one_cluster(where, programs))
+
+    with started_afresh(start, DaemonExitedError) as cluster:
+        yield cluster
 
 
 class DaemonExitedError(AssertionError):

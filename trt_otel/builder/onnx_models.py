@@ -25,6 +25,10 @@ from trt_otel.core.startup import native_import
 INPUT_NAME = "input"
 DEMO_SHAPES = "input:1x1x28x28,4x1x28x28,8x1x28x28"
 """``--shapes`` for the demo model."""
+CONV_SHAPES = "input:1x8x16x16,2x8x16x16,4x8x16x16"
+"""``--shapes`` for :func:`conv_net_bytes`' model (its defaults)."""
+RESIDUAL_SHAPES = "input:1x8x32x32,4x8x32x32,8x8x32x32"
+"""``--shapes`` for :func:`residual_net_bytes`' model (its defaults)."""
 SILENT_WINDOW_BLOCKS = 1_700
 """Residual blocks of the quick start's model (``make demo``): a 20-40 s build, most of it the
 silent window (about 24 s on an idle x86-64 core)."""
