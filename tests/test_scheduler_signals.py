@@ -11,6 +11,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -152,3 +153,35 @@ def test_a_worker_killed_as_it_starts_never_leaves_the_supervisor_waiting() -> N
     assert killed, "the worker was never seen"
     assert ended, "the supervisor still waits for a worker that is dead"
     assert ended[0].died == "killed by SIGKILL", ended[0]
+
+
+def test_what_waits_for_a_last_reader_waits_only_within_the_stop_budget(tmp_path: Path) -> None:
+    """A stop asked for by a signal fits its budget however long the lingers are: the scrape
+    endpoint, scraped during the build, and the HTTP view, told to wait for a late client,
+    each wait only for what the budget leaves (else the scheduler's kill lands mid-exit)."""
+    journal = tmp_path / "lingering.jsonl"
+    process = start_job(
+        journal, "--silence", "10m", "--stop-budget", "6s",
+        "--prometheus-port", "0", "--prometheus-linger", "10m",
+        "--http-port", "0", "--http-linger", "10m",
+    )  # fmt: skip
+    said: list[str] = []
+    try:
+        assert process.stderr is not None
+        while not any("/metrics" in line and line.startswith("metrics:") for line in said):
+            line = process.stderr.readline()
+            assert line, "".join(said)
+            said.append(line)
+        url = next(line.split()[1] for line in said if line.startswith("metrics:"))
+        wait_for_silence(journal)
+        with urllib.request.urlopen(url, timeout=10) as answer:  # a scrape, during the build
+            assert b"trt_build_state" in answer.read()
+        asked = time.monotonic()
+        os.killpg(process.pid, signal.SIGTERM)
+    finally:
+        code, err = ended(process)
+    took_s = time.monotonic() - asked
+    assert code == 3, "".join(said) + err
+    assert took_s < 6 + 4, f"the stop took {took_s:.1f}s against a 6s budget"
+    cancel, end = stopped(journal)
+    assert (cancel.source, end.outcome) == ("signal", Outcome.CANCELLATION)

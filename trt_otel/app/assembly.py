@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
     from trt_otel.control.policies import Policy, PolicyRunner
+    from trt_otel.control.signals import StopClock
     from trt_otel.views.http import StatusServer
 
 
@@ -59,12 +60,14 @@ def attach_session(
     console: ConsoleConfig | None = None,
     builds_in_a_run: bool = False,
     before_following: Callable[[Views], None] | None = None,
+    stop: StopClock | None = None,
 ) -> Views:
     """Attach to ``build``'s log, on ``stack``, everything ``observe`` asks for: its views, the
     ``console`` (None: none), then the log's followers. ``builds_in_a_run``: the log holds one
     build after another (``run``), and the HTTP view's stream goes on across them.
     ``before_following``: told of the views once they are attached, before any event reaches
-    them (to say where they are)."""
+    them (to say where they are). ``stop``: when a signal asked the build to stop (what
+    waits at the end waits within its budget)."""
     views = attach_views(
         stack,
         build,
@@ -73,6 +76,7 @@ def attach_session(
         model=model,
         collectors=collectors,
         attributes=attributes,
+        stop=stop,
     )
     if console is not None:
         console_view(console, model)

@@ -60,6 +60,7 @@ if TYPE_CHECKING:  # imported when asked for: most builds export nothing (start-
     from prometheus_client.registry import Collector
 
     from trt_otel.control.policies import PolicyRunner
+    from trt_otel.control.signals import StopClock
     from trt_otel.views.http import StatusServer
     from trt_otel.views.otlp import OtlpSpanExport
     from trt_otel.views.otlp_logs import OtlpLogExport
@@ -343,10 +344,11 @@ def _eta_seconds(model: ReadModel, monitor: ObservedBuild) -> Callable[[], float
 
 @contextlib.contextmanager
 def metrics_endpoint(
-    registry: CollectorRegistry, config: MetricsConfig
+    registry: CollectorRegistry, config: MetricsConfig, stop: StopClock | None = None
 ) -> Iterator[MetricsServer | None]:
     """Prometheus' scrape endpoint for ``registry``, if asked for. On exit the final values
-    reach Prometheus: a last scrape is awaited (only when something has been scraping)."""
+    reach Prometheus: a last scrape is awaited (only when something has been scraping), for
+    as long as a stop's budget allows (``stop``)."""
     server: MetricsServer | None = None
     if config.port is not None:
         from trt_otel.views.prometheus import MetricsServer
@@ -365,7 +367,8 @@ def metrics_endpoint(
     finally:
         if completed and server is not None:
             began = time.monotonic()
-            if server.linger(config.linger_s):
+            linger_s = stop.allows(config.linger_s) if stop is not None else config.linger_s
+            if server.linger(linger_s):
                 say(f"metrics: final values scraped after {time.monotonic() - began:.1f}s")
         if server is not None:
             server.close()
@@ -392,6 +395,7 @@ def status_server(
     *,
     model: ReadModel,
     registry: CollectorRegistry,
+    stop: StopClock | None = None,
 ) -> Iterator[StatusServer | None]:
     """The HTTP view, if asked for; its /metrics serves ``registry``. Its events come from the
     log: follow ``server.feed``."""
@@ -442,7 +446,8 @@ def status_server(
         try:
             yield server
         finally:
-            server.close(linger_s=config.linger_s, unwatched=config.linger_unwatched)
+            linger_s = stop.allows(config.linger_s) if stop is not None else config.linger_s
+            server.close(linger_s=linger_s, unwatched=config.linger_unwatched)
             if config.url_file is not None:
                 with contextlib.suppress(OSError):
                     config.url_file.unlink()
@@ -471,6 +476,7 @@ def attach_views(
     model: ReadModel,
     collectors: Sequence[Collector] = (),
     attributes: Mapping[str, Any] | None = None,
+    stop: StopClock | None = None,
 ) -> Views:
     """The views ``trt-otel build``, ``run`` and ``watch`` attach alike: every view of
     :mod:`~trt_otel.app.view_registry` that ``observe`` asks for, entered on ``stack`` in the
@@ -486,6 +492,7 @@ def attach_views(
         attributes or {},
         collectors,
         resource=telemetry_resource(observe.spans, attributes),
+        stop=stop,
     )
     for entry in view_registry.wanted_by(observe):
         context.started[entry.name] = stack.enter_context(entry.attached(context))
@@ -527,7 +534,7 @@ def attach_metrics_registry(context: ViewContext) -> Iterator[CollectorRegistry]
 
 
 def attach_metrics_endpoint(context: ViewContext) -> AbstractContextManager[MetricsServer | None]:
-    return metrics_endpoint(context.view("metrics"), context.observe.metrics)
+    return metrics_endpoint(context.view("metrics"), context.observe.metrics, context.stop)
 
 
 def attach_otlp_metrics(context: ViewContext) -> AbstractContextManager[OtlpMetricsExport | None]:
@@ -536,7 +543,11 @@ def attach_otlp_metrics(context: ViewContext) -> AbstractContextManager[OtlpMetr
 
 def attach_status_server(context: ViewContext) -> AbstractContextManager[StatusServer | None]:
     return status_server(
-        context.build, context.observe.http, model=context.model, registry=context.view("metrics")
+        context.build,
+        context.observe.http,
+        model=context.model,
+        registry=context.view("metrics"),
+        stop=context.stop,
     )
 
 

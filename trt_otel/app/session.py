@@ -30,7 +30,12 @@ from trt_otel.builder.build import BuildJob, BuildResult, partial_files, run_bui
 from trt_otel.builder.provenance import FINGERPRINT, fingerprint
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.supervisor import IsolatedResult, StopNow, run_isolated
-from trt_otel.control.signals import STOP_SIGNALS, TIME_LIMIT_SIGNAL, handling_interrupts
+from trt_otel.control.signals import (
+    STOP_SIGNALS,
+    TIME_LIMIT_SIGNAL,
+    StopClock,
+    handling_interrupts,
+)
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import CancelSource, Outcome
 from trt_otel.core.readmodel import ReadModel
@@ -98,6 +103,7 @@ def run_build(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]) 
             model=None if config.in_process else model,
         )
         runner = policy_runner(monitor, policy)
+        stop = StopClock(config.policy.stop_budget_s)
         attach_session(
             stack,
             monitor,
@@ -109,6 +115,7 @@ def run_build(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]) 
             before_following=lambda views: _announce(
                 monitor.build_id, attributes, views.spans is not None, runner
             ),
+            stop=stop,
         )
 
         # Things that act during the build: policies, the samplers, signal handlers.
@@ -118,7 +125,7 @@ def run_build(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]) 
         if runner is not None and refused is None:
             stack.enter_context(runner)
         watch = stack.enter_context(sampling(monitor, gpu, observe.sample_interval_s))
-        signals = stack.enter_context(_cancel_on_signals(monitor))
+        signals = stack.enter_context(_cancel_on_signals(monitor, stop))
         result, interrupted = _make(
             monitor, job, config, refused=refused, visit=visit, watch=watch, signals=signals
         )
@@ -303,7 +310,7 @@ class _SignalState:
 
 
 @contextlib.contextmanager
-def _cancel_on_signals(monitor: BuildMonitor) -> Iterator[_SignalState]:
+def _cancel_on_signals(monitor: BuildMonitor, stop: StopClock) -> Iterator[_SignalState]:
     """First SIGINT, SIGTERM, SIGHUP (treated as SIGTERM) or SIGUSR1 (a scheduler's warning
     of the job's time limit: a timeout): cancel gracefully at the next step. Second: stop now."""
     state = _SignalState()
@@ -322,6 +329,7 @@ def _cancel_on_signals(monitor: BuildMonitor) -> Iterator[_SignalState]:
         # holds the event log's lock inside a callback (or is writing to stderr): it must take
         # no lock and do no I/O itself, so the cancel is handed to a thread of its own.
         name = signal.Signals(signum).name
+        stop.asked()
         if signum == signal.SIGINT:
             state.interrupted = True
         state.received += 1

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
     from trt_otel.control.policies import PolicyRunner
+    from trt_otel.control.signals import StopClock
     from trt_otel.core.observed import ObservedBuild
     from trt_otel.core.readmodel import ReadModel
 
@@ -45,6 +46,8 @@ class ViewContext:
     collectors: Sequence[Collector] = ()
     resource: Resource | None = None
     """The OpenTelemetry resource the exports share, detected once (None: none exports)."""
+    stop: StopClock | None = None
+    """When a signal asked the build to stop: what waits at the end waits within its budget."""
     started: dict[str, Any] = field(default_factory=dict)
 
     @property
