@@ -8,6 +8,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from cli import run_cli, start_cli
+from cli import CLI, run_cli, start_cli
 from rtx_builds import CONV_SHAPES, RESIDUAL_SHAPES, import_rtx, write_conv, write_residual
 from trt_otel import read_journal
 from trt_otel.app.engine_store import StoreVisit
@@ -449,3 +452,39 @@ def test_a_scrape_reads_the_store_from_the_build_record() -> None:
         sample = sample_build(MetricSources(monitor))
         assert (sample.store_hit, sample.store_saved_s) == expected, recorded
         monitor.close()
+
+
+@pytest.mark.e2e
+def test_a_build_on_another_host_of_a_shared_store_waits_and_is_served(tmp_path: Path) -> None:
+    """Another host sharing the store's folder, as near as one machine comes: a build in a pid
+    and host namespace of its own (its pids and host name are not this one's), on the same
+    files. Its build of the same key waits for this one's, by the lock alone, and is served."""
+    import_rtx()
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("another host is simulated with unshare(1) as root")
+    model = write_residual(tmp_path / "deep.onnx", blocks=300)
+    store = tmp_path / "store"
+
+    def arguments(name: str) -> list[str]:
+        return [
+            "build", str(model), "-o", str(tmp_path / f"{name}.engine"), "--shapes",
+            RESIDUAL_SHAPES, "--no-progress", "--engine-store", str(store), "--journal",
+            str(tmp_path / f"{name}.jsonl"),
+        ]  # fmt: skip
+
+    with contextlib.ExitStack() as stack:
+        here = start_cli(*arguments("here"))
+        stack.callback(_kill, here)
+        wait_for_text(tmp_path / "here.jsonl", b'"build_start"')
+        elsewhere = subprocess.Popen(
+            ["unshare", "--pid", "--fork", "--uts", "sh", "-c",
+             'hostname host-b && exec "$@"', "sh", *CLI, *arguments("elsewhere")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        stack.callback(_kill, elsewhere)
+        errors = [p.communicate(timeout=300)[1] for p in (here, elsewhere)]
+    assert [here.returncode, elsewhere.returncode] == [0, 0], errors
+    assert f"store: waiting for pid {here.pid} on {socket.gethostname()}" in errors[1]
+    served = started(tmp_path / "elsewhere.jsonl").attributes
+    assert served["trt.store.hit"] is True and served["host.name"] == "host-b"
+    assert (tmp_path / "elsewhere.engine").read_bytes() == (tmp_path / "here.engine").read_bytes()
