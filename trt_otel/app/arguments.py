@@ -316,6 +316,13 @@ def _add_signal_options(group: Group, *, metrics: bool) -> None:
             metavar="DURATION",
             help=f"how often --otlp-metrics pushes (default: {DEFAULT_METRICS_INTERVAL_S:g}s)",
         )
+        group.add_argument(
+            "--otlp-live",
+            choices=("on", "off"),
+            default="off",
+            help="while the build runs, send its open phases every 5s as snapshot spans "
+            "(trt.span.snapshot=true), so a trace backend shows a running build (default: off)",
+        )
 
 
 def span_config(args: argparse.Namespace) -> SpanConfig:
@@ -329,6 +336,7 @@ def span_config(args: argparse.Namespace) -> SpanConfig:
         logs_level=None if level == "off" else level,
         metrics=bool(getattr(args, "otlp_metrics", False)),
         metrics_interval_s=getattr(args, "otlp_metrics_interval", DEFAULT_METRICS_INTERVAL_S),
+        live=getattr(args, "otlp_live", "off") == "on",
     )
 
 

@@ -210,6 +210,14 @@ register(
     reads=("spans", "logs", "otlp-metrics"),
 )
 register(
+    "otlp-live",
+    options=("--otlp-live",),
+    wanted=lambda observe: observe.spans.live,
+    attach="trt_otel.views.otlp_live:attach",
+    summary="the open phases sent as snapshot spans while the build runs",
+    reads=("spans",),
+)
+register(
     "pushgateway",
     options=("--pushgateway",),
     wanted=lambda observe: observe.metrics.pushgateway is not None,

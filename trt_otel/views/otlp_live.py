@@ -1,0 +1,133 @@
+"""A running build in the trace backend (``--otlp-live``): snapshots of its open phases, sent while
+it runs, since a span is exported only when it ends and a real build's outer phases stay open
+for nearly all of it.
+
+Every :data:`LIVE_INTERVAL_S` while the build runs (so a phase shows within that of its start,
+and again through a silent window), each open phase is sent as a *snapshot*: a span of the
+phase's name, from the phase's start to now, marked ``trt.span.snapshot = true``, with how long it
+has run (``trt.phase.running_s``), its steps, the build's progress and the builder's liveness
+(``working``, ``idle``, ``stopped``). Its parent is the phase's own span, the one sent when the
+phase ends, so that once the build has ended each snapshot sits under the phase it showed; its
+span id is its own (derived from the phase's and the snapshot's number), never a final span's, so
+no backend sees a span id twice. A snapshot ends when it is sent: none looks as if it were still
+running after the build. A query tells them apart by the attribute; a replay sends none.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+from trt_otel.core.readmodel import ReadModel
+from trt_otel.core.state import BuildState
+from trt_otel.views.spans import SpanRecord
+from trt_otel.views.trace_ids import build_trace_id, derived_id, phase_span_id
+
+LIVE_INTERVAL_S = 5.0
+"""How often the open phases are sent: a phase shows within this of its start."""
+SNAPSHOT = "trt.span.snapshot"
+"""The attribute that marks a snapshot (true), absent from the final spans."""
+
+
+class SpanSink(Protocol):
+    def emit(self, record: SpanRecord) -> None: ...
+
+
+class LiveSnapshots:
+    """Sends the open phases of ``model``'s build to ``sink`` every ``interval_s``, on a thread
+    of its own, until :meth:`stop`."""
+
+    def __init__(
+        self, model: ReadModel, sink: SpanSink, *, interval_s: float = LIVE_INTERVAL_S
+    ) -> None:
+        self._model = model
+        self._sink = sink
+        self._interval_s = interval_s
+        self._stopping = threading.Event()
+        self._round = 0
+        self.sent = 0
+        self._thread = threading.Thread(target=self._run, name="trt-otel-otlp-live", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        while not self._stopping.wait(self._interval_s):
+            for record in self.snapshot(time.monotonic_ns()):
+                self._sink.emit(record)
+                self.sent += 1
+
+    def snapshot(self, now_mono_ns: int) -> list[SpanRecord]:
+        """The open phases of a running build at ``now_mono_ns`` (none once it has ended)."""
+        with self._model.reading():
+            state = self._model.state
+            if state.build_id is None or state.outcome is not None:
+                return []
+            self._round += 1
+            return [_snapshot(state, phase_id, now_mono_ns, self._round)
+                    for phase_id in state.open_phase_ids()]  # fmt: skip
+
+
+def _snapshot(state: BuildState, phase_id: int, now_mono_ns: int, round_: int) -> SpanRecord:
+    phase = state.phases[phase_id]
+    build_id = state.build_id or ""
+    trace_id, remote = build_trace_id(dict(state.attributes), build_id)
+    wall_base = state.start_wall_ns or 0
+    mono_base = state.start_mono_ns or 0
+    span_id = phase_span_id(trace_id, build_id, phase_id)
+    attributes: dict[str, Any] = {
+        SNAPSHOT: True,
+        "trt.phase.running_s": round((now_mono_ns - phase.start_mono_ns) / 1e9, 3),
+        "trt.phase.num_steps": phase.num_steps,
+        "trt.phase.steps_completed": phase.steps_completed,
+        "trt.phase.depth": phase.depth,
+        "trt.build.progress": round(state.progress_ratio(), 4),
+        "trt.build.id": build_id,
+    }
+    verdict = state.activity.verdict
+    if verdict is not None:
+        attributes["trt.build.liveness"] = str(verdict)
+    return SpanRecord(
+        name=phase.name,
+        trace_id=trace_id,
+        span_id=derived_id(64, span_id, "snapshot", round_),
+        parent_span_id=span_id,
+        parent_is_remote=False,
+        start_ns=wall_base + (phase.start_mono_ns - mono_base),
+        end_ns=wall_base + (now_mono_ns - mono_base),
+        attributes=attributes,
+        sampled=remote.sampled if remote is not None else True,
+    )
+
+
+class ViewContext(Protocol):
+    """What this view reads of what a session attaches
+    (:class:`trt_otel.app.view_registry.ViewContext`)."""
+
+    model: ReadModel
+
+    def view(self, name: str) -> Any: ...
+
+
+@contextmanager
+def attach(context: ViewContext) -> Iterator[LiveSnapshots | None]:
+    """The view as the registry attaches it: snapshots to the span export (none without one),
+    stopped before the final spans' flush begins."""
+    spans = context.view("spans")
+    if spans is None:
+        yield None
+        return
+    live = LiveSnapshots(context.model, spans)
+    live.start()
+    try:
+        yield live
+    finally:
+        live.stop()
