@@ -9,6 +9,10 @@ import pytest
 
 from cli import start_cli
 from otlp_receiver import OtlpReceiver, ReceivedSpan
+from trt_otel import BuildMonitor, ManualClock
+from trt_otel.core.readmodel import ReadModel
+from trt_otel.views.otlp_live import LIVE_INTERVAL_S, REFRESH_S, LiveSnapshots
+from trt_otel.views.spans import SpanRecord
 from waiting import wait_until
 
 SNAPSHOT = "trt.span.snapshot"
@@ -57,3 +61,31 @@ def test_open_phases_show_while_the_build_runs_and_the_final_trace_is_unchanged(
         assert phase.name == snapshot.name
         assert phase.start_ns == snapshot.start_ns and snapshot.end_ns <= phase.end_ns
     assert len({s.span_id for s in shown}) == len(shown)
+
+
+class Unsent:
+    def emit(self, record: SpanRecord) -> None:
+        raise AssertionError("only snapshot() is called here")
+
+
+def test_a_phase_is_sent_when_it_opens_and_again_while_it_stays_open() -> None:
+    clock, model = ManualClock(), ReadModel()
+    monitor = BuildMonitor(backend="none", clock=clock, model=model)
+    live = LiveSnapshots(model, Unsent())  # told directly, its thread not started
+
+    def tick(seconds: float) -> list[str]:
+        clock.advance(seconds)
+        return [record.name for record in live.snapshot(clock.mono_ns())]
+
+    assert tick(0) == [], "nothing before the build starts"
+    monitor.start()
+    monitor.phase_start("Building engine", None, 3)
+    assert tick(LIVE_INTERVAL_S) == ["Building engine"]
+    monitor.phase_start("Determining refit engines", "Building engine", 1)
+    assert tick(LIVE_INTERVAL_S) == ["Determining refit engines"], "only what is new"
+    assert tick(REFRESH_S - LIVE_INTERVAL_S) == ["Building engine"], "refreshed, in silence"
+    monitor.phase_finish("Determining refit engines")
+    assert tick(REFRESH_S) == ["Building engine"], "a closed phase is not sent again"
+    monitor.end()
+    assert tick(REFRESH_S) == [], "nothing once the build has ended"
+    monitor.close()

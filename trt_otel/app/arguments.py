@@ -320,8 +320,9 @@ def _add_signal_options(group: Group, *, metrics: bool) -> None:
             "--otlp-live",
             choices=("on", "off"),
             default="off",
-            help="while the build runs, send its open phases every 5s as snapshot spans "
-            "(trt.span.snapshot=true), so a trace backend shows a running build (default: off)",
+            help="while the build runs, send each open phase as a snapshot span "
+            "(trt.span.snapshot=true) within 5s of its start and every 30s after, so a trace "
+            "backend shows a running build (default: off)",
         )
 
 

@@ -2,15 +2,16 @@
 it runs, since a span is exported only when it ends and a real build's outer phases stay open
 for nearly all of it.
 
-Every :data:`LIVE_INTERVAL_S` while the build runs (so a phase shows within that of its start,
-and again through a silent window), each open phase is sent as a *snapshot*: a span of the
-phase's name, from the phase's start to now, marked ``trt.span.snapshot = true``, with how long it
-has run (``trt.phase.running_s``), its steps, the build's progress and the builder's liveness
-(``working``, ``idle``, ``stopped``). Its parent is the phase's own span, the one sent when the
-phase ends, so that once the build has ended each snapshot sits under the phase it showed; its
-span id is its own (derived from the phase's and the snapshot's number), never a final span's, so
-no backend sees a span id twice. A snapshot ends when it is sent: none looks as if it were still
-running after the build. A query tells them apart by the attribute; a replay sends none.
+While the build runs, each phase that opened is sent within :data:`LIVE_INTERVAL_S` of its
+start, and again every :data:`REFRESH_S` while it stays open (through a silent window too), as a
+*snapshot*: a span of the phase's name, from the phase's start to now, marked
+``trt.span.snapshot = true``, with how long it has run (``trt.phase.running_s``), its steps, the
+build's progress and the builder's liveness (``working``, ``idle``, ``stopped``). Its parent is
+the phase's own span, the one sent when the phase ends, so that once the build has ended each
+snapshot sits under the phase it showed; its span id is its own (derived from the phase's and
+the snapshot's number), never a final span's, so no backend sees a span id twice. A snapshot
+ends when it is sent: none looks as if it were still running after the build. A query tells
+them apart by the attribute; a replay sends none.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from trt_otel.views.spans import SpanRecord
 from trt_otel.views.trace_ids import build_trace_id, derived_id, phase_span_id
 
 LIVE_INTERVAL_S = 5.0
-"""How often the open phases are sent: a phase shows within this of its start."""
+"""How often the open phases are looked at: a phase shows within this of its start."""
+REFRESH_S = 30.0
+"""How often a phase still open is sent again (through a silent window too)."""
 SNAPSHOT = "trt.span.snapshot"
 """The attribute that marks a snapshot (true), absent from the final spans."""
 
@@ -48,6 +51,8 @@ class LiveSnapshots:
         self._interval_s = interval_s
         self._stopping = threading.Event()
         self._round = 0
+        self._sent_at: dict[int, int] = {}
+        """Each open phase's last snapshot (monotonic ns), by phase id."""
         self.sent = 0
         self._thread = threading.Thread(target=self._run, name="trt-otel-otlp-live", daemon=True)
 
@@ -66,14 +71,23 @@ class LiveSnapshots:
                 self.sent += 1
 
     def snapshot(self, now_mono_ns: int) -> list[SpanRecord]:
-        """The open phases of a running build at ``now_mono_ns`` (none once it has ended)."""
+        """The snapshots due at ``now_mono_ns``: each open phase not sent yet, and each sent
+        :data:`REFRESH_S` ago or more (none once the build has ended)."""
         with self._model.reading():
             state = self._model.state
             if state.build_id is None or state.outcome is not None:
                 return []
             self._round += 1
-            return [_snapshot(state, phase_id, now_mono_ns, self._round)
-                    for phase_id in state.open_phase_ids()]  # fmt: skip
+            open_ids = state.open_phase_ids()
+            self._sent_at = {i: t for i, t in self._sent_at.items() if i in set(open_ids)}
+            due = [
+                phase_id
+                for phase_id in open_ids
+                if now_mono_ns - self._sent_at.get(phase_id, -(1 << 62)) >= REFRESH_S * 1e9
+            ]
+            for phase_id in due:
+                self._sent_at[phase_id] = now_mono_ns
+            return [_snapshot(state, phase_id, now_mono_ns, self._round) for phase_id in due]
 
 
 def _snapshot(state: BuildState, phase_id: int, now_mono_ns: int, round_: int) -> SpanRecord:
