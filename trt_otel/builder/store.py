@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 
 from trt_otel.builder.provenance import FINGERPRINT_KEYS, fingerprint_inputs
+from trt_otel.core.changes import attribute_change
 from trt_otel.core.files import write_atomically
 from trt_otel.core.version import __version__
 
@@ -339,16 +340,7 @@ def _change(key: str, before: str | None, after: str | None, backend: str) -> st
         return f"the model changed (sha256 {(before or '?')[:8]}.. -> {(after or '?')[:8]}..)"
     if key == "trt.version":
         return f"{backend} {before} -> {after}"
-    if key.startswith("trt.options."):
-        name = key.removeprefix("trt.options.")
-        if before is None:
-            return f"options: +{name} {after}"
-        if after is None:
-            return f"options: -{name} {before}"
-        return f"options: {name} {before} -> {after}"
-    return f"{key}: {before if before is not None else '(none)'} -> " + (
-        after if after is not None else "(none)"
-    )
+    return attribute_change(key, before, after)
 
 
 def miss_reason(nearest: StoreRecord | None, attributes: Mapping[str, Any]) -> str:

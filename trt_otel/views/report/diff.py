@@ -11,6 +11,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from trt_otel.core.changes import attribute_change
 from trt_otel.core.sizes import format_bytes
 from trt_otel.views.report.model import BuildReport, PathKey, outcome_text, seconds_text
 
@@ -204,25 +205,12 @@ def render_diff(result: BuildDiff) -> str:
     ]
     if result.provenance:
         lines.append("what differs in the record:")
-        lines += [f"  {_attribute_change(*change)}" for change in result.provenance]
+        lines += [f"  {attribute_change(*change)}" for change in result.provenance]
     else:
         lines.append("the records do not differ")
     lines += ["", *_phase_table(result), ""]
     lines.append(f"verdict: {result.verdict()}")
     return "\n".join(lines) + "\n"
-
-
-def _attribute_change(key: str, before: str | None, after: str | None) -> str:
-    name = key.removeprefix("trt.options.")
-    if key.startswith("trt.options."):
-        if before is None:
-            return f"options: +{name} {after}"
-        if after is None:
-            return f"options: -{name} {before}"
-        return f"options: {name} {before} -> {after}"
-    return f"{key}: {before if before is not None else '(none)'} -> " + (
-        after if after is not None else "(none)"
-    )
 
 
 def _phase_table(result: BuildDiff) -> list[str]:
