@@ -87,7 +87,7 @@ def test_prometheus_stores_a_real_builds_exemplar_and_its_api_returns_the_trace(
     import_rtx()
     # A build long enough (its silent window: seconds) for Prometheus to scrape it while it
     # runs; the exporter then waits for one more scrape after the end (--prometheus-linger).
-    model = write_residual(tmp_path / "residual.onnx")
+    model = write_residual(tmp_path / "residual.onnx", blocks=1_500)  # ~10 s on a quiet machine
     exporter = free_port()
     prometheus = PrometheusServer(tmp_path, f"127.0.0.1:{exporter}", features=("exemplar-storage",))
     try:
