@@ -367,11 +367,16 @@ def metrics_endpoint(
     finally:
         if completed and server is not None:
             began = time.monotonic()
-            linger_s = stop.allows(config.linger_s) if stop is not None else config.linger_s
-            if server.linger(linger_s):
+            if server.linger(_within_budget(stop, config.linger_s)):
                 say(f"metrics: final values scraped after {time.monotonic() - began:.1f}s")
         if server is not None:
             server.close()
+
+
+def _within_budget(stop: StopClock | None, linger_s: float) -> float:
+    """A linger for a last reader, within what a signal's stop budget leaves (all of it where
+    no signal asked the build to stop)."""
+    return stop.allows(linger_s) if stop is not None else linger_s
 
 
 @contextlib.contextmanager
@@ -446,7 +451,7 @@ def status_server(
         try:
             yield server
         finally:
-            linger_s = stop.allows(config.linger_s) if stop is not None else config.linger_s
+            linger_s = _within_budget(stop, config.linger_s)
             server.close(linger_s=linger_s, unwatched=config.linger_unwatched)
             if config.url_file is not None:
                 with contextlib.suppress(OSError):

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 from trt_otel.core.readmodel import ReadModel
-from trt_otel.core.state import BuildState
+from trt_otel.core.state import BuildState, Phase
 from trt_otel.views.spans import SpanRecord
 from trt_otel.views.trace_ids import build_trace_id, derived_id, phase_span_id
 
@@ -53,7 +53,6 @@ class LiveSnapshots:
         self._round = 0
         self._sent_at: dict[int, int] = {}
         """Each open phase's last snapshot (monotonic ns), by phase id."""
-        self.sent = 0
         self._thread = threading.Thread(target=self._run, name="trt-otel-otlp-live", daemon=True)
 
     def start(self) -> None:
@@ -68,7 +67,6 @@ class LiveSnapshots:
         while not self._stopping.wait(self._interval_s):
             for record in self.snapshot(time.monotonic_ns()):
                 self._sink.emit(record)
-                self.sent += 1
 
     def snapshot(self, now_mono_ns: int) -> list[SpanRecord]:
         """The snapshots due at ``now_mono_ns``: each open phase not sent yet, and each sent
@@ -79,47 +77,63 @@ class LiveSnapshots:
                 return []
             self._round += 1
             open_ids = state.open_phase_ids()
-            self._sent_at = {i: t for i, t in self._sent_at.items() if i in set(open_ids)}
+            still_open = set(open_ids)
+            self._sent_at = {i: t for i, t in self._sent_at.items() if i in still_open}
+            refresh_ns = REFRESH_S * 1e9
             due = [
                 phase_id
                 for phase_id in open_ids
-                if now_mono_ns - self._sent_at.get(phase_id, -(1 << 62)) >= REFRESH_S * 1e9
+                if phase_id not in self._sent_at
+                or now_mono_ns - self._sent_at[phase_id] >= refresh_ns
             ]
+            if not due:
+                return []
             for phase_id in due:
                 self._sent_at[phase_id] = now_mono_ns
-            return [_snapshot(state, phase_id, now_mono_ns, self._round) for phase_id in due]
+            build = _BuildOfSnapshots(state, now_mono_ns, self._round)
+            return [build.snapshot(state.phases[phase_id]) for phase_id in due]
 
 
-def _snapshot(state: BuildState, phase_id: int, now_mono_ns: int, round_: int) -> SpanRecord:
-    phase = state.phases[phase_id]
-    build_id = state.build_id or ""
-    trace_id, remote = build_trace_id(dict(state.attributes), build_id)
-    wall_base = state.start_wall_ns or 0
-    mono_base = state.start_mono_ns or 0
-    span_id = phase_span_id(trace_id, build_id, phase_id)
-    attributes: dict[str, Any] = {
-        SNAPSHOT: True,
-        "trt.phase.running_s": round((now_mono_ns - phase.start_mono_ns) / 1e9, 3),
-        "trt.phase.num_steps": phase.num_steps,
-        "trt.phase.steps_completed": phase.steps_completed,
-        "trt.phase.depth": phase.depth,
-        "trt.build.progress": round(state.progress_ratio(), 4),
-        "trt.build.id": build_id,
-    }
-    verdict = state.activity.verdict
-    if verdict is not None:
-        attributes["trt.build.liveness"] = str(verdict)
-    return SpanRecord(
-        name=phase.name,
-        trace_id=trace_id,
-        span_id=derived_id(64, span_id, "snapshot", round_),
-        parent_span_id=span_id,
-        parent_is_remote=False,
-        start_ns=wall_base + (phase.start_mono_ns - mono_base),
-        end_ns=wall_base + (now_mono_ns - mono_base),
-        attributes=attributes,
-        sampled=remote.sampled if remote is not None else True,
-    )
+class _BuildOfSnapshots:
+    """What every snapshot of one round shares: the build's trace, clock and progress, read
+    once a round."""
+
+    def __init__(self, state: BuildState, now_mono_ns: int, round_: int) -> None:
+        self.build_id = state.build_id or ""
+        self.trace_id, remote = build_trace_id(dict(state.attributes), self.build_id)
+        self.sampled = remote.sampled if remote is not None else True
+        self.wall_base = (state.start_wall_ns or 0) - (state.start_mono_ns or 0)
+        self.now_mono_ns = now_mono_ns
+        self.round = round_
+        self.shared: dict[str, Any] = {
+            SNAPSHOT: True,
+            "trt.build.progress": round(state.progress_ratio(), 4),
+            "trt.build.id": self.build_id,
+        }
+        verdict = state.activity.verdict
+        if verdict is not None:
+            self.shared["trt.build.liveness"] = str(verdict)
+
+    def snapshot(self, phase: Phase) -> SpanRecord:
+        span_id = phase_span_id(self.trace_id, self.build_id, phase.id)
+        attributes = {
+            **self.shared,
+            "trt.phase.running_s": round((self.now_mono_ns - phase.start_mono_ns) / 1e9, 3),
+            "trt.phase.num_steps": phase.num_steps,
+            "trt.phase.steps_completed": phase.steps_completed,
+            "trt.phase.depth": phase.depth,
+        }
+        return SpanRecord(
+            name=phase.name,
+            trace_id=self.trace_id,
+            span_id=derived_id(64, span_id, "snapshot", self.round),
+            parent_span_id=span_id,
+            parent_is_remote=False,
+            start_ns=self.wall_base + phase.start_mono_ns,
+            end_ns=self.wall_base + self.now_mono_ns,
+            attributes=attributes,
+            sampled=self.sampled,
+        )
 
 
 class ViewContext(Protocol):
