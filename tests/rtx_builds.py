@@ -12,15 +12,14 @@ from typing import Any
 
 import pytest
 
-from trt_otel.builder.onnx_models import (
-    CONV_SHAPES,
-    RESIDUAL_SHAPES,
+from trt_otel.builder.onnx_models import (  # the shapes: imported from here by the tests
+    CONV_SHAPES,  # noqa: F401
+    RESIDUAL_SHAPES,  # noqa: F401
     conv_net_bytes,
     residual_net_bytes,
 )
 from trt_otel.core.events import Event, PhaseFinished, PhaseStarted, StepCompleted
 
-__all__ = ["CONV_SHAPES", "RESIDUAL_SHAPES"]  # and what is defined below
 SILENT_BLOCKS = 600
 """Residual blocks of the silent-window tests' model: a few seconds inside one step of
 "Determining refit engines" (1,500 blocks give ~20-30 s)."""
