@@ -12,12 +12,7 @@ from typing import Any
 
 import pytest
 
-from trt_otel.builder.onnx_models import (  # the shapes: imported from here by the tests
-    CONV_SHAPES,  # noqa: F401
-    RESIDUAL_SHAPES,  # noqa: F401
-    conv_net_bytes,
-    residual_net_bytes,
-)
+from trt_otel.builder.onnx_models import conv_net_bytes, residual_net_bytes
 from trt_otel.core.events import Event, PhaseFinished, PhaseStarted, StepCompleted
 
 SILENT_BLOCKS = 600

@@ -342,7 +342,8 @@ def test_a_bad_option_says_so_in_one_line_not_the_whole_usage(
     ],
 )
 def test_ctrl_c_during_start_up_is_one_line_and_130(tmp_path: Path, loaded: str) -> None:
-    from rtx_builds import CONV_SHAPES, import_rtx, write_conv
+    from rtx_builds import import_rtx, write_conv
+    from trt_otel.builder.onnx_models import CONV_SHAPES
 
     import_rtx()
     model, journal = write_conv(tmp_path / "conv.onnx"), tmp_path / "conv.jsonl"

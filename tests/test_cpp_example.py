@@ -37,9 +37,14 @@ from cpp_toolchain import (
 )
 from journals import cancel_record, fold, read_clean, spans_of
 from otlp_receiver import ReceivedSpan, otlp_receiver
-from rtx_builds import CONV_SHAPES, RESIDUAL_SHAPES, callbacks_of, plain_build, write_conv
+from rtx_builds import callbacks_of, plain_build, write_conv
 from trt_otel import BuildMonitor, JournalWriter, Outcome
-from trt_otel.builder.onnx_models import residual_net_bytes, write_quickstart_model
+from trt_otel.builder.onnx_models import (
+    CONV_SHAPES,
+    RESIDUAL_SHAPES,
+    residual_net_bytes,
+    write_quickstart_model,
+)
 from trt_otel.capture import backends
 from trt_otel.core.events import Event, LogMessage, StepCompleted
 from waiting import wait_for_text, write_at_once

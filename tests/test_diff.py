@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from cli import demo_journal, run_cli
-from rtx_builds import CONV_SHAPES, import_rtx, write_conv
+from rtx_builds import import_rtx, write_conv
+from trt_otel.builder.onnx_models import CONV_SHAPES
 
 # On one worker: the simulated fixture's builds (one with a silent window of 8 s) are made once.
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("diff")]

@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 
 from cli import CLI, run_cli, start_cli
-from rtx_builds import CONV_SHAPES, RESIDUAL_SHAPES, import_rtx, write_conv, write_residual
+from rtx_builds import import_rtx, write_conv, write_residual
 from trt_otel import read_journal
 from trt_otel.app.engine_store import StoreVisit
 from trt_otel.builder.build import BuildJob, BuildResult
+from trt_otel.builder.onnx_models import CONV_SHAPES, RESIDUAL_SHAPES
 from trt_otel.builder.options import BuildOptions
 from trt_otel.builder.store import (
     EngineStore,

@@ -16,8 +16,9 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from cli import CLI
 from prometheus_server import PrometheusServer, free_port, promtool_lint
-from rtx_builds import RESIDUAL_SHAPES, import_rtx, write_residual
+from rtx_builds import import_rtx, write_residual
 from trt_otel import BuildMonitor, read_journal
+from trt_otel.builder.onnx_models import RESIDUAL_SHAPES
 from trt_otel.core.clock import ManualClock
 from trt_otel.core.events import BuildStarted
 from trt_otel.views.prometheus import MetricSources, metrics_registry

@@ -30,12 +30,7 @@ from cli import CLI
 mcp = pytest.importorskip("mcp")
 
 from mcp_client import error_text, payload, run_async, server  # noqa: E402
-from rtx_builds import (  # noqa: E402
-    CONV_SHAPES,
-    RESIDUAL_SHAPES,
-    write_conv,
-    write_residual,
-)
+from rtx_builds import write_conv, write_residual  # noqa: E402
 from trt_otel import BuildMonitor, JournalWriter, Outcome, read_journal  # noqa: E402
 from trt_otel.app.commands import build_parser  # noqa: E402
 from trt_otel.app.fleet import (  # noqa: E402
@@ -45,6 +40,7 @@ from trt_otel.app.fleet import (  # noqa: E402
     check_command_line,
 )
 from trt_otel.app.mcp_server import MAX_LOG_CHARS, bound_log_lines  # noqa: E402
+from trt_otel.builder.onnx_models import CONV_SHAPES, RESIDUAL_SHAPES  # noqa: E402
 from trt_otel.core.attempts import ATTEMPT, ATTEMPTS  # noqa: E402
 from trt_otel.core.state import BuildState  # noqa: E402
 

@@ -14,9 +14,10 @@ from opentelemetry._logs import SeverityNumber
 from cli import CLI
 from otlp_receiver import OtlpReceiver, ReceivedLog
 from prometheus_server import free_port
-from rtx_builds import CONV_SHAPES, import_rtx, write_conv
+from rtx_builds import import_rtx, write_conv
 from trt_otel import BuildMonitor
 from trt_otel.app.cli import main
+from trt_otel.builder.onnx_models import CONV_SHAPES
 from trt_otel.core.events import BuildStarted, LogMessage, PhaseFinished, PhaseStarted
 from trt_otel.core.journal import read_journal
 from trt_otel.views.otlp_logs import SEVERITY_NUMBERS, LogProjection

@@ -14,8 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cli import CLI
 from otlp_receiver import OtlpReceiver, ReceivedPoint
-from rtx_builds import CONV_SHAPES, import_rtx, write_conv
+from rtx_builds import import_rtx, write_conv
 from trt_otel import BuildMonitor, read_journal
+from trt_otel.builder.onnx_models import CONV_SHAPES
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.core.events import BuildStarted
 from trt_otel.views.otlp_metrics import OtlpMetricsExport

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from cli import demo_journal, run_cli
-from rtx_builds import CONV_SHAPES, import_rtx, write_conv
+from rtx_builds import import_rtx, write_conv
+from trt_otel.builder.onnx_models import CONV_SHAPES
 from trt_otel.builder.provenance import fingerprint, fingerprint_inputs
 from trt_otel.core.events import BuildFinished, BuildOutput, BuildStarted, Event
 from trt_otel.core.journal import read_journal

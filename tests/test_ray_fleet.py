@@ -24,9 +24,10 @@ import pytest
 
 from cli import CLI, CLI_MODULE, run_cli
 from ray_cluster import RayCluster
-from rtx_builds import CONV_SHAPES, RESIDUAL_SHAPES, import_rtx, write_conv, write_residual
+from rtx_builds import import_rtx, write_conv, write_residual
 from trt_otel import Outcome, read_journal
 from trt_otel.app.ray_fleet import RayFleet
+from trt_otel.builder.onnx_models import CONV_SHAPES, RESIDUAL_SHAPES
 from trt_otel.capture.liveness import Writer
 from trt_otel.core.events import BuildFinished, CancelRequested
 from trt_otel.core.journal import JournalError

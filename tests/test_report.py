@@ -20,7 +20,8 @@ import pytest
 from browser import chromium
 from cli import run_cli
 from journals import DATA, write_journal
-from rtx_builds import RESIDUAL_SHAPES, import_rtx, write_residual
+from rtx_builds import import_rtx, write_residual
+from trt_otel.builder.onnx_models import RESIDUAL_SHAPES
 from trt_otel.core.events import (
     BuildFinished,
     BuildStarted,

@@ -16,16 +16,10 @@ from typing import Any
 import pytest
 
 from cli import CLI
-from rtx_builds import (
-    CONV_SHAPES,
-    callbacks_of,
-    plain_build,
-    shapes,
-    write_conv,
-)
+from rtx_builds import callbacks_of, plain_build, shapes, write_conv
 from trt_otel import BuildMonitor, Outcome, read_journal
 from trt_otel.builder.build import run_build
-from trt_otel.builder.onnx_models import conv_net_bytes
+from trt_otel.builder.onnx_models import CONV_SHAPES, conv_net_bytes
 from trt_otel.builder.options import BuildOptions
 from trt_otel.core.events import CancelRequested, LogMessage, PhaseFinished, StepCompleted
 

@@ -25,8 +25,9 @@ import pytest
 from cli import CLI
 from otlp_receiver import OtlpReceiver
 from prometheus_server import free_port
-from rtx_builds import RESIDUAL_SHAPES, SILENT_BLOCKS, SILENT_PHASE, import_rtx, write_residual
+from rtx_builds import SILENT_BLOCKS, SILENT_PHASE, import_rtx, write_residual
 from trt_otel import read_journal
+from trt_otel.builder.onnx_models import RESIDUAL_SHAPES
 from trt_otel.capture.supervisor import DEFAULT_KILL_AFTER_S
 from trt_otel.core.events import (
     BuildFinished,

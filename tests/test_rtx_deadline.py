@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from cli import run_cli
-from rtx_builds import CONV_SHAPES, import_rtx, write_conv
+from rtx_builds import import_rtx, write_conv
 from trt_otel import read_journal
+from trt_otel.builder.onnx_models import CONV_SHAPES
 from trt_otel.core.events import BuildFinished, CancelRequested, PhaseStarted
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

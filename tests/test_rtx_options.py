@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 from cli import run_cli
-from rtx_builds import CONV_SHAPES, write_conv
+from rtx_builds import write_conv
 from trt_otel import read_journal
 from trt_otel.builder.build import BuildSetupError, select_backend
+from trt_otel.builder.onnx_models import CONV_SHAPES
 from trt_otel.builder.options import BuildOptions, unsupported_options
 from trt_otel.capture.backends import TENSORRT_RTX
 from trt_otel.core.events import LogMessage

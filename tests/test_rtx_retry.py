@@ -14,8 +14,9 @@ import pytest
 
 from cli import CLI
 from otlp_receiver import otlp_receiver
-from rtx_builds import RESIDUAL_SHAPES, import_rtx, write_residual
+from rtx_builds import import_rtx, write_residual
 from trt_otel import read_journal
+from trt_otel.builder.onnx_models import RESIDUAL_SHAPES
 from trt_otel.core.attempts import attempt_of
 from trt_otel.core.events import BuildFinished, BuildStarted, Outcome
 

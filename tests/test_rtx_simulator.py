@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from rtx_builds import (
+from rtx_builds import callbacks_of, configured_build, plain_build
+from trt_otel import BuildMonitor
+from trt_otel.builder.onnx_models import (
     CONV_SHAPES,
     RESIDUAL_SHAPES,
-    callbacks_of,
-    configured_build,
-    plain_build,
+    conv_net_bytes,
+    demo_model_bytes,
+    residual_net_bytes,
 )
-from trt_otel import BuildMonitor
-from trt_otel.builder.onnx_models import conv_net_bytes, demo_model_bytes, residual_net_bytes
 from trt_otel.builder.simulator import SimulatedTensorRT, generate_rtx_plan
 from trt_otel.builder.simulator.plan import SILENT_PHASE_RTX
 

@@ -18,8 +18,9 @@ import pytest
 from cli import CLI
 from otlp_receiver import OtlpReceiver
 from prometheus_server import PrometheusServer, free_port
-from rtx_builds import RESIDUAL_SHAPES, SILENT_BLOCKS, SILENT_PHASE, write_residual
+from rtx_builds import SILENT_BLOCKS, SILENT_PHASE, write_residual
 from trt_otel import read_journal
+from trt_otel.builder.onnx_models import RESIDUAL_SHAPES
 from trt_otel.core.events import PhaseStarted, StepCompleted
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 
 from otlp_receiver import OtlpReceiver
-from rtx_builds import CONV_SHAPES, RESIDUAL_SHAPES, import_rtx, write_conv, write_residual
+from rtx_builds import import_rtx, write_conv, write_residual
 from slurm_cluster import FINAL_STATES, Job, SlurmCluster, slurm_cluster
 from trt_otel import Outcome, read_journal
 from trt_otel.app.session import TIME_LIMIT_REASON
+from trt_otel.builder.onnx_models import CONV_SHAPES, RESIDUAL_SHAPES
 from trt_otel.core.events import BuildFinished, CancelRequested, Event
 from waiting import DEMO_SILENT_AT, callbacks_in, wait_until
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from cli import CLI, run_cli
-from rtx_builds import CONV_SHAPES, import_rtx, write_conv
+from rtx_builds import import_rtx, write_conv
 from runs import PROGRAMS
-from trt_otel.builder.onnx_models import demo_model_bytes
+from trt_otel.builder.onnx_models import CONV_SHAPES, demo_model_bytes
 
 pytestmark = pytest.mark.e2e
 
