@@ -94,6 +94,15 @@ def test_defaults_of_the_command_line_are_the_library_defaults() -> None:
     assert session_config(args) == SessionConfig()
 
 
+def test_live_snapshots_are_on_unless_switched_off() -> None:
+    def live(*options: str) -> bool:
+        args = build_parser().parse_args(["build", "model.onnx", "-o", "m.engine", *options])
+        return session_config(args).observe.spans.live
+
+    assert live() is True
+    assert live("--otlp-live", "off") is False
+
+
 def test_a_new_command_reuses_the_groups_by_type() -> None:
     # What a `run -- COMMAND` subcommand does: the same groups, without builder options or
     # --in-process, and the same typed values out.

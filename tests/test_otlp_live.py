@@ -5,11 +5,18 @@ final span with an id of its own. A real OTLP receiver decoding the wire protoco
 
 from __future__ import annotations
 
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from cli import start_cli
+from cli import run_cli, start_cli
 from otlp_receiver import OtlpReceiver, ReceivedSpan
+from rtx_builds import SILENT_BLOCKS, SILENT_PHASE, write_residual
 from trt_otel import BuildMonitor, ManualClock
+from trt_otel.builder.onnx_models import RESIDUAL_SHAPES
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.views.otlp_live import LIVE_INTERVAL_S, REFRESH_S, LiveSnapshots
 from trt_otel.views.spans import SpanRecord
@@ -64,8 +71,14 @@ def test_open_phases_show_while_the_build_runs_and_the_final_trace_is_unchanged(
 
 
 class Unsent:
+    def __init__(self, spans_left: int = 10_000) -> None:
+        self.left = spans_left
+
     def emit(self, record: SpanRecord) -> None:
         raise AssertionError("only snapshot() is called here")
+
+    def spans_left(self) -> int:
+        return self.left
 
 
 def test_a_phase_is_sent_when_it_opens_and_again_while_it_stays_open() -> None:
@@ -89,3 +102,85 @@ def test_a_phase_is_sent_when_it_opens_and_again_while_it_stays_open() -> None:
     monitor.end()
     assert tick(REFRESH_S) == [], "nothing once the build has ended"
     monitor.close()
+
+
+def test_the_span_budget_counts_the_snapshots_and_their_end_is_said_once() -> None:
+    clock, model = ManualClock(), ReadModel()
+    monitor = BuildMonitor(backend="none", clock=clock, model=model)
+    warnings: list[str] = []
+    sink = Unsent(spans_left=3)
+    live = LiveSnapshots(model, sink, warn=warnings.append)
+
+    def tick(seconds: float) -> list[str]:
+        clock.advance(seconds)
+        return [record.name for record in live.snapshot(clock.mono_ns())]
+
+    monitor.start()
+    monitor.phase_start("Building engine", None, 3)
+    monitor.phase_start("Determining refit engines", "Building engine", 1)
+    assert tick(LIVE_INTERVAL_S) == ["Building engine", "Determining refit engines"]
+    assert warnings == []
+    sink.left = 2  # a final span sent meanwhile: room for none more than the two sent
+    assert tick(REFRESH_S) == []
+    assert len(warnings) == 1 and "span budget" in warnings[0]
+    sink.left = 3
+    assert tick(REFRESH_S) == ["Building engine"], "what the budget allows, oldest phase first"
+    assert tick(REFRESH_S) == []
+    assert len(warnings) == 1, "said once"
+    assert live.sent == 3
+    monitor.close()
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.parametrize(("closer", "protocol"), [("replay", "grpc"), ("watch", "http/protobuf")])
+def test_a_build_killed_whole_is_ended_from_its_journal_and_nothing_stays_running(
+    rtx: Any, tmp_path: Path, receiver: OtlpReceiver, closer: str, protocol: str
+) -> None:
+    """Every process of a real build SIGKILLed in its silent window (the process group, as a
+    scheduler's kill is): the backend holds snapshots of phases whose own spans never came.
+    ``replay`` (or ``watch``, its writer gone) of the journal sends those spans, ended as
+    errors (unfinished), so that no snapshot is left without its phase's final span."""
+    port = receiver.grpc_port if protocol == "grpc" else receiver.http_port
+    endpoint = ["--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-protocol", protocol]
+    model = write_residual(tmp_path / "residual.onnx", 2 * SILENT_BLOCKS)
+    journal = tmp_path / "killed.jsonl"
+    process = start_cli(
+        "build", model, "-o", tmp_path / "residual.engine", "--journal", journal,
+        "--shapes", RESIDUAL_SHAPES, "--no-progress", "--no-gpu", *endpoint,
+        "--otlp-live", "on", start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_until(
+            lambda: SILENT_PHASE in {s.name for s in snapshots(receiver.spans)},
+            "a snapshot of the silent phase",
+            120,
+        )
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)  # the CLI, its worker: every process of the build
+        process.communicate(timeout=30)
+    assert process.returncode == -signal.SIGKILL
+    before = receiver.spans
+    assert not [s for s in before if SNAPSHOT not in s.attributes and not s.parent_span_id]
+    shown = {s.parent_span_id: s.name for s in snapshots(before)}
+    assert not shown.keys() & {s.span_id for s in before}, "the open phases' spans never came"
+
+    ended = run_cli(closer, *endpoint, journal, timeout=120)
+    # replay: a build that never ended is not a success (4); watch gives the build up as lost,
+    # its writer gone (2).
+    assert ended.returncode == (4 if closer == "replay" else 2), ended.stderr
+    assert "never ended" in ended.stderr if closer == "replay" else "lost" in ended.stderr
+    wait_until(
+        lambda: shown.keys() <= {s.span_id for s in receiver.spans},
+        "the final span of every phase a snapshot showed",
+        30,
+    )
+    final = {s.span_id: s for s in receiver.spans if SNAPSHOT not in s.attributes}
+    for span_id, name in shown.items():
+        phase = final[span_id]
+        assert phase.name == name
+        assert phase.status_code == 2, f"{name} ended as an error"
+    (build,) = [s for s in final.values() if not s.parent_span_id]
+    assert build.status_code == 2 and "log ends before the build did" in build.status_message
+    assert build.attributes["cicd.pipeline.result"] == "error"
+    assert build.attributes["error.type"] == "unfinished"

@@ -80,23 +80,32 @@ def observe_with(**given: object) -> ObservabilityConfig:
     return ObservabilityConfig(
         metrics=metrics,
         http=HttpConfig(port=given.get("http_port")),  # type: ignore[arg-type]
-        spans=SpanConfig(metrics=bool(given.get("otlp_metrics"))),
+        spans=SpanConfig(
+            metrics=bool(given.get("otlp_metrics")), live=bool(given.get("otlp_live", True))
+        ),
     )
 
 
 @pytest.mark.parametrize(
     ("given", "wanted"),
     [
-        ({}, ["logs", "spans", "final-flush"]),
-        ({"http_port": 0}, ["logs", "spans", "metrics", "http", "final-flush"]),
-        ({"prometheus_port": 0}, ["logs", "spans", "metrics", "prometheus", "final-flush"]),
+        ({}, ["logs", "spans", "final-flush", "otlp-live"]),
+        ({"otlp_live": False}, ["logs", "spans", "final-flush"]),
+        ({"http_port": 0}, ["logs", "spans", "metrics", "http", "final-flush", "otlp-live"]),
+        (
+            {"prometheus_port": 0},
+            ["logs", "spans", "metrics", "prometheus", "final-flush", "otlp-live"],
+        ),
         (
             {"pushgateway": "http://push"},
-            ["logs", "spans", "metrics", "final-flush", "pushgateway"],
+            ["logs", "spans", "metrics", "final-flush", "otlp-live", "pushgateway"],
         ),
-        ({"otlp_metrics": True}, ["logs", "spans", "metrics", "otlp-metrics", "final-flush"]),
         (
-            {"sd_dir": Path("/sd"), "prometheus_port": 0},
+            {"otlp_metrics": True},
+            ["logs", "spans", "metrics", "otlp-metrics", "final-flush", "otlp-live"],
+        ),
+        (
+            {"sd_dir": Path("/sd"), "prometheus_port": 0, "otlp_live": False},
             ["logs", "spans", "scrape-target", "metrics", "prometheus", "final-flush", "announce"],
         ),
     ],

@@ -319,10 +319,10 @@ def _add_signal_options(group: Group, *, metrics: bool) -> None:
         group.add_argument(
             "--otlp-live",
             choices=("on", "off"),
-            default="off",
+            default="on",
             help="while the build runs, send each open phase as a snapshot span "
             "(trt.span.snapshot=true) within 5s of its start and every 30s after, so a trace "
-            "backend shows a running build (default: off)",
+            "backend shows a running build; off: the final spans only (default: on)",
         )
 
 
@@ -337,7 +337,7 @@ def span_config(args: argparse.Namespace) -> SpanConfig:
         logs_level=None if level == "off" else level,
         metrics=bool(getattr(args, "otlp_metrics", False)),
         metrics_interval_s=getattr(args, "otlp_metrics_interval", DEFAULT_METRICS_INTERVAL_S),
-        live=getattr(args, "otlp_live", "off") == "on",
+        live=getattr(args, "otlp_live", "off") == "on",  # replay: none
     )
 
 

@@ -150,8 +150,9 @@ class SpanConfig:
     """The least severe of the builder's messages exported as OTLP log records; None: none."""
     metrics: bool = False
     """Push the build's metrics to the OTLP endpoint too (``--otlp-metrics``)."""
-    live: bool = False
-    """Send the open phases as snapshot spans while the build runs (``--otlp-live on``)."""
+    live: bool = True
+    """Send the open phases as snapshot spans while the build runs (``--otlp-live``, on unless
+    switched off; a replay never sends them)."""
     metrics_interval_s: float = DEFAULT_METRICS_INTERVAL_S
 
     def settings(

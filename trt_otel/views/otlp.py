@@ -410,8 +410,13 @@ class OtlpSpanExport:
         """Quiet steps complete no span."""
 
     def emit(self, record: SpanRecord) -> None:
-        """Export a span made outside the projection (``run``'s own)."""
+        """Export a span made outside the projection (``run``'s own, a live snapshot)."""
         self._emitter.emit(record)
+
+    def spans_left(self) -> int:
+        """What the span budget still allows beside the final spans sent so far (read from
+        another thread: a snapshot's budget, a moment late at worst)."""
+        return self.settings.span_budget - self.projection.emitted
 
     def _next_build(self) -> None:
         for record in self.projection.finish():

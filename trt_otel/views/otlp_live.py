@@ -12,19 +12,24 @@ snapshot sits under the phase it showed; its span id is its own (derived from th
 the snapshot's number), never a final span's, so no backend sees a span id twice. A snapshot
 ends when it is sent: none looks as if it were still running after the build. A query tells
 them apart by the attribute; a replay sends none.
+
+The span budget (``--span-budget``) counts them: once the final spans sent so far and the
+snapshots reach it, no more snapshots are sent (said once). The final spans are folded by the
+budget as they are without snapshots, so the final trace does not depend on ``--otlp-live``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.state import BuildState, Phase
 from trt_otel.views.spans import SpanRecord
+from trt_otel.views.terminal import warn
 from trt_otel.views.trace_ids import build_trace_id, derived_id, phase_span_id
 
 LIVE_INTERVAL_S = 5.0
@@ -38,17 +43,30 @@ SNAPSHOT = "trt.span.snapshot"
 class SpanSink(Protocol):
     def emit(self, record: SpanRecord) -> None: ...
 
+    def spans_left(self) -> int:
+        """What the span budget allows beside the final spans sent so far."""
+        ...
+
 
 class LiveSnapshots:
     """Sends the open phases of ``model``'s build to ``sink`` every ``interval_s``, on a thread
     of its own, until :meth:`stop`."""
 
     def __init__(
-        self, model: ReadModel, sink: SpanSink, *, interval_s: float = LIVE_INTERVAL_S
+        self,
+        model: ReadModel,
+        sink: SpanSink,
+        *,
+        interval_s: float = LIVE_INTERVAL_S,
+        warn: Callable[[str], None] | None = None,
     ) -> None:
         self._model = model
         self._sink = sink
         self._interval_s = interval_s
+        self._warn = warn
+        self.sent = 0
+        """Snapshots sent (counted against the span budget)."""
+        self._spent = False
         self._stopping = threading.Event()
         self._round = 0
         self._sent_at: dict[int, int] = {}
@@ -86,8 +104,18 @@ class LiveSnapshots:
                 if phase_id not in self._sent_at
                 or now_mono_ns - self._sent_at[phase_id] >= refresh_ns
             ]
+            room = self._sink.spans_left() - self.sent
+            if due and room < len(due) and not self._spent:
+                self._spent = True
+                if self._warn is not None:
+                    self._warn(
+                        f"no more live snapshots: the span budget is spent ({self.sent:,} "
+                        "snapshots sent); the final spans are sent as without them"
+                    )
+            due = due[: max(0, room)]
             if not due:
                 return []
+            self.sent += len(due)
             for phase_id in due:
                 self._sent_at[phase_id] = now_mono_ns
             build = _BuildOfSnapshots(state, now_mono_ns, self._round)
@@ -153,7 +181,7 @@ def attach(context: ViewContext) -> Iterator[LiveSnapshots | None]:
     if spans is None:
         yield None
         return
-    live = LiveSnapshots(context.model, spans)
+    live = LiveSnapshots(context.model, spans, warn=warn)
     live.start()
     try:
         yield live
