@@ -35,6 +35,7 @@ from trt_otel.app.config import (
     UsageError,
 )
 from trt_otel.app.view_registry import ViewContext
+from trt_otel.builder.provenance import FINGERPRINT, fingerprint
 from trt_otel.capture.checked import read_journal
 from trt_otel.capture.gpu import GpuReader, GpuSampler, open_reader
 from trt_otel.capture.monitor import BuildMonitor
@@ -114,14 +115,20 @@ def build_context(
     observe: ObservabilityConfig,
     attributes: dict[str, Any],
     policy: PolicyConfig | None = None,
+    *,
+    fingerprinted: bool = False,
 ) -> tuple[GpuReader | None, History | None]:
     """What a session knows of its builds before the first one, entered on ``stack``: the GPU
     (its description added to ``attributes``; where ``policy`` reads it, there must be one),
-    the traced job's trace to join, and the history of earlier builds."""
+    the traced job's trace to join, and the history of earlier builds. ``fingerprinted``: a
+    build made here, whose record is complete once the GPU is known: its fingerprint is added
+    then, before the history is read, so that the history is of this very build."""
     policy = policy if policy is not None else PolicyConfig()
     gpu = stack.enter_context(gpu_reader(observe.gpu, policy.options_reading("gpu")))
     if gpu is not None:
         attributes.update(gpu.describe())
+    if fingerprinted:
+        attributes[FINGERPRINT] = fingerprint(attributes)
     join_parent_trace(attributes)
     history = load_history(observe.history, attributes)
     if history is not None:

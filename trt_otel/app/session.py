@@ -27,7 +27,6 @@ from trt_otel.app.components import build_context, sampling
 from trt_otel.app.config import SessionConfig, UsageError, signal_grace_s
 from trt_otel.app.engine_store import StoreVisit, visit_store
 from trt_otel.builder.build import BuildJob, BuildResult, partial_files, run_build_job
-from trt_otel.builder.provenance import FINGERPRINT, fingerprint
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.supervisor import IsolatedResult, StopNow, run_isolated
 from trt_otel.control.signals import (
@@ -37,7 +36,9 @@ from trt_otel.control.signals import (
     handling_interrupts,
 )
 from trt_otel.core.durations import format_duration
+from trt_otel.core.eta import History
 from trt_otel.core.events import CancelSource, Outcome
+from trt_otel.core.forecast import Forecast, forecast
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.views.terminal import say, warn
 from trt_otel.views.trace_ids import TRACEPARENT_ATTRIBUTE, parse_traceparent, trace_id_for
@@ -88,9 +89,9 @@ def run_build(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]) 
     """Run one build with everything ``config`` asks for attached; how it ended."""
     observe = config.observe
     with contextlib.ExitStack() as stack:
-        gpu, history = build_context(stack, observe, attributes, config.policy)
-        attributes[FINGERPRINT] = fingerprint(attributes)  # the GPU's architecture is known now
+        gpu, history = build_context(stack, observe, attributes, config.policy, fingerprinted=True)
         visit = visit_store(stack, config.store, job, attributes)  # served, or why it is built
+        ahead = _forecast(history, attributes, visit)
         model = ReadModel(history)  # the build folded once, for every view below
         policy = config.policy.policy(history=history, project=model.project)
         # Only a build in this process attaches this monitor to a builder library, and keeps
@@ -139,10 +140,25 @@ def run_build(job: BuildJob, config: SessionConfig, attributes: dict[str, Any]) 
     assert result is not None
     if result.outcome is Outcome.SUCCESS and result.engine_path is not None:
         say(f"engine: {result.engine_path} ({result.engine_bytes:,} bytes)")
+    if ahead is not None and result.outcome is Outcome.SUCCESS and state.end_mono_ns is not None:
+        assert state.start_mono_ns is not None
+        say(f"forecast: {ahead.judged((state.end_mono_ns - state.start_mono_ns) / 1e9)}")
     # A setup error is found only where the build runs.
     code = EXIT_USAGE if state.error_type == "BuildSetupError" else exit_code_of(result.outcome)
     detail = result.detail or state.outcome_detail or ""
     return Ended(code, monitor.build_id, result.outcome, cancel_source, state.error_type, detail)
+
+
+def _forecast(
+    history: History | None, attributes: dict[str, Any], visit: StoreVisit | None
+) -> Forecast | None:
+    """What a build about to be made is expected to take, said and put in its record (and so
+    in /status, MCP and its span); none for an engine the store serves."""
+    ahead = forecast(history, attributes) if visit is None or visit.served is None else None
+    if ahead is not None:
+        attributes.update(ahead.attributes())
+        say(f"forecast: {ahead.describe()}")
+    return ahead
 
 
 def _announce(

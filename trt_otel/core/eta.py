@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from trt_otel.core.builds import builds_of
@@ -142,6 +142,11 @@ class PastBuild:
     boundaries: dict[BoundaryKey, float]
     peak_rss_bytes: int | None = None
     """The builder's peak resident memory, where its process was sampled."""
+    model_bytes: int | None = None
+    """The size of its model's file (``model.bytes``), where it was recorded."""
+    model_name: str = ""
+    """Its model's file name, without the folder (``model.path``)."""
+    backend: str = ""
 
 
 @dataclass
@@ -151,6 +156,9 @@ class History:
     builds: list[PastBuild]
     skipped: list[str] = field(default_factory=list)
     """Why journals in the directory were not used."""
+    others: list[PastBuild] = field(default_factory=list)
+    """The finished, successful builds of other models (or options): what a forecast for a
+    build never made before scales (:mod:`trt_otel.core.forecast`)."""
 
     @classmethod
     def load(
@@ -171,7 +179,7 @@ class History:
         this = dict(attributes or {})
         if model_sha256 is not None:
             this.setdefault("model.sha256", model_sha256)
-        builds, skipped = [], []
+        builds, skipped, others = [], [], []
         for path in sorted(directory.glob("*.jsonl")):
             try:
                 journal = read(path)
@@ -186,9 +194,10 @@ class History:
                 skipped.append(f"{path.name}: not a finished, successful build")
             elif not same_build(_start_attributes(journal.events), this):
                 skipped.append(f"{path.name}: another model")
+                others.append(past)
             else:
                 builds.append(past)
-        return cls(builds, skipped)
+        return cls(builds, skipped, others)
 
     def peak_rss_range(self) -> tuple[int, int, int] | None:
         """(builds, lowest peak, highest peak) of the builds whose memory was sampled."""
@@ -272,11 +281,15 @@ def past_build(events: Sequence[Event], source: str) -> PastBuild | None:
     if state.outcome is not Outcome.SUCCESS or state.start_mono_ns is None:
         return None
     assert state.end_mono_ns is not None
+    size = state.attributes.get("model.bytes")
     return PastBuild(
         source,
         (state.end_mono_ns - state.start_mono_ns) / 1e9,
         {key: ns / 1e9 for key, ns in tracker.boundaries.items()},
         state.activity.peak_rss_bytes,
+        model_bytes=size if isinstance(size, int) and size > 0 else None,
+        model_name=PurePath(str(state.attributes.get("model.path", ""))).name,
+        backend=str(state.attributes.get("trt.backend", "")),
     )
 
 

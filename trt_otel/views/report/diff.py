@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from trt_otel.core.changes import attribute_change
+from trt_otel.core.forecast import PREFIX as FORECAST
 from trt_otel.core.sizes import format_bytes
 from trt_otel.views.report.model import BuildReport, PathKey, outcome_text, seconds_text
 
@@ -24,7 +25,7 @@ FINGERPRINT_FIRST = (
 )
 """Attributes said first: what decides the engine."""
 NOT_COMPARED = frozenset({"engine.path", "model.path", "build_id"})
-"""Where a file lies says nothing of the build."""
+"""Where a file lies says nothing of the build (nor what it was expected to take, FORECAST)."""
 SAME_WITHIN = 0.05
 """A change of the build's time within 5% is "about the same"."""
 SHOWN_PHASES = 15
@@ -186,7 +187,11 @@ def diff(baseline: Figures, candidate: Figures) -> BuildDiff:
 def _provenance(
     before: dict[str, str], after: dict[str, str]
 ) -> list[tuple[str, str | None, str | None]]:
-    keys = [k for k in dict.fromkeys([*before, *after]) if k not in NOT_COMPARED]
+    keys = [
+        k
+        for k in dict.fromkeys([*before, *after])
+        if k not in NOT_COMPARED and not k.startswith(FORECAST)
+    ]
     differing = [k for k in keys if before.get(k) != after.get(k)]
     first = [k for k in FINGERPRINT_FIRST if k in differing]
     options = sorted(k for k in differing if k.startswith("trt.options.") and k not in first)

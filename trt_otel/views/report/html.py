@@ -23,6 +23,7 @@ from trt_otel.views.report.model import (
     Span,
     anomaly_total,
     counted,
+    forecast_text,
     outcome_text,
     record_items,
     seconds_text,
@@ -159,7 +160,8 @@ def _section(report: BuildReport, builds: int) -> str:
         f'<p class="sub">{e(model)} &middot; {e(backend)} {e(version)} &middot; '
         f"{e(counted(report.steps, 'step'))}, {e(counted(report.phases, 'phase'))}, "
         f"silent {e(seconds_text(report.silent_s))} &middot; <code>{e(report.build_id)}</code>"
-        "</p>",
+        + (f" &middot; forecast: {e(forecast)}" if (forecast := forecast_text(report)) else "")
+        + "</p>",
         _notes(report),
         "<h3>Timeline</h3>",
         _timeline(report),

@@ -15,6 +15,7 @@ from trt_otel.views.report.model import (
     BuildReport,
     anomaly_total,
     counted,
+    forecast_text,
     outcome_text,
     record_items,
     seconds_text,
@@ -54,6 +55,9 @@ def headline(report: BuildReport) -> str:
         parts.append(f"silent {seconds_text(report.silent_s)}")
     if report.anomalies:
         parts.append(f"{anomaly_total(report):,} protocol anomalies")
+    forecast = forecast_text(report)
+    if forecast is not None:
+        parts.append(f"forecast: {md(forecast)}")
     return ", ".join(parts)
 
 

@@ -32,6 +32,7 @@ from trt_otel.core.events import (
     ProcessSample,
     StepCompleted,
 )
+from trt_otel.core.forecast import Forecast
 from trt_otel.core.gaps import MIN_GAP_NS, Gap, deepest_open
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.state import Phase
@@ -128,6 +129,8 @@ class BuildReport:
     builder_error: str | None
     threads: list[str]
     """The threads that started phases, in order of first appearance."""
+    forecast: Forecast | None = None
+    """What the build was expected to take as it started (``--history``), where it was."""
 
     @property
     def silent_s(self) -> float:
@@ -247,6 +250,7 @@ class BuildRecorder:
             index=self.index,
             build_id=state.build_id or "",
             attributes=_record({**state.attributes, **self._output}),
+            forecast=Forecast.of(state.attributes),
             start_wall_ns=state.start_wall_ns if state.start_wall_ns is not None else 0,
             duration_s=duration_s,
             outcome=state.outcome,
@@ -348,6 +352,17 @@ def anomaly_total(report: BuildReport) -> int:
 def counted(number: int, noun: str) -> str:
     """``1 step``, ``2 steps``."""
     return f"{number:,} {noun}" if number == 1 else f"{number:,} {noun}s"
+
+
+def forecast_text(report: BuildReport) -> str | None:
+    """``took 1m20s against 1m12s expected (+11%)`` for a build that succeeded with a forecast;
+    the forecast itself for one still running; None otherwise."""
+    forecast = report.forecast
+    if forecast is None:
+        return None
+    if report.outcome is Outcome.SUCCESS:
+        return forecast.judged(report.duration_s)
+    return forecast.describe() if report.outcome is None else None
 
 
 def outcome_text(report: BuildReport) -> str:

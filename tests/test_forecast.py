@@ -1,0 +1,145 @@
+"""A forecast before the build (``--history``): the median, the p90 and the peak of the same
+build's earlier runs; for a build never made, the nearest builds scaled by the model's size; kept
+in the build's record and held against what the build took, in its last lines and its report."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from cli import run_cli, run_demo
+from trt_otel import read_journal
+from trt_otel.core.eta import History, PastBuild
+from trt_otel.core.events import BuildStarted
+from trt_otel.core.forecast import (
+    BASIS,
+    BUILDS,
+    EXPECTED,
+    P90,
+    PEAK,
+    Forecast,
+    forecast,
+    nearest_builds,
+    percentile,
+    scale_to,
+)
+
+MIB = 1 << 20
+
+
+def past(
+    total_s: float,
+    *,
+    size: int | None = None,
+    name: str = "model.onnx",
+    backend: str = "tensorrt-rtx",
+    peak: int | None = None,
+) -> PastBuild:
+    return PastBuild(f"{total_s}.jsonl", total_s, {}, peak, size, name, backend)
+
+
+def test_a_build_made_before_is_forecast_from_its_runs() -> None:
+    history = History([past(60, peak=900 * MIB), past(70), past(100, peak=1200 * MIB)])
+    ahead = forecast(history, {})
+    assert ahead == Forecast(70.0, percentile([60, 70, 100], 0.9), 3, "history", 1200 * MIB)
+    assert ahead.p90_s == pytest.approx(94.0)  # between the second and the slowest, near it
+    assert ahead.describe() == "expected 1m10s (p90 1m34s), peak 1.2 GiB, from 3 builds"
+
+
+def test_no_history_or_nothing_to_scale_is_no_forecast() -> None:
+    assert forecast(None, {"model.bytes": 10}) is None
+    assert forecast(History([]), {"model.bytes": 10}) is None
+    others = History([], others=[past(30, size=1000)])
+    assert forecast(others, {}) is None, "a model of no known size is not scaled"
+    assert forecast(others, {"model.bytes": 1000, "trt.backend": "tensorrt"}) is None
+
+
+def test_a_new_build_is_scaled_from_the_nearest_of_its_backend_its_own_name_first() -> None:
+    edited = [past(20, size=2000, name="net.onnx"), past(40, size=4000, name="net.onnx")]
+    others = [
+        past(11, size=1100, name="other.onnx"),
+        past(12, size=1200, name="other.onnx"),
+        past(9, size=1000, name="other.onnx", backend="tensorrt"),
+        *edited,
+    ]
+    assert nearest_builds(others, 1000, "tensorrt-rtx", "net.onnx") == edited
+    nearest = nearest_builds(others, 1000, "tensorrt-rtx", "new.onnx")
+    assert [b.total_s for b in nearest] == [11, 12, 20], "the closest in size, of this backend"
+    ahead = forecast(
+        History([], others=others),
+        {"model.bytes": 3000, "model.path": "/models/net.onnx", "trt.backend": "tensorrt-rtx"},
+    )
+    assert ahead is not None
+    assert ahead.basis == "scaled" and ahead.builds == 2
+    assert ahead.expected_s == pytest.approx(30.0), "on the line through its two sizes"
+    assert ahead.describe().endswith("from 2 builds of other models, scaled by size")
+
+
+def test_scaling_follows_the_line_where_sizes_differ_and_proportion_where_they_do_not() -> None:
+    # 5 s of fixed cost and 10 s a kilobyte, each build 1 s off the line.
+    line = [past(16, size=1000), past(24, size=2000), past(36, size=3000)]
+    assert scale_to(line, 4000) == pytest.approx([46.0, 44.0, 46.0])
+    assert scale_to([past(10, size=1000), past(30, size=1000)], 3000) == pytest.approx([30, 90])
+    falling = [past(30, size=1000), past(10, size=2000)]  # a slope below zero says nothing
+    assert scale_to(falling, 4000) == pytest.approx([120.0, 20.0])
+    assert min(scale_to(line, 1)) >= 0.0
+
+
+def test_percentile_interpolates_between_ranks() -> None:
+    assert percentile([5.0], 0.9) == 5.0
+    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0], 0.9) == 10.0
+    assert percentile([10.0, 0.0], 0.5) == 5.0
+
+
+def test_a_forecast_read_from_a_record_is_checked() -> None:
+    ahead = Forecast(72.0, 91.0, 5, "scaled", 2 << 30)
+    assert Forecast.of(ahead.attributes()) == ahead
+    for bad in (
+        {EXPECTED: "72"},
+        {EXPECTED: math.nan},
+        {EXPECTED: -1.0},
+        {EXPECTED: True},
+        {P90: 0},
+        {BUILDS: 0},
+        {BUILDS: "5"},
+    ):
+        assert Forecast.of({**ahead.attributes(), **bad}) is None, bad
+    odd = Forecast.of({**ahead.attributes(), BASIS: "\x1b[31m", PEAK: -5})
+    assert odd == Forecast(72.0, 91.0, 5, "history", None)
+
+
+def test_its_error_is_signed_and_never_minus_zero() -> None:
+    ahead = Forecast(72.0, 91.0, 5, "history")
+    assert ahead.error(90.0) == pytest.approx(0.25)
+    assert ahead.judged(80.0) == "took 1m20s against 1m12s expected (+11%)"
+    assert ahead.judged(71.8).endswith("(+0%)")
+    assert ahead.judged(54.0).endswith("(-25%)")
+
+
+@pytest.mark.e2e
+def test_a_build_with_history_is_forecast_and_judged_and_its_report_says_so(
+    tmp_path: Path,
+) -> None:
+    history = tmp_path / "history"
+    history.mkdir()
+    first = run_demo("--speed", "0", "--no-gpu", "--journal", history / "1.jsonl")
+    assert first.returncode == 0, first.stderr
+    assert "forecast" not in first.stderr, "nothing to go by yet"
+    journal = tmp_path / "2.jsonl"
+    second = run_demo("--speed", "0", "--no-gpu", "--journal", journal, "--history", history)
+    assert second.returncode == 0, second.stderr
+    lines = [line for line in second.stderr.splitlines() if "forecast:" in line]
+    assert len(lines) == 2, second.stderr
+    assert "expected" in lines[0] and lines[0].endswith("from 1 build")
+    assert " against " in lines[1] and lines[1].endswith("%)")
+    (start,) = [e for e in read_journal(journal).events if isinstance(e, BuildStarted)]
+    recorded = Forecast.of(start.attributes)
+    assert recorded is not None and recorded.builds == 1 and recorded.basis == "history"
+    report = run_cli("report", journal, "--format", "markdown")
+    assert report.returncode == 0, report.stderr
+    assert "forecast: took " in report.stdout
+    diffed = run_cli("diff", history / "1.jsonl", journal)
+    assert diffed.returncode == 0, diffed.stderr
+    assert "trt.forecast" not in diffed.stdout, "what was expected is no difference"
