@@ -72,6 +72,7 @@ clean:
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/eta_accuracy.py
+	$(BIN)/python benchmarks/forecast.py
 	$(BIN)/python benchmarks/deadline.py
 	$(BIN)/python benchmarks/memory_and_replay.py
 	$(BIN)/python benchmarks/callback_latency.py
