@@ -108,15 +108,7 @@ def forecast(history: History | None, attributes: Mapping[str, Any]) -> Forecast
     if history is None:
         return None
     if history.builds:
-        totals = [build.total_s for build in history.builds]
-        peaks = [b.peak_rss_bytes for b in history.builds if b.peak_rss_bytes is not None]
-        return Forecast(
-            statistics.median(totals),
-            percentile(totals, 0.9),
-            len(totals),
-            "history",
-            max(peaks) if peaks else None,
-        )
+        return _from(history.builds, [build.total_s for build in history.builds], "history")
     size = attributes.get("model.bytes")
     if not isinstance(size, int) or size <= 0:
         return None
@@ -125,13 +117,17 @@ def forecast(history: History | None, attributes: Mapping[str, Any]) -> Forecast
     nearest = nearest_builds(history.others, size, backend, name)
     if not nearest:
         return None
-    scaled = scale_to(nearest, size)
-    peaks = [b.peak_rss_bytes for b in nearest if b.peak_rss_bytes is not None]
+    return _from(nearest, scale_to(nearest, size), "scaled")
+
+
+def _from(builds: Sequence[PastBuild], durations: Sequence[float], basis: str) -> Forecast:
+    """The forecast that ``builds`` make, their ``durations`` as this build's."""
+    peaks = [b.peak_rss_bytes for b in builds if b.peak_rss_bytes is not None]
     return Forecast(
-        statistics.median(scaled),
-        percentile(scaled, 0.9),
-        len(nearest),
-        "scaled",
+        statistics.median(durations),
+        percentile(durations, 0.9),
+        len(builds),
+        basis,
         max(peaks) if peaks else None,
     )
 
