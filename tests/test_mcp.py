@@ -31,7 +31,7 @@ mcp = pytest.importorskip("mcp")
 
 from mcp_client import error_text, payload, run_async, server  # noqa: E402
 from rtx_builds import write_conv, write_residual  # noqa: E402
-from trt_otel import BuildMonitor, JournalWriter, Outcome, read_journal  # noqa: E402
+from trt_otel import BuildMonitor, JournalWriter, ManualClock, Outcome, read_journal  # noqa: E402
 from trt_otel.app.commands import build_parser  # noqa: E402
 from trt_otel.app.fleet import (  # noqa: E402
     Fleet,
@@ -42,6 +42,7 @@ from trt_otel.app.fleet import (  # noqa: E402
 from trt_otel.app.mcp_server import MAX_LOG_CHARS, bound_log_lines  # noqa: E402
 from trt_otel.builder.onnx_models import CONV_SHAPES, RESIDUAL_SHAPES  # noqa: E402
 from trt_otel.core.attempts import ATTEMPT, ATTEMPTS  # noqa: E402
+from trt_otel.core.forecast import Forecast  # noqa: E402
 from trt_otel.core.state import BuildState  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -828,6 +829,38 @@ def stand_in(build_id: str) -> Iterator[subprocess.Popen[bytes]]:
     finally:
         process.kill()
         process.wait()
+
+
+def test_a_builds_status_carries_its_forecast_and_once_it_succeeded_its_error(
+    tmp_path: Path,
+) -> None:
+    fleet = Fleet(tmp_path / "state", roots=[tmp_path])
+    clock = ManualClock()
+    ahead = Forecast(10.0, 12.0, 3, "history", 1 << 30)
+
+    def status_of(build_id: str, outcome: Outcome, forecast: Forecast | None) -> Any:
+        journal = crafted_build(fleet.state_dir, build_id, pid=2**22 + 1)
+        attributes = forecast.attributes() if forecast is not None else {}
+        monitor = BuildMonitor(attributes=attributes, clock=clock)
+        monitor.log.follow(JournalWriter(journal))
+        monitor.start()
+        clock.advance(12.5)
+        monitor.end(outcome)
+        monitor.close()
+        return fleet.status(build_id)["forecast"]
+
+    assert status_of("0123456789aa", Outcome.SUCCESS, ahead) == {
+        "expected_s": 10.0,
+        "p90_s": 12.0,
+        "peak_rss_bytes": 1 << 30,
+        "builds": 3,
+        "basis": "history",
+        "said": "expected 10.0s (p90 12.0s), peak 1.0 GiB, from 3 builds",
+        "error": 0.25,
+    }
+    failed = status_of("0123456789bb", Outcome.FAILURE, ahead)
+    assert failed["error"] is None, "a failed build's time says nothing of the forecast"
+    assert status_of("0123456789cc", Outcome.SUCCESS, None) is None
 
 
 def test_build_events_page_on_from_the_last_event_given(tmp_path: Path) -> None:

@@ -60,6 +60,7 @@ from trt_otel.core.durations import DurationError, parse_positive_duration
 from trt_otel.core.eta import History
 from trt_otel.core.events import BuildFinished, BuildStarted, CancelRequested, Event
 from trt_otel.core.files import open_regular_for_reading
+from trt_otel.core.forecast import forecast_status
 from trt_otel.core.journal import (
     MAX_HEADER_BYTES,
     JournalError,
@@ -381,6 +382,7 @@ class Fleet:
         }
         if state.start_mono_ns is not None and state.end_mono_ns is not None:
             document["elapsed_s"] = (state.end_mono_ns - state.start_mono_ns) / 1e9
+        document["forecast"] = forecast_status(state)
         document.update(_lifecycle(state, alive, url, fold.attempts, folder))
         if live and alive and url is not None and state.outcome is None:
             view = _get_json(f"{url}/status")

@@ -231,8 +231,10 @@ def create_server(fleet: BuildFleet) -> MCPServer:
     def build_status(id: Annotated[str, id_field]) -> dict[str, Any]:
         """A build's state, progress, time left (with its basis), open phases, cancel and
         outcome (with the exit code); while it runs, the projection a deadline decides by
-        (expected_s, earliest_s, basis, evidence); in a retry ladder, every attempt so far
-        (number, build_id, options, retry_reason, outcome, cancel)."""
+        (expected_s, earliest_s, basis, evidence); the forecast made before it started, from
+        earlier builds (expected_s, p90_s, peak_rss_bytes, builds, basis, said, and its error
+        once it succeeded), or null; in a retry ladder, every attempt so far (number,
+        build_id, options, retry_reason, outcome, cancel)."""
         return _call(lambda: fleet.status(id))
 
     @server.tool()

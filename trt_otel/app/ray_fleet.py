@@ -59,6 +59,7 @@ from trt_otel.capture.supervisor import DEFAULT_GRACE_S
 from trt_otel.core.deadlines import DeadlineExceededError, call_within
 from trt_otel.core.eta import BoundaryTracker, estimate
 from trt_otel.core.files import open_regular_for_reading, write_atomically
+from trt_otel.core.forecast import forecast_status
 from trt_otel.core.journal import JournalError, event_to_dict
 from trt_otel.core.state import BuildState
 
@@ -332,6 +333,7 @@ class RayFleet:
             else {"reason": state.cancel.reason, "source": state.cancel.source},
             "cancel_requested": Path(record.cancel_file).exists(),
             "builder": state.activity.as_json(),
+            "forecast": forecast_status(state),
         }
         if state.start_mono_ns is not None and state.end_mono_ns is not None:
             document["elapsed_s"] = (state.end_mono_ns - state.start_mono_ns) / 1e9

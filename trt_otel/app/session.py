@@ -153,7 +153,7 @@ def _forecast(
     history: History | None, attributes: dict[str, Any], visit: StoreVisit | None
 ) -> Forecast | None:
     """What a build about to be made is expected to take, said and put in its record (and so
-    in /status and its span); none for an engine the store serves."""
+    in /status, the fleet's status and its span); none for an engine the store serves."""
     ahead = forecast(history, attributes) if visit is None or visit.served is None else None
     if ahead is not None:
         attributes.update(ahead.attributes())

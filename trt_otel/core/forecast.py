@@ -25,7 +25,9 @@ from typing import Any
 
 from trt_otel.core.durations import format_duration
 from trt_otel.core.eta import History, PastBuild
+from trt_otel.core.events import Outcome
 from trt_otel.core.sizes import format_bytes
+from trt_otel.core.state import BuildState
 
 NEAREST = 3
 """How many of the nearest other builds a forecast of a new build scales."""
@@ -71,6 +73,18 @@ class Forecast:
         if self.peak_rss_bytes is not None:
             attributes[PEAK] = self.peak_rss_bytes
         return attributes
+
+    def document(self, took_s: float | None = None) -> dict[str, Any]:
+        """As JSON (MCP's ``build_status``): with ``error`` once the build took ``took_s``."""
+        return {
+            "expected_s": self.expected_s,
+            "p90_s": self.p90_s,
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "builds": self.builds,
+            "basis": self.basis,
+            "said": self.describe(),
+            "error": None if took_s is None else round(self.error(took_s), 4),
+        }
 
     @classmethod
     def of(cls, attributes: Mapping[str, Any]) -> Forecast | None:
@@ -186,3 +200,16 @@ def _seconds(value: object) -> bool:
         and math.isfinite(value)
         and value > 0
     )
+
+
+def forecast_status(state: BuildState) -> dict[str, Any] | None:
+    """The forecast of ``state``'s build as a status document has it (fleet and MCP): None
+    without one; with its error once the build succeeded."""
+    forecast = Forecast.of(state.attributes)
+    if forecast is None:
+        return None
+    took_s = None
+    if state.outcome is Outcome.SUCCESS and state.end_mono_ns is not None:
+        assert state.start_mono_ns is not None
+        took_s = (state.end_mono_ns - state.start_mono_ns) / 1e9
+    return forecast.document(took_s)
