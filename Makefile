@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_ARGS ?=
 
-.PHONY: demo check test lint docs bench soak clean
+.PHONY: demo check test lint docs bench soak clean phoenix
 
 # The tests' modules are compiled (and their asserts rewritten by pytest) once, into __pycache__,
 # not again in every worker and every process a test starts: a PYTHONDONTWRITEBYTECODE set in
@@ -17,6 +17,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# Arize Phoenix, a real trace backend for tests/test_phoenix.py (skipped, saying so, without it),
+# in a virtual environment of its own: some 850 MB of dependencies that are not trt-otel's.
+# .ci/run makes it; `make test` does not, so that a developer's first run stays small.
+PHOENIX_VENV := .venv-phoenix
+PHOENIX_STAMP := $(PHOENIX_VENV)/.installed
+
+$(PHOENIX_STAMP): tests/requirements-phoenix.txt
+	$(PYTHON) -m venv $(PHOENIX_VENV)
+	$(PHOENIX_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PHOENIX_VENV)/bin/python -m pip install --quiet -r tests/requirements-phoenix.txt
+	touch $(PHOENIX_STAMP)
+
+phoenix: $(PHOENIX_STAMP)
 
 # The quick start: a real TensorRT-RTX build (CPU-only, no GPU needed) of a generated residual
 # net, 20-40 s, most of it one silent step of "Determining refit engines". Where TensorRT-RTX
@@ -68,7 +82,7 @@ test: lint
 	$(BIN)/pytest -n auto --dist loadgroup --durations=25
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) $(SITE_DIR) .mypy_cache .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(PHOENIX_VENV) $(DEMO_DIR) $(SITE_DIR) .mypy_cache .pytest_cache .ruff_cache .hypothesis
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/eta_accuracy.py

@@ -1,0 +1,132 @@
+"""A running build in a real trace backend: Arize Phoenix, queried through its span API while a
+real TensorRT-RTX build is silent, once it has ended, and after a build killed whole is ended
+from its journal. Each test's spans go to a project of their own
+(``openinference.project.name``, a resource attribute through ``OTEL_RESOURCE_ATTRIBUTES``).
+
+Skipped, with the reason, where Phoenix's environment is not installed (``make phoenix``), or
+where TensorRT-RTX does not import."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cli import run_cli, start_cli
+from phoenix_server import MISSING, PHOENIX, PhoenixServer, PhoenixSpan
+from rtx_builds import SILENT_BLOCKS, SILENT_PHASE, write_residual
+from trt_otel import read_journal
+from trt_otel.builder.onnx_models import RESIDUAL_SHAPES
+from trt_otel.core.events import PhaseStarted
+from waiting import wait_for_text, wait_until
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("phoenix"),
+    pytest.mark.skipif(not PHOENIX.exists(), reason=MISSING),
+]
+
+
+@pytest.fixture(scope="module")
+def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PhoenixServer]:
+    server = PhoenixServer(tmp_path_factory.mktemp("phoenix"))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def environment(project: str) -> dict[str, str]:
+    return {**os.environ, "OTEL_RESOURCE_ATTRIBUTES": f"openinference.project.name={project}"}
+
+
+def running(spans: list[PhoenixSpan]) -> set[str]:
+    """The span ids of phases a snapshot showed that have no final span yet: what a backend's
+    user sees as still running."""
+    final = {s.span_id for s in spans if not s.snapshot}
+    return {s.parent_id for s in spans if s.snapshot and s.parent_id} - final
+
+
+def start_build(tmp_path: Path, endpoint: list[str], project: str) -> tuple[Any, Path]:
+    model = write_residual(tmp_path / "residual.onnx", 2 * SILENT_BLOCKS)
+    journal = tmp_path / "build.jsonl"
+    process = start_cli(
+        "build", model, "-o", tmp_path / "residual.engine", "--journal", journal,
+        "--shapes", RESIDUAL_SHAPES, "--no-progress", "--no-gpu", *endpoint,
+        env=environment(project), start_new_session=True,
+    )  # fmt: skip
+    return process, journal
+
+
+def test_a_real_builds_open_phases_are_in_phoenix_while_it_runs_and_its_trace_ends_whole(
+    rtx: Any, tmp_path: Path, phoenix: PhoenixServer
+) -> None:
+    project = "trt-otel-running"
+    endpoint = ["--otlp-endpoint", phoenix.url, "--otlp-protocol", "http/protobuf"]
+    process, journal = start_build(tmp_path, endpoint, project)
+    try:
+        # While TensorRT is silent: the open phases, the silent one among them, as snapshots.
+        wait_until(
+            lambda: SILENT_PHASE in {s.name for s in phoenix.spans(project) if s.snapshot},
+            "a snapshot of the silent phase in Phoenix",
+            120,
+        )
+        assert process.poll() is None, "shown while the build ran"
+        shown = [s for s in phoenix.spans(project) if s.snapshot]
+        assert {"Building engine", SILENT_PHASE} <= {s.name for s in shown}
+        assert all(0 < s.attributes["trt.build.progress"] < 1 for s in shown)
+        assert running(phoenix.spans(project)), "Phoenix has phases still running"
+        _, err = process.communicate(timeout=180)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 0, err
+    phases = Counter(e.name for e in read_journal(journal).events if isinstance(e, PhaseStarted))
+    wait_until(
+        lambda: len([s for s in phoenix.spans(project) if not s.snapshot]) >= phases.total() + 1,
+        "every final span in Phoenix",
+        60,
+    )
+    spans = phoenix.spans(project)
+    final = [s for s in spans if not s.snapshot]
+    assert Counter(s.name for s in final if s.parent_id) == phases, "one span a phase"
+    assert len([s for s in final if not s.parent_id]) == 1, "and one for the build"
+    assert running(spans) == set(), "once it has ended, no phase is still running"
+
+
+def test_a_build_killed_whole_and_replayed_leaves_nothing_running_in_phoenix(
+    rtx: Any, tmp_path: Path, phoenix: PhoenixServer
+) -> None:
+    project = "trt-otel-killed"
+    endpoint = [
+        "--otlp-endpoint",
+        f"http://127.0.0.1:{phoenix.grpc_port}",
+        "--otlp-protocol",
+        "grpc",
+    ]
+    process, journal = start_build(tmp_path, endpoint, project)
+    try:
+        wait_until(
+            lambda: SILENT_PHASE in {s.name for s in phoenix.spans(project) if s.snapshot},
+            "a snapshot of the silent phase in Phoenix",
+            120,
+        )
+        wait_for_text(journal, f'"name":"{SILENT_PHASE}"'.encode())
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)  # every process of the build
+        process.communicate(timeout=30)
+    assert running(phoenix.spans(project)), "killed: its open phases look as if still running"
+    replayed = run_cli("replay", *endpoint, journal, env=environment(project), timeout=120)
+    assert replayed.returncode == 4, replayed.stderr
+    wait_until(lambda: not running(phoenix.spans(project)), "no phase running in Phoenix", 60)
+    spans = phoenix.spans(project)
+    ended = {s.span_id: s for s in spans if not s.snapshot}
+    shown = {s.parent_id for s in spans if s.snapshot}
+    assert all(ended[span_id].status_code == "ERROR" for span_id in shown if span_id)
