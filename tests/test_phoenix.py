@@ -23,6 +23,7 @@ from rtx_builds import SILENT_BLOCKS, SILENT_PHASE, write_residual
 from trt_otel import read_journal
 from trt_otel.builder.onnx_models import RESIDUAL_SHAPES
 from trt_otel.core.events import PhaseStarted
+from trt_otel.views.otlp_live import LIVE_INTERVAL_S
 from waiting import wait_for_text, wait_until
 
 pytestmark = [
@@ -81,6 +82,10 @@ def test_a_real_builds_open_phases_are_in_phoenix_while_it_runs_and_its_trace_en
         shown = [s for s in phoenix.spans(project) if s.snapshot]
         assert {"Building engine", SILENT_PHASE} <= {s.name for s in shown}
         assert all(0 < s.attributes["trt.build.progress"] < 1 for s in shown)
+        # A phase is sent on the first look after it opens: within one interval of its start
+        # (and the time it takes a loaded machine to get round to it).
+        first = min(s.attributes["trt.phase.running_s"] for s in shown if s.name == SILENT_PHASE)
+        assert first <= LIVE_INTERVAL_S + 2.0
         assert running(phoenix.spans(project)), "Phoenix has phases still running"
         _, err = process.communicate(timeout=180)
     finally:
