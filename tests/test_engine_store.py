@@ -34,7 +34,14 @@ from trt_otel.builder.store import (
     store_key,
 )
 from trt_otel.capture.monitor import BuildMonitor
-from trt_otel.core.events import BuildOutput, BuildStarted, Outcome, PhaseStarted
+from trt_otel.core.events import (
+    BuildFinished,
+    BuildOutput,
+    BuildStarted,
+    Outcome,
+    PhaseStarted,
+)
+from trt_otel.core.forecast import Forecast
 from trt_otel.views.prometheus import BuildSample, MetricSources, build_metrics, sample_build
 from waiting import wait_for_text
 
@@ -259,6 +266,12 @@ def started(journal: Path) -> BuildStarted:
     return start
 
 
+def duration_s(journal: Path) -> float:
+    """What the journal's build took, from its start to its end."""
+    (end,) = [e for e in read_journal(journal).events if isinstance(e, BuildFinished)]
+    return (end.mono_ns - started(journal).mono_ns) / 1e9
+
+
 @pytest.mark.e2e
 def test_a_real_engine_is_served_the_second_time_and_a_changed_option_explained(
     tmp_path: Path,
@@ -278,6 +291,7 @@ def test_a_real_engine_is_served_the_second_time_and_a_changed_option_explained(
     said, first = build("first.engine", "first.jsonl")
     assert "store: no engine of this model in the store yet: building" in said
     assert started(first).attributes["trt.store.hit"] is False
+    assert "forecast:" not in said, "nothing to go by yet"
 
     said, second = build("second.engine", "second.jsonl")
     assert "store: served" in said
@@ -294,6 +308,11 @@ def test_a_real_engine_is_served_the_second_time_and_a_changed_option_explained(
     said, third = build("third.engine", "third.jsonl", "--builder-optimization-level", "1")
     assert "rebuilding: options: +optimization_level 1" in said
     assert started(third).attributes["trt.store.miss_reason"] == "options: +optimization_level 1"
+    # No --history: the store's record of the other options' engine is what it goes by.
+    assert "scaled by size" in said and "from 1 build of other models" in said
+    ahead = Forecast.of(started(third).attributes)
+    assert ahead is not None and (ahead.basis, ahead.builds) == ("scaled", 1)
+    assert ahead.expected_s == pytest.approx(duration_s(first), abs=0.01), "the same size"
 
     listing = run_cli("store", "ls", store)
     assert listing.returncode == 0 and listing.stdout.endswith("2 entries\n")

@@ -11,6 +11,8 @@ import pytest
 
 from cli import run_cli, run_demo
 from trt_otel import read_journal
+from trt_otel.app.engine_store import StoreVisit, stored_builds
+from trt_otel.builder.store import EngineStore, store_key
 from trt_otel.core.eta import History, PastBuild
 from trt_otel.core.events import BuildStarted
 from trt_otel.core.forecast import (
@@ -143,3 +145,36 @@ def test_a_build_with_history_is_forecast_and_judged_and_its_report_says_so(
     diffed = run_cli("diff", history / "1.jsonl", journal)
     assert diffed.returncode == 0, diffed.stderr
     assert "trt.forecast" not in diffed.stdout, "what was expected is no difference"
+
+
+def test_the_engine_stores_records_are_a_source_beside_the_history() -> None:
+    stored_same = [past(50, peak=2 * MIB), past(70)]
+    ahead = forecast(None, {}, stored=(stored_same, []))
+    assert ahead is not None and (ahead.expected_s, ahead.builds) == (60.0, 2)
+    merged = forecast(History([past(90)]), {}, stored=(stored_same, []))
+    assert merged is not None and (merged.expected_s, merged.builds) == (70.0, 3)
+    new = {"model.bytes": 2000, "model.path": "net.onnx", "trt.backend": "tensorrt-rtx"}
+    scaled = forecast(None, new, stored=([], [past(10, size=1000, name="net.onnx")]))
+    assert scaled is not None and (scaled.basis, scaled.expected_s) == ("scaled", 20.0)
+
+
+def test_a_stores_records_become_earlier_builds_checked(tmp_path: Path) -> None:
+    store = EngineStore(tmp_path / "store")
+    engine = tmp_path / "built.engine"
+    engine.write_bytes(b"engine")
+    attributes = {"model.sha256": "a" * 64, "model.path": "/m/net.onnx", "model.bytes": 1000,
+                  "trt.backend": "tensorrt-rtx", "trt.version": "1.7.1"}  # fmt: skip
+    key = store_key(attributes)
+    store.put(key, attributes, engine, build_s=12.0, build_id="b1", peak_rss_bytes=3 * MIB)
+    store.put(key, attributes, engine, build_s=14.0, build_id="b2", peak_rss_bytes=2 * MIB)
+    other = {**attributes, "trt.options.fp16": "true"}
+    store.put(store_key(other), other, engine, build_s=30.0, build_id="b3")
+    same, others = stored_builds(StoreVisit(store, key, None))
+    assert [(b.total_s, b.peak_rss_bytes, b.model_bytes) for b in same] == [
+        (12.0, 3 * MIB, 1000),
+        (14.0, 3 * MIB, 1000),  # the highest peak of the builds that made it is kept
+    ]
+    assert [(b.total_s, b.model_name, b.backend) for b in others] == [
+        (30.0, "net.onnx", "tensorrt-rtx")
+    ]
+    assert stored_builds(None) == ([], [])

@@ -13,8 +13,10 @@ fails a build: it is said once, and the build goes on without it.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +26,7 @@ from trt_otel.builder.provenance import output_attributes
 from trt_otel.builder.store import EngineStore, StoreError, miss_reason, store_key
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.core.durations import format_duration
+from trt_otel.core.eta import PastBuild
 from trt_otel.core.events import Outcome
 from trt_otel.views.terminal import say, warn
 
@@ -65,11 +68,36 @@ class StoreVisit:
                 job.engine_path,
                 build_s=(state.end_mono_ns - state.start_mono_ns) / 1e9,
                 build_id=monitor.build_id,
+                peak_rss_bytes=state.activity.peak_rss_bytes,
             )
         except OSError as error:
             warn(f"store: the engine was not stored: {error.strerror or error}")
             return
         say(f"store: engine stored as {self.key[:12]}.. in {self.store.root}")
+
+
+def stored_builds(visit: StoreVisit | None) -> tuple[list[PastBuild], list[PastBuild]]:
+    """What the store's records say of earlier builds, for a forecast: those of this build's
+    key (an entry whose engine was found bad is rebuilt), and those of every other key. Records
+    are data from others: only what they are checked to be is used."""
+    if visit is None:
+        return [], []
+    same: list[PastBuild] = []
+    others: list[PastBuild] = []
+    for entry in visit.store.entries():
+        record = entry.record
+        builds = [t for t in record.build_s if math.isfinite(t) and t > 0]
+        peak = record.peak_rss_bytes if record.peak_rss_bytes > 0 else None
+        size = record.model_bytes if record.model_bytes > 0 else None
+        backend = record.inputs.get("trt.backend", "")
+        if not builds:
+            continue
+        name, key = record.model_name, record.key[:12]
+        if record.key == visit.key:
+            same += [PastBuild(key, t, {}, peak, size, name, backend) for t in builds]
+        else:  # one for each engine: the median of the builds that made it
+            others.append(PastBuild(key, statistics.median(builds), {}, peak, size, name, backend))
+    return same, others
 
 
 def visit_store(

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from trt_otel.app.assembly import attach_session, policy_runner
 from trt_otel.app.components import build_context, sampling
 from trt_otel.app.config import SessionConfig, UsageError, signal_grace_s
-from trt_otel.app.engine_store import StoreVisit, visit_store
+from trt_otel.app.engine_store import StoreVisit, stored_builds, visit_store
 from trt_otel.builder.build import BuildJob, BuildResult, partial_files, run_build_job
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.supervisor import IsolatedResult, StopNow, run_isolated
@@ -154,7 +154,9 @@ def _forecast(
 ) -> Forecast | None:
     """What a build about to be made is expected to take, said and put in its record (and so
     in /status, the fleet's status and its span); none for an engine the store serves."""
-    ahead = forecast(history, attributes) if visit is None or visit.served is None else None
+    if visit is not None and visit.served is not None:
+        return None
+    ahead = forecast(history, attributes, stored=stored_builds(visit))
     if ahead is not None:
         attributes.update(ahead.attributes())
         say(f"forecast: {ahead.describe()}")

@@ -69,6 +69,10 @@ class StoreRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     host: str = ""
     build_id: str = ""
     trt_otel_version: str = ""
+    model_bytes: int = 0
+    """The size of its model's file (0: not recorded, as by an earlier trt-otel)."""
+    peak_rss_bytes: int = 0
+    """The highest peak of its builder's memory among the builds that made it (0: not sampled)."""
 
     @property
     def saves_s(self) -> float:
@@ -196,13 +200,17 @@ class EngineStore:
         *,
         build_s: float,
         build_id: str,
+        peak_rss_bytes: int | None = None,
     ) -> Entry:
         """Store the engine a successful build wrote to ``engine``, the record last."""
         data = engine.read_bytes()
         folder = self._entries / key
         earlier: list[float] = []
+        peak = peak_rss_bytes or 0
         with contextlib.suppress(OSError, ValueError, msgspec.MsgspecError):
-            earlier = _read_record(folder / "record.json").build_s
+            before = _read_record(folder / "record.json")
+            earlier, peak = before.build_s, max(peak, before.peak_rss_bytes)
+        size = attributes.get("model.bytes")
         folder.mkdir(exist_ok=True)
         write_atomically(folder / "engine", data)
         record = StoreRecord(
@@ -216,6 +224,8 @@ class EngineStore:
             host=socket.gethostname(),
             build_id=build_id,
             trt_otel_version=__version__,
+            model_bytes=size if isinstance(size, int) and size > 0 else 0,
+            peak_rss_bytes=peak,
         )
         write_atomically(folder / "record.json", msgspec.json.encode(record))
         if self.max_bytes is not None:

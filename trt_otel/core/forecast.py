@@ -1,5 +1,6 @@
-"""What a build is expected to take before it starts, from earlier builds (``--history``): shown
-as it starts, kept in its journal, and held against what it took once it ends.
+"""What a build is expected to take before it starts, from earlier builds (``--history``'s
+journals and the engine store's records): shown as it starts, kept in its journal, and held
+against what it took once it ends.
 
 - **the same build** (the earlier builds :func:`~trt_otel.core.eta.same_build` matches: the same
   fingerprint, else the same model): the median and the 90th percentile of their durations, and
@@ -116,19 +117,26 @@ class Forecast:
         )
 
 
-def forecast(history: History | None, attributes: Mapping[str, Any]) -> Forecast | None:
+def forecast(
+    history: History | None,
+    attributes: Mapping[str, Any],
+    *,
+    stored: tuple[Sequence[PastBuild], Sequence[PastBuild]] = ((), ()),
+) -> Forecast | None:
     """The forecast of the build whose ``build_start`` attributes are ``attributes``, from
-    ``history``; None where it holds nothing to go by."""
-    if history is None:
-        return None
-    if history.builds:
-        return _from(history.builds, [build.total_s for build in history.builds], "history")
+    ``history`` and the engine store's records (``stored``: the builds of this build's key,
+    and one of each other key); None where they hold nothing to go by."""
+    same_stored, other_stored = stored
+    same = [*(history.builds if history is not None else ()), *same_stored]
+    if same:
+        return _from(same, [build.total_s for build in same], "history")
     size = attributes.get("model.bytes")
     if not isinstance(size, int) or size <= 0:
         return None
     backend = str(attributes.get("trt.backend", ""))
     name = PurePath(str(attributes.get("model.path", ""))).name
-    nearest = nearest_builds(history.others, size, backend, name)
+    others = [*(history.others if history is not None else ()), *other_stored]
+    nearest = nearest_builds(others, size, backend, name)
     if not nearest:
         return None
     return _from(nearest, scale_to(nearest, size), "scaled")
