@@ -21,12 +21,19 @@ import pytest
 
 from cli import CLI, run_cli, start_cli
 from rtx_builds import import_rtx, write_conv, write_residual
-from trt_otel import read_journal
-from trt_otel.app.engine_store import StoreVisit
+from trt_otel import JournalWriter, read_journal
+from trt_otel.app.engine_store import (
+    MAX_REASON_CHARS,
+    StoreVisit,
+    engines_summary,
+    store_status,
+)
+from trt_otel.app.fleet import Fleet
 from trt_otel.builder.build import BuildJob, BuildResult
 from trt_otel.builder.onnx_models import CONV_SHAPES, RESIDUAL_SHAPES
 from trt_otel.builder.options import BuildOptions
 from trt_otel.builder.store import (
+    NO_ENGINE_YET,
     EngineStore,
     Entry,
     key_inputs,
@@ -508,3 +515,59 @@ def test_a_build_on_another_host_of_a_shared_store_waits_and_is_served(tmp_path:
     served = started(tmp_path / "elsewhere.jsonl").attributes
     assert served["trt.store.hit"] is True and served["host.name"] == "host-b"
     assert (tmp_path / "elsewhere.engine").read_bytes() == (tmp_path / "here.engine").read_bytes()
+
+
+def test_a_run_of_many_builds_is_summed_up_in_one_line() -> None:
+    def built(reason: str = NO_ENGINE_YET) -> dict[str, object]:
+        return {"served": False, "saved_s": None, "miss_reason": reason}
+
+    served = {"served": True, "saved_s": 72.0, "miss_reason": None}
+    upgrade = "trt.version: 1.7.1.116 -> 1.7.2.4"
+    stores = [served, served, None, built(upgrade), built(), built(upgrade), served]
+    assert engines_summary(stores) == (f"engines: 3 served, 2 rebuilt ({upgrade}), 1 built")
+    many = [built(f"options: +opt {n}") for n in range(5)]
+    assert engines_summary(many) == (
+        "engines: 0 served, 5 rebuilt (options: +opt 0; options: +opt 1; options: +opt 2; 2 more)"
+    )
+    assert engines_summary([None, None]) is None, "no build used a store"
+
+
+def test_a_builds_store_visit_in_its_status_is_read_checked() -> None:
+    assert store_status({}) is None
+    assert store_status({"trt.store.hit": "yes"}) is None
+    assert store_status({"trt.store.hit": True, "trt.store.saved_s": 1.5}) == {
+        "served": True,
+        "saved_s": 1.5,
+        "miss_reason": None,
+    }
+    missed = store_status({"trt.store.hit": False, "trt.store.miss_reason": "x" * 10_000})
+    assert missed is not None and len(missed["miss_reason"]) == MAX_REASON_CHARS
+    odd = store_status({"trt.store.hit": False, "trt.store.saved_s": True})
+    assert odd is not None and odd["saved_s"] is None, "a bool is no number of seconds"
+
+
+def test_the_fleets_list_says_what_the_store_did_for_each_build(tmp_path: Path) -> None:
+    fleet = Fleet(tmp_path / "state", roots=[tmp_path])
+    visits: dict[str, dict[str, Any]] = {
+        "0123456789aa": {"trt.store.hit": True, "trt.store.saved_s": 3.0},
+        "0123456789bb": {"trt.store.hit": False, "trt.store.miss_reason": "options: +fp16 true"},
+        "0123456789cc": {},
+    }
+    for build_id, attributes in visits.items():
+        folder = fleet.state_dir / build_id
+        folder.mkdir(parents=True)
+        record = {"id": build_id, "kind": "demo", "argv": ["demo"], "pid": 2**22 + 1,
+                  "started_wall_s": 0.0, "model": None, "engine": None}  # fmt: skip
+        (folder / "build.json").write_text(json.dumps(record))
+        monitor = BuildMonitor(attributes=attributes)
+        monitor.log.follow(JournalWriter(folder / "journal.jsonl"))
+        monitor.start()
+        monitor.end()
+        monitor.close()
+    listed = {build["id"]: build["store"] for build in fleet.list()}
+    assert listed["0123456789aa"] == {"served": True, "saved_s": 3.0, "miss_reason": None}
+    assert listed["0123456789bb"]["miss_reason"] == "options: +fp16 true"
+    assert listed["0123456789cc"] is None
+    assert engines_summary(listed.values()) == (
+        "engines: 1 served, 1 rebuilt (options: +fp16 true)"
+    )

@@ -17,13 +17,21 @@ import math
 import os
 import socket
 import statistics
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from trt_otel.app.config import StoreConfig, UsageError
 from trt_otel.builder.build import BuildJob, BuildResult
 from trt_otel.builder.provenance import output_attributes
-from trt_otel.builder.store import EngineStore, StoreError, miss_reason, store_key
+from trt_otel.builder.store import (
+    NO_ENGINE_YET,
+    EngineStore,
+    StoreError,
+    miss_reason,
+    store_key,
+)
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.core.durations import format_duration
 from trt_otel.core.eta import PastBuild
@@ -134,3 +142,50 @@ def visit_store(
     attributes[STORE_MISS_REASON] = reason
     say(f"rebuilding: {reason}" if nearest is not None else f"store: {reason}: building")
     return StoreVisit(store, key, None)
+
+
+MAX_REASONS_SHOWN = 3
+MAX_REASON_CHARS = 500
+"""The longest miss reason a status document holds (a journal's, so any length)."""
+
+
+def store_status(attributes: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What the store did for a build, as its status document has it (fleet and MCP): None
+    for a build without a store. From a journal, so checked for what it is."""
+    hit = attributes.get(STORE_HIT)
+    if not isinstance(hit, bool):
+        return None
+    reason = attributes.get(STORE_MISS_REASON)
+    saved = attributes.get(STORE_SAVED_S)
+    return {
+        "served": hit,
+        "saved_s": saved
+        if isinstance(saved, int | float) and not isinstance(saved, bool)
+        else None,
+        "miss_reason": reason[:MAX_REASON_CHARS] if isinstance(reason, str) and not hit else None,
+    }
+
+
+def engines_summary(stores: Iterable[Mapping[str, Any] | None]) -> str | None:
+    """One line for a run of many builds: ``engines: 3 served, 1 rebuilt (options:
+    +optimization_level 1), 2 built``, the reasons for rebuilding most frequent first; None
+    where no build used the store."""
+    used = [store for store in stores if store is not None]
+    if not used:
+        return None
+    served = sum(1 for store in used if store["served"])
+    reasons = Counter(
+        str(store["miss_reason"])
+        for store in used
+        if not store["served"] and store["miss_reason"] not in (None, NO_ENGINE_YET)
+    )
+    built = len(used) - served - reasons.total()
+    parts = [f"{served} served"]
+    if reasons:
+        shown = [reason for reason, _ in reasons.most_common(MAX_REASONS_SHOWN)]
+        more = len(reasons) - len(shown)
+        said = "; ".join(shown) + (f"; {more} more" if more else "")
+        parts.append(f"{reasons.total()} rebuilt ({said})")
+    if built:
+        parts.append(f"{built} built")
+    return "engines: " + ", ".join(parts)

@@ -46,6 +46,7 @@ import psutil
 
 from trt_otel.app.commands import build_parser, command_of
 from trt_otel.app.config import UsageError
+from trt_otel.app.engine_store import store_status
 from trt_otel.app.retries import MAX_RUNG_CHARS, MAX_RUNGS, rung_paths
 from trt_otel.app.session import exit_code_of
 from trt_otel.capture.checked import CheckedEvents, read_journal
@@ -344,7 +345,7 @@ class Fleet:
         return [name for _, name in sorted(found)]
 
     def list(self) -> list[dict[str, Any]]:
-        keys = ("id", "kind", "model", "state", "outcome", "progress", "started_wall_s")
+        keys = ("id", "kind", "model", "state", "outcome", "progress", "started_wall_s", "store")
         return [{key: self.status(i, live=False).get(key) for key in keys} for i in self.ids()]
 
     def status(self, build_id: str, *, live: bool = True) -> dict[str, Any]:
@@ -383,6 +384,7 @@ class Fleet:
         if state.start_mono_ns is not None and state.end_mono_ns is not None:
             document["elapsed_s"] = (state.end_mono_ns - state.start_mono_ns) / 1e9
         document["forecast"] = forecast_status(state)
+        document["store"] = store_status(state.attributes)
         document.update(_lifecycle(state, alive, url, fold.attempts, folder))
         if live and alive and url is not None and state.outcome is None:
             view = _get_json(f"{url}/status")

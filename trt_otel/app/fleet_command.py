@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from trt_otel.app.config import UsageError
+from trt_otel.app.engine_store import engines_summary
 from trt_otel.app.fleet import FleetError
 from trt_otel.app.fleet_arguments import FleetCommand
 from trt_otel.app.ray_fleet import RayFleet
@@ -53,7 +54,10 @@ def _act(fleet: RayFleet, command: FleetCommand) -> int:
                 f"{build['id']:<13}{state:<16}{build['progress']:>8.0%}  "
                 f"{build['ray_status'] or '?':<10} {build['model'] or '-'}"
             )
-        _print(command, {"builds": builds}, lines)
+        engines = engines_summary(build.get("store") for build in builds)
+        if engines is not None:
+            lines.append(engines)
+        _print(command, {"builds": builds, "engines": engines}, lines)
         return EXIT_OK
     assert command.build_id is not None
     if command.action == "status":

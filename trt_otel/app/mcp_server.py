@@ -27,6 +27,7 @@ from mcp.types import CallToolResult, TextContent
 from pydantic import Field
 
 from trt_otel.app.config import UsageError
+from trt_otel.app.engine_store import engines_summary
 from trt_otel.app.fleet import (
     ALLOW_NETWORK,
     MAX_DURATION_CHARS,
@@ -224,8 +225,11 @@ def create_server(fleet: BuildFleet) -> MCPServer:
 
     @server.tool()
     def list_builds() -> dict[str, Any]:
-        """Every build of the state directory, oldest first, running or finished."""
-        return {"builds": _call(fleet.list)}
+        """Every build of the state directory, oldest first, running or finished; with
+        ``engines``, what the engine store did for them in one line (``engines: 3 served, 1
+        rebuilt (options: +optimization_level 1)``), or null where none used one."""
+        builds = _call(fleet.list)
+        return {"builds": builds, "engines": engines_summary(b.get("store") for b in builds)}
 
     @server.tool()
     def build_status(id: Annotated[str, id_field]) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from trt_otel.app.engine_store import store_status
 from trt_otel.app.fleet import (
     MAX_EVENTS,
     MAX_REASON_CHARS,
@@ -300,7 +301,17 @@ class RayFleet:
         return [name for _, name in sorted(found)]
 
     def list(self) -> list[dict[str, Any]]:
-        keys = ("id", "kind", "model", "state", "outcome", "progress", "ray_status", "node")
+        keys = (
+            "id",
+            "kind",
+            "model",
+            "state",
+            "outcome",
+            "progress",
+            "ray_status",
+            "node",
+            "store",
+        )
         return [{key: self.status(i).get(key) for key in keys} for i in self.ids()]
 
     def status(self, build_id: str) -> dict[str, Any]:
@@ -334,6 +345,7 @@ class RayFleet:
             "cancel_requested": Path(record.cancel_file).exists(),
             "builder": state.activity.as_json(),
             "forecast": forecast_status(state),
+            "store": store_status(state.attributes),
         }
         if state.start_mono_ns is not None and state.end_mono_ns is not None:
             document["elapsed_s"] = (state.end_mono_ns - state.start_mono_ns) / 1e9

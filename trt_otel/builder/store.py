@@ -353,10 +353,14 @@ def _change(key: str, before: str | None, after: str | None, backend: str) -> st
     return attribute_change(key, before, after)
 
 
+NO_ENGINE_YET = "no engine of this model in the store yet"
+"""The miss reason of a build with nothing near it in the store: built, not rebuilt."""
+
+
 def miss_reason(nearest: StoreRecord | None, attributes: Mapping[str, Any]) -> str:
     """Why a build of ``attributes`` was not served, in one line."""
     if nearest is None:
-        return "no engine of this model in the store yet"
+        return NO_ENGINE_YET
     changes = differences(nearest.inputs, key_inputs(attributes))
     if not changes:  # same inputs, another key: a store of an older trt-otel
         return "the stored engine of these inputs is of another key"
