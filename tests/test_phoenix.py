@@ -8,6 +8,7 @@ where TensorRT-RTX does not import."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 from collections import Counter
@@ -23,7 +24,7 @@ from rtx_builds import SILENT_BLOCKS, SILENT_PHASE, write_residual
 from trt_otel import read_journal
 from trt_otel.builder.onnx_models import RESIDUAL_SHAPES
 from trt_otel.core.events import PhaseStarted
-from trt_otel.views.otlp_live import LIVE_INTERVAL_S
+from trt_otel.views.otlp_live import LIVE_INTERVAL_S, REFRESH_S
 from waiting import wait_for_text, wait_until
 
 pytestmark = [
@@ -135,3 +136,35 @@ def test_a_build_killed_whole_and_replayed_leaves_nothing_running_in_phoenix(
     ended = {s.span_id: s for s in spans if not s.snapshot}
     shown = {s.parent_id for s in spans if s.snapshot}
     assert all(ended[span_id].status_code == "ERROR" for span_id in shown if span_id)
+
+
+def test_a_silent_window_is_refreshed_in_phoenix_while_it_lasts(
+    tmp_path: Path, phoenix: PhoenixServer
+) -> None:
+    """Through a silence longer than the refresh (a simulated build's, to keep the wait to
+    the refresh itself): each open phase is sent again, fresh, within REFRESH_S."""
+    project = "trt-otel-refresh"
+    process = start_cli(
+        "demo", "--speed", "0", "--silence", f"{REFRESH_S + 2 * LIVE_INTERVAL_S:g}s",
+        "--no-progress", "--no-gpu", "--otlp-endpoint", phoenix.url,
+        "--otlp-protocol", "http/protobuf",
+        env=environment(project), start_new_session=True,
+    )  # fmt: skip
+
+    def refreshed() -> dict[str, list[float]]:
+        seen: dict[str, list[float]] = {}
+        for span in phoenix.spans(project):
+            if span.snapshot:
+                seen.setdefault(span.name, []).append(span.attributes["trt.phase.running_s"])
+        return {name: sorted(times) for name, times in seen.items() if len(times) > 1}
+
+    try:
+        wait_until(refreshed, "a phase sent again in Phoenix", REFRESH_S + 4 * LIVE_INTERVAL_S)
+        assert process.poll() is None, "refreshed while the build ran"
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate(timeout=30)
+    for name, times in refreshed().items():
+        assert times[0] <= LIVE_INTERVAL_S + 2.0, f"{name} first shown late: {times}"
+        gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+        assert all(REFRESH_S - 1.0 <= gap <= REFRESH_S + LIVE_INTERVAL_S + 2.0 for gap in gaps)
