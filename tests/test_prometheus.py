@@ -491,6 +491,35 @@ def test_registering_reading_or_pushing_is_not_a_scrape() -> None:
         server.close()
 
 
+def test_a_scrape_answered_after_prometheus_gave_up_on_it_is_not_the_final_one() -> None:
+    monitor = BuildMonitor()
+    server = MetricsServer(metrics_registry(MetricSources(monitor)), 0)
+
+    def scrape(timeout: str) -> None:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{server.port}/metrics",
+            headers={"X-Prometheus-Scrape-Timeout-Seconds": timeout},
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert answer.status == 200
+
+    try:
+        monitor.start()
+        monitor.end()
+        after = time.monotonic()
+        scrape("0.000001")  # no answer is that quick: Prometheus dropped it
+        assert server.scrapes == 1, "still a scrape: something is scraping"
+        assert not server.wait_for_scrape_after(after, 0.2), "but not one that stored the end"
+        scrape("10")
+        assert server.wait_for_scrape_after(after, 5)
+        later = time.monotonic()
+        scrape("not a number")  # believed, as a scraper that says nothing is
+        assert server.wait_for_scrape_after(later, 5)
+    finally:
+        server.close()
+        monitor.close()
+
+
 @pytest.mark.e2e
 @needs_prometheus()
 def test_a_real_scraper_gets_the_final_values_before_the_end(

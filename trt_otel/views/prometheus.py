@@ -14,6 +14,7 @@ HTTP view's ``/metrics`` and the Pushgateway all read it, so they show the same 
 from __future__ import annotations
 
 import gzip
+import math
 import socket
 import socketserver
 import threading
@@ -617,17 +618,20 @@ class MetricsServer:
             body = app(environ, starting)
             ok = bool(statuses) and statuses[0].startswith("200")
             if ok and environ.get("PATH_INFO") != "/favicon.ico":
+                kept = _in_time(time.monotonic() - began, environ)
                 with self._scraped:
                     self.scrapes += 1
-                    self._last_scrape_began = max(began, self._last_scrape_began or began)
+                    if kept:
+                        self._last_scrape_began = max(began, self._last_scrape_began or began)
                     self._scraped.notify_all()
             return body
 
         return counted
 
     def wait_for_scrape_after(self, mono_s: float, timeout_s: float) -> bool:
-        """Wait until a scrape that began after ``mono_s`` (time.monotonic) was answered; False
-        on timeout. A scrape that began earlier may have read older values."""
+        """Wait until a scrape that began after ``mono_s`` (time.monotonic) was answered in
+        time for its scraper to keep it; False on timeout. A scrape that began earlier may
+        have read older values."""
         with self._scraped:
             return self._scraped.wait_for(
                 lambda: self._last_scrape_began is not None and self._last_scrape_began > mono_s,
@@ -645,6 +649,24 @@ class MetricsServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5)
+
+
+SCRAPE_TIME_KEPT = 0.9
+"""The share of Prometheus's scrape timeout an answer may take here and still count as the
+final scrape: a scrape Prometheus gave up on is a sample it never stored, and its clock starts
+before ours (its connect, our queue), so an answer that took nearly all of it here is late."""
+
+
+def _in_time(took_s: float, environ: WSGIEnvironment) -> bool:
+    """Whether an answer that took ``took_s`` here reached Prometheus within its scrape's
+    timeout (its ``X-Prometheus-Scrape-Timeout-Seconds``; a scraper that sends none is
+    believed)."""
+    said = environ.get("HTTP_X_PROMETHEUS_SCRAPE_TIMEOUT_SECONDS")
+    try:
+        timeout_s = float(said) if said is not None else math.inf
+    except ValueError:
+        return True
+    return not timeout_s > 0 or took_s <= timeout_s * SCRAPE_TIME_KEPT
 
 
 def exposition(
