@@ -55,6 +55,15 @@ def running(spans: list[PhoenixSpan]) -> set[str]:
     return {s.parent_id for s in spans if s.snapshot and s.parent_id} - final
 
 
+def wait_for_silent_snapshot(phoenix: PhoenixServer, project: str) -> None:
+    """Until Phoenix holds a snapshot of TensorRT-RTX's silent phase: the build is inside it."""
+    wait_until(
+        lambda: SILENT_PHASE in {s.name for s in phoenix.spans(project) if s.snapshot},
+        "a snapshot of the silent phase in Phoenix",
+        120,
+    )
+
+
 def start_build(tmp_path: Path, endpoint: list[str], project: str) -> tuple[Any, Path]:
     model = write_residual(tmp_path / "residual.onnx", 2 * SILENT_BLOCKS)
     journal = tmp_path / "build.jsonl"
@@ -74,11 +83,7 @@ def test_a_real_builds_open_phases_are_in_phoenix_while_it_runs_and_its_trace_en
     process, journal = start_build(tmp_path, endpoint, project)
     try:
         # While TensorRT is silent: the open phases, the silent one among them, as snapshots.
-        wait_until(
-            lambda: SILENT_PHASE in {s.name for s in phoenix.spans(project) if s.snapshot},
-            "a snapshot of the silent phase in Phoenix",
-            120,
-        )
+        wait_for_silent_snapshot(phoenix, project)
         assert process.poll() is None, "shown while the build ran"
         shown = [s for s in phoenix.spans(project) if s.snapshot]
         assert {"Building engine", SILENT_PHASE} <= {s.name for s in shown}
@@ -119,11 +124,7 @@ def test_a_build_killed_whole_and_replayed_leaves_nothing_running_in_phoenix(
     ]
     process, journal = start_build(tmp_path, endpoint, project)
     try:
-        wait_until(
-            lambda: SILENT_PHASE in {s.name for s in phoenix.spans(project) if s.snapshot},
-            "a snapshot of the silent phase in Phoenix",
-            120,
-        )
+        wait_for_silent_snapshot(phoenix, project)
         wait_for_text(journal, f'"name":"{SILENT_PHASE}"'.encode())
     finally:
         os.killpg(process.pid, signal.SIGKILL)  # every process of the build
