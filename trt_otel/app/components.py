@@ -40,7 +40,6 @@ from trt_otel.capture.checked import read_journal
 from trt_otel.capture.gpu import GpuReader, GpuSampler, open_reader
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.process import ProcessSampler
-from trt_otel.capture.watch import BuildLostError
 from trt_otel.core.eta import History
 from trt_otel.core.files import FileKindError, regular_file_or_absent, write_atomically
 from trt_otel.core.followers import Follower, FollowerWorker
@@ -227,9 +226,6 @@ def span_export(
     try:
         yield export
         completed = True
-    except BuildLostError:
-        completed = True  # a lost build's spans (its open phases ended) are all there will be
-        raise
     finally:
         # A session that failed to start has nothing worth waiting for or reporting.
         health = export.shutdown(config.flush_timeout_s if completed else 0.0)
@@ -264,9 +260,6 @@ def log_export(
         with warnings_heard_by(export.warning):  # trt-otel's own warnings are records too
             yield export
         completed = True
-    except BuildLostError:
-        completed = True  # what was seen of a lost build is all there will be: flushed
-        raise
     finally:
         health = export.shutdown(config.flush_timeout_s if completed else 0.0)
     lost = health.emitted - health.exported
@@ -304,9 +297,6 @@ def otlp_metrics(
     try:
         yield export
         completed = True
-    except BuildLostError:
-        completed = True  # the last values of a lost build: pushed as an ended one's
-        raise
     finally:
         health = export.shutdown(config.flush_timeout_s if completed else 0.0)
     if completed and health.reason is not None:
@@ -329,18 +319,8 @@ class FinalFlush(Protocol):
 def final_flush(timeout_s: float, *exports: FinalFlush | None) -> Iterator[None]:
     """On a normal exit, begin the final flush of every export given, at once: one flush
     timeout for them all (each one's shutdown, later, waits for what is left of it), not one
-    after the other. After an error, nothing begins: each stops as a session that failed; but
-    a build that was lost (``watch``: its writer gone without an end) is flushed as one that
-    ended, since what was seen of it is all there will be."""
-    try:
-        yield
-    except BuildLostError:
-        _begin_shutdowns(timeout_s, exports)
-        raise
-    _begin_shutdowns(timeout_s, exports)
-
-
-def _begin_shutdowns(timeout_s: float, exports: Sequence[FinalFlush | None]) -> None:
+    after the other. After an error, nothing begins: each stops as a session that failed."""
+    yield
     for export in exports:
         if export is not None:
             export.begin_shutdown(timeout_s)

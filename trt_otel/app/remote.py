@@ -31,7 +31,7 @@ from trt_otel.app.config import SessionConfig, UsageError, supervises
 from trt_otel.capture.liveness import DEFAULT_LOST_AFTER_S, Writer
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.process import ProcessSampler
-from trt_otel.capture.watch import follow_journal
+from trt_otel.capture.watch import BuildLostError, follow_journal
 from trt_otel.control.stopping import (
     holds_write_lock,
     owned_by_this_user,
@@ -436,9 +436,17 @@ def watch_and_supervise(
         if terminate_after_s is not None:
             escalation = Escalation(journal, header, monitor, terminate_after_s)
             ending = stack.enter_context(escalation).stopping_writer
-        end = follow_journal(
-            journal, monitor.feed, warn=warn, lost_after_s=lost_after_s, ending=ending
-        )
+        lost: BuildLostError | None = None
+        try:
+            end = follow_journal(
+                journal, monitor.feed, warn=warn, lost_after_s=lost_after_s, ending=ending
+            )
+        except BuildLostError as error:
+            # What was seen of a lost build is all there will be: the session closes as after
+            # an end (its exports flushed, its open phases ended), then the loss is told.
+            end, lost = None, error
+    if lost is not None:
+        raise lost
     if end is not None and monitor.undelivered is not None:
         say(f"error: {monitor.undelivered} (the build ended: {end.outcome.value})", tagged=True)
         return msgspec.structs.replace(
