@@ -436,15 +436,7 @@ def watch_and_supervise(
         if terminate_after_s is not None:
             escalation = Escalation(journal, header, monitor, terminate_after_s)
             ending = stack.enter_context(escalation).stopping_writer
-        lost: BuildLostError | None = None
-        try:
-            end = follow_journal(
-                journal, monitor.feed, warn=warn, lost_after_s=lost_after_s, ending=ending
-            )
-        except BuildLostError as error:
-            # What was seen of a lost build is all there will be: the session closes as after
-            # an end (its exports flushed, its open phases ended), then the loss is told.
-            end, lost = None, error
+        end, lost = _follow_to_end(journal, monitor, lost_after_s, ending)
     if lost is not None:
         raise lost
     if end is not None and monitor.undelivered is not None:
@@ -453,6 +445,21 @@ def watch_and_supervise(
             end, outcome=Outcome.FAILURE, detail=monitor.undelivered, error_type="CancelUndelivered"
         )
     return end
+
+
+def _follow_to_end(
+    journal: Path, monitor: RemoteBuild, lost_after_s: float, ending: threading.Event | None
+) -> tuple[BuildFinished | None, BuildLostError | None]:
+    """The build's end, or the loss of it, returned rather than raised: what was seen of a lost
+    build is all there will be, so its session closes as after an end (its exports flushed, its
+    open phases ended) before the loss is told."""
+    try:
+        end = follow_journal(
+            journal, monitor.feed, warn=warn, lost_after_s=lost_after_s, ending=ending
+        )
+    except BuildLostError as error:
+        return None, error
+    return end, None
 
 
 __all__ = [
