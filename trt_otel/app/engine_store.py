@@ -95,11 +95,11 @@ def stored_builds(visit: StoreVisit | None) -> tuple[list[PastBuild], list[PastB
     for entry in visit.store.entries():
         record = entry.record
         builds = [t for t in record.build_s if math.isfinite(t) and t > 0]
+        if not builds:
+            continue
         peak = record.peak_rss_bytes if record.peak_rss_bytes > 0 else None
         size = record.model_bytes if record.model_bytes > 0 else None
         backend = record.inputs.get("trt.backend", "")
-        if not builds:
-            continue
         name, key = record.model_name, record.key[:12]
         if record.key == visit.key:
             same += [PastBuild(key, t, {}, peak, size, name, backend) for t in builds]

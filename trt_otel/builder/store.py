@@ -38,6 +38,7 @@ import msgspec
 
 from trt_otel.builder.provenance import FINGERPRINT_KEYS, fingerprint_inputs
 from trt_otel.core.changes import attribute_change
+from trt_otel.core.eta import model_file_name, model_size
 from trt_otel.core.files import write_atomically
 from trt_otel.core.version import __version__
 
@@ -210,7 +211,6 @@ class EngineStore:
         with contextlib.suppress(OSError, ValueError, msgspec.MsgspecError):
             before = _read_record(folder / "record.json")
             earlier, peak = before.build_s, max(peak, before.peak_rss_bytes)
-        size = attributes.get("model.bytes")
         folder.mkdir(exist_ok=True)
         write_atomically(folder / "engine", data)
         record = StoreRecord(
@@ -219,12 +219,12 @@ class EngineStore:
             engine_sha256=hashlib.sha256(data).hexdigest(),
             engine_bytes=len(data),
             build_s=[*earlier, round(build_s, 3)][-MAX_BUILDS_KEPT:],
-            model_name=Path(str(attributes.get("model.path", ""))).name,
+            model_name=model_file_name(attributes),
             created=time.time(),
             host=socket.gethostname(),
             build_id=build_id,
             trt_otel_version=__version__,
-            model_bytes=size if isinstance(size, int) and size > 0 else 0,
+            model_bytes=model_size(attributes) or 0,
             peak_rss_bytes=peak,
         )
         write_atomically(folder / "record.json", msgspec.json.encode(record))
@@ -250,7 +250,7 @@ class EngineStore:
         """The stored build most like this one: of the same model bytes, else of the same
         model's name, the one whose inputs differ least."""
         inputs = key_inputs(attributes)
-        name = Path(str(attributes.get("model.path", ""))).name
+        name = model_file_name(attributes)
         same_model = [
             e.record
             for e in self.entries()

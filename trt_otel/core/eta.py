@@ -271,6 +271,17 @@ def _start_attributes(events: Sequence[Event]) -> Mapping[str, Any]:
     return {}
 
 
+def model_size(attributes: Mapping[str, Any]) -> int | None:
+    """A build's model's size in bytes (``model.bytes``), where its record holds a true one."""
+    size = attributes.get("model.bytes")
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
+def model_file_name(attributes: Mapping[str, Any]) -> str:
+    """A build's model's file name, without its folder (``model.path``); empty without one."""
+    return PurePath(str(attributes.get("model.path", ""))).name
+
+
 def past_build(events: Sequence[Event], source: str) -> PastBuild | None:
     """A journal's last build's boundaries, if it finished with success; else None."""
     builds = builds_of(events)
@@ -281,14 +292,13 @@ def past_build(events: Sequence[Event], source: str) -> PastBuild | None:
     if state.outcome is not Outcome.SUCCESS or state.start_mono_ns is None:
         return None
     assert state.end_mono_ns is not None
-    size = state.attributes.get("model.bytes")
     return PastBuild(
         source,
         (state.end_mono_ns - state.start_mono_ns) / 1e9,
         {key: ns / 1e9 for key, ns in tracker.boundaries.items()},
         state.activity.peak_rss_bytes,
-        model_bytes=size if isinstance(size, int) and size > 0 else None,
-        model_name=PurePath(str(state.attributes.get("model.path", ""))).name,
+        model_bytes=model_size(state.attributes),
+        model_name=model_file_name(state.attributes),
         backend=str(state.attributes.get("trt.backend", "")),
     )
 

@@ -21,11 +21,10 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import PurePath
 from typing import Any
 
 from trt_otel.core.durations import format_duration
-from trt_otel.core.eta import History, PastBuild
+from trt_otel.core.eta import History, PastBuild, model_file_name, model_size
 from trt_otel.core.events import Outcome
 from trt_otel.core.sizes import format_bytes
 from trt_otel.core.state import BuildState
@@ -130,13 +129,12 @@ def forecast(
     same = [*(history.builds if history is not None else ()), *same_stored]
     if same:
         return _from(same, [build.total_s for build in same], "history")
-    size = attributes.get("model.bytes")
-    if not isinstance(size, int) or size <= 0:
+    size = model_size(attributes)
+    if size is None:
         return None
     backend = str(attributes.get("trt.backend", ""))
-    name = PurePath(str(attributes.get("model.path", ""))).name
     others = [*(history.others if history is not None else ()), *other_stored]
-    nearest = nearest_builds(others, size, backend, name)
+    nearest = nearest_builds(others, size, backend, model_file_name(attributes))
     if not nearest:
         return None
     return _from(nearest, scale_to(nearest, size), "scaled")
