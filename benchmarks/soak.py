@@ -19,6 +19,10 @@ no cancel token is left; the build's processes stayed under ``--max-rss``. It pr
 builds by kind and fault, and every finding; it exits 1 when there is one.
 
     python benchmarks/soak.py --minutes 30
+
+``--every-fault`` runs each fault exactly once instead (in an order drawn with the seed, the kind
+of build taking turns through the kinds), and ends when the last has been checked: a fixed
+plan, for a test that must see every fault whatever the machine's pace.
 """
 
 from __future__ import annotations
@@ -99,6 +103,11 @@ def main() -> int:
     parser.add_argument("--concurrent", type=int, default=2, help="builds at once (default: 2)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument(
+        "--every-fault",
+        action="store_true",
+        help="each fault once (kinds taking turns), then stop, instead of for --minutes",
+    )
+    parser.add_argument(
         "--faults",
         type=lambda text: tuple(text.split(",")),
         default=FAULTS,
@@ -119,7 +128,8 @@ def main() -> int:
         if unknown:
             parser.error(f"no such {name}: {', '.join(unknown)}")
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    print(f"soak: {args.minutes:g} min, {args.concurrent} at once, seed {seed}", flush=True)
+    length = "every fault once" if args.every_fault else f"{args.minutes:g} min"
+    print(f"soak: {length}, {args.concurrent} at once, seed {seed}", flush=True)
     with tempfile.TemporaryDirectory(prefix="trt-otel-soak-") as scratch:
         root = Path(scratch)
         models = {
@@ -162,13 +172,29 @@ def _soak(
     builds: list[Build] = []
     lock = threading.Lock()
     full_disk_busy = threading.Lock()  # one build at a time on the small disk
+    planned: list[tuple[str, str]] | None = None
+    if args.every_fault:
+        faults = list(dict.fromkeys(args.faults))
+        rng.shuffle(faults)
+        kinds = list(dict.fromkeys(args.kinds))
+        planned = [(kinds[i % len(kinds)], fault) for i, fault in enumerate(faults)]
+
+    def next_build() -> tuple[str, str] | None:
+        """The next build's kind and fault, or None when the soak is over."""
+        if planned is not None:
+            return planned.pop(0) if planned else None
+        if time.monotonic() >= ends:
+            return None
+        return rng.choice(args.kinds), rng.choice(args.faults)
 
     def worker() -> None:
-        while time.monotonic() < ends:
+        while True:
             with lock:
+                chosen = next_build()
+                if chosen is None:
+                    return
                 index = len(builds)
-                kind = rng.choice(args.kinds)
-                fault = rng.choice(args.faults)
+                kind, fault = chosen
                 if fault == "full-disk" and (small is None or full_disk_busy.locked()):
                     fault = "none"
                 at_s = rng.uniform(0.2, 6.0)  # start-up, the phases, the silent window
