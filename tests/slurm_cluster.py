@@ -185,7 +185,10 @@ KillWait=10
 MinJobAge=3600
 SchedulerParameters=sched_interval=1
 NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory} State=UNKNOWN
-PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName=urgent Nodes={node} MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
 """
 
 

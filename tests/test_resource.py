@@ -128,6 +128,7 @@ SLURM_JOB = {
     "SLURM_JOB_NAME": "engines resnet50",
     "SLURM_CLUSTER_NAME": "gpu-east",
     "SLURMD_NODENAME": "node-07",
+    "SLURM_RESTART_COUNT": "1",
 }
 
 
@@ -140,6 +141,7 @@ def test_a_slurm_job_is_in_the_resource() -> None:
         "slurm.job.name": "engines resnet50",
         "slurm.cluster.name": "gpu-east",
         "slurm.node.name": "node-07",
+        "slurm.job.restart_count": "1",
     }
 
 

@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -257,19 +257,42 @@ def test_usr1_to_a_shell_in_front_of_the_build_kills_the_job_unrecorded(
     assert not isinstance(job.events()[-1], BuildFinished)
 
 
+@dataclass(frozen=True)
+class TimeLimitJobs:
+    """Two jobs that run into their time limit, one warned before it and one not, submitted
+    together (SLURM's timer counts the time limits of both at once: a minute each, not two)."""
+
+    warned: Submitted
+    unwarned: Submitted
+
+
+@pytest.fixture(scope="module")
+def time_limits(slurm: Slurm, tmp_path_factory: pytest.TempPathFactory) -> TimeLimitJobs:
+    """``--time=2 --signal=B:USR1@50``: SLURM sends the warning some 50 s before the limit (its
+    timer runs every 30 s, so up to a minute earlier: with ``--time=1`` it comes at once), while
+    the build is in a silent window longer than the job, so trt-otel waits ``--grace`` for
+    TensorRT's next step, then stops the builder's process and ends the journal, long before the
+    limit. And ``--time=1`` with no ``--signal``: the limit itself."""
+    warned = slurm.submit_demo(
+        tmp_path_factory.mktemp("warned"), "--silence", "10m", "--grace", "5s",
+        "--stop-budget", "40s",  # under the 50 s
+        sbatch=("--time=2", "--signal=B:USR1@50"),
+    )  # fmt: skip
+    unwarned = slurm.submit_demo(
+        tmp_path_factory.mktemp("unwarned"), "--silence", "10m", "--grace", "10m",
+        sbatch=("--time=1",),
+    )  # fmt: skip
+    return TimeLimitJobs(warned, unwarned)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_time_limit_warning_stops_a_build_in_a_silent_window_before_slurm_kills_it(
-    slurm: Slurm, tmp_path: Path
+    time_limits: TimeLimitJobs,
 ) -> None:
-    """The real thing: ``--time=2 --signal=B:USR1@50``. SLURM sends the warning some 50 s
-    before the limit (its timer runs every 30 s, so up to a minute earlier); the build is in a
-    silent window longer than that, so trt-otel waits ``--grace`` for TensorRT's next step, then
-    stops the builder's process and ends the journal, long before the limit."""
-    job = slurm.submit_demo(
-        tmp_path, "--silence", "10m", "--grace", "5s", "--stop-budget", "40s",  # under the 50 s
-        sbatch=("--time=2", "--signal=B:USR1@50"),
-    )  # fmt: skip
+    """The real thing: the warning reaches a build inside its silent window (see
+    :func:`time_limits`), which ends as a timeout, the job's exit 3, before the limit."""
+    job = time_limits.warned
     job.wait_for_silence()
     record = job.ended(timeout_s=200)
     assert (record.state, record.exit_code) == ("FAILED", (3, 0)), job.said()
@@ -280,20 +303,67 @@ def test_the_time_limit_warning_stops_a_build_in_a_silent_window_before_slurm_ki
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_time_limit_without_a_warning_is_still_recorded_as_a_cancel(
-    slurm: Slurm, tmp_path: Path
+    time_limits: TimeLimitJobs,
 ) -> None:
     """With no ``--signal``, the time limit itself: SIGTERM to every process of the job, a
     cancel ("received SIGTERM", not the time limit's reason: nothing says why), exit 3, and SLURM
     records the job as TIMEOUT."""
-    job = slurm.submit_demo(
-        tmp_path, "--silence", "10m", "--grace", "10m",
-        sbatch=("--time=1",),
-    )  # fmt: skip
+    job = time_limits.unwarned
     job.wait_for_silence()
     record = job.ended(timeout_s=200)
     assert (record.state, record.exit_code) == ("TIMEOUT", (3, 0)), job.said()
     assert_cancelled_by_sigterm(job.events())
     assert "DUE TO TIME LIMIT" in job.said()
+
+
+# -- preemption -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_preempted_job_is_recorded_as_preempted_and_builds_again(
+    slurm: Slurm, tmp_path: Path
+) -> None:
+    """A job of the cluster's low partition, in its silent window, preempted by one of the
+    urgent partition (``PreemptMode=REQUEUE``): SIGTERM to every process of the job, as
+    ``scancel`` sends, but the journal records a preemption (source ``preemption``, exit 3), not
+    a person's cancel and not a failure; the job goes back to the queue and runs again, its
+    second run writing a journal of its own."""
+    journal = "demo.restart${SLURM_RESTART_COUNT:-0}.jsonl"  # expanded by the job's shell
+    job = slurm.submit_demo(
+        tmp_path, "--silence", "10m", "--grace", "10m", "--journal", str(tmp_path / journal),
+        sbatch=("--requeue", "--exclusive"),
+    )  # fmt: skip
+    first = replace(job, journal=tmp_path / "demo.restart0.jsonl")
+    first.wait_for_silence()
+    urgent = tmp_path / "urgent.sbatch"
+    urgent.write_text("#!/bin/bash\ntrue\n")
+    slurm.cluster.sbatch(urgent, "--partition=urgent", "--exclusive", f"--chdir={tmp_path}")
+    wait_until(
+        lambda: isinstance(list(read_journal(first.journal).events)[-1], BuildFinished),
+        "the preempted run's end in its journal",
+        60,
+    )
+    events = first.events()
+    cancel = cancel_of(events)
+    assert cancel.source == "preemption", cancel
+    assert cancel.reason == (
+        f"preempted: SLURM requeued job {job.job_id} (SIGTERM; it runs again as restart 1)"
+    )
+    end = end_of(events)
+    assert end.outcome is Outcome.CANCELLATION, end
+    assert end.error_type is None, end
+    assert "the whole job was signalled" in end.detail, end
+    # SLURM holds a requeued job back for a while (Reason=BeginTime, some 2 minutes here): let
+    # it start now.
+    slurm.cluster.wait_for_state(job.job_id, frozenset({"PENDING"}))
+    slurm.cluster.client("scontrol", "update", f"JobId={job.job_id}", "StartTime=now")
+    second = replace(job, journal=tmp_path / "demo.restart1.jsonl")
+    second.wait_for_silence()  # requeued, and building again
+    assert slurm.cluster.job(job.job_id).fields["Restarts"] == "1"
+    second.scancel()
+    record = second.ended()
+    assert (record.state, record.exit_code) == ("CANCELLED", (3, 0)), second.said()
+    assert_cancelled_by_sigterm(second.events())
 
 
 # -- the shipped templates, on real TensorRT-RTX builds ----------------------------------------

@@ -29,6 +29,7 @@ from trt_otel.app.engine_store import StoreVisit, stored_builds, visit_store
 from trt_otel.builder.build import BuildJob, BuildResult, partial_files, run_build_job
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.supervisor import IsolatedResult, StopNow, run_isolated
+from trt_otel.control.preemption import SignalCauses
 from trt_otel.control.signals import (
     STOP_SIGNALS,
     TIME_LIMIT_SIGNAL,
@@ -292,20 +293,26 @@ def _conclude(
     died = isolated.died or "ended without a result"
     signal_name = died.removeprefix("killed by ") if died.startswith("killed by ") else None
     if signal_name is not None and signal_name in signals.names:
-        return _stopped_with_its_group(monitor, signal_name)
+        return _stopped_with_its_group(monitor, signal_name, signals.causes)
     detail = f"the build's process died ({died})"
     monitor.end(Outcome.FAILURE, detail, error_type=signal_name or "WorkerDied")
     return BuildResult(Outcome.FAILURE, detail, None, 0)
 
 
-def _stopped_with_its_group(monitor: BuildMonitor, signal_name: str) -> BuildResult:
+def _stopped_with_its_group(
+    monitor: BuildMonitor, signal_name: str, causes: SignalCauses
+) -> BuildResult:
     """The worker died of the signal this process received: one sent to the whole process
-    group or job (SLURM's ``scancel``, ``kill -- -PGID``, a runner stopping a process tree). A
-    request to stop, honoured at once where the worker does not ignore it: a cancel, never a
-    failure of the build."""
-    monitor.cancel(f"received {signal_name}", source=CancelSource.SIGNAL)
+    group or job (SLURM's ``scancel`` or preemption, ``kill -- -PGID``, a runner stopping a
+    process tree). A request to stop, honoured at once where the worker does not ignore it: a
+    cancel (or a preemption), never a failure of the build."""
+    reason, source = causes.of(signal_name)
+    monitor.cancel(reason, source=source)
     detail = (
-        f"received {signal_name}, and so did the build's process (the whole process group "
+        f"{reason}; SIGTERM reached the build's process too (the whole job was signalled): it "
+        "stopped at once"
+        if source is CancelSource.PREEMPTION
+        else f"received {signal_name}, and so did the build's process (the whole process group "
         "was signalled): it stopped at once"
     )
     monitor.end(Outcome.CANCELLATION, detail)
@@ -319,12 +326,14 @@ TIME_LIMIT_REASON = "the job's time limit is near (SIGUSR1, the scheduler's warn
 
 
 class _SignalState:
-    """What the handler saw; written only by the handler, on the main thread."""
+    """What the handler saw; written only by the handler, on the main thread. ``causes`` says
+    what each signal meant (a SIGTERM may be the scheduler preempting the job)."""
 
     def __init__(self) -> None:
         self.interrupted = False
         self.received = 0
         self.names: list[str] = []
+        self.causes = SignalCauses(os.environ)
 
 
 @contextlib.contextmanager
@@ -335,8 +344,10 @@ def _cancel_on_signals(monitor: BuildMonitor, stop: StopClock) -> Iterator[_Sign
 
     def cancel(name: str) -> None:
         time_limit = name == TIME_LIMIT_SIGNAL.name
-        reason = TIME_LIMIT_REASON if time_limit else f"received {name}"
-        if monitor.cancel(reason, source=CancelSource.SIGNAL, timeout=time_limit):
+        reason, source = (TIME_LIMIT_REASON, CancelSource.SIGNAL)
+        if not time_limit:
+            reason, source = state.causes.of(name)
+        if monitor.cancel(reason, source=source, timeout=time_limit):
             print(
                 f"\ntrt-otel: {name}: cancelling at TensorRT's next step (again to stop now)",
                 file=sys.stderr,

@@ -58,6 +58,9 @@ class CancelSource(enum.StrEnum):
     """Several policies of an ``AllOf`` decided together."""
     POLICY = "policy"
     """A policy that names no source of its own."""
+    PREEMPTION = "preemption"
+    """The scheduler took the job back to run it again later (SLURM's preemption or requeue):
+    a stop the build will get over, neither a person's cancel nor a failure."""
 
 
 class AnomalyKind(enum.StrEnum):

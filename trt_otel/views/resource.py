@@ -78,6 +78,7 @@ SLURM_ATTRIBUTES = (
     ("slurm.job.name", "SLURM_JOB_NAME"),
     ("slurm.cluster.name", "SLURM_CLUSTER_NAME"),
     ("slurm.node.name", "SLURMD_NODENAME"),
+    ("slurm.job.restart_count", "SLURM_RESTART_COUNT"),  # set from the first requeue on
 )
 """The SLURM job a build runs in: each attribute and the variable ``slurmd`` sets for it."""
 _SLURM_NUMBER = re.compile(r"[0-9]{1,20}")
