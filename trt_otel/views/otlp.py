@@ -8,6 +8,10 @@ collector that is down, slow or refusing costs the build nothing: failures are r
 their likely reason and counted, exports are held back while they fail, spans that do not fit
 are dropped and counted, and shutting down waits for a final flush only up to a deadline.
 
+Not the SDK's ``BatchSpanProcessor``: with a collector that is down, its shutdown held a build's
+exit for 30 s and it could say nothing of the spans it lost, where this queue ends at once and
+counts every one (``benchmarks/span_export.py``, BENCHMARKS.md).
+
 Configuration follows the OpenTelemetry environment variables (``OTEL_EXPORTER_OTLP_*``,
 ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``), which ``--otlp-endpoint`` and
 ``--otlp-protocol`` override.
