@@ -124,6 +124,8 @@ def page_errors(driver: WebDriver) -> list[str]:
         "ERR_CONNECTION_REFUSED",
         "ERR_EMPTY_RESPONSE",
         "ERR_SOCKET_NOT_CONNECTED",
+        # A response cut short by the same exit: the timeline the page asked for as it ended.
+        "ERR_CONTENT_LENGTH_MISMATCH",
     )
     return [
         entry["message"]

@@ -35,6 +35,7 @@ from types import FrameType
 
 from trt_otel.app.config import UsageError
 from trt_otel.capture.program import ProgramBuild, ProgramBuilds, ProgramChannel
+from trt_otel.control.preemption import SignalCauses
 from trt_otel.control.signals import handling_interrupts
 from trt_otel.control.stopping import polling, stop_process
 from trt_otel.core.durations import format_duration
@@ -85,6 +86,8 @@ class _Signals:
         self.terminated = False
         self.terminated_by = "SIGTERM"
         """The request to stop that came first: SIGTERM or SIGHUP."""
+        self.causes = SignalCauses(os.environ)
+        """What a SIGTERM meant: a SLURM job being requeued is preempted."""
 
 
 @contextlib.contextmanager
@@ -95,8 +98,13 @@ def _handle_signals(builds: ProgramBuilds, say: Say) -> Iterator[_Signals]:
     counts, and hands the cancel to a thread of its own."""
     state = _Signals()
 
-    def cancel(reason: str, message: str) -> None:
-        builds.cancel_all(reason, CancelSource.SIGNAL)
+    def cancel(name: str | None, message: str) -> None:
+        """Cancel for Ctrl-C (``name`` None) or the request to stop ``name``, whose cause the
+        scheduler may tell (a SLURM job being requeued is preempted)."""
+        reason, source = ("interrupted by the user", CancelSource.SIGNAL)
+        if name is not None:
+            reason, source = state.causes.of(name)
+        builds.cancel_all(reason, source)
         say(message)
 
     def handler(signum: int, frame: FrameType | None) -> None:
@@ -104,8 +112,8 @@ def _handle_signals(builds: ProgramBuilds, say: Say) -> Iterator[_Signals]:
             state.interrupts += 1
             if state.interrupts > 1:
                 return  # the main loop stops the program now
-            args = (
-                "interrupted by the user",
+            args: tuple[str | None, str] = (
+                None,
                 "Ctrl-C: cancelling the build at TensorRT's next step (again to stop now)",
             )
         else:
@@ -113,7 +121,7 @@ def _handle_signals(builds: ProgramBuilds, say: Say) -> Iterator[_Signals]:
                 state.terminated_by = signal_name(signum)
             state.terminated = True
             name = state.terminated_by
-            args = (f"received {name}", f"{name}: cancelling the builds")
+            args = (name, f"{name}: cancelling the builds")
         threading.Thread(target=cancel, args=args, name="trt-otel-signal", daemon=True).start()
 
     with handling_interrupts(handler):
