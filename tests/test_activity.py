@@ -32,6 +32,7 @@ from trt_otel.core.sizes import SizeError, format_bytes, parse_size
 from trt_otel.views.prometheus import MetricSources, metrics_registry
 from trt_otel.views.spans import SpanProjection
 from trt_otel.views.status import status_document
+from waiting import wait_until
 
 S = 1_000_000_000
 MIB = 1 << 20
@@ -344,10 +345,7 @@ def test_the_sampler_samples_on_its_own_thread_once_it_knows_the_process(
     try:
         assert sampler.sample_once() is None, "no process named yet"
         sampler.watch(child.pid)
-        deadline = time.monotonic() + 30
-        while sampler.samples < 3:
-            assert time.monotonic() < deadline, "the sampler's thread never sampled"
-            time.sleep(0.02)
+        wait_until(lambda: sampler.samples >= 3, "the sampler's thread never sampled", 30)
     finally:
         sampler.stop()
     assert not sampler._thread.is_alive()

@@ -9,7 +9,6 @@ import io
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from trt_otel.core.eta import Estimate
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.views.console import LiveConsole, render_build
 from trt_otel.views.terminal import warn
+from waiting import wait_for_text
 
 
 def text_of(renderable: object, width: int = 120) -> str:
@@ -118,10 +118,7 @@ def test_replay_says_plainly_that_a_killed_build_never_ended(tmp_path: Path) -> 
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while b"Optimizing graph" not in (journal.read_bytes() if journal.exists() else b""):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_for_text(journal, b"Optimizing graph", timeout_s=60)
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=30)

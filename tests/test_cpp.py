@@ -59,7 +59,7 @@ from trt_otel.core.events import (
 )
 from trt_otel.core.journal import encode_events, event_to_dict
 from trt_otel.views.spans import SpanRecord
-from waiting import wait_for_file
+from waiting import wait_for_file, wait_for_text
 
 STRICT = [
     *WARNINGS,
@@ -942,12 +942,7 @@ def test_the_journal_names_its_writer_and_is_touched_through_a_silence(
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while b"Timing tactics" not in (
-            journal_path.read_bytes() if journal_path.exists() else b""
-        ):
-            assert time.monotonic() < deadline, "the build never started its phases"
-            time.sleep(0.02)
+        wait_for_text(journal_path, b"Timing tactics", timeout_s=30)
         header = json.loads(journal_path.read_bytes().splitlines()[0])
         assert header["writer_pid"] == build.pid
         assert header["writer_host"] == socket.gethostname()

@@ -27,7 +27,7 @@ from trt_otel.app.config import MetricsConfig, ObservabilityConfig
 from trt_otel.core.events import BuildFinished
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.views.discovery import ScrapeTarget, discovery_labels, target_address
-from waiting import wait_for_text
+from waiting import wait_for_text, wait_until
 
 
 def test_a_target_file_is_what_file_sd_reads_and_is_removed_once(tmp_path: Path) -> None:
@@ -198,9 +198,10 @@ def test_prometheus_discovers_three_concurrent_builds_and_scrapes_each(
         assert {series["metric"]["instance"] for series in cancelled} == instances
         # ...and then the files are gone, and Prometheus stops scraping them.
         assert list(sd_dir.iterdir()) == []
-        deadline = time.monotonic() + 30
-        while prometheus.active_targets():
-            assert time.monotonic() < deadline, prometheus.active_targets()
-            time.sleep(0.25)
+        wait_until(
+            lambda: not prometheus.active_targets(),
+            "Prometheus still scrapes the withdrawn targets",
+            30,
+        )
     finally:
         prometheus.close()

@@ -44,6 +44,7 @@ from trt_otel.builder.onnx_models import CONV_SHAPES, RESIDUAL_SHAPES  # noqa: E
 from trt_otel.core.attempts import ATTEMPT, ATTEMPTS  # noqa: E402
 from trt_otel.core.forecast import Forecast  # noqa: E402
 from trt_otel.core.state import BuildState  # noqa: E402
+from waiting import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -707,10 +708,7 @@ def test_an_id_never_leaves_the_state_directory(tmp_path: Path) -> None:
 
 def wait_until_gone(path: Path, timeout_s: float = 30) -> None:
     """Until ``path`` no longer exists (a build's process removes it as it exits)."""
-    deadline = time.monotonic() + timeout_s
-    while path.exists():
-        assert time.monotonic() < deadline, f"{path} is still there"
-        time.sleep(0.05)
+    wait_until(lambda: not path.exists(), f"{path} is still there", timeout_s)
 
 
 def test_a_builds_journal_is_folded_as_it_grows(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from trt_otel.views.prometheus import (
     MetricsServer,
     metrics_registry,
 )
+from waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 DASHBOARD = REPO / "dashboards" / "trt-otel.json"
@@ -400,14 +401,15 @@ def pushgateway() -> Iterator[str]:
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 20
-        while True:
+
+        def ready() -> bool:
             try:
                 urllib.request.urlopen(f"{url}/-/ready", timeout=1).close()
-                break
             except OSError:
-                assert time.monotonic() < deadline, "the pushgateway did not start"
-                time.sleep(0.1)
+                return False
+            return True
+
+        wait_until(ready, "the pushgateway did not start", 20)
         yield url
     finally:
         gateway.terminate()

@@ -31,7 +31,7 @@ from trt_otel.builder.onnx_models import CONV_SHAPES, RESIDUAL_SHAPES
 from trt_otel.capture.liveness import Writer
 from trt_otel.core.events import BuildFinished, CancelRequested
 from trt_otel.core.journal import JournalError
-from waiting import wait_for_text
+from waiting import wait_for_text, wait_until
 
 # The first test also waits for the cluster to start (up to three attempts of STARTUP_S).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray"), pytest.mark.timeout(900)]
@@ -158,10 +158,11 @@ def test_three_real_builds_on_ray_one_built_one_failed_one_cancelled_with_its_re
     assert not Path(statuses["cancelled"]["engine"]).exists()
     assert not Path(statuses["failed"]["engine"]).exists()
     # Ray's own view of the three jobs: the exit codes of the contract.
-    deadline = time.monotonic() + 60
-    while any(ray_job(ray_cluster, i).driver_exit_code is None for i in ids.values()):
-        assert time.monotonic() < deadline
-        time.sleep(0.5)
+    wait_until(
+        lambda: all(ray_job(ray_cluster, i).driver_exit_code is not None for i in ids.values()),
+        "Ray never gave the three jobs' exit codes",
+        60,
+    )
     exits = {name: ray_job(ray_cluster, i).driver_exit_code for name, i in ids.items()}
     assert exits == {"built": 0, "cancelled": 3, "failed": 4}
 
