@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli import CLI
-from otlp_receiver import OtlpReceiver, ReceivedPoint
+from otlp_receiver import OtlpReceiver, ReceivedPoint, hanging_collector
 from rtx_builds import import_rtx, write_conv
 from trt_otel import BuildMonitor, read_journal
 from trt_otel.builder.onnx_models import CONV_SHAPES
@@ -124,3 +126,45 @@ def test_otlp_metrics_without_an_endpoint_is_a_usage_error() -> None:
         "OTEL_EXPORTER_OTLP_ENDPOINT (and not OTEL_METRICS_EXPORTER=none)"
     )
     assert "Traceback" not in result.stderr and "build started" not in result.stderr
+
+
+class _UnansweredExporter(MetricExporter):
+    """An exporter whose every export waits for the collector's answer until ``answer`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer = threading.Event()
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: object
+    ) -> MetricExportResult:
+        self.answer.wait()
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:
+        pass
+
+
+def test_a_final_export_still_waiting_when_the_sdk_gives_up_is_not_exported() -> None:
+    """The SDK's shutdown returns at its deadline while its final export still waits for an
+    answer on the reader's thread: that export did not arrive, though the shutdown ended."""
+    exporter = _UnansweredExporter()
+    with hanging_collector() as port:
+        settings = OtlpSettings(f"http://127.0.0.1:{port}/v1/metrics", "http/protobuf", 1.0)
+        export = OtlpMetricsExport(
+            settings,
+            metrics_registry(MetricSources(BuildMonitor())),
+            interval_s=60,
+            exporter=exporter,
+        )
+        export.begin_shutdown(0.3)
+        stopping = export._stopping
+        assert stopping is not None
+        stopping.join()  # the SDK's shutdown has returned, its export has not
+        health = export.shutdown(0.3)
+        exporter.answer.set()
+    assert health.reason == "no answer within 0.3s", health
+    assert health.exported == 0

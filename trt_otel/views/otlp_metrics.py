@@ -107,17 +107,28 @@ class _CountingExporter(MetricExporter):
             preferred_aggregation=exporter._preferred_aggregation,
         )
         self._exporter = exporter
+        self._lock = threading.Lock()
         self.exported = 0
         self.failed = 0
+        self.in_flight = 0
+        """Exports begun and not yet answered: at the final deadline, one still waiting means
+        the final values did not arrive, whether or not the SDK's shutdown has returned."""
 
     def export(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
     ) -> MetricExportResult:
-        result = self._exporter.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
-        if result is MetricExportResult.SUCCESS:
-            self.exported += 1
-        else:
-            self.failed += 1
+        with self._lock:
+            self.in_flight += 1
+        try:
+            result = self._exporter.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+        with self._lock:
+            if result is MetricExportResult.SUCCESS:
+                self.exported += 1
+            else:
+                self.failed += 1
         return result
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
@@ -296,7 +307,10 @@ class OtlpMetricsExport:
         assert self._stopping is not None
         self._stopping.join(max(self._stop_by - time.monotonic(), 0.05))
         reason = self._reason
-        if self._stopping.is_alive() and reason is None:
+        # The SDK's shutdown returns at its deadline with its final export still waiting on
+        # its own thread, so the thread having ended says nothing of the export: ask it.
+        waiting = self._stopping.is_alive() or self._exporter.in_flight > 0
+        if waiting and reason is None:
             reason = f"no answer within {timeout_s:g}s"
         refusal = self._session.refusal if self._session is not None else None
         return MetricExportHealth(self._exporter.exported, self._exporter.failed, reason, refusal)
