@@ -32,7 +32,7 @@ from trt_otel.app.cli import main
 from trt_otel.builder.simulator import Callback, Driver, generate_plan, load_trace
 from trt_otel.core.journal import read_journal
 from trt_otel.core.state import BuildState
-from trt_otel.views.otlp import OtlpSpanExport
+from trt_otel.views.otlp import OtlpSpanExport, SpanExportQueue
 from trt_otel.views.otlp_settings import (
     DEFAULT_REQUEST_TIMEOUT_S,
     GRPC,
@@ -894,3 +894,41 @@ def test_the_builders_errors_and_warnings_are_events_of_the_build_span() -> None
         (e.name, e.attributes["log.severity"], e.attributes["log.message"]) for e in build.events
     ]
     assert said == [("trt.log", "error", "an error"), ("trt.log", "warning", "an warning")]
+
+
+class _RefusingAfterRelease(SpanExporter):
+    """Refuses every batch; each export answers only once ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+        self.exporting = threading.Event()
+        self.release = threading.Event()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.batches.append(len(spans))
+        self.exporting.set()
+        self.release.wait(30)
+        return SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        self.release.set()
+
+
+def test_a_close_begun_while_an_export_fails_still_makes_its_last_attempt() -> None:
+    """The close's one last attempt is owed to what is queued even when it begins while an
+    earlier export is failing: that failure is not the last attempt's, and gives nothing up."""
+    exporter = _RefusingAfterRelease()
+    warnings: list[str] = []
+    queue = SpanExportQueue(
+        exporter, describe="a collector", warn=warnings.append, batch_size=2, interval_s=60
+    )
+    for name in ("a", "b", "c"):
+        queue.on_end(ReadableSpan(name=name))
+    assert exporter.exporting.wait(30), "the first batch is being exported"
+    queue.begin_close(10.0)
+    exporter.release.set()
+    queue.close(10.0)
+    assert exporter.batches == [2, 1], "the first batch, then the last attempt with the rest"
+    health = queue.health()
+    assert (health.failed, health.dropped) == (3, 0), health
+    assert len(warnings) == 1, warnings

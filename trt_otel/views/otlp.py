@@ -144,14 +144,17 @@ class SpanExportQueue(SpanProcessor):
             self._wake.wait(self._interval_s)
             self._wake.clear()
             while self._queue and not self._given_up:
-                if not self._final and time.monotonic() < self._retry_at:
+                # Whether this attempt is the final one is decided as it begins: a close that
+                # begins while an earlier attempt fails must still get its last attempt.
+                final = self._final
+                if not final and time.monotonic() < self._retry_at:
                     break  # held back after a failure
                 exported = self._export(self._take_batch())
                 with self._idle:
                     # Only now is the batch done with: counted, and a failure reported.
                     self._exporting = False
                 if not exported:
-                    self._given_up = self._final
+                    self._given_up = final
                     break
             with self._idle:
                 self._idle.notify_all()
