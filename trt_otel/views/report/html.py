@@ -1,25 +1,36 @@
-"""The report as one self-contained HTML page: a picture of each build, drawn here as SVG.
+"""The report as one self-contained HTML page: a picture of each build, drawn as SVG.
+
+The page's markup is in the Jinja2 templates beside this module (``templates/``); this module
+lays the build out (where each row, bar and line goes, and what each says) and hands the
+templates plain values. The templates autoescape, and every value is written through
+:func:`_written`, which also writes control characters as escapes: every string from the
+journal (phase names, reasons, attributes) is escaped before it reaches the page, so a crafted
+journal cannot add markup, nor reach a terminal that shows the page (``report`` without ``-o``).
 
 Nothing is fetched: the style and the one small script are inline, and a Content-Security-Policy
 in the page allows exactly those two (by their SHA-256) and nothing else, not even an image from
-elsewhere. Every string from the journal (phase names, reasons, attributes) is escaped before
-it reaches the page, so a crafted journal cannot add markup; and if it could, the policy would
-not run it. The page works without its script (every row shown); the script only folds rows.
+elsewhere; if a journal could add markup, the policy would not run it. The page works without
+its script (every row shown); the script only folds rows. Jinja2 is imported when a page or a
+timeline is first drawn, not with this module.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import html
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from trt_otel.core.sizes import format_bytes
 from trt_otel.views.report.model import (
     BuildReport,
     Row,
     Series,
+    Silence,
     Span,
     anomaly_total,
     counted,
@@ -29,6 +40,9 @@ from trt_otel.views.report.model import (
     seconds_text,
 )
 from trt_otel.views.terminal import printable
+
+if TYPE_CHECKING:
+    import jinja2
 
 LABEL_W = 330
 CHART_W = 840
@@ -130,77 +144,217 @@ def e(text: object) -> str:
     return html.escape(printable(str(text)), quote=True)
 
 
-def render_html(reports: Sequence[BuildReport], title: str) -> str:
-    """The whole page for the builds of one or several journals."""
-    sections = "\n".join(_section(report, len(reports)) for report in reports)
-    if not reports:
-        sections = '<p class="note">No build in this journal.</p>'
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n'
-        f'<meta http-equiv="Content-Security-Policy" content="{e(CONTENT_SECURITY_POLICY)}">\n'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>{e(title)}</title>\n<style>{_STYLE}</style></head>\n<body>\n"
-        f'<h1>{e(title)}</h1>\n<p class="sub">trt-otel report: '
-        f"{counted(len(reports), 'build')}</p>\n{sections}\n"
-        f"<script>{_SCRIPT}</script>\n</body></html>\n"
+def _written(value: object) -> object:
+    """Every value a template writes: escaped here, and marked so that autoescaping leaves it
+    as it is (markup the module made itself, the style and script, is marked already)."""
+    from markupsafe import Markup
+
+    return value if isinstance(value, Markup) else Markup(e(value))
+
+
+@functools.cache
+def _templates() -> jinja2.Environment:
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("trt_otel.views.report", "templates"),
+        autoescape=True,
+        finalize=_written,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
     )
 
 
-def _section(report: BuildReport, builds: int) -> str:
-    name = f"Build {report.index + 1} of {builds}" if builds > 1 else "Build"
+def _trusted(text: str) -> object:
+    """The page's own style or script, written as they are (their digests are in the policy)."""
+    from markupsafe import Markup
+
+    return Markup(text)
+
+
+def render_html(reports: Sequence[BuildReport], title: str) -> str:
+    """The whole page for the builds of one or several journals."""
+    return (
+        _templates()
+        .get_template("page.html.j2")
+        .render(
+            title=title,
+            policy=CONTENT_SECURITY_POLICY,
+            style=_trusted(_STYLE),
+            script=_trusted(_SCRIPT),
+            builds=counted(len(reports), "build"),
+            sections=[_section(report, len(reports)) for report in reports],
+        )
+    )
+
+
+def timeline_svg(report: BuildReport) -> str:
+    """The timeline drawn alone, as an SVG document (the live page shows it as an image, which
+    runs no script: its rows do not fold), with the style it needs inside."""
+    template = _templates().get_template("timeline.svg.j2")
+    return template.render(standalone=_timeline(report, style=_trusted(_SVG_STYLE)))
+
+
+# -- a build's section ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _TopRow:
+    parents: str
+    name: str
+    count: str
+    self_time: str
+    total: str
+    share: str
+    silent: str
+    steps: str
+    peak: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Section:
+    number: int
+    heading: str
+    outcome: str
+    css: str
+    duration: str
+    model: object
+    backend: object
+    version: object
+    counts: str
+    silent: str
+    build_id: str
+    forecast: str | None
+    notes: list[_Note]
+    timeline: _Timeline
+    resources: _Resources | None
+    top: list[_TopRow]
+    silences: list[str]
+    record: list[tuple[str, str]]
+    anomalies: list[str]
+    anomaly_total: int
+    anomaly_details: list[str]
+
+
+def _section(report: BuildReport, builds: int) -> _Section:
     outcome = outcome_text(report)
-    css = "never" if report.outcome is None else outcome
-    backend = report.attributes.get("trt.backend", "")
-    version = report.attributes.get("trt.version", "")
-    model = report.attributes.get("model.path", "")
-    parts = [
-        f'<section class="build" id="build-{report.index + 1}">',
-        f'<h2>{name}: <span class="outcome {e(css)}">{e(outcome)}</span> in '
-        f"{e(seconds_text(report.duration_s))}</h2>",
-        f'<p class="sub">{e(model)} &middot; {e(backend)} {e(version)} &middot; '
-        f"{e(counted(report.steps, 'step'))}, {e(counted(report.phases, 'phase'))}, "
-        f"silent {e(seconds_text(report.silent_s))} &middot; <code>{e(report.build_id)}</code>"
-        + (f" &middot; forecast: {e(forecast)}" if (forecast := forecast_text(report)) else "")
-        + "</p>",
-        _notes(report),
-        "<h3>Timeline</h3>",
-        _timeline(report),
-        _resources(report),
-        "<h3>Where the time went</h3>",
-        _top_table(report),
-        _silence_list(report),
-        "<h3>Record</h3>",
-        _record(report),
-        _anomalies(report),
-        "</section>",
-    ]
-    return "\n".join(part for part in parts if part)
+    steps, phases = counted(report.steps, "step"), counted(report.phases, "phase")
+    return _Section(
+        number=report.index + 1,
+        heading=f"Build {report.index + 1} of {builds}" if builds > 1 else "Build",
+        outcome=outcome,
+        css="never" if report.outcome is None else outcome,
+        duration=seconds_text(report.duration_s),
+        model=report.attributes.get("model.path", ""),
+        backend=report.attributes.get("trt.backend", ""),
+        version=report.attributes.get("trt.version", ""),
+        counts=f"{steps}, {phases}",
+        silent=seconds_text(report.silent_s),
+        build_id=report.build_id,
+        forecast=forecast_text(report),
+        notes=_notes(report),
+        timeline=_timeline(report),
+        resources=_resources(report),
+        top=_top_rows(report),
+        silences=[
+            f"{seconds_text(s.length_s)} from {seconds_text(s.start_s)}, {s.where}"
+            for s in report.silences
+        ],
+        record=record_items(report),
+        anomalies=[f"{kind} \u00d7{count}" for kind, count in report.anomalies.items()],
+        anomaly_total=anomaly_total(report),
+        anomaly_details=list(report.anomaly_details),
+    )
 
 
-def _notes(report: BuildReport) -> str:
+@dataclass(frozen=True, slots=True)
+class _Note:
+    text: str
+    source: str = ""
+    """For a cancel: who asked for it (in bold), after ``text`` and before ``rest``."""
+    rest: str = ""
+
+
+def _notes(report: BuildReport) -> list[_Note]:
     notes = []
     if report.cancel is not None:
         cancel = report.cancel
-        notes.append(
-            f"Cancelled by <b>{e(cancel.source)}</b> at {e(seconds_text(cancel.at_s))}: "
-            f"{e(cancel.reason)}"
-            + (f" ({e(cancel.policy)})" if cancel.policy else "")
-            + (
-                f"; stopped {e(seconds_text(cancel.stopped_after_s))} later"
-                if cancel.stopped_after_s is not None
-                else ""
-            )
-        )
+        rest = f" at {seconds_text(cancel.at_s)}: {cancel.reason}"
+        if cancel.policy:
+            rest += f" ({cancel.policy})"
+        if cancel.stopped_after_s is not None:
+            rest += f"; stopped {seconds_text(cancel.stopped_after_s)} later"
+        notes.append(_Note("Cancelled by ", cancel.source, rest))
     if report.detail:
-        notes.append(f"Ended: {e(report.detail)}")
+        notes.append(_Note(f"Ended: {report.detail}"))
     if report.builder_error:
-        notes.append(f"Builder error: {e(report.builder_error)}")
+        notes.append(_Note(f"Builder error: {report.builder_error}"))
     if report.outcome is None:
-        notes.append("The record stops before the build's end.")
-    return "".join(f'<p class="note">{note}</p>' for note in notes)
+        notes.append(_Note("The record stops before the build's end."))
+    return notes
 
 
 # -- the timeline --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Tick:
+    x: float
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class _SilentBand:
+    x: float
+    width: str
+    label_x: str
+    said: str
+    length: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Bar:
+    status: str
+    x: float
+    width: str
+    what: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    index: int
+    parent: str
+    y: int
+    indent: int
+    folds: bool
+    title: str
+    label: str
+    bars: list[_Bar]
+
+
+@dataclass(frozen=True, slots=True)
+class _CancelMark:
+    x: float
+    said: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Timeline:
+    width: int
+    height: int
+    top: int
+    row_h: int
+    style: object
+    """The drawing's own style, when it is drawn alone; None inside the page."""
+    ticks: list[_Tick]
+    silences: list[_SilentBand]
+    rows: list[_Row]
+    end_x: float
+    end: str
+    cancel: _CancelMark | None
+    rows_left_out: int
 
 
 def _x(seconds: float, duration_s: float) -> float:
@@ -218,65 +372,61 @@ def _ticks(duration_s: float) -> list[float]:
     return [i * step for i in range(int(duration_s / step) + 1)]
 
 
-def timeline_svg(report: BuildReport) -> str:
-    """The timeline drawn alone, as an SVG document (the live page shows it as an image, which
-    runs no script: its rows do not fold), with the style it needs inside."""
-    return _timeline(report, standalone=True)
-
-
-def _timeline(report: BuildReport, *, standalone: bool = False) -> str:
+def _timeline(report: BuildReport, *, style: object = None) -> _Timeline:
     duration = report.duration_s
-    height = AXIS_H + ROW_H * len(report.rows) + 8
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="timeline" width="{WIDTH}" '
-        f'height="{height}" data-top="{AXIS_H}" data-row-h="{ROW_H}" role="img" '
-        'aria-label="timeline of the phases">',
-        f'<style>{_SVG_STYLE}</style><rect width="100%" height="100%" fill="#fff"/>'
-        if standalone
-        else "",
-        '<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
-        'patternTransform="rotate(45)"><rect width="6" height="6" fill="#fff8c5"/>'
-        '<line x1="0" y1="0" x2="0" y2="6" stroke="#d4a72c" stroke-width="2"/></pattern></defs>',
-    ]
-    for tick in _ticks(duration):
-        x = _x(tick, duration)
-        out.append(
-            f'<line class="grid full-height" x1="{x}" x2="{x}" y1="{AXIS_H}" y2="{height}"/>'
-            f'<text class="muted" x="{x}" y="{AXIS_H - 8}" text-anchor="middle">'
-            f"{e(seconds_text(tick) if tick else '0')}</text>"
+    cancel = None
+    if report.cancel is not None:
+        cancel = _CancelMark(
+            _x(report.cancel.at_s, duration),
+            f"cancel by {report.cancel.source}: {report.cancel.reason}",
         )
-    for silence in report.silences:
-        x0, x1 = _x(silence.start_s, duration), _x(silence.start_s + silence.length_s, duration)
-        said = f"silent for {seconds_text(silence.length_s)} {silence.where}"
-        out.append(
-            f'<g class="silent-window"><title>{e(said)}</title>'
-            f'<rect class="silence full-height" x="{x0}" y="{AXIS_H}" '
-            f'width="{max(1.0, x1 - x0):.2f}" height="{height - AXIS_H}"/>'
-            f'<text class="silence-label" x="{(x0 + x1) / 2:.2f}" y="{AXIS_H - 22}" '
-            f'text-anchor="middle">silent {e(seconds_text(silence.length_s))}</text></g>'
-        )
-    out.extend(_row(row, AXIS_H + i * ROW_H, duration) for i, row in enumerate(report.rows))
-    out.append(_marks(report, height))
-    out.append("</svg>")
-    if report.rows_left_out and not standalone:
-        out.append(f'<p class="muted">{report.rows_left_out} more phase paths not drawn.</p>')
-    return "".join(out)
+    return _Timeline(
+        width=WIDTH,
+        height=AXIS_H + ROW_H * len(report.rows) + 8,
+        top=AXIS_H,
+        row_h=ROW_H,
+        style=style,
+        ticks=[
+            _Tick(_x(tick, duration), seconds_text(tick) if tick else "0")
+            for tick in _ticks(duration)
+        ],
+        silences=[_silent_band(silence, duration) for silence in report.silences],
+        rows=[_row(row, AXIS_H + i * ROW_H, duration) for i, row in enumerate(report.rows)],
+        end_x=_x(duration, duration),
+        end=f"{outcome_text(report)} at {seconds_text(duration)}",
+        cancel=cancel,
+        rows_left_out=0 if style is not None else report.rows_left_out,
+    )
 
 
-def _row(row: Row, y: int, duration_s: float) -> str:
-    parent = "" if row.parent is None else str(row.parent)
-    indent = 6 + 14 * min(row.depth, 12)
-    toggle = f'<text class="toggle" x="{indent}" y="14">\u25be</text>' if row.children else ""
+def _silent_band(silence: Silence, duration_s: float) -> _SilentBand:
+    x0 = _x(silence.start_s, duration_s)
+    x1 = _x(silence.start_s + silence.length_s, duration_s)
+    return _SilentBand(
+        x=x0,
+        width=f"{max(1.0, x1 - x0):.2f}",
+        label_x=f"{(x0 + x1) / 2:.2f}",
+        said=f"silent for {seconds_text(silence.length_s)} {silence.where}",
+        length=seconds_text(silence.length_s),
+    )
+
+
+def _row(row: Row, y: int, duration_s: float) -> _Row:
     count = f" \u00d7{row.count:,}" if row.count > 1 else ""
     label = f"{row.name}{count}"
     shown = label if len(label) <= 44 - row.depth else label[: 43 - row.depth] + "\u2026"
-    bars = "".join(_bar(span, row, duration_s) for span in _merged(row.spans, duration_s))
-    return (
-        f'<g class="row" data-row="{row.index}" data-parent="{parent}" '
-        f'transform="translate(0,{y})"><title>{e(row.label)}{e(count)}: '
-        f"{e(seconds_text(row.total_s))} in all, {e(seconds_text(row.self_s))} self"
-        f"</title>{toggle}"
-        f'<text class="label" x="{indent + 12}" y="14">{e(shown)}</text>{bars}</g>'
+    return _Row(
+        index=row.index,
+        parent="" if row.parent is None else str(row.parent),
+        y=y,
+        indent=6 + 14 * min(row.depth, 12),
+        folds=bool(row.children),
+        title=(
+            f"{row.label}{count}: {seconds_text(row.total_s)} in all, "
+            f"{seconds_text(row.self_s)} self"
+        ),
+        label=shown,
+        bars=[_bar(span, row, duration_s) for span in _merged(row.spans, duration_s)],
     )
 
 
@@ -303,7 +453,7 @@ def _merged(spans: list[Span], duration_s: float) -> list[tuple[Span, int]]:
     return merged
 
 
-def _bar(merged: tuple[Span, int], row: Row, duration_s: float) -> str:
+def _bar(merged: tuple[Span, int], row: Row, duration_s: float) -> _Bar:
     span, count = merged
     x0, x1 = _x(span.start_s, duration_s), _x(span.end_s, duration_s)
     what = (
@@ -314,51 +464,43 @@ def _bar(merged: tuple[Span, int], row: Row, duration_s: float) -> str:
         what = f"{row.name}: {count} instances from {seconds_text(span.start_s)}"
     if span.thread:
         what += f", thread {span.thread}"
-    return (
-        f'<rect class="bar {e(span.status)}" x="{x0}" y="3" width="{max(1.5, x1 - x0):.2f}" '
-        f'height="{ROW_H - 6}" rx="2"><title>{e(what)}</title></rect>'
-    )
-
-
-def _marks(report: BuildReport, height: int) -> str:
-    duration = report.duration_s
-    out = []
-    end_x = _x(duration, duration)
-    out.append(
-        f'<line class="end-line full-height" x1="{end_x}" x2="{end_x}" y1="{AXIS_H}" '
-        f'y2="{height}"><title>{e(outcome_text(report))} at {e(seconds_text(duration))}'
-        "</title></line>"
-    )
-    if report.cancel is not None:
-        x = _x(report.cancel.at_s, duration)
-        out.append(
-            f'<g class="cancel-mark"><line class="cancel-line full-height" x1="{x}" x2="{x}" '
-            f'y1="{AXIS_H - 4}" y2="{height}"/><title>cancel by {e(report.cancel.source)}: '
-            f"{e(report.cancel.reason)}</title>"
-            f'<text x="{x + 4}" y="{AXIS_H - 8}" fill="#cf222e">cancel</text></g>'
-        )
-    return "".join(out)
+    return _Bar(span.status, x0, f"{max(1.5, x1 - x0):.2f}", what)
 
 
 # -- resource lines ------------------------------------------------------------------------------
 
 
-def _resources(report: BuildReport) -> str:
+@dataclass(frozen=True, slots=True)
+class _Line:
+    name: str
+    css: str
+    peak: str
+    name_y: int
+    peak_y: int
+    axis_y: int
+    x1: int
+    x2: int
+    points: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Resources:
+    width: int
+    height: int
+    lines: list[_Line]
+
+
+def _resources(report: BuildReport) -> _Resources | None:
     if not report.series:
-        return '<p class="muted">No resource samples in this journal.</p>'
-    height = SERIES_H * len(report.series) + 8
-    out = [
-        "<h3>Resources</h3>",
-        f'<svg class="resources" width="{WIDTH}" height="{height}" role="img" '
-        'aria-label="resource lines">',
+        return None
+    lines = [
+        _line(series, index * SERIES_H + 4, report.duration_s)
+        for index, series in enumerate(report.series)
     ]
-    for index, series in enumerate(report.series):
-        out.append(_series(series, index * SERIES_H + 4, report.duration_s))
-    out.append("</svg>")
-    return "".join(out)
+    return _Resources(WIDTH, SERIES_H * len(report.series) + 8, lines)
 
 
-def _series(series: Series, y: int, duration_s: float) -> str:
+def _line(series: Series, y: int, duration_s: float) -> _Line:
     peak = series.peak
     scale_top = peak if peak > 0 else 1.0
     if series.unit == "%":
@@ -367,12 +509,16 @@ def _series(series: Series, y: int, duration_s: float) -> str:
     points = " ".join(
         f"{_x(t, duration_s)},{y + 4 + band - band * v / scale_top:.1f}" for t, v in series.points
     )
-    css = "series-line gpu" if series.name.startswith("GPU") else "series-line"
-    return (
-        f'<g class="series"><text x="6" y="{y + 16}">{e(series.name)}</text>'
-        f'<text class="muted" x="6" y="{y + 32}">peak {e(_value(peak, series.unit))}</text>'
-        f'<line class="axis" x1="{LABEL_W}" x2="{LABEL_W + CHART_W}" y1="{y + 4 + band}" '
-        f'y2="{y + 4 + band}"/><polyline class="{css}" points="{points}"/></g>'
+    return _Line(
+        name=series.name,
+        css="series-line gpu" if series.name.startswith("GPU") else "series-line",
+        peak=_value(peak, series.unit),
+        name_y=y + 16,
+        peak_y=y + 32,
+        axis_y=y + 4 + band,
+        x1=LABEL_W,
+        x2=LABEL_W + CHART_W,
+        points=points,
     )
 
 
@@ -385,57 +531,19 @@ def _value(value: float, unit: str) -> str:
 # -- tables --------------------------------------------------------------------------------------
 
 
-def _top_table(report: BuildReport) -> str:
+def _top_rows(report: BuildReport) -> list[_TopRow]:
     build = report.duration_s or 1.0
-    rows = []
-    for row in report.top_rows():
-        silent = f"{row.silent_s / row.total_s:.0%}" if row.total_s > 0 else "-"
-        peak = format_bytes(row.peak_rss_bytes) if row.peak_rss_bytes is not None else "-"
-        rows.append(
-            f'<tr><td class="path">{_path(row)}</td><td class="num">{row.count:,}</td>'
-            f'<td class="num">{e(seconds_text(row.self_s))}</td>'
-            f'<td class="num">{e(seconds_text(row.total_s))}</td>'
-            f'<td class="num">{row.self_s / build:.0%}</td><td class="num">{silent}</td>'
-            f'<td class="num">{row.steps:,}</td><td class="num">{e(peak)}</td></tr>'
+    return [
+        _TopRow(
+            parents=" > ".join(row.path[:-1]),
+            name=row.name,
+            count=f"{row.count:,}",
+            self_time=seconds_text(row.self_s),
+            total=seconds_text(row.total_s),
+            share=f"{row.self_s / build:.0%}",
+            silent=f"{row.silent_s / row.total_s:.0%}" if row.total_s > 0 else "-",
+            steps=f"{row.steps:,}",
+            peak=format_bytes(row.peak_rss_bytes) if row.peak_rss_bytes is not None else "-",
         )
-    return (
-        '<table class="phases"><thead><tr><th>phase</th><th class="num">count</th>'
-        '<th class="num">self</th><th class="num">total</th><th class="num">share</th>'
-        '<th class="num">silent</th><th class="num">steps</th><th class="num">peak memory</th>'
-        f"</tr></thead><tbody>{''.join(rows)}</tbody></table>"
-        '<p class="muted">Self: time in the phase not inside a phase under it. Share: of the '
-        "build's time. Silent: of the phase's time, spent with no callback from TensorRT.</p>"
-    )
-
-
-def _path(row: Row) -> str:
-    """The phase's name, after its parents' (muted)."""
-    parents = " > ".join(row.path[:-1])
-    above = f'<span class="muted">{e(parents)} &gt; </span>' if parents else ""
-    return f"{above}<b>{e(row.name)}</b>"
-
-
-def _silence_list(report: BuildReport) -> str:
-    if not report.silences:
-        return ""
-    items = "".join(
-        f"<li>{e(seconds_text(s.length_s))} from {e(seconds_text(s.start_s))}, {e(s.where)}</li>"
-        for s in report.silences
-    )
-    return f"<h3>Silent windows</h3><ul>{items}</ul>"
-
-
-def _record(report: BuildReport) -> str:
-    rows = "".join(
-        f'<tr><th>{e(key)}</th><td class="value"><code>{e(value)}</code></td></tr>'
-        for key, value in record_items(report)
-    )
-    return f'<table class="record"><tbody>{rows}</tbody></table>'
-
-
-def _anomalies(report: BuildReport) -> str:
-    if not report.anomalies:
-        return ""
-    counts = ", ".join(f"{e(kind)} \u00d7{count}" for kind, count in report.anomalies.items())
-    details = "".join(f"<li>{e(detail)}</li>" for detail in report.anomaly_details)
-    return f"<h3>Protocol anomalies ({anomaly_total(report)})</h3><p>{counts}</p><ul>{details}</ul>"
+        for row in report.top_rows()
+    ]
