@@ -272,7 +272,7 @@ def _section(report: BuildReport, builds: int) -> _Section:
 @dataclass(frozen=True, slots=True)
 class _Note:
     text: str
-    source: str = ""
+    asked_by: str = ""
     """For a cancel: who asked for it (in bold), after ``text`` and before ``rest``."""
     rest: str = ""
 
