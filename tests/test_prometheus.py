@@ -7,6 +7,7 @@ import gzip
 import json
 import re
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -520,6 +521,43 @@ def test_a_scrape_answered_after_prometheus_gave_up_on_it_is_not_the_final_one()
     finally:
         server.close()
         monitor.close()
+
+
+def test_a_scrape_is_the_final_one_only_once_its_answer_is_sent() -> None:
+    """A build ends when its final scrape is counted, and its process exits with it: counted
+    while the answer was still being written, the answer was cut off (seen in the suite, under
+    load: the build said its final values were scraped and Prometheus had none of them)."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import GaugeMetricFamily
+
+    class Large:
+        """An answer larger than a loopback socket's buffers hold (16 MiB or so)."""
+
+        def collect(self) -> Iterator[GaugeMetricFamily]:
+            family = GaugeMetricFamily("trt_test_large", "a large answer", labels=["name"])
+            for index in range(80_000):
+                family.add_metric([f"{index:0200d}"], index)
+            yield family
+
+    registry = CollectorRegistry()
+    registry.register(Large())
+    server = MetricsServer(registry, 0)
+    try:
+        after = time.monotonic()
+        with socket.socket() as client:
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            client.connect(("127.0.0.1", server.port))
+            client.sendall(b"GET /metrics HTTP/1.0\r\nHost: test\r\n\r\n")
+            assert client.recv(4096).startswith(b"HTTP/1.0 200"), "the answer has begun"
+            assert server.scrapes == 1, "something is scraping"
+            assert not server.wait_for_scrape_after(after, 0.5), "but the answer is not sent"
+            received = 0
+            while chunk := client.recv(1 << 20):
+                received += len(chunk)
+        assert received > 16 << 20
+        assert server.wait_for_scrape_after(after, 10), "sent: the final scrape"
+    finally:
+        server.close()
 
 
 @pytest.mark.e2e

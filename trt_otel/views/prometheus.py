@@ -616,17 +616,33 @@ class MetricsServer:
                 return start_response(status, *args)
 
             body = app(environ, starting)
-            ok = bool(statuses) and statuses[0].startswith("200")
-            if ok and environ.get("PATH_INFO") != "/favicon.ico":
-                kept = _in_time(time.monotonic() - began, environ)
+            scrape = bool(statuses) and statuses[0].startswith("200")
+            if scrape and environ.get("PATH_INFO") != "/favicon.ico":
                 with self._scraped:
                     self.scrapes += 1
-                    if kept:
-                        self._last_scrape_began = max(began, self._last_scrape_began or began)
-                    self._scraped.notify_all()
+                return self._delivered(body, began, environ)
             return body
 
         return counted
+
+    def _delivered(
+        self, body: Iterable[bytes], began: float, environ: WSGIEnvironment
+    ) -> Iterator[bytes]:
+        """``body``, and once all of it is sent, the scrape is one that may be the final one.
+        The server writes each chunk before it asks for the next, so what follows the loop runs
+        once the answer is in the socket: a scrape counted before its answer was written was
+        cut off by the build's exit (the handler's thread is a daemon) while the build said its
+        final values had been scraped."""
+        try:
+            yield from body
+        finally:
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
+        if _in_time(time.monotonic() - began, environ):
+            with self._scraped:
+                self._last_scrape_began = max(began, self._last_scrape_began or began)
+                self._scraped.notify_all()
 
     def wait_for_scrape_after(self, mono_s: float, timeout_s: float) -> bool:
         """Wait until a scrape that began after ``mono_s`` (time.monotonic) was answered in
