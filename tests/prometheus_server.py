@@ -45,10 +45,8 @@ class PrometheusServer:
         target: str | None = None,
         sd_dir: Path | None = None,
         features: tuple[str, ...] = (),
-        scrape_interval_s: int = 1,
     ) -> None:
-        """``features``: for ``--enable-feature`` (``exemplar-storage``). ``scrape_interval_s``:
-        a scrape's timeout is nine tenths of it."""
+        """``features``: for ``--enable-feature`` (``exemplar-storage``)."""
         binary = shutil.which("prometheus")
         if binary is None:
             raise FileNotFoundError("prometheus is not installed (apt-get install prometheus)")
@@ -57,9 +55,8 @@ class PrometheusServer:
         config = workdir / "prometheus.yml"
         config.write_text(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-            "scrape_configs:\n  - job_name: trt-otel\n"
-            f"    scrape_interval: {scrape_interval_s}s\n"
-            f"    scrape_timeout: {scrape_interval_s * 900}ms\n"
+            "scrape_configs:\n  - job_name: trt-otel\n    scrape_interval: 1s\n"
+            "    scrape_timeout: 900ms\n"
             + (f"    static_configs:\n      - targets: ['{target}']\n" if target else "")
             + (
                 f"    file_sd_configs:\n      - files: ['{sd_dir}/*.json']\n"
