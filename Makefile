@@ -77,9 +77,13 @@ check: $(STAMP)
 
 # --dist loadgroup: the tests of an xdist group run on one worker: the Ray tests around one Ray
 # cluster, and the modules whose fixtures build (the C++ monitor, a real build) build once.
+# Two workers a core (at most 16): the suite waits more than it computes (silent windows, scrape
+# intervals, peers starting), and at one worker a core it kept 2 cores 40% busy.
 # --durations: the slowest tests, in every run's summary, where the suite's time goes.
+TEST_WORKERS ?= $(shell n=$$(( 2 * $$(nproc) )); echo $$(( n < 16 ? n : 16 )))
+
 test: lint
-	$(BIN)/pytest -n auto --dist loadgroup --durations=25
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 clean:
 	rm -rf $(VENV) $(PHOENIX_VENV) $(DEMO_DIR) $(SITE_DIR) .mypy_cache .pytest_cache .ruff_cache .hypothesis

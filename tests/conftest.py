@@ -174,3 +174,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return (yield)
     finally:
         _RUNNING_UNMARKED.clear()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests and the groups (whose tests run one after another on one worker) first:
+    xdist hands out work in this order, and a long test handed out last is the run's tail."""
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("xdist_group") is None
+            and item.get_closest_marker("slow") is None
+        )
+    )
