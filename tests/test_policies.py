@@ -606,8 +606,9 @@ def test_what_a_cancel_url_answers_reaches_the_terminal_escaped(tmp_path: Path) 
     journal = tmp_path / "j.jsonl"
     try:
         done = subprocess.run(
-            [*CLI, "demo", "--no-progress", "--no-gpu", "--speed", "0", "--silence", "20s",
-             "--cancel-url", server.url, "--cancel-url-interval", "0.05",
+            # Inside a silent window that lasts until the cancel stops it (a second's grace).
+            [*CLI, "demo", "--no-progress", "--no-gpu", "--speed", "0", "--silence", "10m",
+             "--grace", "1s", "--cancel-url", server.url, "--cancel-url-interval", "0.05",
              "--journal", str(journal)],
             check=False, capture_output=True, timeout=120,
         )  # fmt: skip
