@@ -78,7 +78,7 @@ check: $(STAMP)
 # --dist loadgroup: the tests of an xdist group run on one worker: the Ray tests around one Ray
 # cluster, and the modules whose fixtures build (the C++ monitor, a real build) build once.
 # Two workers a core (at most 16): the suite waits more than it computes (silent windows, scrape
-# intervals, peers starting), and at one worker a core it kept 2 cores 40% busy.
+# intervals, peers starting), and at one worker a core it kept 2 cores 38% busy.
 # --durations: the slowest tests, in every run's summary, where the suite's time goes.
 TEST_WORKERS ?= $(shell n=$$(( 2 * $$(nproc) )); echo $$(( n < 16 ? n : 16 )))
 
