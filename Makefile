@@ -80,7 +80,8 @@ check: $(STAMP)
 # Two workers a core (at most 16): the suite waits more than it computes (silent windows, scrape
 # intervals, peers starting), and at one worker a core it kept 2 cores 38% busy.
 # --durations: the slowest tests, in every run's summary, where the suite's time goes.
-TEST_WORKERS ?= $(shell n=$$(( 2 * $$(nproc) )); echo $$(( n < 16 ? n : 16 )))
+CORES := $(shell nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
+TEST_WORKERS ?= $(shell n=$$(( 2 * $(CORES) )); echo $$(( n < 16 ? n : 16 )))
 
 test: lint
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
