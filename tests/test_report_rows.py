@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -280,3 +281,31 @@ def test_a_child_closed_between_two_open_siblings_is_not_covered_twice() -> None
     rows = {row.label: row for row in report_of(events).rows}
     assert folded_rows(rows.values()) == tree_rows(events)
     assert rows["root"].self_s == pytest.approx(1.03)  # before "a", and after "b"
+
+
+def test_the_timeline_image_draws_each_row_below_the_last_and_inside_the_picture() -> None:
+    """The live page's image runs no script (which lays the page's rows out again), so where
+    the server puts each row is where it is seen: one row height apart, from the axis down,
+    the last inside the picture."""
+    from xml.etree import ElementTree
+
+    from trt_otel.views.report.html import timeline_svg
+
+    calls: list[tuple[Any, ...]] = [
+        ("start", "Building engine", None, 2),
+        ("start", "Optimizing graph", "Building engine", 1),
+        ("step", "Optimizing graph", 0),
+        ("finish", "Optimizing graph"),
+        ("start", "Timing tactics", "Building engine", 1),
+        ("wait", 1.5),
+        ("finish", "Timing tactics"),
+        ("finish", "Building engine"),
+    ]
+    svg = ElementTree.fromstring(timeline_svg(report_of(build(calls))))
+    namespace = "{http://www.w3.org/2000/svg}"
+    top, row_h = int(svg.attrib["data-top"]), int(svg.attrib["data-row-h"])
+    rows = [g for g in svg.iter(f"{namespace}g") if g.attrib.get("class") == "row"]
+    assert len(rows) == 3
+    ys = [float(re.findall(r"^translate\(0,([\d.]+)\)$", g.attrib["transform"])[0]) for g in rows]
+    assert ys == [top + index * row_h for index in range(3)]
+    assert ys[-1] + row_h <= float(svg.attrib["height"])
