@@ -31,7 +31,8 @@ from journals import spans_of
 from otlp_receiver import OtlpReceiver, ReceivedSpan
 from trt_otel import BuildMonitor
 from trt_otel.builder.simulator import Driver, generate_plan
-from trt_otel.views.conventions import SEMCONV_VERSION
+from trt_otel.core.events import Outcome
+from trt_otel.views.conventions import SEMCONV_VERSION, task_run_result
 from trt_otel.views.otlp import OtlpSpanExport
 from trt_otel.views.otlp_settings import GRPC, OtlpSettings
 from trt_otel.views.spans import UNFINISHED, SpanRecord
@@ -195,3 +196,34 @@ def test_attributes_that_are_not_one_scalar_type_become_their_text() -> None:
     (build,) = [span for span in spans_of(monitor.log.recent()) if span.server]
     assert build.attributes["network.inputs"] == ["a: FLOAT[1]", "b: INT32[2]"]
     assert build.attributes["odd"] == "['a', 1]"
+
+
+@pytest.mark.parametrize(
+    ("finished", "refused", "cancel_timeout", "build_outcome", "result"),
+    [
+        (False, True, False, Outcome.CANCELLATION, "cancellation"),  # a step refused
+        (False, True, True, Outcome.TIMEOUT, "timeout"),
+        (True, False, False, Outcome.SUCCESS, "success"),
+        (True, False, False, Outcome.FAILURE, "success"),  # it ended well, the build did not
+        # Closed for it: by the build's end, as the build ended...
+        (False, False, False, Outcome.FAILURE, "failure"),
+        (False, False, False, Outcome.CANCELLATION, "cancellation"),
+        (False, False, False, Outcome.TIMEOUT, "timeout"),
+        # ...except where the build succeeded around a phase TensorRT never finished, or has
+        # no end at all: something went wrong with the phase, not with the build.
+        (False, False, False, Outcome.SUCCESS, "error"),
+        (False, False, False, None, "error"),
+    ],
+)
+def test_each_way_a_phase_ends_is_one_task_run_result(
+    finished: bool, refused: bool, cancel_timeout: bool, build_outcome: Outcome | None, result: str
+) -> None:
+    assert (
+        task_run_result(
+            finished=finished,
+            refused=refused,
+            cancel_timeout=cancel_timeout,
+            build_outcome=build_outcome,
+        )
+        == result
+    )

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from trt_otel.control.stopping import (
     GoneWithin,
+    holds_write_lock,
     owned_by_this_user,
     polling,
     process_running,
@@ -93,3 +96,24 @@ def test_a_process_not_our_child_is_waited_for_by_polling(start: Start) -> None:
 def test_only_this_users_processes_are_ours_to_stop() -> None:
     assert owned_by_this_user(os.getpid()) is True
     assert owned_by_this_user(2**22 + 12345) is False, "no such process is no one's to stop"
+
+
+def test_only_a_descriptor_open_for_writing_with_the_lock_is_the_writers(tmp_path: Path) -> None:
+    """The journal's writer holds its write lock on a descriptor open for writing: a reader
+    that takes the same exclusive lock on a read-only descriptor (opened, as Python opens
+    files, with O_CLOEXEC among its flags) is not the writer."""
+    journal = tmp_path / "build.jsonl"
+    journal.write_text("")
+    reader = os.open(journal, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(reader, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert holds_write_lock(os.getpid(), journal) is False, "locked, but only read"
+    finally:
+        os.close(reader)
+    writer = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    try:
+        assert holds_write_lock(os.getpid(), journal) is False, "written, but not locked"
+        fcntl.flock(writer, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert holds_write_lock(os.getpid(), journal) is True
+    finally:
+        os.close(writer)

@@ -100,7 +100,7 @@ def history_baseline(
     if not folder.is_dir():
         raise UsageError(f"--history {folder} is not a directory of journals")
     matching: list[tuple[int, Figures]] = []
-    for path in _journals(folder, exclude):
+    for path in history_journals(folder, exclude):
         try:
             reports = build_reports([path], quiet=True)
         except JournalError:
@@ -121,7 +121,7 @@ def history_baseline(
     return median_of(builds, label)
 
 
-def _journals(folder: Path, exclude: Path | None) -> list[Path]:
+def history_journals(folder: Path, exclude: Path | None = None) -> list[Path]:
     """The folder's regular ``*.jsonl`` files, newest first, at most
     :data:`MAX_HISTORY_JOURNALS`."""
     skip = exclude.resolve() if exclude is not None else None

@@ -1,0 +1,81 @@
+"""``--history``: which earlier builds are builds of the same thing (the baseline of ``diff``,
+``--fail-if-slower`` and the forecast), and which journals of a history folder are read."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from journals import write_journal
+from trt_otel import BuildMonitor, ManualClock
+from trt_otel.app.diffing import MAX_HISTORY_JOURNALS, history_journals, matches
+from trt_otel.app.reporting import build_reports
+from trt_otel.views.report.model import BuildReport
+
+
+def recorded(path: Path, **attributes: str) -> BuildReport:
+    """A successful build with ``attributes``, read back from its journal at ``path``."""
+    clock = ManualClock()
+    monitor = BuildMonitor(attributes=attributes, clock=clock)
+    monitor.start()
+    monitor.phase_start("Building engine", None, 1)
+    clock.advance(10)
+    monitor.step_complete("Building engine", 0)
+    monitor.phase_finish("Building engine")
+    monitor.end()
+    (report,) = build_reports([write_journal(path, monitor.log.recent())])
+    return report
+
+
+RTX, TRT = "tensorrt-rtx", "tensorrt"
+F1, F2 = {"fingerprint": "f1"}, {"fingerprint": "f2"}
+M1, M2 = {"model.sha256": "m1"}, {"model.sha256": "m2"}
+
+
+@pytest.mark.parametrize(
+    ("history", "candidate", "same"),
+    [
+        # The fingerprint covers the model, the backend and every option: it decides alone.
+        ({**F1, **M1}, {**F1, **M2}, True),
+        ({**F1, **M1}, {**F2, **M1}, False),
+        # Where one of them has none, the model and the backend decide.
+        ({"fingerprint": "f1", "model.sha256": "m1", "trt.backend": RTX},
+         {"model.sha256": "m1", "trt.backend": RTX}, True),
+        ({"model.sha256": "m1", "trt.backend": RTX},
+         {"fingerprint": "f1", "model.sha256": "m1", "trt.backend": RTX}, True),
+        ({"fingerprint": "f1", "model.sha256": "m1", "trt.backend": RTX},
+         {"model.sha256": "m2", "trt.backend": RTX}, False),
+        # Both must be the same: the same model built by another library is another build.
+        ({**M1, "trt.backend": RTX}, {**M1, "trt.backend": TRT}, False),
+        ({**M1, "trt.backend": RTX}, {**M2, "trt.backend": RTX}, False),
+        # Nothing known of the model: never the same build.
+        ({"trt.backend": RTX}, {"trt.backend": RTX}, False),
+    ],
+)  # fmt: skip
+def test_a_build_of_the_same_thing(
+    tmp_path: Path, history: dict[str, str], candidate: dict[str, str], same: bool
+) -> None:
+    earlier = recorded(tmp_path / "earlier.jsonl", **history)
+    this = recorded(tmp_path / "this.jsonl", **candidate)
+    assert matches(earlier, this) is same
+    assert matches(this, earlier) is same, "whichever is the candidate"
+
+
+def test_the_newest_journals_are_read_newest_first_up_to_the_bound(tmp_path: Path) -> None:
+    count = MAX_HISTORY_JOURNALS + 2
+    for age in range(count):  # journal-0 the newest
+        path = tmp_path / f"journal-{age}.jsonl"
+        path.touch()
+        os.utime(path, (1_700_000_000 - age, 1_700_000_000 - age))
+    (tmp_path / "a-folder.jsonl").mkdir()
+    (tmp_path / "notes.txt").touch()
+    this = tmp_path / "journal-1.jsonl"
+
+    read = history_journals(tmp_path, exclude=this)
+    assert len(read) == MAX_HISTORY_JOURNALS
+    assert read[:3] == [tmp_path / "journal-0.jsonl", tmp_path / "journal-2.jsonl",
+                        tmp_path / "journal-3.jsonl"]  # fmt: skip
+    assert read[-1] == tmp_path / f"journal-{MAX_HISTORY_JOURNALS}.jsonl"
+    assert tmp_path / f"journal-{count - 1}.jsonl" not in read, "the oldest is left out"
