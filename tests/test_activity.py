@@ -27,6 +27,7 @@ from trt_otel import BuildMonitor, ManualClock, ProcessSample
 from trt_otel.capture.process import ProcessSampler
 from trt_otel.control.policies import BuildView, MemoryGuard, PolicyRunner, Stall
 from trt_otel.core.activity import ACTIVE_CPU_PERCENT, IDLE_AFTER_S, Verdict
+from trt_otel.core.events import GpuSample
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.sizes import SizeError, format_bytes, parse_size
 from trt_otel.views.prometheus import MetricSources, metrics_registry
@@ -519,3 +520,25 @@ def test_watch_samples_the_journals_writer_on_this_host_for_its_stall_policy(
     assert decision["reason"].startswith("no progress and no activity for 4.0s")
     assert "the builder's process is idle" in decision["reason"], decision
     assert "cannot be sampled from here" not in watch.stderr
+
+
+def test_a_busy_gpu_is_work_while_the_process_waits_on_it() -> None:
+    """A builder timing tactics on the GPU waits for its kernels with little CPU of its own:
+    the GPU's use is its work (no stall, never idle) until the GPU falls quiet too."""
+    clock = ManualClock()
+    monitor = sampled_build(clock)
+
+    def verdict() -> Verdict | None:
+        return monitor.state.activity.verdict
+
+    sample(monitor, "running", cpu=97.0, cpu_s=1.0)
+    for _ in range(int(IDLE_AFTER_S) + 3):
+        clock.advance(1)
+        monitor.sample(GpuSample, index=0, utilization=0.9)
+        sample(monitor, cpu=0.0, cpu_s=1.0)
+    assert verdict() is Verdict.WORKING
+    for _ in range(int(IDLE_AFTER_S) + 2):
+        clock.advance(1)
+        monitor.sample(GpuSample, index=0, utilization=0.0)
+        sample(monitor, cpu=0.0, cpu_s=1.0)
+    assert verdict() is Verdict.IDLE

@@ -17,13 +17,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from cli import CLI
 from otlp_receiver import OtlpReceiver, ReceivedPoint, hanging_collector
 from rtx_builds import import_rtx, write_conv
-from trt_otel import BuildMonitor, read_journal
+from trt_otel import BuildMonitor, ProcessSample, read_journal
 from trt_otel.builder.onnx_models import CONV_SHAPES
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.core.events import BuildStarted
 from trt_otel.views.otlp_metrics import OtlpMetricsExport
 from trt_otel.views.otlp_settings import GRPC, METRICS, OtlpSettings
 from trt_otel.views.prometheus import MetricSources, metrics_registry
+
+MIB = 1 << 20
 
 
 def exposition_series(text: str) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
@@ -61,6 +63,7 @@ def test_the_pushed_series_are_the_scraped_series(receiver: OtlpReceiver) -> Non
     registry = metrics_registry(MetricSources(monitor))
     export = OtlpMetricsExport(settings, registry, interval_s=3600.0)  # only the final export
     Driver(speed=0).run(monitor, generate_plan(3))
+    monitor.sample(ProcessSample, pid=1234, status="running", cpu_seconds=1.0, rss_bytes=MIB)
     monitor.end()
     health = export.shutdown(10.0)
     assert (health.exported, health.failed, health.reason) == (1, 0, None)
@@ -76,6 +79,8 @@ def test_the_pushed_series_are_the_scraped_series(receiver: OtlpReceiver) -> Non
     assert steps.value == monitor.state.steps_completed_total
     assert pushed[("trt_build_start_timestamp_seconds", ())].unit == "s"
     assert pushed[("trt_build_progress_ratio", ())].unit == "1"
+    assert pushed[("trt_build_process_resident_bytes", ())].unit == "By"
+    assert pushed[("trt_build_process_resident_bytes", ())].value == MIB
     (duration,) = [p for p in points if p.metric == "trt_build_duration_seconds"]
     assert duration.kind == "histogram" and duration.count == 1 and duration.unit == "s"
     assert duration.attributes == {"backend": "simulator", "outcome": "success"}

@@ -13,7 +13,10 @@ import pytest
 from cli import CLI, run_demo
 from otlp_receiver import otlp_receiver
 from trt_otel import read_journal
+from trt_otel.app.commands import build_parser
+from trt_otel.app.config import SessionConfig, UsageError
 from trt_otel.app.ladder import retry_reason
+from trt_otel.app.retries import MAX_RUNGS, retry_rungs
 from trt_otel.app.session import Ended
 from trt_otel.builder.simulator import TimeModel, generate_plan
 from trt_otel.core.attempts import attempt_of
@@ -186,3 +189,26 @@ def test_watch_ends_with_a_ladder_that_stops_retrying(tmp_path: Path) -> None:
     assert build.wait(timeout=60) == 3
     assert watcher.returncode == 3, err  # a user's cancel is not retried: that is the end
     assert "lost" not in err
+
+
+def test_a_rungs_limits_are_laid_over_the_commands_each_in_its_place() -> None:
+    args = build_parser().parse_args(
+        ["demo", "--timeout", "1h", "--stall-timeout", "2m",
+         "--retry", "--timeout 5m --stall-timeout 30s",
+         "--retry", "--builder-optimization-level 1"]
+    )  # fmt: skip
+    first, second = retry_rungs(args)
+    assert (first.timeout_s, first.stall_timeout_s) == (300, 30)
+    assert (second.timeout_s, second.stall_timeout_s) == (3600, 120), "the command's own"
+    assert second.builder.optimization_level == 1 and first.builder.optimization_level is None
+    policy = first.session(SessionConfig()).policy
+    assert (policy.timeout_s, policy.stall_timeout_s) == (300, 30)
+
+
+def test_a_ladder_has_at_most_its_bound_of_rungs() -> None:
+    def ladder(rungs: int) -> list[str]:
+        return ["demo", *["--retry", "--builder-optimization-level 1"] * rungs]
+
+    assert len(retry_rungs(build_parser().parse_args(ladder(MAX_RUNGS)))) == MAX_RUNGS
+    with pytest.raises(UsageError, match=f"at most {MAX_RUNGS} rungs, not {MAX_RUNGS + 1}"):
+        retry_rungs(build_parser().parse_args(ladder(MAX_RUNGS + 1)))
