@@ -249,8 +249,8 @@ def test_the_final_flush_of_spans_logs_and_metrics_ends_within_one_flush_timeout
     code, lines, flushed_s = ended
     assert code == 0, lines
     text = "\n".join(lines)
-    assert "spans not exported" in text and "log records not exported" in text
-    assert "the final metrics were not exported over OTLP (no answer within 3s)" in text
+    assert "spans not exported" in text and "log records not exported" in text, text
+    assert "the final metrics were not exported over OTLP (no answer within 3s)" in text, text
     # One after the other, they took 6 s and more.
     assert flushed_s < 3.0 + 1.8, f"{flushed_s:.1f}s from the build's end to the exit"
 
