@@ -174,7 +174,7 @@ def test_a_stores_records_become_earlier_builds_checked(tmp_path: Path) -> None:
         (12.0, 3 * MIB, 1000),
         (14.0, 3 * MIB, 1000),  # the highest peak of the builds that made it is kept
     ]
-    assert [(b.total_s, b.model_name, b.backend) for b in others] == [
-        (30.0, "net.onnx", "tensorrt-rtx")
+    assert [(b.total_s, b.model_name, b.backend, b.peak_rss_bytes) for b in others] == [
+        (30.0, "net.onnx", "tensorrt-rtx", None)  # no peak recorded: unknown, not 0 bytes
     ]
     assert stored_builds(None) == ([], [])
