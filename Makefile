@@ -106,7 +106,7 @@ bench: $(STAMP)
 # A soak with faults (benchmarks/soak.py): real and simulated builds side by side, each with a
 # fault injected from outside (kills, stops, Ctrl-C, a full disk, dead, dripping and redirecting
 # sinks, hostile HTTP clients), each checked when it ends. Not a test: it prints a table and
-# every finding (the suite runs 3 minutes of it, tests/test_soak.py).
+# every finding (the suite runs each fault once, two builds at a time: tests/test_soak.py).
 SOAK_MINUTES ?= 30
 soak: $(STAMP)
 	$(BIN)/python benchmarks/soak.py --minutes $(SOAK_MINUTES)

@@ -210,7 +210,7 @@ def _soak(
             else:
                 _run(build, models, at_s)
             mark = "ok" if not build.findings else f"{len(build.findings)} finding(s)"
-            print(f"  #{index:<4} {kind:<11} {fault:<16} exit {build.exit_code!s:<4} "
+            print(f"  #{index:<4} {kind:<11} {fault:<20} exit {build.exit_code!s:<4} "
                   f"{build.duration_s:5.1f}s  {mark}", flush=True)  # fmt: skip
 
     threads = [threading.Thread(target=worker) for _ in range(args.concurrent)]
@@ -590,14 +590,14 @@ def _report(builds: list[Build], max_rss_mib: float) -> int:
         if build.peak_rss > max_rss_mib * 2**20:
             build.find(f"peak RSS {build.peak_rss / 2**20:.0f} MiB, over {max_rss_mib:g} MiB")
         table[(build.kind, build.fault.split(" ")[0])].append(build)
-    print(f"\n{'kind':<11} {'fault':<16} {'builds':>6} {'findings':>8} {'exits':<20} "
+    print(f"\n{'kind':<11} {'fault':<20} {'builds':>6} {'findings':>8} {'exits':<20} "
           f"{'peak RSS':>9}")  # fmt: skip
     for (kind, fault), group in sorted(table.items()):
         exits = collections.Counter(str(b.exit_code) for b in group)
         peak = max(b.peak_rss for b in group) / 2**20
         found = sum(1 for b in group if b.findings)
         shown = ",".join(f"{code}x{count}" for code, count in sorted(exits.items()))
-        print(f"{kind:<11} {fault:<16} {len(group):>6} {found:>8} {shown:<20} {peak:>7.0f} M")
+        print(f"{kind:<11} {fault:<20} {len(group):>6} {found:>8} {shown:<20} {peak:>7.0f} M")
     findings = [(b, f) for b in builds for f in b.findings]
     print(f"\n{len(builds)} builds, {len(findings)} findings")
     for build, finding in findings:

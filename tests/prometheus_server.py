@@ -13,6 +13,8 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from waiting import wait_until
+
 if TYPE_CHECKING:
     import pytest
 
@@ -125,6 +127,18 @@ class PrometheusServer:
             body = json.load(f)
         targets: list[dict[str, Any]] = body["data"]["activeTargets"]
         return targets
+
+    def wait_until_scraping(self, timeout_s: float = 30) -> None:
+        """Until Prometheus has tried its target at least once (up or down): from then on it
+        tries it every second, so a build that serves its metrics for a few seconds is
+        scraped while it runs."""
+        wait_until(
+            lambda: any(
+                not t.get("lastScrape", "").startswith("0001-") for t in self.active_targets()
+            ),
+            "prometheus never tried its target",
+            timeout_s,
+        )
 
     def close(self) -> None:
         self.process.terminate()

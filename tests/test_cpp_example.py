@@ -77,9 +77,11 @@ pytestmark = [
 
 SANITIZERS = {
     "plain": "-O1",
-    "asan": "-O1 -fsanitize=address,undefined -fno-omit-frame-pointer",
-    "tsan": "-O1 -fsanitize=thread",
+    "asan": "-O0 -fsanitize=address,undefined -fno-omit-frame-pointer",
+    "tsan": "-O0 -fsanitize=thread",
 }
+"""Each variant's flags; the sanitized ones unoptimized, as the test driver's
+(:data:`cpp_toolchain.DRIVER_VARIANTS` says why)."""
 
 
 def cmake_build(variant: str, directory: Path) -> Path:

@@ -86,12 +86,15 @@ def test_prometheus_stores_a_real_builds_exemplar_and_its_api_returns_the_trace(
     tmp_path: Path,
 ) -> None:
     import_rtx()
-    # A build long enough (its silent window: seconds) for Prometheus to scrape it while it
-    # runs; the exporter then waits for one more scrape after the end (--prometheus-linger).
-    model = write_residual(tmp_path / "residual.onnx", blocks=1_500)  # ~10 s on a quiet machine
+    # The exporter lingers for one more scrape after the end (--prometheus-linger) only where
+    # something scraped during the build: Prometheus tries its target every second once its
+    # scrape loop runs, and this build serves its metrics for a few seconds (400 blocks: 3 s
+    # on a quiet machine).
+    model = write_residual(tmp_path / "residual.onnx", blocks=400)
     exporter = free_port()
     prometheus = PrometheusServer(tmp_path, f"127.0.0.1:{exporter}", features=("exemplar-storage",))
     try:
+        prometheus.wait_until_scraping()
         began = time.time()
         journal = tmp_path / "conv.jsonl"
         built = subprocess.run(

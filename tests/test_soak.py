@@ -1,9 +1,9 @@
 """The soak (``benchmarks/soak.py``, ``make soak`` runs 30 minutes of it), every fault once:
-real TensorRT-RTX and simulated builds, one at a time, each with a fault injected from outside,
-and each checked when it ends: its journal reads and ends (or reads as unfinished), nothing the
-/events stream sent is missing from it, its exit code is its outcome's, and nothing is left
-behind. The seed is fixed, so the order of the faults and their moments are the same in every
-run; their timing is the machine's."""
+real TensorRT-RTX and simulated builds, two at a time (as ``make soak`` runs them), each with a
+fault injected from outside, and each checked when it ends: its journal reads and ends (or
+reads as unfinished), nothing the /events stream sent is missing from it, its exit code is its
+outcome's, and nothing is left behind. The seed is fixed, so the order of the faults and their
+moments are the same in every run; their timing is the machine's."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def soak_faults() -> tuple[str, ...]:
 def test_every_fault_loses_nothing_and_leaves_nothing_behind() -> None:
     import_rtx()
     done = subprocess.run(
-        [sys.executable, str(SOAK), "--every-fault", "--concurrent", "1", "--seed", str(SEED)],
+        [sys.executable, str(SOAK), "--every-fault", "--concurrent", "2", "--seed", str(SEED)],
         capture_output=True, text=True, timeout=LIMIT_S, check=False, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     report = done.stdout + done.stderr
