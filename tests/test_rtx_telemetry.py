@@ -39,12 +39,14 @@ def test_a_real_builds_metrics_and_spans_arrive(
 ) -> None:
     if shutil.which("prometheus") is None:
         pytest.skip("Debian's prometheus package is not installed (.ci/run installs it)")
-    # Twice the silent tests' model: its window (several seconds on an idle machine) outlasts
-    # Prometheus's start and a few 1 s scrapes, so a scrape lands inside it.
+    # Twice the silent tests' model: its window (several seconds on an idle machine) holds a
+    # few of Prometheus's 1 s scrapes once its scrape loop runs, and the build outlasts the 5 s
+    # before its outermost phase's first snapshot span.
     model = write_residual(tmp_path / "residual.onnx", 2 * SILENT_BLOCKS)
     exporter = free_port()
     prometheus = PrometheusServer(tmp_path, f"127.0.0.1:{exporter}")
     try:
+        prometheus.wait_until_scraping()
         journal, engine = tmp_path / "r.jsonl", tmp_path / "r.engine"
         process = subprocess.Popen(
             [*CLI, "build", str(model), "-o", str(engine), "--journal", str(journal),
