@@ -59,7 +59,7 @@ from trt_otel.core.events import (
 )
 from trt_otel.core.journal import encode_events, event_to_dict
 from trt_otel.views.spans import SpanRecord
-from waiting import wait_for_file, wait_for_text, wait_until
+from waiting import holds_open, wait_for_file, wait_for_text, wait_until
 
 STRICT = [
     *WARNINGS,
@@ -963,7 +963,7 @@ def test_the_journal_names_its_writer_and_is_touched_through_a_silence(
             stderr=subprocess.PIPE,
             text=True,
         )  # fmt: skip
-        time.sleep(1.0)
+        wait_until(lambda: holds_open(watch.pid, journal_path), "watch following the journal", 60)
         build.kill()
         build.wait(30)
         _, stderr = watch.communicate(timeout=60)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from cli import CLI
 from runs import residual_net, start_run
 from trt_otel import Outcome, read_journal
 from trt_otel.core.events import BuildFinished
-from waiting import wait_for_journal, wait_for_text
+from waiting import wait_for_journal, wait_for_silence, wait_for_text
 
 pytestmark = pytest.mark.e2e
 
@@ -32,8 +31,7 @@ def test_a_second_sigterm_stops_at_once_and_is_still_a_cancel(
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        wait_for_text(journal, b"Computing profile costs")
-        time.sleep(0.3)
+        wait_for_silence(journal)  # the first SIGTERM's cancel waits there for a next step
         process.send_signal(signal.SIGTERM)
         wait_for_text(journal, b'"received SIGTERM"')
         process.send_signal(signal.SIGTERM)

@@ -68,6 +68,16 @@ def wait_for_silence(journal: Path, before: int = DEMO_SILENT_AT, timeout_s: flo
     )
 
 
+def holds_open(pid: int, path: Path) -> bool:
+    """Whether process ``pid`` has ``path`` open (Linux's ``/proc/PID/fd``)."""
+    try:
+        return any(
+            os.readlink(descriptor) == str(path) for descriptor in Path(f"/proc/{pid}/fd").iterdir()
+        )
+    except OSError:  # it ended, or a descriptor closed while read
+        return False
+
+
 def wait_for_journal(
     journal: Path, process: subprocess.Popen[str], kind: str, name: str | None = None
 ) -> None:
