@@ -549,12 +549,13 @@ def test_a_journal_torn_by_a_kill_replays_as_unfinished(driver: Path, tmp_path: 
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     try:
         wait_for_file(ready)
-        time.sleep(0.1)
+        wait_until(
+            lambda: journal_path.read_bytes().count(b"\n") > 5, "a few events in the journal", 30
+        )
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait(30)
     data = journal_path.read_bytes()
-    assert data.count(b"\n") > 5
     # Whatever the kill left, a write cut mid-line is what a kill can leave too.
     journal_path.write_bytes(data[:-7] if data.endswith(b"\n") else data)
 
