@@ -36,9 +36,12 @@ silent window (about 24 s on an idle x86-64 core)."""
 
 def _onnx() -> Any:
     """onnx, with numpy and the parts used here, first imported with Ctrl-C held: a Ctrl-C
-    while their native modules initialise crashes the interpreter (see native_import)."""
+    while their native modules initialise crashes the interpreter (see native_import), or is
+    lost in them. ``numpy.random`` too, which numpy imports only when it is first used: a
+    Ctrl-C inside its Cython modules' initialisation was swallowed there, and the demo built
+    on to its end as if none had come."""
     with native_import():
-        import numpy  # noqa: F401
+        import numpy.random  # noqa: F401
         import onnx
         from onnx import helper, numpy_helper  # noqa: F401
     return onnx
