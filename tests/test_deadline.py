@@ -15,9 +15,9 @@ from journals import write_journal
 from trt_otel import BuildMonitor, ManualClock, read_journal
 from trt_otel.builder.onnx_models import demo_model_bytes
 from trt_otel.builder.simulator import generate_plan
-from trt_otel.control.deadline import DEFAULT_MARGIN, Deadline
+from trt_otel.control.deadline import DEFAULT_MARGIN, Deadline, would_fit
 from trt_otel.control.policies import AnyOf, BuildView, Decision, Timeout
-from trt_otel.core.eta import History, same_build
+from trt_otel.core.eta import History, PastBuild, same_build
 from trt_otel.core.events import BuildFinished, BuildStarted, CancelRequested, Event, PhaseStarted
 from trt_otel.core.projection import before_start
 from trt_otel.core.readmodel import ReadModel
@@ -262,3 +262,12 @@ def test_the_help_names_the_deadline_and_its_margin(command: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "--deadline DURATION" in done.stdout and "(default: 10%)" in done.stdout
+
+
+def test_would_fit_counts_a_build_that_took_the_deadline_exactly_as_within_it() -> None:
+    builds = [PastBuild(f"b{i}.jsonl", total_s, {}) for i, total_s in enumerate((50, 60, 70))]
+    fit = would_fit(History(builds), 60.0)
+    assert (fit.within, fit.builds) == (2, 3)
+    assert "2 of 3 ended within 1m00s" in fit.reason
+    assert would_fit(History(builds), 70.0).answer == "yes"
+    assert would_fit(None, 60.0).answer == "unknown"

@@ -6,11 +6,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from journals import write_journal
 from trt_otel import BuildMonitor, ManualClock
-from trt_otel.app.diffing import MAX_HISTORY_JOURNALS, history_journals, matches
+from trt_otel.app.diffing import (
+    MAX_HISTORY_JOURNALS,
+    history_baseline,
+    history_journals,
+    last_build,
+    matches,
+)
 from trt_otel.app.reporting import build_reports
 from trt_otel.views.report.model import BuildReport
 
@@ -79,3 +86,34 @@ def test_the_newest_journals_are_read_newest_first_up_to_the_bound(tmp_path: Pat
                         tmp_path / "journal-3.jsonl"]  # fmt: skip
     assert read[-1] == tmp_path / f"journal-{MAX_HISTORY_JOURNALS}.jsonl"
     assert tmp_path / f"journal-{count - 1}.jsonl" not in read, "the oldest is left out"
+
+
+def test_a_candidate_is_never_its_own_baseline(tmp_path: Path) -> None:
+    """Its own journal in the history folder (``--history`` where the build writes its
+    journal) is no baseline: only the other builds of the same thing are."""
+    folder = tmp_path / "history"
+    folder.mkdir()
+    this = recorded(folder / "this.jsonl", **M1, **{"trt.backend": RTX})
+    assert history_baseline(folder, this) is None
+    recorded(folder / "earlier.jsonl", **M1, **{"trt.backend": RTX})
+    baseline = history_baseline(folder, this)
+    assert baseline is not None and "median of 1 matching builds" in baseline.label
+
+
+def test_diff_compares_a_journals_last_build(tmp_path: Path) -> None:
+    """A journal of several builds (a retry ladder's): its last is the one compared."""
+    clock = ManualClock()
+    events = []
+    for seconds in (10, 20):
+        monitor = BuildMonitor(clock=clock)
+        monitor.start()
+        monitor.phase_start("Building engine", None, 1)
+        clock.advance(seconds)
+        monitor.step_complete("Building engine", 0)
+        monitor.phase_finish("Building engine")
+        monitor.end()
+        events += monitor.log.recent()
+    numbered = [msgspec.structs.replace(e, seq=i) for i, e in enumerate(events)]
+    journal = write_journal(tmp_path / "ladder.jsonl", numbered)
+    assert len(build_reports([journal])) == 2
+    assert last_build(journal).duration_s == 20

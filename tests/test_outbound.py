@@ -34,6 +34,7 @@ from trt_otel.core import outbound
 from trt_otel.core.deadlines import Deadline, DeadlineExceededError, call_within
 from trt_otel.views.otlp_http import AcceptedOn2xx
 from trt_otel.views.prometheus import MetricSources, metrics_registry, push_build_metrics
+from waiting import wait_until
 
 PLACES = ["headers", "body", "mute"]
 SLACK_S = 0.8
@@ -458,3 +459,20 @@ def ray_job_server() -> Iterator[str]:
         stopping.set()
         server.shutdown()
         server.server_close()
+
+
+def test_an_earlier_deadline_is_kept_while_a_later_one_is_watched() -> None:
+    """The watchman wakes for the earliest deadline it watches: a call due in a fraction of a
+    second has its socket shut then, not when a long call watched before it is due."""
+    pairs = [socket.socketpair() for _ in range(2)]
+    try:
+        with Deadline(60) as long, Deadline(0.2) as short:
+            long.guard(pairs[0][0])
+            short.guard(pairs[1][0])
+            wait_until(lambda: short.expired, "the short deadline shut its socket", 10)
+            assert pairs[1][0].recv(1) == b"", "shut down: reads end at once"
+            assert not long.expired
+    finally:
+        for pair in pairs:
+            for end in pair:
+                end.close()

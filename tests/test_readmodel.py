@@ -496,3 +496,19 @@ def test_a_second_build_in_one_log_is_folded_without_the_firsts_phases() -> None
     (node,) = model.tree()
     assert isinstance(node, Phase), node
     assert node.name == "Measuring tactic time"
+
+
+def test_a_folded_group_says_its_time_in_all_and_its_longest() -> None:
+    clock = ManualClock()
+    monitor = BuildMonitor(clock=clock)
+    monitor.phase_start("root", None, 3)
+    for seconds in (1, 4, 2):
+        monitor.phase_start("timing", "root", 1)
+        clock.advance(seconds)
+        monitor.phase_finish("timing")
+    model = model_of(monitor.log.recent())
+    now = monitor.log.recent()[-1].mono_ns
+    document = msgspec.to_builtins(status_document(model, model.estimate_locked(now), now))
+    (group,) = document["phases"][0]["children"]
+    assert (group["kind"], group["count"]) == ("group", 3)
+    assert (group["elapsed_s"], group["longest_s"]) == (7.0, 4.0)

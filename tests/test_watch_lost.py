@@ -18,6 +18,7 @@ import pytest
 
 from cli import CLI, run_cli, start_demo
 from crafted import craft_journal
+from trt_otel.capture import liveness
 from trt_otel.capture.watch import BuildLostError, follow_journal
 from trt_otel.control.stopping import process_running
 from trt_otel.core.writer import Toucher
@@ -296,3 +297,18 @@ def test_a_live_reader_of_the_journal_is_no_sign_of_life(tmp_path: Path) -> None
     finally:
         reader.kill()
         reader.communicate()
+
+
+def test_a_running_writer_whose_lock_cannot_be_told_is_alive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the locks of the writer's process cannot be read (None: no /proc, or not ours to
+    read), its running process is still a sign of life; only a lock it provably does not hold
+    makes it no writer."""
+    journal = tmp_path / "j.jsonl"
+    journal.write_text("{}\n")
+    writer = liveness.Writer(os.getpid(), socket.gethostname(), None)
+    monkeypatch.setattr(liveness, "holds_write_lock", lambda pid, path: None)
+    assert writer.running_here(journal) is True
+    monkeypatch.setattr(liveness, "holds_write_lock", lambda pid, path: False)
+    assert writer.running_here(journal) is None

@@ -42,7 +42,7 @@ class DiffCommand:
 def diff_command(command: DiffCommand) -> int:
     from trt_otel.views.report.diff import diff, figures_of, render_diff
 
-    candidate = _last_build(command.candidate)
+    candidate = last_build(command.candidate)
     if command.history is not None:
         baseline = history_baseline(command.history, candidate, exclude=command.candidate)
         if baseline is None:
@@ -52,7 +52,7 @@ def diff_command(command: DiffCommand) -> int:
             )
     else:
         assert command.baseline is not None
-        baseline = figures_of(_last_build(command.baseline), str(command.baseline))
+        baseline = figures_of(last_build(command.baseline), str(command.baseline))
     result = diff(baseline, figures_of(candidate, str(command.candidate)))
     PipeSafeStream(sys.stdout).write(printable_lines(render_diff(result)))
     if command.fail_if_slower is not None and result.slower_than(command.fail_if_slower):
@@ -66,7 +66,7 @@ def printable_lines(text: str) -> str:
     return "".join(printable(line) + "\n" for line in text.splitlines())
 
 
-def _last_build(journal: Path) -> BuildReport:
+def last_build(journal: Path) -> BuildReport:
     reports = build_reports([journal])
     if not reports:
         raise UsageError(f"{journal}: no build in this journal")
@@ -146,7 +146,7 @@ def gate(journal: Path | None, history: Path | None, percent: float) -> int:
 
     if journal is None or history is None:
         return 0
-    candidate = _last_build(journal)
+    candidate = last_build(journal)
     baseline = history_baseline(history, candidate, exclude=journal)
     if baseline is None:
         say(f"trt-otel: --fail-if-slower: no earlier build in {history} to compare with; passed")

@@ -1,0 +1,73 @@
+"""The report's figures, each at its value: what a resource line, the top phases' table and the
+timeline's bars say of a build made on a manual clock (no process, no browser)."""
+
+from __future__ import annotations
+
+import re
+
+from trt_otel import BuildMonitor, ManualClock
+from trt_otel.core.events import GpuSample
+from trt_otel.views.report.html import render_html, timeline_svg
+from trt_otel.views.report.model import report_of
+
+
+def test_gpu_utilization_is_drawn_in_percent() -> None:
+    """NVML's ratio (0 to 1) is a line in percent, as the builder's CPU is."""
+    clock = ManualClock()
+    monitor = BuildMonitor(clock=clock)
+    monitor.start()
+    monitor.phase_start("Building engine", None, 1)
+    for utilization in (0.25, 0.5):
+        clock.advance(1)
+        monitor.sample(GpuSample, index=0, utilization=utilization, memory_used_bytes=1 << 30)
+    monitor.step_complete("Building engine", 0)
+    monitor.phase_finish("Building engine")
+    monitor.end()
+    report = report_of(monitor.log.recent())
+    (line,) = [s for s in report.series if s.name == "GPU 0 utilization"]
+    assert line.unit == "%"
+    assert [value for _, value in line.points] == [25.0, 50.0]
+
+
+def test_the_top_phases_share_of_the_build_is_their_self_time() -> None:
+    """A 10 s build whose outermost phase spends 8 s in a child: the child's share is 80%,
+    the outermost's own 20% (not the 100% its total would say)."""
+    clock = ManualClock()
+    monitor = BuildMonitor(clock=clock)
+    monitor.start()
+    monitor.phase_start("Building engine", None, 1)
+    clock.advance(2)
+    monitor.phase_start("Timing tactics", "Building engine", 1)
+    clock.advance(8)
+    monitor.phase_finish("Timing tactics")
+    monitor.phase_finish("Building engine")
+    monitor.end()
+    page = render_html([report_of(monitor.log.recent())], "t")
+    table = page[page.index('<table class="phases">') :]
+    shares = dict(
+        re.findall(
+            r"<b>([^<]+)</b></td><td class=\"num\">[^<]*</td><td class=\"num\">[^<]*</td>"
+            r"<td class=\"num\">[^<]*</td><td class=\"num\">([^<]+)</td>",
+            table,
+        )
+    )
+    assert shares == {"Timing tactics": "80%", "Building engine": "20%"}
+
+
+def test_bars_of_one_row_are_merged_only_when_they_ended_alike() -> None:
+    """Two instances of a phase back to back (closer than a pixel), the first finished and the
+    second unwound by a cancel: two bars, one of each, never one bar of the first's status."""
+    clock = ManualClock()
+    monitor = BuildMonitor(clock=clock)
+    monitor.start()
+    monitor.phase_start("Building engine", None, 3)
+    monitor.phase_start("Timing", "Building engine", 1)
+    clock.advance(5)
+    monitor.phase_finish("Timing")
+    monitor.phase_start("Timing", "Building engine", 1)
+    clock.advance(5)
+    monitor.cancel("enough", source="user")
+    monitor.end()
+    svg = timeline_svg(report_of(monitor.log.recent()))
+    bars = re.findall(r'<rect class="bar (\w+)"', svg)
+    assert sorted(bars) == ["aborted", "aborted", "finished"], bars
