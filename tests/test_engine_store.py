@@ -334,12 +334,20 @@ def test_a_corrupt_entry_is_rebuilt_and_a_store_that_cannot_be_used_fails_nothin
     demo = ("demo", "--speed", "0", "--no-progress", "--engine-store", store)
     assert run_cli(*demo, "-o", tmp_path / "a.engine").returncode == 0
     (engine,) = store.glob("v1/entries/*/engine")
+    two_hours_ago = time.time() - 7200  # an entry's last use is its folder's time
+    os.utime(engine.parent, (two_hours_ago, two_hours_ago))
+    listed = run_cli("store", "ls", store)
+    assert "used 2h00m ago" in listed.stdout, listed.stdout
+    (entry,) = json.loads(run_cli("store", "ls", store, "--json").stdout)["entries"]
+    assert entry["last_used"] == pytest.approx(two_hours_ago, abs=0.01)
     engine.write_bytes(engine.read_bytes()[:-1] + b"!")
     checked = run_cli("store", "verify", store)
     assert checked.returncode == 4 and "does not match its SHA-256" in checked.stdout
-    rebuilt = run_cli(*demo, "-o", tmp_path / "b.engine")
+    rebuilt = run_cli(*demo, "-o", tmp_path / "b.engine", "--journal", tmp_path / "b.jsonl")
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert "is damaged" in rebuilt.stderr or "corrupt" in rebuilt.stderr
+    start = next(e for e in read_journal(tmp_path / "b.jsonl").events if e.type == "build_start")
+    assert start.attributes["trt.store.hit"] is False, "found, refused, built: no hit"
     assert (tmp_path / "b.engine").read_bytes() == (tmp_path / "a.engine").read_bytes()
     assert run_cli("store", "verify", store).returncode == 0, "stored again, intact"
 

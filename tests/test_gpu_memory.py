@@ -86,6 +86,15 @@ def test_the_option_makes_the_guard_with_its_own_settings() -> None:
     assert config.options_reading("gpu") == ["--max-gpu-memory"]
 
 
+@pytest.mark.parametrize("limit", [0, -1])
+def test_a_limit_of_no_memory_is_refused(limit: int) -> None:
+    """The library's guard refuses what the command line's size refuses: a limit every build
+    would be over."""
+    with pytest.raises(ValueError, match="more than 0 bytes"):
+        GpuMemoryGuard(limit)
+    assert GpuMemoryGuard(1).max_bytes == 1
+
+
 def test_the_builders_own_gpu_memory_over_the_limit_cancels_the_build() -> None:
     monitor, gpu, sampler, runner = gpu_build("8GiB")
     gpu.held[BUILDER] = 8 * GIB

@@ -86,6 +86,30 @@ def test_an_answer_within_the_deadline_is_whole_and_a_redirect_is_not_followed()
     assert paths == ["/here"], "nothing followed"
 
 
+def test_a_call_to_a_builds_own_view_goes_straight_there_past_any_proxy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``proxies=False`` (the fleet's calls to a build's view on loopback, a cancel URL): to
+    the server itself, whatever ``http_proxy`` says; ``proxies=True`` (a Pushgateway, as
+    prometheus_client does): through the proxy the environment names."""
+    with (
+        answering(200, b"target") as (target, at_target),
+        answering(200, b"proxy") as (
+            proxy,
+            at_proxy,
+        ),
+    ):
+        monkeypatch.setenv("http_proxy", proxy)
+        for name in ("no_proxy", "NO_PROXY"):
+            monkeypatch.delenv(name, raising=False)
+        with Deadline(5.0) as deadline:
+            direct = outbound.call(f"{target}/x", deadline, max_bytes=1 << 10, proxies=False)
+        with Deadline(5.0) as deadline:
+            proxied = outbound.call(f"{target}/y", deadline, max_bytes=1 << 10, proxies=True)
+    assert (direct.body, at_target) == (b"target", ["/x"])
+    assert (proxied.body, at_proxy) == (b"proxy", [f"{target}/y"])
+
+
 def test_a_call_lets_go_of_its_sockets_and_a_closed_deadline_shuts_nothing() -> None:
     """The guard keeps a duplicate of each socket's descriptor for the call's length only; a
     deadline that passes after its call ended leaves the (pooled, reused) connection alone."""

@@ -23,6 +23,7 @@ from trt_otel.app.session import TIME_LIMIT_REASON
 from trt_otel.builder.build import BuildJob, SimulatorSettings, run_build_job
 from trt_otel.builder.onnx_models import demo_model_bytes
 from trt_otel.capture.supervisor import IsolatedResult, run_isolated
+from trt_otel.control.signals import STOP_RESERVE_S, StopClock
 from trt_otel.core.events import BuildFinished, CancelRequested
 from waiting import wait_for_silence, wait_for_text
 
@@ -185,3 +186,15 @@ def test_what_waits_for_a_last_reader_waits_only_within_the_stop_budget(tmp_path
     assert took_s < 6 + 4, f"the stop took {took_s:.1f}s against a 6s budget"
     cancel, end = stopped(journal)
     assert (cancel.source, end.outcome) == ("signal", Outcome.CANCELLATION)
+
+
+def test_the_stop_budget_leaves_its_reserve_for_the_end() -> None:
+    """What a linger may wait after a stop signal: the budget less the time since the signal
+    and less the reserve for ending the journal and the process; all it wants before one."""
+    clock = StopClock(10.0)
+    assert clock.allows(100.0) == 100.0, "no signal yet: no budget applies"
+    clock.asked_mono = time.monotonic() - 3.0
+    assert clock.allows(100.0) == pytest.approx(10.0 - 3.0 - STOP_RESERVE_S, abs=0.05)
+    assert clock.allows(2.0) == 2.0
+    clock.asked_mono = time.monotonic() - 9.5
+    assert clock.allows(100.0) == 0.0
