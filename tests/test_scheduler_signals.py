@@ -23,7 +23,8 @@ from trt_otel.app.session import TIME_LIMIT_REASON
 from trt_otel.builder.build import BuildJob, SimulatorSettings, run_build_job
 from trt_otel.builder.onnx_models import demo_model_bytes
 from trt_otel.capture.supervisor import IsolatedResult, run_isolated
-from trt_otel.control.signals import STOP_RESERVE_S, StopClock
+from trt_otel.control.defaults import STOP_RESERVE_S
+from trt_otel.control.signals import StopClock
 from trt_otel.core.events import BuildFinished, CancelRequested
 from waiting import wait_for_silence, wait_for_text
 
