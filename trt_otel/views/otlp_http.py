@@ -61,7 +61,9 @@ class AcceptedOn2xx(requests.Session):
             try:
                 response = super().send(request, **kwargs)
             except requests.RequestException:
-                if deadline.expired:
+                # Past the deadline, whichever noticed first: the watchman that shuts the
+                # sockets, or a read whose own timeout (requests') ran out at the same moment.
+                if deadline.expired or deadline.left() <= 0:
                     raise requests.Timeout(str(deadline.exceeded()), request=request) from None
                 raise
             if deadline.expired:  # a body cut short at the deadline reads as a shorter one
