@@ -66,7 +66,9 @@ def _build(report: BuildReport, builds: int) -> list[str]:
     backend = report.attributes.get("trt.backend", "")
     version = report.attributes.get("trt.version", "")
     model = report.attributes.get("model.path", "")
-    out = [f"{name}: {md(model)} ({md(backend)} {md(version)})", "", headline(report), ""]
+    library = " ".join(md(part) for part in (backend, version) if part)
+    title = f"{name}: {md(model)}" + (f" ({library})" if library else "")
+    out = [title, "", headline(report), ""]
     if report.cancel is not None:
         cancel = report.cancel
         out += [
