@@ -99,3 +99,26 @@ def test_the_models_native_modules_are_all_imported_with_ctrl_c_held() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", f"loaded with Ctrl-C not held: {done.stdout}"
+
+
+HELD_WHERE_PYTHONS_DEFAULT_WAS = """
+import os, signal
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+from trt_otel.core.startup import native_import
+with native_import():
+    os.kill(os.getpid(), signal.SIGINT)
+    print("held", flush=True)
+print("lost", flush=True)
+"""
+
+
+@pytest.mark.e2e
+def test_a_ctrl_c_held_where_no_handler_was_set_ends_the_process_as_it_would_have() -> None:
+    """Where the handler before was the system's default (SIG_DFL), the held Ctrl-C is sent
+    again on the way out, and the process ends of it, as it would have without the hold."""
+    done = subprocess.run(
+        [sys.executable, "-c", HELD_WHERE_PYTHONS_DEFAULT_WAS],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == -signal.SIGINT, (done.returncode, done.stdout, done.stderr)
+    assert done.stdout == "held\n"

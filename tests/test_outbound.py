@@ -32,7 +32,7 @@ from trt_otel.app.config import MetricsConfig
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.core import outbound
 from trt_otel.core.deadlines import Deadline, DeadlineExceededError, call_within
-from trt_otel.views.otlp_http import AcceptedOn2xx
+from trt_otel.views.otlp_http import AcceptedOn2xx, NotAccepted
 from trt_otel.views.prometheus import MetricSources, metrics_registry, push_build_metrics
 from waiting import wait_until
 
@@ -500,3 +500,42 @@ def test_an_earlier_deadline_is_kept_while_a_later_one_is_watched() -> None:
         for pair in pairs:
             for end in pair:
                 end.close()
+
+
+@pytest.mark.parametrize(
+    ("url_user", "sent"),
+    [("ci:s3cret@", "ci:s3cret"), ("token@", "token:"), (":s3cret@", ":s3cret"), ("", None)],
+)
+def test_whatever_credentials_a_url_carries_go_as_basic_auth_and_not_in_the_url(
+    url_user: str, sent: str | None
+) -> None:
+    """A user alone (``https://TOKEN@host``, as CI tokens are written) is a credential too."""
+    authorizations: list[str | None] = []
+    server = answering(200, b"ok", authorizations=authorizations)
+    with server as (url, paths), Deadline(5.0) as deadline:
+        outbound.call(url.replace("//", f"//{url_user}", 1) + "/x", deadline, max_bytes=64)
+    expected = None if sent is None else "Basic " + base64.b64encode(sent.encode()).decode()
+    assert (authorizations, paths) == ([expected], ["/x"])
+
+
+@pytest.mark.parametrize(
+    ("status", "redirect"), [(300, True), (399, True), (400, False), (200, False)]
+)
+def test_only_a_3xx_answer_is_a_redirect(status: int, redirect: bool) -> None:
+    with answering(status, b"") as (url, _), Deadline(5.0) as deadline:
+        answer = outbound.call(f"{url}/x", deadline, max_bytes=64)
+    assert (answer.redirect() is not None) is redirect
+
+
+def test_an_otlp_collectors_400_goes_to_the_sdk_and_a_3xx_is_refused() -> None:
+    """Answers of 400 and over are the SDK's to judge (it retries a 429 or a 503); a redirect,
+    which it would take for success, is refused here. Sent as the SDK sends: no redirect
+    followed."""
+    with answering(400, b"bad") as (url, _):
+        answer = AcceptedOn2xx().post(
+            f"{url}/v1/traces", data=b"x", timeout=5.0, allow_redirects=False
+        )
+    assert answer.status_code == 400
+    moved = answering(308, b"", location="https://elsewhere.example/")
+    with moved as (url, _), pytest.raises(NotAccepted):
+        AcceptedOn2xx().post(f"{url}/v1/traces", data=b"x", timeout=5.0, allow_redirects=False)

@@ -512,3 +512,17 @@ def test_a_folded_group_says_its_time_in_all_and_its_longest() -> None:
     (group,) = document["phases"][0]["children"]
     assert (group["kind"], group["count"]) == ("group", 3)
     assert (group["elapsed_s"], group["longest_s"]) == (7.0, 4.0)
+
+
+def test_an_ended_builds_elapsed_time_stops_at_its_end() -> None:
+    clock = ManualClock()
+    monitor = BuildMonitor(clock=clock)
+    monitor.start()
+    monitor.phase_start("root", None, 1)
+    clock.advance(5)
+    monitor.phase_finish("root")
+    monitor.end()
+    model = model_of(monitor.log.recent())
+    later = monitor.log.recent()[-1].mono_ns + 3_600 * 10**9  # an hour after the end
+    document = msgspec.to_builtins(status_document(model, model.estimate_locked(later), later))
+    assert document["elapsed_s"] == 5.0

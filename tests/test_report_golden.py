@@ -30,9 +30,10 @@ GIB = 1 << 30
 
 
 def crafted_report() -> BuildReport:
-    """A build of every kind of row: nested phases, a phase repeated under one parent (folded),
-    a silent step, steps, samples of the builder's process and its GPU, a warning, and a cancel
-    that TensorRT honours at its next step, unwinding what is open."""
+    """A build of every kind of row: a silent set-up before the first phase, nested phases, a
+    phase repeated under one parent (folded), a silent step, steps, samples of the builder's
+    process and its GPU, a warning, and a cancel that TensorRT honours at its next step,
+    unwinding what is open."""
     clock = ManualClock()
     monitor = BuildMonitor(
         clock=clock,
@@ -47,6 +48,7 @@ def crafted_report() -> BuildReport:
         )
         monitor.sample(GpuSample, index=0, utilization=gpu, memory_used_bytes=int(rss_gib * GIB))
 
+    clock.advance(6.0)  # the set-up (parsing the model): silent, before the first phase
     monitor.phase_start("Building engine", None, 3)
     monitor.phase_start("Optimizing graph", "Building engine", 4)
     for step in range(4):

@@ -199,3 +199,6 @@ def test_the_stop_budget_leaves_its_reserve_for_the_end() -> None:
     assert clock.allows(2.0) == 2.0
     clock.asked_mono = time.monotonic() - 9.5
     assert clock.allows(100.0) == 0.0
+    first = clock.asked_mono
+    clock.asked()  # a second signal: the budget still counts from the first
+    assert clock.asked_mono == first

@@ -117,3 +117,25 @@ def test_only_a_descriptor_open_for_writing_with_the_lock_is_the_writers(tmp_pat
         assert holds_write_lock(os.getpid(), journal) is True
     finally:
         os.close(writer)
+
+
+def test_a_writer_that_opened_its_journal_to_read_and_write_is_the_writer(tmp_path: Path) -> None:
+    journal = tmp_path / "build.jsonl"
+    journal.write_text("")
+    both = os.open(journal, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.flock(both, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert holds_write_lock(os.getpid(), journal) is True
+    finally:
+        os.close(both)
+
+
+@pytest.mark.e2e
+def test_a_process_that_is_gone_is_not_the_writer(tmp_path: Path) -> None:
+    """Gone (no /proc entry): provably not the writer, not "cannot tell"."""
+    journal = tmp_path / "build.jsonl"
+    journal.write_text("")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert not os.path.exists(f"/proc/{gone.pid}")
+    assert holds_write_lock(gone.pid, journal) is False
