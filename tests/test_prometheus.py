@@ -679,3 +679,20 @@ def test_a_build_as_long_as_a_buckets_bound_is_counted_in_that_bucket() -> None:
         if sample.name == "trt_build_duration_seconds_bucket"
     }
     assert (buckets["30.0"], buckets["60.0"], buckets["120.0"]) == (0.0, 1.0, 1.0)
+
+
+def test_a_scrape_before_the_end_is_not_the_final_one() -> None:
+    """The linger waits for a scrape that begins after it does: one made during the build read
+    the values of then, not the final ones."""
+    monitor = BuildMonitor()
+    registry = metrics_registry(MetricSources(monitor))
+    server = MetricsServer(registry, 0)
+    try:
+        monitor.start()
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as f:
+            assert f.status == 200
+        assert server.scrapes == 1
+        monitor.end()
+        assert server.linger(0.3) is False, "no scrape since: not final"
+    finally:
+        server.close()
