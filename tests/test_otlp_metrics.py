@@ -10,7 +10,12 @@ import threading
 from pathlib import Path
 
 import pytest
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    NumberDataPoint,
+)
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -173,3 +178,59 @@ def test_a_final_export_still_waiting_when_the_sdk_gives_up_is_not_exported() ->
         exporter.answer.set()
     assert health.reason == "no answer within 0.3s", health
     assert health.exported == 0
+
+
+class _KeptExporter(MetricExporter):
+    """Keeps each export's data, as a collector would receive it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.exports: list[MetricsData] = []
+        self.arrived = threading.Event()
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: object
+    ) -> MetricExportResult:
+        self.exports.append(metrics_data)
+        self.arrived.set()
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:
+        pass
+
+
+def steps_exported(data: MetricsData) -> list[float]:
+    return [
+        point.value
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == "trt_build_steps_completed"  # OTLP counters without "_total"
+        for point in metric.data.data_points
+        if isinstance(point, NumberDataPoint)
+    ]
+
+
+def test_a_periodic_export_sends_the_values_of_its_moment() -> None:
+    """An export during the build collects the registry again (one collection serves every
+    instrument of one export): the steps done since the last one are in it, not the values
+    the export began with."""
+    monitor = BuildMonitor()
+    monitor.start()
+    exporter = _KeptExporter()
+    settings = OtlpSettings("http://127.0.0.1:9/v1/metrics", "http/protobuf", 1.0)
+    export = OtlpMetricsExport(
+        settings, metrics_registry(MetricSources(monitor)), interval_s=1.5, exporter=exporter
+    )
+    try:
+        monitor.phase_start("Building engine", None, 3)
+        for step in range(3):
+            monitor.step_complete("Building engine", step)
+        assert exporter.arrived.wait(30), "no periodic export"
+        assert steps_exported(exporter.exports[0]) == [3.0]
+    finally:
+        monitor.end()
+        export.shutdown(5.0)
