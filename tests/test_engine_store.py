@@ -579,3 +579,24 @@ def test_the_fleets_list_says_what_the_store_did_for_each_build(tmp_path: Path) 
     assert engines_summary(listed.values()) == (
         "engines: 1 served, 1 rebuilt (options: +fp16 true)"
     )
+
+
+@pytest.mark.e2e
+def test_prune_says_what_it_removed_and_the_bytes_left(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    demo = ("demo", "--speed", "0", "--no-progress", "--engine-store", store)
+    assert run_cli(*demo, "-o", tmp_path / "a.engine").returncode == 0
+    older = json.loads(run_cli("store", "ls", store, "--json").stdout)["entries"]
+    (first,) = older
+    os.utime(store / "v1" / "entries" / first["key"], (time.time() - 60, time.time() - 60))
+    options = ("--builder-optimization-level", "1")
+    assert run_cli(*demo, *options, "-o", tmp_path / "b.engine").returncode == 0
+    entries = json.loads(run_cli("store", "ls", store, "--json").stdout)["entries"]
+    assert len(entries) == 2
+    (newer,) = [e for e in entries if e["key"] != first["key"]]
+    pruned = run_cli("store", "prune", store, "--max", str(newer["bytes"] + 1), "--json")
+    answer = json.loads(pruned.stdout)
+    assert [e["key"] for e in answer["removed"]] == [first["key"]], "the least recently used"
+    left = json.loads(run_cli("store", "ls", store, "--json").stdout)["entries"]
+    assert [e["key"] for e in left] == [newer["key"]]
+    assert answer["bytes"] == newer["bytes"], "what is left, not what was removed"
