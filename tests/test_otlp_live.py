@@ -131,6 +131,20 @@ def test_the_span_budget_counts_the_snapshots_and_their_end_is_said_once() -> No
     monitor.close()
 
 
+def test_snapshots_that_just_fit_the_budget_are_sent_without_a_warning() -> None:
+    clock, model = ManualClock(), ReadModel()
+    monitor = BuildMonitor(backend="none", clock=clock, model=model)
+    warnings: list[str] = []
+    live = LiveSnapshots(model, Unsent(spans_left=2), warn=warnings.append)
+    monitor.start()
+    monitor.phase_start("Building engine", None, 3)
+    monitor.phase_start("Determining refit engines", "Building engine", 1)
+    clock.advance(LIVE_INTERVAL_S)
+    assert len(live.snapshot(clock.mono_ns())) == 2
+    assert warnings == [], "room for both: the budget is not spent"
+    monitor.close()
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize(("closer", "protocol"), [("replay", "http/protobuf"), ("watch", "grpc")])
