@@ -112,9 +112,12 @@ def test_demo_with_history_fails_a_slower_build_and_passes_a_usual_one(
     )  # fmt: skip
     assert slow.returncode == EXIT_SLOWER, slow.stderr
     assert "most in Determining refit engines" in slow.stderr
+    # A margin a busy machine keeps to: a quick build's start-up (its worker's imports) took
+    # 0.5 s in the history and 1.7 s beside a full run of the suite; the silent window above is
+    # more than eight times the history's median.
     usual = run_cli(
         "demo", "--simulate", "tensorrt-rtx", "--speed", "0", "--no-progress", "--no-summary",
-        "--history", str(history), "--fail-if-slower", "200",
+        "--history", str(history), "--fail-if-slower", "800",
     )  # fmt: skip
     assert usual.returncode == 0, usual.stderr
     assert "verdict: " in usual.stderr
