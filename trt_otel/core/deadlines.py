@@ -52,6 +52,12 @@ class Deadline:
         """Seconds left before the deadline (0 once it passed)."""
         return max(0.0, self.at - time.monotonic())
 
+    def passed(self) -> bool:
+        """Whether the deadline has passed, whoever noticed first: the watchman that shuts the
+        call's sockets, or a read whose own timeout ran out at the same moment (before the
+        watchman's thread had its turn)."""
+        return self.expired or self.left() <= 0
+
     def check(self) -> float:
         """The seconds left; raises :class:`DeadlineExceededError` when there are none."""
         left = self.left()

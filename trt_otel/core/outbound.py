@@ -120,7 +120,7 @@ def call(
             body = response.read(max_bytes)
             answer = Answer(response.status, response.reason or "", response.headers, body)
     except (OSError, http.client.HTTPException) as error:
-        if deadline.expired or deadline.left() <= 0:
+        if deadline.passed():
             raise deadline.exceeded() from None
         if isinstance(error, urllib.error.URLError) and isinstance(error.reason, OSError):
             raise error.reason from None  # "[Errno 111] Connection refused", not urllib's wrap

@@ -61,9 +61,7 @@ class AcceptedOn2xx(requests.Session):
             try:
                 response = super().send(request, **kwargs)
             except requests.RequestException:
-                # Past the deadline, whichever noticed first: the watchman that shuts the
-                # sockets, or a read whose own timeout (requests') ran out at the same moment.
-                if deadline.expired or deadline.left() <= 0:
+                if deadline.passed():  # requests' own read timeout may have noticed first
                     raise requests.Timeout(str(deadline.exceeded()), request=request) from None
                 raise
             if deadline.expired:  # a body cut short at the deadline reads as a shorter one
