@@ -19,20 +19,25 @@ from trt_otel.app.diffing import (
     matches,
 )
 from trt_otel.app.reporting import build_reports
+from trt_otel.core.events import Event
 from trt_otel.views.report.model import BuildReport
+
+
+def built(clock: ManualClock, seconds: float, **attributes: str) -> list[Event]:
+    """The events of a successful build of ``seconds`` on ``clock``, with ``attributes``."""
+    monitor = BuildMonitor(attributes=attributes, clock=clock)
+    monitor.start()
+    monitor.phase_start("Building engine", None, 1)
+    clock.advance(seconds)
+    monitor.step_complete("Building engine", 0)
+    monitor.phase_finish("Building engine")
+    monitor.end()
+    return monitor.log.recent()
 
 
 def recorded(path: Path, **attributes: str) -> BuildReport:
     """A successful build with ``attributes``, read back from its journal at ``path``."""
-    clock = ManualClock()
-    monitor = BuildMonitor(attributes=attributes, clock=clock)
-    monitor.start()
-    monitor.phase_start("Building engine", None, 1)
-    clock.advance(10)
-    monitor.step_complete("Building engine", 0)
-    monitor.phase_finish("Building engine")
-    monitor.end()
-    (report,) = build_reports([write_journal(path, monitor.log.recent())])
+    (report,) = build_reports([write_journal(path, built(ManualClock(), 10, **attributes))])
     return report
 
 
@@ -103,16 +108,7 @@ def test_a_candidate_is_never_its_own_baseline(tmp_path: Path) -> None:
 def test_diff_compares_a_journals_last_build(tmp_path: Path) -> None:
     """A journal of several builds (a retry ladder's): its last is the one compared."""
     clock = ManualClock()
-    events = []
-    for seconds in (10, 20):
-        monitor = BuildMonitor(clock=clock)
-        monitor.start()
-        monitor.phase_start("Building engine", None, 1)
-        clock.advance(seconds)
-        monitor.step_complete("Building engine", 0)
-        monitor.phase_finish("Building engine")
-        monitor.end()
-        events += monitor.log.recent()
+    events = built(clock, 10) + built(clock, 20)
     numbered = [msgspec.structs.replace(e, seq=i) for i, e in enumerate(events)]
     journal = write_journal(tmp_path / "ladder.jsonl", numbered)
     assert len(build_reports([journal])) == 2
