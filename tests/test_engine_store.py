@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from cli import CLI, run_cli, start_cli
@@ -572,7 +573,7 @@ def test_the_fleets_list_says_what_the_store_did_for_each_build(tmp_path: Path) 
         monitor.start()
         monitor.end()
         monitor.close()
-    listed = {build["id"]: build["store"] for build in fleet.list()}
+    listed = {build.id: msgspec.to_builtins(build.store) for build in fleet.list()}
     assert listed["0123456789aa"] == {"served": True, "saved_s": 3.0, "miss_reason": None}
     assert listed["0123456789bb"]["miss_reason"] == "options: +fp16 true"
     assert listed["0123456789cc"] is None

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 
 from cli import CLI
@@ -39,7 +40,12 @@ from trt_otel.app.fleet import (  # noqa: E402
     JournalFold,
     check_command_line,
 )
-from trt_otel.app.mcp_server import MAX_LOG_CHARS, bound_log_lines  # noqa: E402
+from trt_otel.app.fleet_documents import BuildRequest, output_schema  # noqa: E402
+from trt_otel.app.mcp_server import (  # noqa: E402
+    MAX_LOG_CHARS,
+    OUTPUT_DOCUMENTS,
+    bound_log_lines,
+)
 from trt_otel.builder.onnx_models import CONV_SHAPES, RESIDUAL_SHAPES  # noqa: E402
 from trt_otel.core.attempts import ATTEMPT, ATTEMPTS  # noqa: E402
 from trt_otel.core.forecast import Forecast  # noqa: E402
@@ -96,7 +102,7 @@ def start_arguments(model: Path, *options: str, slow: bool = False) -> dict[str,
 
 
 @pytest.mark.e2e
-def test_tools_are_listed_with_their_inputs(tmp_path: Path) -> None:
+def test_tools_are_listed_with_their_inputs_and_outputs(tmp_path: Path) -> None:
     async def test() -> None:
         async with server(tmp_path / "state") as client:
             tools = {tool.name: tool for tool in (await client.list_tools()).tools}
@@ -124,6 +130,13 @@ def test_tools_are_listed_with_their_inputs(tmp_path: Path) -> None:
             limit = tools["build_events"].input_schema["properties"]["limit"]
             assert (limit["minimum"], limit["maximum"]) == (1, 1000)
             assert "refused (a tool error), not clamped" in limit["description"]
+            # Each answer's schema is its typed document's, which the client checks every
+            # answer against (payload() reads only answers that passed).
+            for name, document in OUTPUT_DOCUMENTS.items():
+                assert tools[name].output_schema == output_schema(document), name
+            status = tools["build_status"].output_schema
+            assert status is not None and "running" in status["properties"]["state"]["enum"]
+            assert status["$defs"]["OpenPhase"]["required"] == ["name", "steps", "elapsed_s"]
 
     run_async(test)
 
@@ -760,7 +773,7 @@ def test_a_build_s_metrics_are_not_served_beyond_loopback(tmp_path: Path) -> Non
         ["--prometheus-address", "gpu-box.example"],
     ):
         with pytest.raises(FleetError, match="is not a loopback address"):
-            fleet.start("demo", options=options)
+            fleet.start(BuildRequest(kind="demo", options=tuple(options)))
     assert fleet.ids() == []
 
 
@@ -790,7 +803,7 @@ def test_only_a_loopback_url_file_whole_is_a_builds_view(tmp_path: Path) -> None
     ]:
         (folder / "http.url").write_text(written + "\n")
         status = fleet.status("0123456789ab", live=False)
-        assert status["url"] == followed, written
+        assert status.url == followed, written
 
 
 def test_an_output_that_is_a_dangling_link_is_not_written_through(tmp_path: Path) -> None:
@@ -803,7 +816,9 @@ def test_an_output_that_is_a_dangling_link_is_not_written_through(tmp_path: Path
     not_a_trace.write_text("this is not JSON\n")
     fleet = Fleet(state, roots=[tmp_path])
     with pytest.raises(FleetError, match="exists; it is replaced only when the call says so"):
-        fleet.start("demo", output=str(link), options=["--trace", str(not_a_trace)])
+        fleet.start(
+            BuildRequest(kind="demo", output=str(link), options=("--trace", str(not_a_trace)))
+        )
     assert not (tmp_path / "elsewhere.engine").exists()
 
 
@@ -845,7 +860,8 @@ def test_a_builds_status_carries_its_forecast_and_once_it_succeeded_its_error(
         clock.advance(12.5)
         monitor.end(outcome)
         monitor.close()
-        return fleet.status(build_id)["forecast"]
+        said = fleet.status(build_id).forecast
+        return msgspec.to_builtins(said) if said is not None else None
 
     assert status_of("0123456789aa", Outcome.SUCCESS, ahead) == {
         "expected_s": 10.0,
@@ -872,10 +888,10 @@ def test_build_events_page_on_from_the_last_event_given(tmp_path: Path) -> None:
     monitor.end()
     monitor.close()
     first = fleet.events("0123456789ab", limit=3)
-    assert [e["seq"] for e in first["events"]] == [0, 1, 2]
-    assert (first["next_seq"], first["more"]) == (2, True)
-    second = fleet.events("0123456789ab", first["next_seq"], limit=3)
-    assert [e["seq"] for e in second["events"]] == [3, 4, 5]
+    assert [e["seq"] for e in first.events] == [0, 1, 2]
+    assert (first.next_seq, first.more) == (2, True)
+    second = fleet.events("0123456789ab", first.next_seq, limit=3)
+    assert [e["seq"] for e in second.events] == [3, 4, 5]
 
 
 @pytest.mark.e2e
@@ -886,21 +902,21 @@ def test_a_live_builds_state_follows_its_journal(tmp_path: Path) -> None:
     build_id = "00112233aabb"
     with stand_in(build_id) as process:
         journal = crafted_build(fleet.state_dir, build_id, process.pid)
-        assert fleet.status(build_id)["state"] == "starting"
+        assert fleet.status(build_id).state == "starting"
         monitor = BuildMonitor(attributes={ATTEMPT: 1, ATTEMPTS: 2})
         monitor.log.follow(JournalWriter(journal))
         monitor.phase_start("Building engine", None, 3)  # a phase boundary: flushed
         assert monitor.log.flush(10.0)
-        assert fleet.status(build_id)["state"] == "running", "no URL file yet, but building"
+        assert fleet.status(build_id).state == "running", "no URL file yet, but building"
         monitor.end(Outcome.TIMEOUT)
         monitor.close()
-        assert fleet.status(build_id)["state"] == "retrying"
+        assert fleet.status(build_id).state == "retrying"
         last = BuildMonitor(attributes={ATTEMPT: 2, ATTEMPTS: 2})
         last.log.follow(JournalWriter(journal, append=True))
         last.start()
         last.end(Outcome.TIMEOUT)
         last.close()
-        assert fleet.status(build_id)["state"] == "finished", "the last attempt ended"
+        assert fleet.status(build_id).state == "finished", "the last attempt ended"
 
 
 @pytest.mark.e2e

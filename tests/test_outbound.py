@@ -328,11 +328,12 @@ def test_a_ray_job_server_that_drips_is_an_error_in_time(tmp_path: Path) -> None
     a job server that answers its version check and then drips held a submission forever."""
     pytest.importorskip("ray.job_submission")
     from trt_otel.app.fleet import FleetError
+    from trt_otel.app.fleet_documents import BuildRequest
     from trt_otel.app.ray_fleet import RayFleet
 
     with ray_job_server() as url:
         fleet = RayFleet(url, tmp_path, call_timeout_s=1.0)
-        outcome, took = bounded(lambda: fleet.start("demo"), 20)
+        outcome, took = bounded(lambda: fleet.start(BuildRequest(kind="demo")), 20)
     assert isinstance(outcome, FleetError), outcome
     assert "Ray did not take the job (no answer within 1.0s)" in str(outcome)
     assert took < 1.0 + SLACK_S + 0.5, f"{took:.1f}s"  # the request's checks come first

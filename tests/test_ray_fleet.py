@@ -26,6 +26,7 @@ from cli import CLI, CLI_MODULE, run_cli
 from ray_cluster import RayCluster
 from rtx_builds import import_rtx, write_conv, write_residual
 from trt_otel import Outcome, read_journal
+from trt_otel.app.fleet_documents import BuildRequest
 from trt_otel.app.ray_fleet import RayFleet
 from trt_otel.builder.onnx_models import CONV_SHAPES, RESIDUAL_SHAPES
 from trt_otel.capture.liveness import Writer
@@ -177,26 +178,26 @@ def test_a_build_that_outlives_its_grace_period_after_a_cancel_is_stopped_throug
     shared = tmp_path / "shared"
     shared.mkdir()
     builds = RayFleet(ray_cluster.address, shared, stop_slack_s=1.0)
-    started = builds.start(
-        "demo", options=["--speed", "0", "--silence", "10m", "--grace", "3s", "--no-gpu"]
-    )
-    journal = Path(started["journal"])
+    options = ("--speed", "0", "--silence", "10m", "--grace", "3s", "--no-gpu")
+    started = builds.start(BuildRequest(kind="demo", options=options))
+    journal = Path(started.journal)
     wait_for_text(journal, b"Computing profile costs", timeout_s=120)
     writer = Writer.from_header(read_journal(journal).header)
     assert writer.pid is not None
     os.kill(writer.pid, signal.SIGSTOP)
     try:
         began = time.monotonic()
-        answer = builds.cancel(started["id"], REASON, wait=True)
+        answer = builds.cancel(started.id, REASON, wait=True)
         waited_s = time.monotonic() - began
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(writer.pid, signal.SIGCONT)
-    status = answer["status"]
-    assert status["ray_status"] == "STOPPED", status
-    assert status["state"] == "lost", "stopped from outside: its journal has no end"
+    status = answer.status
+    assert status is not None
+    assert status.ray_status == "STOPPED", status
+    assert status.state == "lost", "stopped from outside: its journal has no end"
     assert waited_s >= 3 + 1, "not before the grace period (and the slack) had passed"
-    assert Path(shared / "builds" / started["id"] / "cancel").read_text() == f"{REASON}\n"
+    assert Path(shared / "builds" / started.id / "cancel").read_text() == f"{REASON}\n"
 
 
 @pytest.mark.e2e

@@ -40,13 +40,31 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
+import msgspec
 import psutil
+from msgspec.structs import replace
 
 from trt_otel.app.commands import build_parser, command_of
 from trt_otel.app.config import UsageError
 from trt_otel.app.engine_store import store_status
+from trt_otel.app.fleet_documents import (
+    ENDED,
+    AttemptStatus,
+    BuildRequest,
+    BuildStatus,
+    BuildSummary,
+    CancelAnswer,
+    CancelNote,
+    EventsPage,
+    FitAnswer,
+    ForecastStatus,
+    OpenPhase,
+    State,
+    StoreStatus,
+    WaitAnswer,
+)
 from trt_otel.app.retries import MAX_RUNG_CHARS, MAX_RUNGS, rung_paths
 from trt_otel.app.session import exit_code_of
 from trt_otel.capture.checked import CheckedEvents, read_journal
@@ -71,6 +89,9 @@ from trt_otel.core.journal import (
 )
 from trt_otel.core.outbound import Answer
 from trt_otel.core.state import BuildState
+from trt_otel.views.status import Builder, Estimate, Projection
+
+T = TypeVar("T")
 
 KINDS = ("build", "demo")
 RESERVED_OPTIONS = ("-h", "--help", "--version")
@@ -160,33 +181,22 @@ class Fleet:
 
     # -- starting --------------------------------------------------------------------------
 
-    def start(
-        self,
-        kind: str,
-        *,
-        model: str | None = None,
-        output: str | None = None,
-        options: Sequence[str] = (),
-        overwrite: bool = False,
-        deadline: str | None = None,
-        retries: Sequence[str] = (),
-    ) -> dict[str, Any]:
+    def start(self, request: BuildRequest) -> BuildStatus:
         """Check the request as the command line would, start the build, and return its
         status once its process has announced its HTTP view (or has stopped). The model, the
         output and every path option (a retry's too) must lie inside a root; an output that
         exists is replaced only with ``overwrite``. ``deadline`` and ``retries`` are
         ``--deadline`` and the ``--retry`` rungs."""
         # The bounds first: nothing else looks at a request that breaks them.
-        options = bounded_request(
-            kind, model=model, output=output, options=options, deadline=deadline, retries=retries
-        )
+        options = bounded_request(request)
+        kind, model, output = request.kind, request.model, request.output
         model_path = self._model_path(model) if model is not None else None
         if kind == "build" and model_path is None:
             raise FleetError("a build needs a model: the path of an ONNX file")
         refuse_reserved(options, "the server")
         build_id = secrets.token_hex(6)
         folder = self.folder(build_id)
-        engine = str(self._output_path(output, overwrite=overwrite)) if output else None
+        engine = str(self._output_path(output, overwrite=request.overwrite)) if output else None
         argv = [kind]
         if kind == "build":
             assert model_path is not None
@@ -216,7 +226,7 @@ class Fleet:
         except OSError as error:  # an unwritable state directory, a full disk
             raise FleetError(f"cannot start a build in {folder}: {error}") from None
 
-    def fit(self, model: str, deadline: str, history: str) -> dict[str, Any]:
+    def fit(self, model: str, deadline: str, history: str) -> FitAnswer:
         """Whether a build of ``model`` would end within ``deadline``, from the journals of
         earlier builds in ``history`` (both inside a root): ``--deadline``'s own rule, and
         nothing is built."""
@@ -293,7 +303,7 @@ class Fleet:
 
     def _launch(
         self, build_id: str, kind: str, argv: list[str], model_path: Path | None, engine: str | None
-    ) -> dict[str, Any]:
+    ) -> BuildStatus:
         folder = self.folder(build_id)
         folder.mkdir(parents=True, exist_ok=False)
         token = secrets.token_urlsafe(32)
@@ -328,8 +338,8 @@ class Fleet:
                 break
             time.sleep(0.05)
         status = self.status(build_id)
-        if status["state"] == "failed_to_start":
-            raise FleetError(f"the build did not start: {status['error']}")
+        if status.state == "failed_to_start":
+            raise FleetError(f"the build did not start: {status.error}")
         return status
 
     # -- reading ---------------------------------------------------------------------------
@@ -344,11 +354,10 @@ class Fleet:
         ]
         return [name for _, name in sorted(found)]
 
-    def list(self) -> list[dict[str, Any]]:
-        keys = ("id", "kind", "model", "state", "outcome", "progress", "started_wall_s", "store")
-        return [{key: self.status(i, live=False).get(key) for key in keys} for i in self.ids()]
+    def list(self) -> list[BuildSummary]:
+        return [BuildSummary.of(self.status(i, live=False)) for i in self.ids()]
 
-    def status(self, build_id: str, *, live: bool = True) -> dict[str, Any]:
+    def status(self, build_id: str, *, live: bool = True) -> BuildStatus:
         """The build as one document: from its journal, and from its HTTP view while it runs
         (the view has the estimates and the phase tree)."""
         folder = self.folder(build_id)
@@ -359,98 +368,53 @@ class Fleet:
             fold = self._folds[build_id] = JournalFold(folder / "journal.jsonl")
         state = fold.update()
         url = self._url(folder)
-        document: dict[str, Any] = {
-            "id": build_id,
-            "kind": record.kind,
-            "model": record.model,
-            "engine": record.engine,
-            "started_wall_s": record.started_wall_s,
-            "journal": str(folder / "journal.jsonl"),
-            "url": url,
-            "page": f"{url}/" if url else None,
-            "build_id": state.build_id,
-            "last_seq": state.last_seq,
-            "progress": state.progress_ratio(),
-            "steps_completed": state.steps_completed_total,
-            "outcome": state.outcome.value if state.outcome is not None else None,
-            "exit_code": exit_code_of(state.outcome) if state.outcome is not None else None,
-            "detail": state.outcome_detail or None,
-            "cancel": None
-            if state.cancel is None
-            else {"reason": state.cancel.reason, "source": state.cancel.source},
-            "builder": state.activity.as_json(),
-            "attempts": fold.attempts,
-        }
-        if state.start_mono_ns is not None and state.end_mono_ns is not None:
-            document["elapsed_s"] = (state.end_mono_ns - state.start_mono_ns) / 1e9
-        document["forecast"] = forecast_status(state)
-        document["store"] = store_status(state.attributes)
-        document.update(_lifecycle(state, alive, url, fold.attempts, folder))
+        lifecycle, error = _lifecycle(state, alive, url, fold.attempts, folder)
+        status = journal_status(
+            state,
+            fold.attempts,
+            id=build_id,
+            kind=record.kind,
+            state=lifecycle,
+            model=record.model,
+            engine=record.engine,
+            journal=str(folder / "journal.jsonl"),
+            error=error,
+            url=url,
+            page=f"{url}/" if url else None,
+            started_wall_s=record.started_wall_s,
+        )
         if live and alive and url is not None and state.outcome is None:
             view = _get_json(f"{url}/status")
             if view is not None:
-                document.update(
-                    state="cancelling" if view.get("status") == "cancelling" else "running",
-                    progress=view.get("progress"),
-                    steps_completed=view.get("steps_completed"),
-                    elapsed_s=view.get("elapsed_s"),
-                    eta=view.get("eta"),
-                    open_phases=_open_path(view.get("phases") or []),
-                    gpu=view.get("gpu"),
-                    builder=view.get("builder"),
-                    projection=view.get("projection"),
-                )
-        return document
+                status = _with_view(status, view)
+        return status
 
-    def events(self, build_id: str, since_seq: int = -1, limit: int = 200) -> dict[str, Any]:
+    def events(self, build_id: str, since_seq: int = -1, limit: int = 200) -> EventsPage:
         """Events after ``since_seq``, from the journal: ``limit`` of them at most (1 to
         :data:`MAX_EVENTS`; any other limit is refused, not clamped)."""
         folder = self.folder(build_id)
         if not 1 <= limit <= MAX_EVENTS:
             raise FleetError(f"limit must be 1 to {MAX_EVENTS}")
         self._record(build_id)
-        events = _journal_events(folder / "journal.jsonl")
-        after = [e for e in events if e.seq > since_seq]
-        chosen = after[:limit]
-        return {
-            "events": [event_to_dict(e) for e in chosen],
-            "next_seq": chosen[-1].seq if chosen else since_seq,
-            "more": len(after) > len(chosen),
-        }
+        return events_page(_journal_events(folder / "journal.jsonl"), since_seq, limit)
 
-    def wait(
-        self, build_id: str, until: str = "progress", timeout_s: float = 30.0
-    ) -> dict[str, Any]:
+    def wait(self, build_id: str, until: str = "progress", timeout_s: float = 30.0) -> WaitAnswer:
         """Wait until the build progresses (a step, a phase, a cancel, its end) or ends, or
         ``timeout_s`` passes; the build's status and what happened."""
         self.folder(build_id)
-        if until not in ("progress", "end"):
-            raise FleetError("until is 'progress' or 'end'")
         if not 0 <= timeout_s <= 600:
             raise FleetError("timeout_s must be between 0 and 600 seconds")
-        first = self.status(build_id)
-        deadline = time.monotonic() + timeout_s
-        baseline = _progress_key(first)
-        current = first
-        while True:
-            if current["state"] in ("finished", "failed_to_start", "lost"):
-                return {"reason": "ended", "status": current}
-            if until == "progress" and _progress_key(current) != baseline:
-                return {"reason": "progressed", "status": current}
-            if time.monotonic() >= deadline:
-                return {"reason": "timeout", "status": current}
-            time.sleep(0.25)
-            current = self.status(build_id)
+        return wait_for(lambda: self.status(build_id), until, timeout_s, poll_s=0.25)
 
     # -- cancelling ------------------------------------------------------------------------
 
-    def cancel(self, build_id: str, reason: str = "") -> dict[str, Any]:
+    def cancel(self, build_id: str, reason: str = "") -> CancelAnswer:
         folder = self.folder(build_id)
         check_text("reason", reason, MAX_REASON_CHARS)
         record = self._record(build_id)
         status = self.status(build_id, live=False)
-        if status["state"] not in ("running", "cancelling", "starting"):
-            raise FleetError(f"build {build_id} is not running ({status['state']})")
+        if status.state not in ("running", "cancelling", "starting"):
+            raise FleetError(f"build {build_id} is not running ({status.state})")
         deadline = time.monotonic() + STARTUP_S
         url = self._url(folder)
         while url is None and self._alive(record) and time.monotonic() < deadline:
@@ -467,14 +431,15 @@ class Fleet:
             raise FleetError(f"build {build_id} has already ended")
         if code not in (200, 202):
             raise FleetError(f"the build refused the cancel: HTTP {code}")
-        return {
-            "id": build_id,
-            "accepted": True,
-            "first": code == 202,
-            "reason": answer.get("reason"),
-            "note": "TensorRT stops at its next step; a build silent longer than its grace "
+        reason_said = answer.get("reason")
+        return CancelAnswer(
+            id=build_id,
+            accepted=True,
+            first=code == 202,
+            reason=reason_said if isinstance(reason_said, str) else None,
+            note="TensorRT stops at its next step; a build silent longer than its grace "
             "period is stopped from outside. wait_build(until='end') follows it.",
-        }
+        )
 
     # -- internals -------------------------------------------------------------------------
 
@@ -523,27 +488,126 @@ class Fleet:
 
 
 def _lifecycle(
-    state: BuildState, alive: bool, url: str | None, attempts: list[dict[str, Any]], folder: Path
-) -> dict[str, Any]:
-    """Where a build is in its life (``state``), from its journal and its process, and the
-    error of one that stopped without an end."""
+    state: BuildState,
+    alive: bool,
+    url: str | None,
+    attempts: Sequence[AttemptStatus],
+    folder: Path,
+) -> tuple[State, str | None]:
+    """Where a build is in its life, from its journal and its process, and the error of one
+    that stopped without an end."""
     if state.outcome is not None and alive and _more_attempts(attempts):
-        return {"state": "retrying"}  # a ladder's attempt ended; the next may follow
+        return "retrying", None  # a ladder's attempt ended; the next may follow
     if state.outcome is not None:
-        return {"state": "finished"}
+        return "finished", None
     if alive:
         if state.build_id is None and url is None:
-            return {"state": "starting"}
-        return {"state": "cancelling" if state.cancel is not None else "running"}
+            return "starting", None
+        return "cancelling" if state.cancel is not None else "running", None
     if state.build_id is None:
-        return {"state": "failed_to_start", "error": _last_error(folder / "output.log")}
-    error = "the build's process ended before its journal recorded an end"
-    return {"state": "lost", "error": error}
+        return "failed_to_start", _last_error(folder / "output.log")
+    return "lost", "the build's process ended before its journal recorded an end"
 
 
-def _more_attempts(attempts: list[dict[str, Any]]) -> bool:
+def _more_attempts(attempts: Sequence[AttemptStatus]) -> bool:
     """Whether a retry ladder's latest attempt, ended, may have one after it."""
-    return bool(attempts) and attempts[-1]["number"] < attempts[-1]["of"]
+    return bool(attempts) and attempts[-1].number < attempts[-1].of
+
+
+def journal_status(
+    state: BuildState, attempts: Sequence[AttemptStatus], /, **fleets: Any
+) -> BuildStatus:
+    """A build's status as its journal (folded into ``state``) tells it, with what the fleet
+    knows of it (``fleets``: its id, kind, state, paths and the fleet's own fields)."""
+    elapsed_s = None
+    if state.start_mono_ns is not None and state.end_mono_ns is not None:
+        elapsed_s = (state.end_mono_ns - state.start_mono_ns) / 1e9
+    cancel = state.cancel
+    return BuildStatus(
+        build_id=state.build_id,
+        last_seq=state.last_seq,
+        progress=state.progress_ratio(),
+        steps_completed=state.steps_completed_total,
+        elapsed_s=elapsed_s,
+        outcome=state.outcome.value if state.outcome is not None else None,
+        exit_code=exit_code_of(state.outcome) if state.outcome is not None else None,
+        detail=state.outcome_detail or None,
+        cancel=CancelNote(cancel.reason, cancel.source) if cancel is not None else None,
+        builder=_typed(state.activity.as_json(), Builder),
+        forecast=_typed(forecast_status(state), ForecastStatus),
+        store=_typed(store_status(state.attributes), StoreStatus),
+        attempts=list(attempts),
+        **fleets,
+    )
+
+
+def _with_view(status: BuildStatus, view: dict[str, Any]) -> BuildStatus:
+    """``status`` with what the build's own HTTP view says of it while it runs (its estimates,
+    its open phases, its GPU); the view's answer is checked for what it is, field by field."""
+    steps = view.get("steps_completed")
+    progress = _number(view.get("progress"))
+    elapsed_s = _number(view.get("elapsed_s"))
+    return msgspec.structs.replace(
+        status,
+        state="cancelling" if view.get("status") == "cancelling" else "running",
+        progress=status.progress if progress is None else progress,
+        steps_completed=steps if type(steps) is int else status.steps_completed,
+        elapsed_s=status.elapsed_s if elapsed_s is None else elapsed_s,
+        eta=_typed(view.get("eta"), Estimate),
+        open_phases=_open_path(view.get("phases")),
+        gpu=view.get("gpu") if isinstance(view.get("gpu"), dict) else None,
+        builder=_typed(view.get("builder"), Builder) or status.builder,
+        projection=_typed(view.get("projection"), Projection),
+    )
+
+
+def _typed(value: object, document: type[T]) -> T | None:
+    """``value`` (a JSON object) as ``document``, or None where it is none or is not one."""
+    if value is None:
+        return None
+    try:
+        return msgspec.convert(value, document)
+    except msgspec.ValidationError:
+        return None
+
+
+def _number(value: object) -> float | None:
+    """A JSON number as a float; None for anything else (a bool is no number)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def events_page(events: Sequence[Event], since_seq: int, limit: int) -> EventsPage:
+    """The events after ``since_seq``, ``limit`` of them at most, as journal records."""
+    after = [e for e in events if e.seq > since_seq]
+    chosen = after[:limit]
+    return EventsPage(
+        events=[event_to_dict(e) for e in chosen],
+        next_seq=chosen[-1].seq if chosen else since_seq,
+        more=len(after) > len(chosen),
+    )
+
+
+def wait_for(
+    status_of: Callable[[], BuildStatus], until: str, timeout_s: float, *, poll_s: float
+) -> WaitAnswer:
+    """Until the build (``status_of``) progresses (a step, a phase, a cancel, its end) or ends
+    (``until``), or ``timeout_s`` passes: what happened, and its status then."""
+    if until not in ("progress", "end"):
+        raise FleetError("until is 'progress' or 'end'")
+    current = status_of()
+    baseline = _progress_key(current)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if current.state in ENDED:
+            return WaitAnswer("ended", current)
+        if until == "progress" and _progress_key(current) != baseline:
+            return WaitAnswer("progressed", current)
+        if time.monotonic() >= deadline:
+            return WaitAnswer("timeout", current)
+        time.sleep(poll_s)
+        current = status_of()
 
 
 def would_it_fit(
@@ -552,7 +616,7 @@ def would_it_fit(
     history: str,
     model_path_of: Callable[[str], Path],
     inside: Callable[[str, Path], Path],
-) -> dict[str, Any]:
+) -> FitAnswer:
     """MCP's ``will_it_fit`` for a fleet whose ``model_path_of`` and ``inside`` confine the
     model and the history folder: ``--deadline``'s own rule, from the journals of earlier
     builds, and nothing is built."""
@@ -577,36 +641,29 @@ def would_it_fit(
         raise FleetError(f"model {model_path}: {error.strerror or error}") from None
     earlier = History.load(folder, attributes={"model.sha256": digest}, read=read_journal)
     fit = would_fit(earlier, limit_s)
-    return {
-        "answer": fit.answer,
-        "reason": fit.reason,
-        "deadline_s": limit_s,
-        "builds": fit.builds,
-        "within": fit.within,
-        "journals_not_used": len(earlier.skipped),
-        "projection": dataclasses.asdict(fit.projection) if fit.projection else None,
-    }
+    projection = fit.projection
+    return FitAnswer(
+        answer=fit.answer,
+        reason=fit.reason,
+        deadline_s=limit_s,
+        builds=fit.builds,
+        within=fit.within,
+        journals_not_used=len(earlier.skipped),
+        projection=_typed(dataclasses.asdict(projection), Projection) if projection else None,
+    )
 
 
-def bounded_request(
-    kind: str,
-    *,
-    model: str | None,
-    output: str | None,
-    options: Sequence[str],
-    deadline: str | None,
-    retries: Sequence[str],
-) -> list[str]:
+def bounded_request(request: BuildRequest) -> list[str]:
     """A start request's bounds and kind (the local fleet's and Ray's), checked before
     anything looks at it; its options with ``--deadline`` and the ``--retry`` rungs added."""
-    check_text("kind", kind, max(map(len, KINDS)))
-    if kind not in KINDS:
-        raise FleetError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
-    for name, value in (("model", model), ("output", output)):
+    check_text("kind", request.kind, max(map(len, KINDS)))
+    if request.kind not in KINDS:
+        raise FleetError(f"kind must be one of {', '.join(KINDS)}, not {request.kind!r}")
+    for name, value in (("model", request.model), ("output", request.output)):
         if value is not None:
             check_text(name, value, MAX_PATH_CHARS)
-    check_options(options)
-    return [*options, *ladder_options(deadline, retries)]
+    check_options(request.options)
+    return [*request.options, *ladder_options(request.deadline, request.retries)]
 
 
 def refuse_reserved(options: Sequence[str], setter: str) -> None:
@@ -774,7 +831,7 @@ class JournalFold:
 
     def _start(self) -> None:
         self._builds = PerBuild(lambda: BuildState(forget_closed=True))
-        self.attempts: list[dict[str, Any]] = []
+        self.attempts: list[AttemptStatus] = []
         """A retry ladder's attempts so far (none outside one): each with how it ended."""
         self._reader = LineReader()
         self._checked: CheckedEvents | None = None
@@ -823,16 +880,21 @@ class JournalFold:
         if isinstance(event, BuildStarted):
             attempt = attempt_of(event.attributes)
             if attempt is not None:
-                self.attempts.append({"build_id": event.build_id, **dataclasses.asdict(attempt)})
-        elif self.attempts and self.attempts[-1]["build_id"] == self.state.build_id:
+                self.attempts.append(
+                    AttemptStatus(build_id=event.build_id, **dataclasses.asdict(attempt))
+                )
+        elif self.attempts and self.attempts[-1].build_id == self.state.build_id:
+            latest = self.attempts[-1]
             if isinstance(event, CancelRequested):
-                self.attempts[-1]["cancel"] = {"reason": event.reason, "source": event.source}
+                latest = replace(latest, cancel=CancelNote(event.reason, event.source))
             elif isinstance(event, BuildFinished):
-                self.attempts[-1].update(
+                latest = replace(
+                    latest,
                     outcome=event.outcome.value,
                     exit_code=exit_code_of(event.outcome),
                     detail=event.detail or None,
                 )
+            self.attempts[-1] = latest
 
 
 def _journal_events(path: Path) -> list[Event]:
@@ -880,28 +942,29 @@ def _post_cancel(url: str, token: str, reason: str) -> tuple[int, dict[str, Any]
     return answer.status, document if isinstance(document, dict) else {}
 
 
-def _open_path(phases: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The open phases from the root to the innermost, each with its steps."""
-    path: list[dict[str, Any]] = []
+def _open_path(phases: object) -> list[OpenPhase]:
+    """The open phases of a ``/status`` tree, from the root to the innermost, each with its
+    steps."""
+    path: list[OpenPhase] = []
     level = phases
-    while True:
-        open_ones = [p for p in level if p.get("status") == "open"]
+    while isinstance(level, list):
+        open_ones = [p for p in level if isinstance(p, dict) and p.get("status") == "open"]
         if not open_ones:
-            return path
+            break
         phase = open_ones[-1]
         path.append(
-            {
-                "name": phase.get("name"),
-                "steps": f"{int(phase.get('last_step', -1)) + 1}/{phase.get('num_steps')}",
-                "elapsed_s": phase.get("elapsed_s"),
-            }
+            OpenPhase(
+                str(phase.get("name")),
+                f"{int(phase.get('last_step', -1)) + 1}/{phase.get('num_steps')}",
+                _number(phase.get("elapsed_s")),
+            )
         )
-        level = phase.get("children") or []
+        level = phase.get("children")
+    return path
 
 
-def _progress_key(status: dict[str, Any]) -> tuple[Any, ...]:
-    return (status["state"], status.get("steps_completed"), status.get("last_seq"),
-            status.get("cancel") is not None)  # fmt: skip
+def _progress_key(status: BuildStatus) -> tuple[object, ...]:
+    return (status.state, status.steps_completed, status.last_seq, status.cancel is not None)
 
 
 def _last_error(path: Path) -> str:

@@ -1,7 +1,8 @@
 """What the MCP server asks of a fleet of builds, local (:class:`~trt_otel.app.fleet.Fleet`,
 ``trt-otel`` processes found again through a state directory) or on Ray
 (:class:`~trt_otel.app.ray_fleet.RayFleet`, Ray jobs found again through a shared folder): one
-protocol, with the same signatures, so a tool is one call whichever fleet serves it.
+protocol, with the same signatures and the same typed answers
+(:mod:`~trt_otel.app.fleet_documents`), so a tool is one call whichever fleet serves it.
 
 Each method checks its request as the command line would (bounded, paths inside :attr:`roots`,
 network options refused unless :attr:`allow_network`) and raises
@@ -11,9 +12,18 @@ keyword arguments than these (Ray's resources, a cancel that waits), each with a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
+
+from trt_otel.app.fleet_documents import (
+    BuildRequest,
+    BuildStatus,
+    BuildSummary,
+    CancelAnswer,
+    EventsPage,
+    FitAnswer,
+    WaitAnswer,
+)
 
 
 class BuildFleet(Protocol):
@@ -29,42 +39,30 @@ class BuildFleet(Protocol):
         """Whether a request may point a build at the network (an OTLP endpoint, a URL)."""
         ...
 
-    def start(
-        self,
-        kind: str,
-        *,
-        model: str | None = None,
-        output: str | None = None,
-        options: Sequence[str] = (),
-        overwrite: bool = False,
-        deadline: str | None = None,
-        retries: Sequence[str] = (),
-    ) -> dict[str, Any]:
+    def start(self, request: BuildRequest) -> BuildStatus:
         """Start a build (``build`` or ``demo``); its status, with its id."""
         ...
 
-    def fit(self, model: str, deadline: str, history: str) -> dict[str, Any]:
+    def fit(self, model: str, deadline: str, history: str) -> FitAnswer:
         """Whether a build of ``model`` would end within ``deadline``, from ``history``."""
         ...
 
-    def list(self) -> list[dict[str, Any]]:
+    def list(self) -> list[BuildSummary]:
         """Every build, oldest first."""
         ...
 
-    def status(self, build_id: str) -> dict[str, Any]:
+    def status(self, build_id: str) -> BuildStatus:
         """A build's state, progress, cancel and outcome."""
         ...
 
-    def events(self, build_id: str, since_seq: int = -1, limit: int = 200) -> dict[str, Any]:
+    def events(self, build_id: str, since_seq: int = -1, limit: int = 200) -> EventsPage:
         """A build's events after ``since_seq``, at most ``limit``."""
         ...
 
-    def wait(
-        self, build_id: str, until: str = "progress", timeout_s: float = 30.0
-    ) -> dict[str, Any]:
+    def wait(self, build_id: str, until: str = "progress", timeout_s: float = 30.0) -> WaitAnswer:
         """Until the build progresses (or ends, ``until="end"``), or ``timeout_s`` passes."""
         ...
 
-    def cancel(self, build_id: str, reason: str = "") -> dict[str, Any]:
+    def cancel(self, build_id: str, reason: str = "") -> CancelAnswer:
         """Cancel a running build, with a reason."""
         ...

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
+import msgspec
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -27,7 +28,6 @@ from mcp.types import CallToolResult, TextContent
 from pydantic import Field
 
 from trt_otel.app.config import UsageError
-from trt_otel.app.engine_store import engines_summary
 from trt_otel.app.fleet import (
     ALLOW_NETWORK,
     MAX_DURATION_CHARS,
@@ -40,6 +40,16 @@ from trt_otel.app.fleet import (
     NETWORK_SETTINGS,
     Fleet,
     FleetError,
+)
+from trt_otel.app.fleet_documents import (
+    BuildList,
+    BuildRequest,
+    BuildStatus,
+    CancelAnswer,
+    EventsPage,
+    FitAnswer,
+    WaitAnswer,
+    output_schema,
 )
 from trt_otel.app.fleets import BuildFleet
 from trt_otel.app.ray_fleet import RayFleet
@@ -177,17 +187,16 @@ def create_server(fleet: BuildFleet) -> MCPServer:
         replaced only with overwrite: true, and options that point the build at the network
         (--otlp-endpoint, --cancel-url, --pushgateway, --prometheus-port, --prometheus-address)
         are refused unless the server was started with --allow-network-options."""
-        return _call(
-            lambda: fleet.start(
-                kind,
-                model=model,
-                output=output,
-                options=options or (),
-                overwrite=overwrite,
-                deadline=deadline,
-                retries=retries or (),
-            )
+        request = BuildRequest(
+            kind=kind,
+            model=model,
+            output=output,
+            options=tuple(options or ()),
+            overwrite=overwrite,
+            deadline=deadline,
+            retries=tuple(retries or ()),
         )
+        return _answer(lambda: fleet.start(request))
 
     @server.tool()
     def will_it_fit(
@@ -221,15 +230,14 @@ def create_server(fleet: BuildFleet) -> MCPServer:
         builds' journals without building: 'yes' (all of them did), 'no' (start_build with
         this deadline would refuse it), 'maybe' (some did), 'unknown' (none of this model),
         with the projection and the reason."""
-        return _call(lambda: fleet.fit(model, deadline, history))
+        return _answer(lambda: fleet.fit(model, deadline, history))
 
     @server.tool()
     def list_builds() -> dict[str, Any]:
         """Every build of the state directory, oldest first, running or finished; with
         ``engines``, what the engine store did for them in one line (``engines: 3 served, 1
         rebuilt (options: +optimization_level 1)``), or null where none used one."""
-        builds = _call(fleet.list)
-        return {"builds": builds, "engines": engines_summary(b.get("store") for b in builds)}
+        return _answer(lambda: BuildList.of(fleet.list()))
 
     @server.tool()
     def build_status(id: Annotated[str, id_field]) -> dict[str, Any]:
@@ -239,7 +247,7 @@ def create_server(fleet: BuildFleet) -> MCPServer:
         earlier builds (expected_s, p90_s, peak_rss_bytes, builds, basis, said, and its error
         once it succeeded), or null; in a retry ladder, every attempt so far (number,
         build_id, options, retry_reason, outcome, cancel)."""
-        return _call(lambda: fleet.status(id))
+        return _answer(lambda: fleet.status(id))
 
     @server.tool()
     def build_events(
@@ -260,7 +268,7 @@ def create_server(fleet: BuildFleet) -> MCPServer:
         """A build's events after a seq, from its journal (as journal records), at most
         limit of them (1 to 1000); next_seq is the seq to ask from next time, and more says
         whether there are more."""
-        return _call(lambda: fleet.events(id, since_seq, limit))
+        return _answer(lambda: fleet.events(id, since_seq, limit))
 
     @server.tool()
     def wait_build(
@@ -277,7 +285,7 @@ def create_server(fleet: BuildFleet) -> MCPServer:
     ) -> dict[str, Any]:
         """Wait until the build progresses or ends, or the timeout passes; says which
         (reason: progressed, ended, timeout) with the build's status."""
-        return _call(lambda: fleet.wait(id, until, timeout_s))
+        return _answer(lambda: fleet.wait(id, until, timeout_s))
 
     @server.tool()
     def cancel_build(
@@ -293,18 +301,47 @@ def create_server(fleet: BuildFleet) -> MCPServer:
         ] = "",
     ) -> dict[str, Any]:
         """Cancel a running build, with a reason."""
-        return _call(lambda: fleet.cancel(id, reason))
+        return _answer(lambda: fleet.cancel(id, reason))
 
+    publish_output_schemas(server)
     return server
 
 
-def _call(action: Callable[[], T]) -> T:
+OUTPUT_DOCUMENTS: dict[str, type[msgspec.Struct]] = {
+    "start_build": BuildStatus,
+    "will_it_fit": FitAnswer,
+    "list_builds": BuildList,
+    "build_status": BuildStatus,
+    "build_events": EventsPage,
+    "wait_build": WaitAnswer,
+    "cancel_build": CancelAnswer,
+}
+"""What each tool answers: its output schema is the document's."""
+
+
+def publish_output_schemas(server: MCPServer) -> None:
+    """Each tool's output schema, derived from the document it answers with (the SDK would
+    publish a bare object for a tool that returns a dict): a client checks every answer
+    against it. The SDK reads a tool's schema from its metadata when it lists the tools."""
+    for name, document in OUTPUT_DOCUMENTS.items():
+        tool = server._tool_manager.get_tool(name)
+        if tool is None:
+            raise LookupError(f"no tool {name} to publish the output schema of")
+        tool.fn_metadata.output_schema = output_schema(document)
+        tool.__dict__.pop("output_schema", None)  # its cached copy, were it read already
+
+
+def _answer(action: Callable[[], msgspec.Struct]) -> dict[str, Any]:
+    """A tool's answer: the fleet's document as JSON's types, or the fleet's refusal as a
+    tool error."""
     try:
-        return action()
+        document = action()
     except FleetError as error:
         # The command line's own message may quote what was sent (every unrecognized option):
         # bounded like the rest.
         raise ToolError(str(_cut(str(error), MAX_ERROR_CHARS))) from None
+    answer: dict[str, Any] = msgspec.to_builtins(document)
+    return answer
 
 
 async def _bounded_tool_name(

@@ -39,7 +39,6 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from trt_otel.app.engine_store import store_status
 from trt_otel.app.fleet import (
     MAX_EVENTS,
     MAX_REASON_CHARS,
@@ -50,19 +49,33 @@ from trt_otel.app.fleet import (
     check_network,
     check_text,
     checked_rung_paths,
+    events_page,
+    journal_status,
     path_options,
     refuse_reserved,
+    wait_for,
     would_it_fit,
 )
-from trt_otel.app.session import exit_code_of
+from trt_otel.app.fleet_documents import (
+    ENDED,
+    BuildRequest,
+    BuildStatus,
+    BuildSummary,
+    CancelAnswer,
+    EventsPage,
+    FitAnswer,
+    OpenPhase,
+    State,
+    WaitAnswer,
+)
 from trt_otel.capture.checked import read_journal
 from trt_otel.capture.supervisor import DEFAULT_GRACE_S
 from trt_otel.core.deadlines import DeadlineExceededError, call_within
 from trt_otel.core.eta import BoundaryTracker, estimate
 from trt_otel.core.files import open_regular_for_reading, write_atomically
-from trt_otel.core.forecast import forecast_status
-from trt_otel.core.journal import JournalError, event_to_dict
+from trt_otel.core.journal import JournalError
 from trt_otel.core.state import BuildState
+from trt_otel.views.status import Estimate
 
 PREFIX = "trt-otel-"
 """Ray's submission id of a build: this and the build's id."""
@@ -142,24 +155,17 @@ class RayFleet:
 
     def start(
         self,
-        kind: str,
+        request: BuildRequest,
         *,
-        model: str | None = None,
-        output: str | None = None,
-        options: Sequence[str] = (),
-        overwrite: bool = False,
         num_gpus: float | None = None,
         num_cpus: float | None = None,
-        deadline: str | None = None,
-        retries: Sequence[str] = (),
-    ) -> dict[str, Any]:
+    ) -> BuildStatus:
         """Check the request as the command line would, submit it as a Ray job, and return its
         status. ``num_gpus``/``num_cpus``: what Ray reserves for the build's process;
         ``deadline`` and ``retries``: ``--deadline`` and the ``--retry`` rungs (a rung's paths
         inside the shared folder too)."""
-        options = bounded_request(
-            kind, model=model, output=output, options=options, deadline=deadline, retries=retries
-        )
+        options = bounded_request(request)
+        kind, model = request.kind, request.model
         num_gpus = self.num_gpus if num_gpus is None else num_gpus
         num_cpus = self.num_cpus if num_cpus is None else num_cpus
         if not (0 <= num_gpus <= 64 and 0 <= num_cpus <= 256):
@@ -169,9 +175,7 @@ class RayFleet:
         refuse_reserved(options, "the fleet")
         build_id = secrets.token_hex(6)
         folder = self.shared_dir / "builds" / build_id
-        argv, theirs = self._command_line(
-            kind, folder, model=model, output=output, options=options, overwrite=overwrite
-        )
+        argv, theirs = self._command_line(request, options, folder)
         model_path = Path(argv[1]) if kind == "build" else getattr(theirs, "model", None)
         engine = getattr(theirs, "output", None)
         journals = self.shared_dir / "journals"
@@ -219,19 +223,14 @@ class RayFleet:
         return self.status(build_id)
 
     def _command_line(
-        self,
-        kind: str,
-        folder: Path,
-        *,
-        model: str | None,
-        output: str | None,
-        options: Sequence[str],
-        overwrite: bool,
+        self, request: BuildRequest, options: Sequence[str], folder: Path
     ) -> tuple[list[str], argparse.Namespace]:
-        """The command line of the request (the fleet's own options not yet added), checked by
-        trt-otel's parser, with what the parser made of it; every path inside the folder."""
+        """The command line of the request with ``options`` (its own, bounded, with its
+        deadline and rungs; the fleet's own not yet added), checked by trt-otel's parser, with
+        what the parser made of it; every path inside the folder."""
+        kind, model, output = request.kind, request.model, request.output
         model_path = self._model(model) if model is not None else None
-        engine = self._output(output, overwrite) if output is not None else None
+        engine = self._output(output, request.overwrite) if output is not None else None
         if kind == "build" and engine is None:
             engine = folder / "model.engine"
         argv = [kind]
@@ -266,7 +265,7 @@ class RayFleet:
             )
         return resolved
 
-    def fit(self, model: str, deadline: str, history: str) -> dict[str, Any]:
+    def fit(self, model: str, deadline: str, history: str) -> FitAnswer:
         """MCP's ``will_it_fit``, from journals under the shared folder (see
         :func:`~trt_otel.app.fleet.would_it_fit`)."""
         return would_it_fit(model, deadline, history, self._model, self._inside)
@@ -300,65 +299,46 @@ class RayFleet:
                 found.append((folder.stat().st_mtime, folder.name))
         return [name for _, name in sorted(found)]
 
-    def list(self) -> list[dict[str, Any]]:
-        keys = (
-            "id",
-            "kind",
-            "model",
-            "state",
-            "outcome",
-            "progress",
-            "ray_status",
-            "node",
-            "store",
-        )
-        return [{key: self.status(i).get(key) for key in keys} for i in self.ids()]
+    def list(self) -> list[BuildSummary]:
+        return [BuildSummary.of(self.status(i)) for i in self.ids()]
 
-    def status(self, build_id: str) -> dict[str, Any]:
+    def status(self, build_id: str) -> BuildStatus:
         """The build as Ray and its journal tell it (and a cancel overdue is escalated)."""
         record = self._record(build_id)
         job = self._job(record)
-        state = self._fold(record)
+        fold = self._fold(record)
+        state = fold.state
         ray_status = job.get("status")
-        document: dict[str, Any] = {
-            "id": record.id,
-            "kind": record.kind,
-            "model": record.model,
-            "engine": record.engine,
-            "journal": record.journal,
-            "submitted_wall_s": record.submitted_wall_s,
-            "ray_status": ray_status,
-            "ray_message": _first_line(job.get("message") or "") or None,
-            "ray_exit_code": job.get("driver_exit_code"),
-            "node": job.get("driver_node_id"),
-            "last_seq": state.last_seq,
-            "progress": state.progress_ratio(),
-            "steps_completed": state.steps_completed_total,
-            "open_phases": _open_phases(state),
-            "eta": _eta(state),
-            "outcome": state.outcome.value if state.outcome is not None else None,
-            "exit_code": exit_code_of(state.outcome) if state.outcome is not None else None,
-            "detail": state.outcome_detail or None,
-            "cancel": None
-            if state.cancel is None
-            else {"reason": state.cancel.reason, "source": state.cancel.source},
-            "cancel_requested": Path(record.cancel_file).exists(),
-            "builder": state.activity.as_json(),
-            "forecast": forecast_status(state),
-            "store": store_status(state.attributes),
-        }
-        if state.start_mono_ns is not None and state.end_mono_ns is not None:
-            document["elapsed_s"] = (state.end_mono_ns - state.start_mono_ns) / 1e9
-        document["state"] = _state_of(state, ray_status, document["cancel_requested"])
-        if document["state"] == "lost":
-            document["error"] = "the Ray job ended before the build's journal recorded an end"
-        if document["state"] == "failed_to_start":
-            document["error"] = document["ray_message"] or "the Ray job ended before the build"
-        if self._escalate(record, ray_status):
-            document["ray_stop_requested"] = True
-        return document
+        ray_message = _first_line(job.get("message") or "") or None
+        cancel_requested = Path(record.cancel_file).exists()
+        lifecycle = _state_of(state, ray_status, cancel_requested)
+        error = None
+        if lifecycle == "lost":
+            error = "the Ray job ended before the build's journal recorded an end"
+        elif lifecycle == "failed_to_start":
+            error = ray_message or "the Ray job ended before the build"
+        return journal_status(
+            state,
+            fold.attempts,
+            id=record.id,
+            kind=record.kind,
+            state=lifecycle,
+            model=record.model,
+            engine=record.engine,
+            journal=record.journal,
+            error=error,
+            eta=_eta(state),
+            open_phases=_open_phases(state),
+            submitted_wall_s=record.submitted_wall_s,
+            ray_status=ray_status,
+            ray_message=ray_message,
+            ray_exit_code=job.get("driver_exit_code"),
+            node=job.get("driver_node_id"),
+            cancel_requested=cancel_requested,
+            ray_stop_requested=True if self._escalate(record, ray_status) else None,
+        )
 
-    def events(self, build_id: str, since_seq: int = -1, limit: int = 200) -> dict[str, Any]:
+    def events(self, build_id: str, since_seq: int = -1, limit: int = 200) -> EventsPage:
         """Events after ``since_seq``, from the journal, ``limit`` at most (1 to
         :data:`MAX_EVENTS`)."""
         if not 1 <= limit <= MAX_EVENTS:
@@ -368,68 +348,47 @@ class RayFleet:
             events = read_journal(Path(record.journal)).events
         except (OSError, JournalError):
             events = []  # not written yet
-        after = [e for e in events if e.seq > since_seq]
-        chosen = after[:limit]
-        return {
-            "events": [event_to_dict(e) for e in chosen],
-            "next_seq": chosen[-1].seq if chosen else since_seq,
-            "more": len(after) > len(chosen),
-        }
+        return events_page(events, since_seq, limit)
 
-    def wait(
-        self, build_id: str, until: str = "progress", timeout_s: float = 30.0
-    ) -> dict[str, Any]:
+    def wait(self, build_id: str, until: str = "progress", timeout_s: float = 30.0) -> WaitAnswer:
         """Until the build progresses (``progress``) or ends, or ``timeout_s`` passes."""
-        if until not in ("progress", "end"):
-            raise FleetError("until is 'progress' or 'end'")
         if not 0 <= timeout_s <= 24 * 3600:
             raise FleetError("timeout_s must be between 0 and 86400 seconds")
-        current = self.status(build_id)
-        baseline = _progress_key(current)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if current["state"] in ENDED_STATES:
-                return {"reason": "ended", "status": current}
-            if until == "progress" and _progress_key(current) != baseline:
-                return {"reason": "progressed", "status": current}
-            if time.monotonic() >= deadline:
-                return {"reason": "timeout", "status": current}
-            time.sleep(0.5)
-            current = self.status(build_id)
+        return wait_for(lambda: self.status(build_id), until, timeout_s, poll_s=0.5)
 
     # -- cancelling ------------------------------------------------------------------------
 
-    def cancel(self, build_id: str, reason: str = "", *, wait: bool = False) -> dict[str, Any]:
+    def cancel(self, build_id: str, reason: str = "", *, wait: bool = False) -> CancelAnswer:
         """Write the build's cancel file (its reason its first line): TensorRT stops at its next
         step. With ``wait``, follow the build to its end, stopping the Ray job if it outlives
         its grace period."""
         check_text("reason", reason, MAX_REASON_CHARS)
         record = self._record(build_id)
         status = self.status(build_id)
-        if status["state"] in ENDED_STATES:
-            raise FleetError(f"build {build_id} is not running ({status['state']})")
+        if status.state in ENDED:
+            raise FleetError(f"build {build_id} is not running ({status.state})")
         said = " ".join((reason or "cancelled through the fleet").split())
-        if status["state"] == "pending":
+        if status.state == "pending":
             # Not building yet (and its cancel file must not exist when it starts): Ray's stop
             # is all there is to do.
             self._stop(record)
-            return {"id": build_id, "accepted": True, "first": True, "reason": said,
-                    "note": "the build had not started: its Ray job was stopped"}  # fmt: skip
+            note = "the build had not started: its Ray job was stopped"
+            return CancelAnswer(id=build_id, accepted=True, first=True, reason=said, note=note)
         cancel_file = Path(record.cancel_file)
         first = not cancel_file.exists()
         if first:
             write_atomically(cancel_file, f"{said}\n".encode(), mode=0o644)
-        answer: dict[str, Any] = {
-            "id": build_id,
-            "accepted": True,
-            "first": first,
-            "reason": said,
-            "note": f"TensorRT stops at its next step; the Ray job is stopped if it still runs "
+        answer = CancelAnswer(
+            id=build_id,
+            accepted=True,
+            first=first,
+            reason=said,
+            note=f"TensorRT stops at its next step; the Ray job is stopped if it still runs "
             f"{record.grace_s + self.stop_slack_s:g}s from now.",
-        }
+        )
         if wait:
             limit = record.grace_s + self.stop_slack_s + 60
-            answer["status"] = self.wait(build_id, "end", limit)["status"]
+            answer.status = self.wait(build_id, "end", limit).status
         return answer
 
     def _escalate(self, record: RayRecord, ray_status: str | None) -> bool:
@@ -491,17 +450,16 @@ class RayFleet:
             "driver_node_id": getattr(info, "driver_node_id", None),
         }
 
-    def _fold(self, record: RayRecord) -> BuildState:
+    def _fold(self, record: RayRecord) -> JournalFold:
+        """The build's journal, folded up to now."""
         fold = self._folds.get(record.id)
         if fold is None:
             fold = self._folds[record.id] = JournalFold(Path(record.journal))
-        return fold.update()
+        fold.update()
+        return fold
 
 
-ENDED_STATES = ("finished", "failed_to_start", "lost")
-
-
-def _state_of(state: BuildState, ray_status: str | None, cancel_requested: bool) -> str:
+def _state_of(state: BuildState, ray_status: str | None, cancel_requested: bool) -> State:
     """One word for the build, from its journal first and Ray's job second."""
     if state.outcome is not None:
         return "finished"
@@ -514,27 +472,30 @@ def _state_of(state: BuildState, ray_status: str | None, cancel_requested: bool)
     return "cancelling" if state.cancel is not None or cancel_requested else "running"
 
 
-def _eta(state: BuildState) -> dict[str, Any] | None:
+def _eta(state: BuildState) -> Estimate | None:
     """The time left from the build's progress, as of now (the journal's wall clock, so the
     node's monotonic clock need not be this machine's)."""
     if state.start_mono_ns is None or state.start_wall_ns is None:
         return None
     now_mono_ns = state.start_mono_ns + (time.time_ns() - state.start_wall_ns)
     left = estimate(state, BoundaryTracker(), now_mono_ns, None).progress
-    return {"seconds": left.seconds, "basis": left.basis, "unknown": left.unknown}
+    return Estimate(left.seconds, left.basis, left.unknown)
 
 
-def _open_phases(state: BuildState) -> list[str]:
-    """The open phases, outermost first."""
-    names = []
+def _open_phases(state: BuildState) -> list[OpenPhase]:
+    """The open phases, outermost first, with their steps and how long they have been open
+    (by the journal's wall clock)."""
+    now_mono_ns = None
+    if state.start_mono_ns is not None and state.start_wall_ns is not None:
+        now_mono_ns = state.start_mono_ns + (time.time_ns() - state.start_wall_ns)
+    path = []
     for phase_id in sorted(state.open_by_name.values()):
-        names.append(state.phases[phase_id].name)
-    return names
-
-
-def _progress_key(status: dict[str, Any]) -> tuple[Any, ...]:
-    return (status["state"], status["steps_completed"], status["last_seq"],
-            status["cancel"] is not None)  # fmt: skip
+        phase = state.phases[phase_id]
+        elapsed_s = None
+        if now_mono_ns is not None:
+            elapsed_s = max(0.0, (now_mono_ns - phase.start_mono_ns) / 1e9)
+        path.append(OpenPhase(phase.name, f"{phase.last_step + 1}/{phase.num_steps}", elapsed_s))
+    return path
 
 
 def _is_id(text: str) -> bool:

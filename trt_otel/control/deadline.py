@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from trt_otel.control import defaults
 from trt_otel.control.policies import BuildView, Decision, Policy
@@ -93,11 +94,14 @@ class Deadline(Policy):
         return f"{projection.describe()}, after the {format_duration(self.limit_ns / 1e9)} deadline"
 
 
+FitAnswerWord = Literal["yes", "no", "maybe", "unknown"]
+
+
 @dataclass(frozen=True, slots=True)
 class Fit:
     """Whether a build would end within a deadline, from its history alone (nothing built)."""
 
-    answer: str
+    answer: FitAnswerWord
     """``yes`` (every earlier build did), ``no`` (the margin rule would refuse it), ``maybe``
     (some did, some did not), ``unknown`` (no earlier build)."""
     reason: str
@@ -119,8 +123,7 @@ def would_fit(history: History | None, seconds: float, *, margin: float = DEFAUL
     deadline = Deadline(seconds, margin=margin, at_start=projection)
     if deadline.before_start() is not None:
         return Fit("no", f"{said}: --deadline {limit} would refuse it", within, count, projection)
-    answer = "yes" if within == count else "maybe"
-    return Fit(answer, said, within, count, projection)
+    return Fit("yes" if within == count else "maybe", said, within, count, projection)
 
 
 def make_deadline(config: DeadlineConfig, context: PolicyContext) -> Deadline:
