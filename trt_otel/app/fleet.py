@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -207,16 +207,16 @@ class Fleet:
                 argv += ["--model", str(model_path)]
             if engine is not None:
                 argv += ["--output", engine]
-        theirs = self._check_settings(argv, options)
-        # Every other path the options name (a timing cache, a trace, a cancel file, a
-        # history): inside a root too, as the build (in this working directory) will read it.
-        for dest, option in path_options(kind):
-            value = getattr(theirs, dest, None)
-            if dest not in RESERVED_SETTINGS and dest != "model" and value is not None:
-                self._inside(option, Path(value).absolute())
-        for rung in getattr(theirs, "retry", None) or ():
-            for option, path in checked_rung_paths(rung):
-                self._inside(f"--retry {option}", path.absolute())
+        theirs = checked_settings(
+            kind,
+            argv,
+            options,
+            reserved=RESERVED_SETTINGS,
+            setter="the server",
+            allow_network=self.allow_network,
+            inside=self._inside,
+        )
+        _check_loopback(theirs)  # whatever is allowed: the builds serve on this machine only
         journal, url_file = folder / "journal.jsonl", folder / URL_FILE
         argv += [*options, "--no-progress", "--http-port", "0", "--journal", str(journal)]
         argv += ["--http-url-file", str(url_file)]
@@ -231,21 +231,6 @@ class Fleet:
         earlier builds in ``history`` (both inside a root): ``--deadline``'s own rule, and
         nothing is built."""
         return would_it_fit(model, deadline, history, self._model_path, self._inside)
-
-    def _check_settings(self, argv: list[str], options: Sequence[str]) -> argparse.Namespace:
-        """The command line with ``options``, as the parser reads it, if they leave alone what
-        the server owns (and, unless allowed, where the build reaches the network)."""
-        # What the options make of the settings the server owns, against the command without
-        # them: the parser's reading, whatever the spelling.
-        theirs, ours = check_command_line([*argv, *options]), check_command_line(argv)
-        for name, option in RESERVED_SETTINGS.items():
-            if getattr(theirs, name, None) != getattr(ours, name, None):
-                raise FleetError(f"{option} is set by the server; leave it out")
-        if getattr(theirs, "model", None) != getattr(ours, "model", None):
-            raise FleetError("the model is start_build's model argument; leave --model out")
-        _check_loopback(theirs)  # whatever is allowed: the builds serve on this machine only
-        check_network(theirs, ours, allowed=self.allow_network)
-        return theirs
 
     def _model_path(self, model: str) -> Path:
         path = self._inside("model", Path(model).expanduser().absolute())
@@ -692,6 +677,42 @@ def ladder_options(deadline: str | None, retries: Sequence[str]) -> list[str]:
         check_text(f"retries[{index}]", rung, MAX_RUNG_CHARS)
         added.append(f"--retry={rung}")  # one token: a rung of one flag is no option of ours
     return added
+
+
+def checked_settings(
+    kind: str,
+    argv: list[str],
+    options: Sequence[str],
+    *,
+    reserved: Mapping[str, str],
+    setter: str,
+    allow_network: bool,
+    inside: Callable[[str, Path], Path],
+) -> argparse.Namespace:
+    """The command line ``argv`` with a request's ``options``, as trt-otel's parser reads it
+    (the local fleet's and Ray's), if the options leave alone what ``setter`` sets
+    (``reserved``, by the parser's names) and the request's model, point the build at the
+    network only where ``allow_network``, and name paths (a retry rung's too) that ``inside``
+    confines."""
+    # What the options make of the settings the fleet owns, against the command without them:
+    # the parser's reading, whatever the spelling (``-o/x``, ``--output=x``).
+    theirs, ours = check_command_line([*argv, *options]), check_command_line(argv)
+    for name, option in reserved.items():
+        if getattr(theirs, name, None) != getattr(ours, name, None):
+            raise FleetError(f"{option} is set by {setter}; leave it out")
+    if getattr(theirs, "model", None) != getattr(ours, "model", None):
+        raise FleetError("the model is the request's model argument; leave --model out")
+    check_network(theirs, ours, allowed=allow_network)
+    # Every other path the options name (a timing cache, a trace, a cancel file, a history):
+    # confined too, as the build (in this working directory) will read it.
+    for dest, option in path_options(kind):
+        value = getattr(theirs, dest, None)
+        if dest not in reserved and dest != "model" and value is not None:
+            inside(option, Path(value).absolute())
+    for rung in getattr(theirs, "retry", None) or ():
+        for option, path in checked_rung_paths(rung):
+            inside(f"--retry {option}", path.absolute())
+    return theirs
 
 
 def checked_rung_paths(rung: str) -> list[tuple[str, Path]]:

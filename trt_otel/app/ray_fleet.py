@@ -46,12 +46,10 @@ from trt_otel.app.fleet import (
     JournalFold,
     bounded_request,
     check_command_line,
-    check_network,
     check_text,
-    checked_rung_paths,
+    checked_settings,
     events_page,
     journal_status,
-    path_options,
     refuse_reserved,
     wait_for,
     would_it_fit,
@@ -239,18 +237,15 @@ class RayFleet:
         else:
             argv += [*(["--model", str(model_path)] if model_path else [])]
             argv += [*(["--output", str(engine)] if engine else [])]
-        theirs, ours = check_command_line([*argv, *options]), check_command_line(argv)
-        for name, option in _RESERVED.items():
-            if getattr(theirs, name, None) != getattr(ours, name, None):
-                raise FleetError(f"{option} is set by the fleet; leave it out")
-        check_network(theirs, ours, allowed=self.allow_network)
-        for dest, option in path_options(kind):
-            value = getattr(theirs, dest, None)
-            if dest not in _RESERVED and dest != "model" and value is not None:
-                self._inside(option, Path(value))
-        for rung in getattr(theirs, "retry", None) or ():
-            for option, path in checked_rung_paths(rung):
-                self._inside(f"--retry {option}", path)
+        theirs = checked_settings(
+            kind,
+            argv,
+            options,
+            reserved=_RESERVED,
+            setter="the fleet",
+            allow_network=self.allow_network,
+            inside=self._inside,
+        )
         return [*argv, *options], theirs
 
     def _inside(self, name: str, path: Path) -> Path:
