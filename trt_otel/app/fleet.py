@@ -207,16 +207,16 @@ class Fleet:
                 argv += ["--model", str(model_path)]
             if engine is not None:
                 argv += ["--output", engine]
-        theirs = checked_settings(
+        checked_settings(
             kind,
             argv,
             options,
             reserved=RESERVED_SETTINGS,
             setter="the server",
             allow_network=self.allow_network,
+            loopback_only=True,  # whatever is allowed: the builds serve on this machine only
             inside=self._inside,
         )
-        _check_loopback(theirs)  # whatever is allowed: the builds serve on this machine only
         journal, url_file = folder / "journal.jsonl", folder / URL_FILE
         argv += [*options, "--no-progress", "--http-port", "0", "--journal", str(journal)]
         argv += ["--http-url-file", str(url_file)]
@@ -687,12 +687,14 @@ def checked_settings(
     reserved: Mapping[str, str],
     setter: str,
     allow_network: bool,
+    loopback_only: bool = False,
     inside: Callable[[str, Path], Path],
 ) -> argparse.Namespace:
     """The command line ``argv`` with a request's ``options``, as trt-otel's parser reads it
     (the local fleet's and Ray's), if the options leave alone what ``setter`` sets
     (``reserved``, by the parser's names) and the request's model, point the build at the
-    network only where ``allow_network``, and name paths (a retry rung's too) that ``inside``
+    network only where ``allow_network`` (and serve on loopback alone, ``loopback_only``), and
+    name paths (a retry rung's too) that ``inside``
     confines."""
     # What the options make of the settings the fleet owns, against the command without them:
     # the parser's reading, whatever the spelling (``-o/x``, ``--output=x``).
@@ -702,6 +704,8 @@ def checked_settings(
             raise FleetError(f"{option} is set by {setter}; leave it out")
     if getattr(theirs, "model", None) != getattr(ours, "model", None):
         raise FleetError("the model is the request's model argument; leave --model out")
+    if loopback_only:
+        _check_loopback(theirs)
     check_network(theirs, ours, allowed=allow_network)
     # Every other path the options name (a timing cache, a trace, a cancel file, a history):
     # confined too, as the build (in this working directory) will read it.
