@@ -97,7 +97,7 @@ def test_a_real_builds_open_phases_are_in_phoenix_while_it_runs_and_its_trace_en
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            process.communicate(timeout=30)  # its pipes closed: a failure here fails no other
     assert process.returncode == 0, err
     phases = Counter(e.name for e in read_journal(journal).events if isinstance(e, PhaseStarted))
     wait_until(
