@@ -222,7 +222,7 @@ def test_a_sample_interval_the_stall_timeout_cannot_hold_is_refused_before_the_b
         assert "--sample-interval" in lines[0] and "--stall-timeout" in lines[0], lines
         assert "build started" not in result.stderr
     # Counted on callbacks alone, or with two samples in the window, the pair is fine.
-    from trt_otel.app.fleet import check_command_line
+    from trt_otel.app.fleet_requests import check_command_line
 
     check_command_line(["demo", "--sample-interval", "1m", "--stall-timeout", "5s",
                         "--stall-on", "callbacks"])  # fmt: skip

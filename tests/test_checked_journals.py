@@ -17,7 +17,7 @@ import pytest
 from cli import CLI
 from journals import unchecked
 from trt_otel import BuildMonitor, JournalWriter, read_journal
-from trt_otel.app.fleet import JournalFold
+from trt_otel.app.fleet_status import JournalFold
 from trt_otel.app.reporting import build_reports
 from trt_otel.capture.checked import CheckedEvents
 from trt_otel.capture.watch import follow_journal

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from trt_otel.app.fleet import Fleet, FleetError
+from trt_otel.app.fleet import Fleet
 from trt_otel.app.fleet_documents import BuildRequest
+from trt_otel.app.fleet_requests import FleetError
 from trt_otel.app.fleets import BuildFleet
 from trt_otel.app.ray_fleet import RayFleet
 

@@ -34,13 +34,10 @@ from mcp_client import error_text, payload, run_async, server  # noqa: E402
 from rtx_builds import write_conv, write_residual  # noqa: E402
 from trt_otel import BuildMonitor, JournalWriter, ManualClock, Outcome, read_journal  # noqa: E402
 from trt_otel.app.commands import build_parser  # noqa: E402
-from trt_otel.app.fleet import (  # noqa: E402
-    Fleet,
-    FleetError,
-    JournalFold,
-    check_command_line,
-)
+from trt_otel.app.fleet import Fleet  # noqa: E402
 from trt_otel.app.fleet_documents import BuildRequest, output_schema  # noqa: E402
+from trt_otel.app.fleet_requests import FleetError, check_command_line  # noqa: E402
+from trt_otel.app.fleet_status import JournalFold  # noqa: E402
 from trt_otel.app.mcp_server import (  # noqa: E402
     MAX_LOG_CHARS,
     OUTPUT_DOCUMENTS,

@@ -327,8 +327,8 @@ def test_a_ray_job_server_that_drips_is_an_error_in_time(tmp_path: Path) -> None
     """Ray's job client makes a ``requests`` session of its own for each call, with no timeout:
     a job server that answers its version check and then drips held a submission forever."""
     pytest.importorskip("ray.job_submission")
-    from trt_otel.app.fleet import FleetError
     from trt_otel.app.fleet_documents import BuildRequest
+    from trt_otel.app.fleet_requests import FleetError
     from trt_otel.app.ray_fleet import RayFleet
 
     with ray_job_server() as url:
@@ -341,7 +341,7 @@ def test_a_ray_job_server_that_drips_is_an_error_in_time(tmp_path: Path) -> None
 
 def test_a_ray_job_server_that_drips_its_version_is_not_reached(tmp_path: Path) -> None:
     pytest.importorskip("ray.job_submission")
-    from trt_otel.app.fleet import FleetError
+    from trt_otel.app.fleet_requests import FleetError
     from trt_otel.app.ray_fleet import RayFleet
 
     with dripping("headers") as server:

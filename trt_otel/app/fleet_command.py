@@ -15,9 +15,9 @@ import time
 import msgspec
 
 from trt_otel.app.config import UsageError
-from trt_otel.app.fleet import FleetError
 from trt_otel.app.fleet_arguments import FleetCommand
 from trt_otel.app.fleet_documents import BuildList, BuildRequest, BuildStatus
+from trt_otel.app.fleet_requests import FleetError
 from trt_otel.app.ray_fleet import RayFleet
 from trt_otel.app.session import EXIT_OK, EXIT_USAGE
 from trt_otel.core.durations import format_duration

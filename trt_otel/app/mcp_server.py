@@ -28,19 +28,7 @@ from mcp.types import CallToolResult, TextContent
 from pydantic import Field
 
 from trt_otel.app.config import UsageError
-from trt_otel.app.fleet import (
-    ALLOW_NETWORK,
-    MAX_DURATION_CHARS,
-    MAX_EVENTS,
-    MAX_ID_CHARS,
-    MAX_OPTION_CHARS,
-    MAX_OPTIONS,
-    MAX_PATH_CHARS,
-    MAX_REASON_CHARS,
-    NETWORK_SETTINGS,
-    Fleet,
-    FleetError,
-)
+from trt_otel.app.fleet import Fleet
 from trt_otel.app.fleet_documents import (
     BuildList,
     BuildRequest,
@@ -50,6 +38,18 @@ from trt_otel.app.fleet_documents import (
     FitAnswer,
     WaitAnswer,
     output_schema,
+)
+from trt_otel.app.fleet_requests import (
+    ALLOW_NETWORK,
+    MAX_DURATION_CHARS,
+    MAX_EVENTS,
+    MAX_ID_CHARS,
+    MAX_OPTION_CHARS,
+    MAX_OPTIONS,
+    MAX_PATH_CHARS,
+    MAX_REASON_CHARS,
+    NETWORK_SETTINGS,
+    FleetError,
 )
 from trt_otel.app.fleets import BuildFleet
 from trt_otel.app.ray_fleet import RayFleet

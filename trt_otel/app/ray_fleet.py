@@ -39,21 +39,6 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from trt_otel.app.fleet import (
-    MAX_EVENTS,
-    MAX_REASON_CHARS,
-    FleetError,
-    JournalFold,
-    bounded_request,
-    check_command_line,
-    check_text,
-    checked_settings,
-    events_page,
-    journal_status,
-    refuse_reserved,
-    wait_for,
-    would_it_fit,
-)
 from trt_otel.app.fleet_documents import (
     ENDED,
     BuildRequest,
@@ -65,6 +50,23 @@ from trt_otel.app.fleet_documents import (
     OpenPhase,
     State,
     WaitAnswer,
+)
+from trt_otel.app.fleet_requests import (
+    MAX_EVENTS,
+    MAX_REASON_CHARS,
+    FleetError,
+    bounded_request,
+    check_command_line,
+    check_text,
+    checked_settings,
+    refuse_reserved,
+)
+from trt_otel.app.fleet_status import (
+    JournalFold,
+    events_page,
+    journal_status,
+    wait_for,
+    would_it_fit,
 )
 from trt_otel.capture.checked import read_journal
 from trt_otel.capture.supervisor import DEFAULT_GRACE_S

@@ -282,7 +282,7 @@ one line. TensorRT's repeated phases are folded into one node, so a real build s
 a journal with 100,000 phases side by side would take minutes to draw."""
 
 
-def _shown(nodes: list[TreeNode]) -> tuple[list[TreeNode], list[TreeNode], int]:
+def shown(nodes: list[TreeNode]) -> tuple[list[TreeNode], list[TreeNode], int]:
     """The nodes shown before and after the ones left out, and how many are left out."""
     if len(nodes) <= MAX_NODES_SHOWN:
         return nodes, [], 0
@@ -300,7 +300,7 @@ def _add_nodes(root: Tree, model: ReadModel, phase_id: int | None, now: int | No
         if depth == MAX_TREE_DEPTH:
             parent.add(Text(f"… phases nested deeper than {MAX_TREE_DEPTH} levels", "dim"))
             continue
-        first, last, left_out = _shown(model.tree(under))
+        first, last, left_out = shown(model.tree(under))
         _add_level(parent, model, first, now, stack, depth)
         if left_out:
             parent.add(Text(f"… {left_out:,} phases not shown", "dim"))

@@ -1,0 +1,259 @@
+"""What a caller may ask a fleet for, checked before anything is started (the local fleet's and
+Ray's alike).
+
+Every string is bounded (checked before any work, and never echoed whole); a start request's
+options are read by ``trt-otel``'s own parser, against the fleet's own command line, so an option
+is refused by what the parser makes of it (``-o/x``, ``--output=x``), never by its spelling:
+what the fleet sets itself and the request's model are left alone, an option that points the
+build at the network needs the fleet's consent, and every path the options name (a retry rung's
+too) is confined where the fleet says. A refusal is a :class:`FleetError` whose message is the
+caller's answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from trt_otel.app.commands import build_parser, command_of
+from trt_otel.app.config import UsageError
+from trt_otel.app.fleet_documents import BuildRequest
+from trt_otel.app.retries import MAX_RUNG_CHARS, MAX_RUNGS, rung_paths
+from trt_otel.control.policies import MAX_REASON
+from trt_otel.core.durations import DurationError, parse_positive_duration
+
+KINDS = ("build", "demo")
+RESERVED_OPTIONS = ("-h", "--help", "--version")
+"""Options that would not start a build."""
+RESERVED_SETTINGS = {
+    "http_port": "--http-port",
+    "http_address": "--http-address",
+    "http_url_file": "--http-url-file",
+    "http_allowed_host": "--http-allowed-host",
+    "journal": "--journal",
+    "cancel_token": "--cancel-token",
+    "output": "--output",
+}
+"""What the fleet sets itself, by the parser's names for them: an option is refused by what
+the parser makes of it (``-o/x``, ``--output=x``), never by its spelling."""
+NETWORK_SETTINGS = {
+    "otlp_endpoint": "--otlp-endpoint",
+    "cancel_url": "--cancel-url",
+    "pushgateway": "--pushgateway",
+    "prometheus_port": "--prometheus-port",
+    "prometheus_address": "--prometheus-address",
+}
+"""Options that make a build reach the network where the caller says: send its spans or metrics
+to a URL, poll one, or listen on a port or an address. A client of the MCP server may not set
+them unless the server was started with ``--allow-network-options``: otherwise only the server's
+own settings (its ``OTEL_*`` environment) apply. Checked, like the reserved settings, by what
+the parser makes of the options."""
+ALLOW_NETWORK = "--allow-network-options"
+MAX_ID_CHARS = 64
+MAX_PATH_CHARS = 4096
+MAX_OPTIONS = 64
+MAX_OPTION_CHARS = 4096
+MAX_REASON_CHARS = MAX_REASON
+MAX_EVENTS = 1000
+MAX_DURATION_CHARS = 32
+"""The bounds on what a caller sends: the length of each string, the number of options, the
+events one call returns."""
+_SHOWN_CHARS = 40
+"""What a message quotes of a caller's string at most."""
+
+
+class FleetError(Exception):
+    """A request the fleet cannot carry out; the message says why, for the caller."""
+
+
+def bounded_request(request: BuildRequest) -> list[str]:
+    """A start request's bounds and kind (the local fleet's and Ray's), checked before
+    anything looks at it; its options with ``--deadline`` and the ``--retry`` rungs added."""
+    check_text("kind", request.kind, max(map(len, KINDS)))
+    if request.kind not in KINDS:
+        raise FleetError(f"kind must be one of {', '.join(KINDS)}, not {request.kind!r}")
+    for name, value in (("model", request.model), ("output", request.output)):
+        if value is not None:
+            check_text(name, value, MAX_PATH_CHARS)
+    check_options(request.options)
+    return [*request.options, *ladder_options(request.deadline, request.retries)]
+
+
+def refuse_reserved(options: Sequence[str], setter: str) -> None:
+    """Refuse the options the fleet sets itself (:data:`RESERVED_OPTIONS`), however given
+    (``--version`` or ``--version=x``); ``setter`` says who sets them."""
+    for option in options:
+        name = option.split("=", 1)[0]
+        if name in RESERVED_OPTIONS:
+            raise FleetError(f"{name} is set by {setter}; leave it out")
+
+
+def ladder_options(deadline: str | None, retries: Sequence[str]) -> list[str]:
+    """``--deadline`` and the ``--retry`` rungs of a request, bounded and checked here (the
+    command line checks them again with the rest)."""
+    added: list[str] = []
+    if deadline is not None:
+        check_text("deadline", deadline, MAX_DURATION_CHARS)
+        try:
+            parse_positive_duration(deadline)
+        except DurationError as error:
+            raise FleetError(f"deadline: {error}") from None
+        added += ["--deadline", deadline]
+    if len(retries) > MAX_RUNGS:
+        raise FleetError(f"retries has {len(retries):,} rungs; at most {MAX_RUNGS}")
+    for index, rung in enumerate(retries):
+        check_text(f"retries[{index}]", rung, MAX_RUNG_CHARS)
+        added.append(f"--retry={rung}")  # one token: a rung of one flag is no option of ours
+    return added
+
+
+def checked_settings(
+    kind: str,
+    argv: list[str],
+    options: Sequence[str],
+    *,
+    reserved: Mapping[str, str],
+    setter: str,
+    allow_network: bool,
+    loopback_only: bool = False,
+    inside: Callable[[str, Path], Path],
+) -> argparse.Namespace:
+    """The command line ``argv`` with a request's ``options``, as trt-otel's parser reads it
+    (the local fleet's and Ray's), if the options leave alone what ``setter`` sets
+    (``reserved``, by the parser's names) and the request's model, point the build at the
+    network only where ``allow_network`` (and serve on loopback alone, ``loopback_only``), and
+    name paths (a retry rung's too) that ``inside``
+    confines."""
+    # What the options make of the settings the fleet owns, against the command without them:
+    # the parser's reading, whatever the spelling (``-o/x``, ``--output=x``).
+    theirs, ours = check_command_line([*argv, *options]), check_command_line(argv)
+    for name, option in reserved.items():
+        if getattr(theirs, name, None) != getattr(ours, name, None):
+            raise FleetError(f"{option} is set by {setter}; leave it out")
+    if getattr(theirs, "model", None) != getattr(ours, "model", None):
+        raise FleetError("the model is the request's model argument; leave --model out")
+    if loopback_only:
+        _check_loopback(theirs)
+    check_network(theirs, ours, allowed=allow_network)
+    # Every other path the options name (a timing cache, a trace, a cancel file, a history):
+    # confined too, as the build (in this working directory) will read it.
+    for dest, option in path_options(kind):
+        value = getattr(theirs, dest, None)
+        if dest not in reserved and dest != "model" and value is not None:
+            inside(option, Path(value).absolute())
+    for rung in getattr(theirs, "retry", None) or ():
+        for option, path in checked_rung_paths(rung):
+            inside(f"--retry {option}", path.absolute())
+    return theirs
+
+
+def checked_rung_paths(rung: str) -> list[tuple[str, Path]]:
+    try:
+        return rung_paths(rung)
+    except UsageError as error:
+        raise FleetError(str(error)) from None
+
+
+def check_network(theirs: argparse.Namespace, ours: argparse.Namespace, *, allowed: bool) -> None:
+    """Refuse, unless ``allowed``, the :data:`NETWORK_SETTINGS` the request's options change
+    from the server's own command line (``ours``), by what the parser made of them."""
+    if allowed:
+        return
+    for name, option in NETWORK_SETTINGS.items():
+        if getattr(theirs, name, None) != getattr(ours, name, None):
+            raise FleetError(
+                f"{option} would point the build at an address of the caller's choosing; this "
+                f"server refuses it (its own OTEL_* settings apply; trt-otel mcp {ALLOW_NETWORK} "
+                "allows it)"
+            )
+
+
+def check_command_line(argv: Sequence[str]) -> argparse.Namespace:
+    """Check a ``trt-otel`` command line with the command's own parser and checks: a bad one
+    raises :class:`FleetError` with the command's message, and nothing is started. Returns what
+    the parser made of it."""
+    parser = build_parser()
+
+    def refuse(message: str) -> NoReturn:
+        raise FleetError(message)
+
+    # argparse reports errors by printing and exiting; here they are the caller's answer.
+    for sub in _subparsers(parser):
+        sub.error = refuse  # type: ignore[method-assign]
+    parser.error = refuse  # type: ignore[method-assign]
+    args: argparse.Namespace = parser.parse_args(list(argv))
+    try:
+        command_of(args)
+    except UsageError as error:
+        raise FleetError(str(error)) from None
+    return args
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    found: list[argparse.ArgumentParser] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found.extend(action.choices.values())
+    return found
+
+
+def check_text(name: str, value: object, limit: int) -> None:
+    """A caller's string: a string, at most ``limit`` characters, without a NUL (which no path
+    or command line can carry). The refusal says how long it is, never what it holds."""
+    if not isinstance(value, str):
+        raise FleetError(f"{name} must be a string")
+    if len(value) > limit:
+        raise FleetError(f"{name} is {len(value):,} characters long; at most {limit:,}")
+    if "\0" in value:
+        raise FleetError(f"{name} holds a NUL character")
+
+
+def check_options(options: Sequence[str]) -> None:
+    """At most :data:`MAX_OPTIONS` options, each a bounded string."""
+    if len(options) > MAX_OPTIONS:
+        raise FleetError(f"options has {len(options):,} items; at most {MAX_OPTIONS}")
+    for index, option in enumerate(options):
+        check_text(f"options[{index}]", option, MAX_OPTION_CHARS)
+
+
+def shown(text: str, limit: int = _SHOWN_CHARS) -> str:
+    """``text`` quoted for a message, cut at ``limit`` characters (and then says how long)."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text):,} characters)"
+
+
+def _check_loopback(options: argparse.Namespace) -> None:
+    """The server's builds serve on loopback only: their metrics too (what the build is, its
+    model's path and phases), not on an interface a client chose."""
+    address = getattr(options, "prometheus_address", None)
+    if address is not None and not _loopback(address):
+        raise FleetError(
+            f"--prometheus-address {shown(address)} is not a loopback address: the "
+            "server's builds serve on this machine only (127.0.0.1, ::1 or localhost)"
+        )
+
+
+def _loopback(address: str) -> bool:
+    """Whether ``address`` (an IP literal or ``localhost``) is this machine's loopback."""
+    if address.strip().lower().removesuffix(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def path_options(kind: str) -> list[tuple[str, str]]:
+    """The options of ``trt-otel KIND`` that name a path: (the parser's name, the option)."""
+    for action in build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction) and kind in action.choices:
+            return [
+                (option.dest, max(option.option_strings, key=lambda s: s.startswith("--")))
+                for option in action.choices[kind]._actions
+                if option.type is Path and option.option_strings
+            ]
+    return []
