@@ -27,7 +27,8 @@ from cli import CLI, HOLD, announced_url, start_demo
 from trt_otel import BuildMonitor, Outcome, read_journal
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.core.readmodel import ReadModel
-from trt_otel.views.http import EventFeed, StatusServer
+from trt_otel.views.http import StatusServer
+from trt_otel.views.http_feed import EventFeed
 from trt_otel.views.prometheus import MetricSources, MetricsServer, metrics_registry
 from trt_otel.views.status import MAX_TREE_DEPTH
 from waiting import wait_until

@@ -190,6 +190,8 @@ def test_the_command_line_imports_no_room_a_build_does_not_ask_for() -> None:
 
     not_asked_for = [
         "trt_otel.views.http",
+        "trt_otel.views.http_feed",
+        "trt_otel.views.http_hosts",
         "trt_otel.views.web",
         "trt_otel.views.report",
         "trt_otel.builder.simulator.driver",
@@ -198,6 +200,9 @@ def test_the_command_line_imports_no_room_a_build_does_not_ask_for() -> None:
         "trt_otel.app.run",
         "trt_otel.app.remote",
         "trt_otel.app.fleet",
+        "trt_otel.app.fleet_documents",
+        "trt_otel.app.fleet_requests",
+        "trt_otel.app.fleet_status",
         "trt_otel.app.mcp_server",
         "trt_otel.views.otlp",
         "trt_otel.views.spans",

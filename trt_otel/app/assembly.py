@@ -110,7 +110,7 @@ def _follow(
     inline: list[Follower] = []
     if http is not None:
         if builds_in_a_run:
-            from trt_otel.views.http import EventFeed
+            from trt_otel.views.http_feed import EventFeed
 
             http.feed = EventFeed(ends_with_build=False)  # no client yet
         if model.is_fold:

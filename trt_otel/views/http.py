@@ -15,9 +15,10 @@ literal, any port), ``localhost``, or a name the user allowed. A web page on ano
 points its own name at this address (DNS rebinding) sends that name, and is answered 421 with
 nothing of the build.
 
-Nothing here touches the callbacks: events reach the server through its own follower, which
-encodes each one once into an SSE frame; every client thread reads those frames without taking
-the log's lock. A slow client only fills its own socket, and is dropped after a timeout.
+Nothing here touches the callbacks: events reach the server through its feed
+(:mod:`trt_otel.views.http_feed`), which encodes each one once into an SSE frame; every client
+thread reads those frames without taking the log's lock. A slow client only fills its own
+socket, and is dropped after a timeout. The ``Host`` check is :mod:`trt_otel.views.http_hosts`'s.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import hmac
 import io
-import ipaddress
 import json
 import logging
 import re
@@ -43,11 +43,12 @@ import msgspec
 from prometheus_client import CollectorRegistry
 
 from trt_otel.core.clock import SYSTEM_CLOCK, Clock
-from trt_otel.core.events import BuildFinished, CancelSource, Event
-from trt_otel.core.journal import encode_event
+from trt_otel.core.events import CancelSource
 from trt_otel.core.observed import CancellableBuild
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.views import web
+from trt_otel.views.http_feed import EventFeed
+from trt_otel.views.http_hosts import HostCheck
 from trt_otel.views.prometheus import exposition
 from trt_otel.views.report.live import LiveTimeline
 from trt_otel.views.status import StatusDocument, status_document, status_schema
@@ -56,9 +57,6 @@ _logger = logging.getLogger(__name__)
 
 MAX_BODY = 4096
 MAX_SSE_CLIENTS = 100
-RETAINED_FRAMES = 100_000
-MAX_FRAMES_PER_READ = 8192
-"""Frames one read hands a client: a late client catches up in pieces."""
 KEEPALIVE_S = 15.0
 CLIENT_TIMEOUT_S = 30.0
 MAX_CONNECTIONS = 256
@@ -94,128 +92,7 @@ TIMELINE_HEADERS = {
 }
 
 
-class EventFeed:
-    """The server's follower: the newest events, as SSE frames to any thread that asks.
-
-    A frame is encoded when a client reads it, not when its event arrives: a build makes
-    millions of events, and most builds are never streamed.
-    """
-
-    name = "http"
-
-    def __init__(
-        self,
-        retain: int = RETAINED_FRAMES,
-        *,
-        ends_with_build: bool = True,
-    ) -> None:
-        self._retain = retain
-        self._ends_with_build = ends_with_build
-        """False for a log of several builds (``trt-otel run``): the stream ends when the log
-        does."""
-        self._events: list[Event] = []
-        self._first_seq = 0
-        """``seq`` of ``_events[0]``."""
-        self._changed = threading.Condition()
-        self.ended = False
-        self.closed = False
-
-    def handle(self, events: Sequence[Event]) -> None:
-        with self._changed:
-            if not self._events and events:
-                self._first_seq = events[0].seq
-            self._events.extend(events)
-            # Trim in steps of a tenth, so the memory held stays near the bound (a bigger
-            # step would make it swing) while trimming stays rare.
-            if len(self._events) > self._retain + self._retain // 10:
-                drop = len(self._events) - self._retain
-                del self._events[:drop]
-                self._first_seq += drop
-            if self._ends_with_build and BuildFinished in set(map(type, events)):
-                self.ended = True
-            self._changed.notify_all()
-
-    def close(self) -> None:
-        with self._changed:
-            self.closed = True
-            self._changed.notify_all()
-
-    def frames_after(
-        self, seq: int, timeout_s: float, limit: int = MAX_FRAMES_PER_READ
-    ) -> tuple[int, list[bytes], bool]:
-        """Frames of events after ``seq`` (waiting up to ``timeout_s`` for one, at most
-        ``limit``): the first seq they start at, the frames, and whether the stream is over
-        (build ended, all sent)."""
-        with self._changed:
-            self._changed.wait_for(
-                lambda: self._next_index(seq) < len(self._events) or (self.closed or self.ended),
-                timeout=timeout_s,
-            )
-            start = max(0, self._next_index(seq))
-            events = self._events[start : start + limit]
-            over = (self.ended or self.closed) and start + len(events) >= len(self._events)
-            first = self._first_seq + start
-        return first, [_frame(event) for event in events], over
-
-    def _next_index(self, seq: int) -> int:
-        return seq + 1 - self._first_seq
-
-
-def _frame(event: Event) -> bytes:
-    # The data is the journal's line, encoded by the journal's codec (JSON has no raw newline).
-    return f"id: {event.seq}\nevent: {event.type}\ndata: ".encode() + encode_event(event) + b"\n\n"
-
-
 # -- the server --------------------------------------------------------------------------------
-
-
-class HostCheck:
-    """Which ``Host`` headers name this server: the address it serves on (any IP literal when
-    it serves on every interface: an IP cannot be rebound to another site), ``localhost``, and
-    the names the user allowed. Any port: a tunnel (``ssh -L``) changes it."""
-
-    def __init__(self, address: str, allowed: Sequence[str] = ()) -> None:
-        self.names = {"localhost", *(_canonical(name) for name in allowed)}
-        self.ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None
-        self.any_ip = False
-        try:
-            self.ip = ipaddress.ip_address(address.strip("[]"))
-        except ValueError:
-            self.names.add(_canonical(address))  # served on a name: that name
-        else:
-            self.any_ip = self.ip.is_unspecified
-
-    def accepts(self, header: str | None) -> bool:
-        name = _host_name(header) if header is not None else None
-        if name is None:
-            return False
-        if name in self.names:
-            return True
-        try:
-            ip = ipaddress.ip_address(name)
-        except ValueError:
-            return False
-        return self.any_ip or ip == self.ip
-
-
-def _canonical(name: str) -> str:
-    return name.strip().lower().removesuffix(".")
-
-
-def _host_name(header: str) -> str | None:
-    """The name a ``Host`` header gives, without its port (and an IPv6 literal's brackets);
-    None when it is no ``host[:port]``."""
-    value = header.strip()
-    if value.startswith("["):
-        name, bracket, rest = value[1:].partition("]")
-        if not bracket:
-            return None
-    else:
-        name, colon, port = value.partition(":")
-        rest = colon + port
-    if rest and not (rest.startswith(":") and rest[1:].isdigit() and len(rest) <= 6):
-        return None
-    return _canonical(name) or None
 
 
 class _DeadlineReader(io.RawIOBase):
