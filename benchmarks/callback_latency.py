@@ -30,7 +30,8 @@ from harness import FullMonitor, full_monitor
 from trt_otel import BuildMonitor
 from trt_otel.builder.simulator import Callback, generate_plan
 from trt_otel.capture.supervisor import run_isolated
-from trt_otel.control.policies import CancelUrl, PolicyRunner
+from trt_otel.control.probes import CancelUrl
+from trt_otel.control.runner import PolicyRunner
 
 THREADS = 4
 WORK_S = 50e-6

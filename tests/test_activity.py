@@ -25,7 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from cli import CLI
 from trt_otel import BuildMonitor, ManualClock, ProcessSample
 from trt_otel.capture.process import ProcessSampler
-from trt_otel.control.policies import BuildView, MemoryGuard, PolicyRunner, Stall
+from trt_otel.control.policies import BuildView, MemoryGuard, Stall
+from trt_otel.control.runner import PolicyRunner
 from trt_otel.core.activity import ACTIVE_CPU_PERCENT, IDLE_AFTER_S, Verdict
 from trt_otel.core.events import GpuSample
 from trt_otel.core.readmodel import ReadModel

@@ -39,7 +39,8 @@ from trt_otel.app.config import (
     UsageError,
     signal_grace_s,
 )
-from trt_otel.control.policies import AnyOf, CancelFile, Stall, Timeout
+from trt_otel.control.policies import AnyOf, Stall, Timeout
+from trt_otel.control.probes import CancelFile
 
 
 def test_every_option_lands_in_its_group() -> None:

@@ -23,8 +23,8 @@ from trt_otel.app.ladder import retry_reason
 from trt_otel.app.session import Ended
 from trt_otel.capture.gpu import GpuReading, GpuSampler, open_reader
 from trt_otel.control.gpu_memory import GpuMemoryGuard
-from trt_otel.control.policies import PolicyRunner
 from trt_otel.control.registry import GpuMemoryConfig
+from trt_otel.control.runner import PolicyRunner
 from trt_otel.core.events import CancelRequested, CancelSource, GpuSample, Outcome
 from trt_otel.core.journal import JournalWriter
 from trt_otel.core.state import BuildState

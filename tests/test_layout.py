@@ -208,6 +208,8 @@ def test_the_command_line_imports_no_room_a_build_does_not_ask_for() -> None:
         "trt_otel.views.spans",
         "opentelemetry",
         "trt_otel.control.policies",  # a policy option: --timeout, --stall-timeout, ...
+        "trt_otel.control.probes",
+        "trt_otel.control.runner",
         "trt_otel.control.deadline",
         "trt_otel.views.prometheus",  # a metrics view: --prometheus-port, --http-port, ...
         "prometheus_client",

@@ -26,21 +26,9 @@ from prometheus_server import free_port
 from trt_otel import BuildMonitor, ManualClock, Outcome, read_journal
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.capture.supervisor import run_isolated
-from trt_otel.control.policies import (
-    MAX_REASON,
-    AllOf,
-    AnyOf,
-    BuildView,
-    CancelFile,
-    CancelUrl,
-    Decision,
-    FlagError,
-    PolicyRunner,
-    Polled,
-    Stall,
-    Timeout,
-    parse_flag,
-)
+from trt_otel.control.policies import MAX_REASON, AllOf, AnyOf, BuildView, Decision, Stall, Timeout
+from trt_otel.control.probes import CancelFile, CancelUrl, FlagError, Polled, parse_flag
+from trt_otel.control.runner import PolicyRunner
 from trt_otel.core.activity import Verdict
 from trt_otel.core.events import CancelRequested, PhaseStarted
 from waiting import wait_for_silence, wait_for_text, wait_until, write_at_once

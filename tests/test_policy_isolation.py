@@ -19,17 +19,9 @@ from cli import CLI
 from dripping import DripServer, dripping
 from journals import first_cancel
 from trt_otel import BuildMonitor
-from trt_otel.control.policies import (
-    AnyOf,
-    CancelFile,
-    CancelUrl,
-    Decision,
-    PolicyRunner,
-    Polled,
-    Stall,
-    Timeout,
-    fetch,
-)
+from trt_otel.control.policies import AnyOf, Decision, Stall, Timeout
+from trt_otel.control.probes import CancelFile, CancelUrl, Polled, fetch
+from trt_otel.control.runner import PolicyRunner
 from trt_otel.views.prometheus import MetricSources, metrics_registry
 from waiting import wait_for_text, wait_until
 

@@ -33,7 +33,8 @@ from trt_otel.views.terminal import warn
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
-    from trt_otel.control.policies import Policy, PolicyRunner
+    from trt_otel.control.policies import Policy
+    from trt_otel.control.runner import PolicyRunner
     from trt_otel.control.signals import StopClock
     from trt_otel.views.http import StatusServer
 
@@ -43,7 +44,7 @@ def policy_runner(build: ObservedBuild, policy: Policy | None) -> PolicyRunner |
     only for a build that has one."""
     if policy is None:
         return None
-    from trt_otel.control.policies import PolicyRunner
+    from trt_otel.control.runner import PolicyRunner
 
     return PolicyRunner(build, policy, warn=warn)
 

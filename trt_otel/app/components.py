@@ -60,7 +60,7 @@ if TYPE_CHECKING:  # imported when asked for: most builds export nothing (start-
     from prometheus_client import CollectorRegistry
     from prometheus_client.registry import Collector
 
-    from trt_otel.control.policies import PolicyRunner
+    from trt_otel.control.runner import PolicyRunner
     from trt_otel.control.signals import StopClock
     from trt_otel.views.http import StatusServer
     from trt_otel.views.otlp import OtlpSpanExport

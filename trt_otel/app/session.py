@@ -65,7 +65,8 @@ EXIT_FAILED = 4
 EXIT_INTERRUPTED = 130
 
 if TYPE_CHECKING:  # made by the components, or here, only when asked for
-    from trt_otel.control.policies import Decision, PolicyRunner
+    from trt_otel.control.policies import Decision
+    from trt_otel.control.runner import PolicyRunner
 
 
 @dataclass(frozen=True, slots=True)

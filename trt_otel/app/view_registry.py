@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource
     from prometheus_client.registry import Collector
 
-    from trt_otel.control.policies import PolicyRunner
+    from trt_otel.control.runner import PolicyRunner
     from trt_otel.control.signals import StopClock
     from trt_otel.core.observed import ObservedBuild
     from trt_otel.core.readmodel import ReadModel

@@ -34,7 +34,8 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from trt_otel.capture.monitor import BuildMonitor
-from trt_otel.control.policies import Policy, PolicyRunner
+from trt_otel.control.policies import Policy
+from trt_otel.control.runner import PolicyRunner
 from trt_otel.core.events import CancelRequested, CancelSource, Outcome
 from trt_otel.core.log import EventLog
 from trt_otel.core.state import BuildState

@@ -331,7 +331,7 @@ class CancelFileConfig:
 register(
     "file",
     config=CancelFileConfig,
-    factory="trt_otel.control.policies:make_cancel_file",
+    factory="trt_otel.control.probes:make_cancel_file",
     source=CancelSource.FILE,
     retried_by_ladder=False,
     options=(
@@ -357,7 +357,7 @@ class CancelUrlConfig:
 register(
     "url",
     config=CancelUrlConfig,
-    factory="trt_otel.control.policies:make_cancel_url",
+    factory="trt_otel.control.probes:make_cancel_url",
     source=CancelSource.HTTP,
     retried_by_ladder=False,
     options=(
