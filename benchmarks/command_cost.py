@@ -38,7 +38,7 @@ import msgspec
 from harness import LockAndDictMonitor
 
 from trt_otel.builder.simulator import Callback, Driver, NoOpMonitor, load_trace
-from trt_otel.core.journal import read_journal
+from trt_otel.core.journal_reader import read_journal
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = Path(os.environ.get("TRT_OTEL_TRACES_DIR", ROOT.parent / "shared" / "traces"))

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from trt_otel.core.events import GpuSample
-from trt_otel.core.journal import read_journal
+from trt_otel.core.journal_reader import read_journal
 from trt_otel.views.spans import SpanProjection
 
 WORKLOAD = """

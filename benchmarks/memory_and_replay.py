@@ -25,7 +25,8 @@ from pathlib import Path
 
 from harness import full_monitor
 
-from trt_otel.core.journal import JournalWriter, read_journal
+from trt_otel.core.journal import JournalWriter
+from trt_otel.core.journal_reader import read_journal
 from trt_otel.core.state import BuildState
 from trt_otel.views.spans import SpanProjection
 

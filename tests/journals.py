@@ -12,7 +12,9 @@ import msgspec
 
 from trt_otel import read_journal
 from trt_otel.core.events import Anomaly, CancelRequested, Event
-from trt_otel.core.journal import Journal, JournalWriter, event_to_dict
+from trt_otel.core.journal import JournalWriter
+from trt_otel.core.journal_codec import event_to_dict
+from trt_otel.core.journal_reader import Journal
 from trt_otel.core.state import BuildState
 from trt_otel.views.spans import SpanProjection, SpanRecord
 

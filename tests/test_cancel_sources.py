@@ -20,7 +20,8 @@ from prometheus_client import generate_latest
 from trt_otel import BuildMonitor, ManualClock, read_journal
 from trt_otel.control import registry
 from trt_otel.core.events import CancelRequested, CancelSource
-from trt_otel.core.journal import JournalWriter, decode_event, encode_event
+from trt_otel.core.journal import JournalWriter
+from trt_otel.core.journal_codec import decode_event, encode_event
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.views.prometheus import CANCEL_REASONS, MetricSources, metrics_registry
 from trt_otel.views.status import status_document

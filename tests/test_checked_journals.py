@@ -21,7 +21,8 @@ from trt_otel.app.fleet_status import JournalFold
 from trt_otel.app.reporting import build_reports
 from trt_otel.capture.checked import CheckedEvents
 from trt_otel.capture.watch import follow_journal
-from trt_otel.core import journal as raw
+from trt_otel.core import journal_codec as codec
+from trt_otel.core import journal_reader as raw
 from trt_otel.core.events import Anomaly, Event
 from trt_otel.core.log import EventLog
 
@@ -61,7 +62,7 @@ def pythons_events() -> list[Event]:
 
 def write(path: Path, events: list[Event], **header: object) -> Path:
     first = {"format": "trt-otel-journal", "version": 1, "producer": "test", **header}
-    path.write_bytes(json.dumps(first).encode() + b"\n" + raw.encode_events(events))
+    path.write_bytes(json.dumps(first).encode() + b"\n" + codec.encode_events(events))
     return path
 
 
@@ -146,7 +147,7 @@ def test_the_fleets_status_folds_a_growing_unchecked_journal_checked(tmp_path: P
     python = pythons_events()
     journal = write(tmp_path / "cpp.jsonl", [], checked=False)
     fold = JournalFold(journal)
-    lines = raw.encode_events(unchecked(python)).splitlines(keepends=True)
+    lines = codec.encode_events(unchecked(python)).splitlines(keepends=True)
     for line in lines:  # the journal grows a line at a time between two looks
         with open(journal, "ab") as handle:
             handle.write(line)
@@ -186,7 +187,7 @@ def test_a_checked_journal_is_not_checked_twice(tmp_path: Path, header: str) -> 
 @pytest.mark.e2e
 def test_a_header_whose_checked_is_not_a_boolean_is_refused_in_one_line(tmp_path: Path) -> None:
     journal = write(tmp_path / "odd.jsonl", unchecked(pythons_events()), checked="no")
-    with pytest.raises(raw.JournalError, match="'checked' is 'no', not true or false"):
+    with pytest.raises(codec.JournalError, match="'checked' is 'no', not true or false"):
         read_journal(journal)
     done = subprocess.run(
         [*CLI, "replay", str(journal)],

@@ -46,6 +46,7 @@ from prometheus_server import free_port
 from trt_otel import BuildMonitor, JournalWriter, Outcome, read_journal
 from trt_otel.builder.simulator import Driver, load_trace
 from trt_otel.core import journal as raw_journal
+from trt_otel.core import journal_reader as raw_reader
 from trt_otel.core.events import (
     Anomaly,
     BuildFinished,
@@ -57,7 +58,7 @@ from trt_otel.core.events import (
     PhaseStarted,
     StepCompleted,
 )
-from trt_otel.core.journal import encode_events, event_to_dict
+from trt_otel.core.journal_codec import encode_events, event_to_dict
 from trt_otel.views.spans import SpanRecord
 from waiting import holds_open, wait_for_file, wait_for_text, wait_until
 
@@ -386,7 +387,7 @@ def test_the_journal_records_protocol_breaks_raw_and_replay_and_watch_find_them(
     trace = write_trace(tmp_path / "breaks.jsonl", PROTOCOL_BREAKS)
     journal_path = tmp_path / "build.jsonl"
     run_driver(driver, "trace", trace=trace, journal=journal_path)
-    as_written = raw_journal.read_journal(journal_path)
+    as_written = raw_reader.read_journal(journal_path)
     assert as_written.header["checked"] is False
     assert [e for e in as_written.events if e.type == "anomaly"] == []
     found = [e for e in read_journal(journal_path).events if isinstance(e, Anomaly)]
@@ -611,7 +612,7 @@ def test_a_full_disk_loses_events_counted_and_said_without_blocking(
     assert lost > 0
     assert "cannot write journal" in run.stderr
 
-    journal = raw_journal.read_journal(journal_path)  # the file as written, its gap
+    journal = raw_reader.read_journal(journal_path)  # the file as written, its gap
     gaps = [p for p in journal.problems if p.kind == "seq_gap"]
     assert gaps, [str(p) for p in journal.problems]
     notes = [
@@ -1007,7 +1008,7 @@ def test_a_writer_that_cannot_keep_up_drops_counted_events_and_never_blocks_the_
         build.communicate(timeout=30)
     journal_path = tmp_path / "copy.jsonl"
     journal_path.write_bytes(data)
-    journal = raw_journal.read_journal(journal_path)  # the file as written, its gap
+    journal = raw_reader.read_journal(journal_path)  # the file as written, its gap
     assert {p.kind for p in journal.problems} == {"seq_gap"}
     notes = [e for e in journal.events if isinstance(e, LogMessage) and "keep up" in e.message]
     assert len(notes) == 1 and f"{summary['events_lost']} events" in notes[0].message
@@ -1101,7 +1102,7 @@ def test_watch_ends_a_stopped_builds_unchecked_journal_without_a_gap(
     finally:
         build.kill()
         build.wait(30)
-    as_written = raw_journal.read_journal(journal_path)
+    as_written = raw_reader.read_journal(journal_path)
     assert as_written.problems == [], [str(p) for p in as_written.problems]
     assert as_written.events[-1].type == "build_end"
     events = read_clean(journal_path).events
@@ -1275,7 +1276,7 @@ def test_a_null_phase_name_is_the_recorders_own_note(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert subprocess.run([str(binary), str(journal)], timeout=60, check=False).returncode == 0
     events = read_clean(journal).events
-    as_written = raw_journal.read_journal(journal).events
+    as_written = raw_reader.read_journal(journal).events
     assert [e.type for e in as_written[-2:]] == ["build_end", "step"]
     notes = [(e.kind.value, e.detail) for e in events if isinstance(e, Anomaly)]
     assert notes == [

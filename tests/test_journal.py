@@ -36,12 +36,12 @@ from trt_otel.core.events import (
     ProcessSample,
     StepCompleted,
 )
-from trt_otel.core.journal import (
+from trt_otel.core.journal import journal_in_use
+from trt_otel.core.journal_codec import (
     FORMAT_VERSION,
     CorruptLineError,
     decode_event,
     encode_events,
-    journal_in_use,
 )
 from waiting import wait_for_text
 

@@ -164,6 +164,8 @@ def test_a_builds_worker_and_import_trt_otel_load_only_what_they_use() -> None:
         "rich",
         "importlib.metadata",
         "trt_otel.core.journal",
+        "trt_otel.core.journal_codec",
+        "trt_otel.core.journal_reader",
         "psutil",
     ]
     for imports in ("trt_otel.builder.build, trt_otel.capture.supervisor", "trt_otel"):

@@ -25,7 +25,7 @@ from runs import PROGRAMS
 from trt_otel.app.cli import main
 from trt_otel.builder.onnx_models import demo_model_bytes
 from trt_otel.capture.monitor import BuildMonitor
-from trt_otel.core.journal import read_journal
+from trt_otel.core.journal_reader import read_journal
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 CALLBACK_EVENTS = {"phase_start": "phase_start", "step": "step", "phase_finish": "phase_finish"}

@@ -19,7 +19,7 @@ from trt_otel import BuildMonitor
 from trt_otel.app.cli import main
 from trt_otel.builder.onnx_models import CONV_SHAPES
 from trt_otel.core.events import BuildStarted, LogMessage, PhaseFinished, PhaseStarted
-from trt_otel.core.journal import read_journal
+from trt_otel.core.journal_reader import read_journal
 from trt_otel.views.otlp_logs import SEVERITY_NUMBERS, LogProjection
 from trt_otel.views.spans import SpanProjection
 from trt_otel.views.trace_ids import phase_span_id

@@ -37,7 +37,7 @@ from journals import unchecked
 from trt_otel import BuildMonitor, JournalWriter, ManualClock, read_journal
 from trt_otel.capture import checked
 from trt_otel.capture.checked import CheckedEvents
-from trt_otel.core import journal as journals
+from trt_otel.core import journal_reader as journals
 from trt_otel.core.events import (
     AnomalyKind,
     BuildFinished,
@@ -47,7 +47,8 @@ from trt_otel.core.events import (
     ProcessSample,
     StepCompleted,
 )
-from trt_otel.core.journal import JournalProblem, LineReader, encode_events
+from trt_otel.core.journal_codec import encode_events
+from trt_otel.core.journal_reader import JournalProblem, LineReader
 from trt_otel.core.log import EventLog
 from trt_otel.core.readmodel import ReadModel, SiblingGroup, TreeNode
 from trt_otel.core.state import BuildState, Phase, PhaseStatus

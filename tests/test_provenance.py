@@ -15,7 +15,7 @@ from rtx_builds import import_rtx, write_conv
 from trt_otel.builder.onnx_models import CONV_SHAPES
 from trt_otel.builder.provenance import fingerprint, fingerprint_inputs
 from trt_otel.core.events import BuildFinished, BuildOutput, BuildStarted, Event
-from trt_otel.core.journal import read_journal
+from trt_otel.core.journal_reader import read_journal
 from trt_otel.core.version import __version__
 
 

@@ -31,7 +31,7 @@ from trt_otel.app.ray_fleet import RayFleet
 from trt_otel.builder.onnx_models import CONV_SHAPES, RESIDUAL_SHAPES
 from trt_otel.capture.liveness import Writer
 from trt_otel.core.events import BuildFinished, CancelRequested
-from trt_otel.core.journal import JournalError
+from trt_otel.core.journal_codec import JournalError
 from waiting import wait_for_text, wait_until
 
 # The first test also waits for the cluster to start (up to three attempts of STARTUP_S).

@@ -20,7 +20,7 @@ from trt_otel.app.cli import main
 from trt_otel.builder.simulator import Driver, generate_plan, load_trace
 from trt_otel.core.eta import estimate
 from trt_otel.core.events import Event, PhaseFinished, PhaseStarted, StepCompleted
-from trt_otel.core.journal import read_journal
+from trt_otel.core.journal_reader import read_journal
 from trt_otel.core.log import EventLog
 from trt_otel.core.readmodel import ReadModel, SiblingGroup, TreeNode
 from trt_otel.core.state import BuildState, Phase

@@ -33,7 +33,7 @@ from trt_otel.core.events import (
     ProcessSample,
     StepCompleted,
 )
-from trt_otel.core.journal import read_journal
+from trt_otel.core.journal_reader import read_journal
 
 # On one worker: the real build of the rtx_journal fixture is made once a run.
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("report")]

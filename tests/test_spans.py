@@ -30,7 +30,7 @@ from otlp_receiver import (
 from trt_otel import BuildMonitor, Outcome
 from trt_otel.app.cli import main
 from trt_otel.builder.simulator import Callback, Driver, generate_plan, load_trace
-from trt_otel.core.journal import read_journal
+from trt_otel.core.journal_reader import read_journal
 from trt_otel.core.state import BuildState
 from trt_otel.views.otlp import OtlpSpanExport, SpanExportQueue
 from trt_otel.views.otlp_settings import (

@@ -32,15 +32,9 @@ from trt_otel.core.events import (
     StepCompleted,
 )
 from trt_otel.core.files import MAX_LINE_BYTES
-from trt_otel.core.journal import (
-    TRUNCATED_ATTRIBUTE,
-    JournalBusyError,
-    JournalError,
-    JournalWriter,
-    LineReader,
-    encode_events,
-    read_journal,
-)
+from trt_otel.core.journal import JournalBusyError, JournalWriter
+from trt_otel.core.journal_codec import JournalError, encode_events
+from trt_otel.core.journal_reader import TRUNCATED_ATTRIBUTE, LineReader, read_journal
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.state import BuildState
 from waiting import wait_for_text, wait_until

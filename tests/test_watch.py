@@ -247,7 +247,8 @@ def test_the_end_is_not_written_twice_when_the_writer_ended_its_journal_on_its_w
     that end: watch must not append a second build_end (seen with a demo that exits quickly)."""
     from trt_otel.app.remote import Escalation, RemoteBuild
     from trt_otel.core.events import BuildFinished, BuildStarted, Outcome
-    from trt_otel.core.journal import JournalWriter, read_journal
+    from trt_otel.core.journal import JournalWriter
+    from trt_otel.core.journal_reader import read_journal
     from trt_otel.core.readmodel import ReadModel
 
     journal = tmp_path / "b.jsonl"

@@ -4,7 +4,7 @@ An event-sourced ``IProgressMonitor``: every TensorRT callback becomes an event 
 log, and everything else (state, journal, terminal, exporters, cancel policies) follows that log.
 ``import trt_otel`` never imports ``tensorrt``.
 
-Exceptions: :class:`~trt_otel.core.journal.JournalError` (a journal that cannot be read) and
+Exceptions: :class:`~trt_otel.core.journal_codec.JournalError` (a journal that cannot be read) and
 :class:`~trt_otel.builder.build.BuildSetupError` (a build that cannot start: missing model, no
 TensorRT).
 """
@@ -73,7 +73,9 @@ if _TYPE_CHECKING:
         StepCompleted,
     )
     from trt_otel.core.followers import Follower, FollowerHealth
-    from trt_otel.core.journal import Journal, JournalError, JournalWriter
+    from trt_otel.core.journal import JournalWriter
+    from trt_otel.core.journal_codec import JournalError
+    from trt_otel.core.journal_reader import Journal
     from trt_otel.core.log import EventLog
     from trt_otel.core.state import BuildState, BuildStatus, Phase, PhaseStatus
 
@@ -92,8 +94,8 @@ _FACE = {
     "Follower": "trt_otel.core.followers",
     "FollowerHealth": "trt_otel.core.followers",
     "GpuSample": "trt_otel.core.events",
-    "Journal": "trt_otel.core.journal",
-    "JournalError": "trt_otel.core.journal",
+    "Journal": "trt_otel.core.journal_reader",
+    "JournalError": "trt_otel.core.journal_codec",
     "JournalWriter": "trt_otel.core.journal",
     "LogMessage": "trt_otel.core.events",
     "ManualClock": "trt_otel.core.clock",

@@ -63,7 +63,7 @@ from trt_otel.core.builds import builds_of
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import BuildStarted, Outcome
 from trt_otel.core.exiting import exit_without_teardown
-from trt_otel.core.journal import JournalError
+from trt_otel.core.journal_codec import JournalError
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.startup import startup_done
 from trt_otel.views.console import render_build

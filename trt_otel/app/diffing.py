@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from trt_otel.app.config import UsageError
 from trt_otel.app.reporting import build_reports
-from trt_otel.core.journal import JournalError
+from trt_otel.core.journal_codec import JournalError
 
 if TYPE_CHECKING:
     from trt_otel.views.report.diff import Figures

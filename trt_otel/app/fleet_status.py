@@ -50,13 +50,8 @@ from trt_otel.core.eta import History
 from trt_otel.core.events import BuildFinished, BuildStarted, CancelRequested, Event
 from trt_otel.core.files import open_regular_for_reading
 from trt_otel.core.forecast import forecast_status
-from trt_otel.core.journal import (
-    MAX_HEADER_BYTES,
-    JournalError,
-    LineReader,
-    event_to_dict,
-    parse_header,
-)
+from trt_otel.core.journal_codec import JournalError, event_to_dict
+from trt_otel.core.journal_reader import MAX_HEADER_BYTES, LineReader, parse_header
 from trt_otel.core.state import BuildState
 from trt_otel.views.status import Builder, Estimate, Projection
 

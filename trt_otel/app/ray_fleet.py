@@ -73,7 +73,7 @@ from trt_otel.capture.supervisor import DEFAULT_GRACE_S
 from trt_otel.core.deadlines import DeadlineExceededError, call_within
 from trt_otel.core.eta import BoundaryTracker, estimate
 from trt_otel.core.files import open_regular_for_reading, write_atomically
-from trt_otel.core.journal import JournalError
+from trt_otel.core.journal_codec import JournalError
 from trt_otel.core.state import BuildState
 from trt_otel.views.status import Estimate
 

@@ -48,14 +48,8 @@ from trt_otel.core.events import (
     ProcessSample,
 )
 from trt_otel.core.files import open_regular_for_reading, write_atomically
-from trt_otel.core.journal import (
-    JournalError,
-    JournalProblem,
-    LineReader,
-    callbacks_checked,
-    encode_events,
-    parse_header,
-)
+from trt_otel.core.journal_codec import JournalError, encode_events
+from trt_otel.core.journal_reader import JournalProblem, LineReader, callbacks_checked, parse_header
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.state import BuildState
 from trt_otel.views.terminal import say, warn

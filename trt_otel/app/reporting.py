@@ -26,7 +26,7 @@ from trt_otel.builder.preflight import (
 from trt_otel.capture.checked import read_journal
 from trt_otel.core.events import Event
 from trt_otel.core.files import FileKindError, regular_file_or_absent, write_atomically
-from trt_otel.core.journal import JournalError
+from trt_otel.core.journal_codec import JournalError
 from trt_otel.views.terminal import PipeSafeStream, say, warn
 
 if TYPE_CHECKING:

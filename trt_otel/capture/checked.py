@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trt_otel.capture.monitor import BuildMonitor, CallbackRecord
-from trt_otel.core import journal as journals
+from trt_otel.core import journal_reader as journals
 from trt_otel.core.events import (
     BuildFinished,
     BuildOutput,

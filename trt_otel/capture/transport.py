@@ -37,7 +37,7 @@ import msgspec
 _HEADER = struct.Struct("<IB")
 _MSGPACK, _PICKLE = 0, 1
 _ENCODER = msgspec.msgpack.Encoder()
-_DECODER = msgspec.msgpack.Decoder()
+DECODER = msgspec.msgpack.Decoder()
 MAX_RECORDS_PER_FRAME = 512
 """A frame is decoded whole, into a Python object per value: 512 records (about 30 KiB) keep
 what one decode allocates in the processor's cache, and it is freed before the next frame is
@@ -134,7 +134,7 @@ class SpoolReader:
         self._offset = end
         try:
             if codec == _MSGPACK:
-                body = _DECODER.decode(payload)
+                body = DECODER.decode(payload)
             elif codec == _PICKLE:
                 body = pickle.loads(payload)  # written by our own worker
             else:

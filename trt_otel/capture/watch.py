@@ -25,15 +25,8 @@ from trt_otel.core.deadlines import Deadline
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import BuildFinished, BuildStarted, Event
 from trt_otel.core.files import open_regular_for_reading
-from trt_otel.core.journal import (
-    MAX_HEADER_BYTES,
-    CorruptLineError,
-    JournalError,
-    JournalProblem,
-    LineReader,
-    decode_event,
-    parse_header,
-)
+from trt_otel.core.journal_codec import CorruptLineError, JournalError, decode_event
+from trt_otel.core.journal_reader import MAX_HEADER_BYTES, JournalProblem, LineReader, parse_header
 from trt_otel.core.urls import shown
 
 if TYPE_CHECKING:

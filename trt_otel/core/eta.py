@@ -26,7 +26,8 @@ from typing import Any
 from trt_otel.core.builds import builds_of
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import BuildStarted, Event, Outcome, PhaseFinished
-from trt_otel.core.journal import Journal, JournalError, read_journal
+from trt_otel.core.journal_codec import JournalError
+from trt_otel.core.journal_reader import Journal, read_journal
 from trt_otel.core.state import BuildState
 
 BoundaryKey = tuple[tuple[str, ...], int]

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Sequence
 
 from trt_otel.core.events import BuildFinished, Event
-from trt_otel.core.journal import encode_event
+from trt_otel.core.journal_codec import encode_event
 
 RETAINED_FRAMES = 100_000
 """The newest events a feed keeps for its clients (older ones are dropped, and said)."""

@@ -19,7 +19,7 @@ import msgspec
 from trt_otel.core.attempts import attempt_of
 from trt_otel.core.eta import BuildEta
 from trt_otel.core.eta import Estimate as CoreEstimate
-from trt_otel.core.journal import event_to_dict
+from trt_otel.core.journal_codec import event_to_dict
 from trt_otel.core.projection import project
 from trt_otel.core.readmodel import ReadModel, SiblingGroup
 from trt_otel.core.state import BuildState, Phase

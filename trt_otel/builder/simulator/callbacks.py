@@ -20,7 +20,8 @@ import msgspec
 
 from trt_otel.core.events import PhaseFinished, PhaseStarted, StepCompleted
 from trt_otel.core.files import MAX_LINE_BYTES, open_regular_for_reading
-from trt_otel.core.journal import JournalError, is_journal_header, read_journal
+from trt_otel.core.journal_codec import JournalError
+from trt_otel.core.journal_reader import is_journal_header, read_journal
 
 CallbackKind = Literal["phase_start", "step_complete", "phase_finish"]
 
