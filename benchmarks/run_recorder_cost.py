@@ -21,7 +21,7 @@ from typing import Any
 
 from trt_otel.builder.simulator import Driver, NoOpMonitor, generate_plan
 from trt_otel.capture.bootstrap import _trt_otel_recorder as recorder
-from trt_otel.capture.supervisor import RecordingMonitor
+from trt_otel.capture.worker import RecordingMonitor
 
 REPEATS = 7
 PLAN = generate_plan(13, num_profiles=2) * 10

@@ -259,7 +259,7 @@ def without_stamps(events: list[Any]) -> list[tuple[object, ...]]:
 def test_callbacks_recorded_in_a_worker_replay_into_the_same_events(
     calls: list[tuple[Any, ...]], end: bool
 ) -> None:
-    from trt_otel.capture.supervisor import RecordingMonitor
+    from trt_otel.capture.worker import RecordingMonitor
 
     direct = BuildMonitor()
     direct.start()

@@ -168,7 +168,11 @@ def test_a_builds_worker_and_import_trt_otel_load_only_what_they_use() -> None:
         "trt_otel.core.journal_reader",
         "psutil",
     ]
-    for imports in ("trt_otel.builder.build, trt_otel.capture.supervisor", "trt_otel"):
+    for imports in (
+        "trt_otel.builder.build, trt_otel.capture.supervisor",
+        "trt_otel.builder.build, trt_otel.capture.worker",
+        "trt_otel",
+    ):
         code = (
             f"import sys, {imports}\n"
             f"print(sorted({{m for m in sys.modules for h in {heavy!r}"

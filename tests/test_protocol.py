@@ -161,7 +161,7 @@ def test_a_supervisor_replaying_its_workers_callbacks_finds_the_same(
     (most of them the short way, with nothing to check): the same events, anomalies and
     phases as the monitor finds on TensorRT's own thread. Neither monitor is started first:
     the first callback starts the build, replayed or not."""
-    from trt_otel.capture.supervisor import RecordingMonitor
+    from trt_otel.capture.worker import RecordingMonitor
     from trt_otel.core.readmodel import ReadModel
 
     class Flag:

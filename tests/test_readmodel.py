@@ -206,7 +206,7 @@ def test_quiet_steps_at_the_end_of_a_batch_are_told_then() -> None:
 def test_as_the_logs_fold_quiet_steps_ending_a_replayed_frame_are_told_at_its_end() -> None:
     """In a supervisor the model is the log's own fold: a frame of callbacks replayed at
     once ends with its last quiet step told, before the next frame comes."""
-    from trt_otel.capture.supervisor import RecordingMonitor
+    from trt_otel.capture.worker import RecordingMonitor
 
     class Flag:
         value = 0

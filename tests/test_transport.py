@@ -19,8 +19,9 @@ from trt_otel.builder.build import BuildJob, SimulatorSettings, run_build_job
 from trt_otel.builder.onnx_models import demo_model_bytes
 from trt_otel.builder.simulator import InternedPlan, generate_plan, load_trace
 from trt_otel.capture import supervisor
-from trt_otel.capture.supervisor import OddArgument, run_isolated
+from trt_otel.capture.supervisor import run_isolated
 from trt_otel.capture.transport import MAX_RECORDS_PER_FRAME, SpoolReader, SpoolWriter, encode_frame
+from trt_otel.capture.worker import OddArgument
 from trt_otel.core.events import (
     CancelRequested,
     Event,
