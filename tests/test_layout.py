@@ -261,6 +261,46 @@ def test_the_monitor_is_the_only_producer_of_the_log() -> None:
         assert removed not in log_source, f"a second way into the log: {removed}"
 
 
+FOLDS = {
+    # The build's one fold, made once where a session is assembled: every view reads it.
+    "app/session.py": "build, demo: the session's read model",
+    "app/program_session.py": "run: the read model of the program's builds",
+    "app/remote.py": "watch: the read model of the build followed from its journal",
+    # A monitor that no read model folds for (a library user's, each build's under run): the
+    # least state its protocol checks need, while the run's read model follows the log.
+    "capture/monitor.py": "the monitor's own state, where no model is its fold",
+    "capture/program.py": "run: the state before the program's first build (no events)",
+    "core/readmodel.py": "the read model's own state: the fold itself",
+    # A view made without a read model (a library user's): the model it then folds alone.
+    "views/spans.py": "the span projection used on its own",
+    "views/otlp_logs.py": "the log projection used on its own",
+    # Journals read back: builds that ended, not the one this process runs.
+    "views/report/model.py": "a report of a journal",
+    "app/cli.py": "replay and watch of a journal, each its own and only fold",
+    "app/fleet_status.py": "the fleet's builds, each from its journal",
+    "core/eta.py": "earlier builds (--history), each from its journal",
+}
+"""Where the package folds a build (makes a ``ReadModel`` or a ``BuildState``), and why there."""
+
+
+def test_a_build_is_folded_once_in_a_process_where_its_session_is_assembled() -> None:
+    """The views read the session's one fold of the build (its read model): a view that folds
+    the build again (as the live page's timeline once did, doubling memory with every view on)
+    makes a fold somewhere new, which this test refuses until it is added above with its
+    reason."""
+    found: dict[str, list[int]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("ReadModel", "BuildState")
+            ):
+                found.setdefault(str(path.relative_to(PACKAGE)), []).append(node.lineno)
+    assert sorted(set(found) - set(FOLDS)) == [], found
+    assert sorted(set(FOLDS) - set(found)) == [], "a fold listed here no longer is one"
+
+
 def test_every_module_is_named_on_the_architecture_page() -> None:
     """docs/architecture.md names every module of the package in its room's list (a folder's
     modules in the folder's entry), so a reader finds where each piece lives."""

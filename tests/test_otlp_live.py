@@ -73,12 +73,16 @@ def test_open_phases_show_while_the_build_runs_and_the_final_trace_is_unchanged(
 class Unsent:
     def __init__(self, spans_left: int = 10_000) -> None:
         self.left = spans_left
+        self.failed = 0
 
     def emit(self, record: SpanRecord) -> None:
         raise AssertionError("only snapshot() is called here")
 
     def spans_left(self) -> int:
         return self.left
+
+    def failed_exports(self) -> int:
+        return self.failed
 
 
 def test_a_phase_is_sent_when_it_opens_and_again_while_it_stays_open() -> None:
@@ -101,6 +105,29 @@ def test_a_phase_is_sent_when_it_opens_and_again_while_it_stays_open() -> None:
     assert tick(REFRESH_S) == ["Building engine"], "a closed phase is not sent again"
     monitor.end()
     assert tick(REFRESH_S) == [], "nothing once the build has ended"
+    monitor.close()
+
+
+def test_after_a_failed_export_every_open_phase_is_sent_again_at_the_next_look() -> None:
+    """A failed export may have lost a phase's only snapshot: the backend would show nothing of
+    it until its refresh, 30 s on (a collector slow to answer once under load)."""
+    clock, model = ManualClock(), ReadModel()
+    monitor = BuildMonitor(backend="none", clock=clock, model=model)
+    sink = Unsent()
+    live = LiveSnapshots(model, sink)
+
+    def tick(seconds: float) -> list[str]:
+        clock.advance(seconds)
+        return [record.name for record in live.snapshot(clock.mono_ns())]
+
+    monitor.start()
+    monitor.phase_start("Building engine", None, 3)
+    monitor.phase_start("Determining refit engines", "Building engine", 1)
+    assert tick(LIVE_INTERVAL_S) == ["Building engine", "Determining refit engines"]
+    sink.failed = 1  # the export that carried them failed
+    assert tick(LIVE_INTERVAL_S) == ["Building engine", "Determining refit engines"]
+    assert tick(LIVE_INTERVAL_S) == [], "once per failure, not at every look"
+    assert tick(REFRESH_S) == ["Building engine", "Determining refit engines"]
     monitor.close()
 
 

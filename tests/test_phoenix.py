@@ -35,6 +35,12 @@ pytestmark = [
 ]
 
 
+PHOENIX_POLL_S = 0.5
+"""How often a test asks Phoenix for its spans: each ask is a query of its database, and asked
+back to back (every 20 ms) they compete with the build's exports for a Phoenix that shares a
+loaded machine."""
+
+
 @pytest.fixture(scope="module")
 def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PhoenixServer]:
     server = PhoenixServer(tmp_path_factory.mktemp("phoenix"))
@@ -61,6 +67,7 @@ def wait_for_silent_snapshot(phoenix: PhoenixServer, project: str) -> None:
         lambda: SILENT_PHASE in {s.name for s in phoenix.spans(project) if s.snapshot},
         "a snapshot of the silent phase in Phoenix",
         120,
+        every_s=PHOENIX_POLL_S,
     )
 
 
@@ -91,7 +98,11 @@ def test_a_real_builds_open_phases_are_in_phoenix_while_it_runs_and_its_trace_en
         # A phase is sent on the first look after it opens: within one interval of its start
         # (and the time it takes a loaded machine to get round to it).
         first = min(s.attributes["trt.phase.running_s"] for s in shown if s.name == SILENT_PHASE)
-        assert first <= LIVE_INTERVAL_S + 2.0
+        if first > LIVE_INTERVAL_S + 2.0:
+            os.killpg(process.pid, signal.SIGKILL)
+            _, said = process.communicate(timeout=30)
+            shown_at = sorted((s.name, s.attributes["trt.phase.running_s"]) for s in shown)
+            pytest.fail(f"first shown at {first}s: {shown_at}; the build said: {said[-3000:]}")
         assert running(phoenix.spans(project)), "Phoenix has phases still running"
         _, err = process.communicate(timeout=180)
     finally:
@@ -104,6 +115,7 @@ def test_a_real_builds_open_phases_are_in_phoenix_while_it_runs_and_its_trace_en
         lambda: len([s for s in phoenix.spans(project) if not s.snapshot]) >= phases.total() + 1,
         "every final span in Phoenix",
         60,
+        every_s=PHOENIX_POLL_S,
     )
     spans = phoenix.spans(project)
     final = [s for s in spans if not s.snapshot]
@@ -132,7 +144,12 @@ def test_a_build_killed_whole_and_replayed_leaves_nothing_running_in_phoenix(
     assert running(phoenix.spans(project)), "killed: its open phases look as if still running"
     replayed = run_cli("replay", *endpoint, journal, env=environment(project), timeout=120)
     assert replayed.returncode == 4, replayed.stderr
-    wait_until(lambda: not running(phoenix.spans(project)), "no phase running in Phoenix", 60)
+    wait_until(
+        lambda: not running(phoenix.spans(project)),
+        "no phase running in Phoenix",
+        60,
+        every_s=PHOENIX_POLL_S,
+    )
     spans = phoenix.spans(project)
     ended = {s.span_id: s for s in spans if not s.snapshot}
     shown = {s.parent_id for s in spans if s.snapshot}
@@ -160,7 +177,12 @@ def test_a_silent_window_is_refreshed_in_phoenix_while_it_lasts(
         return {name: sorted(times) for name, times in seen.items() if len(times) > 1}
 
     try:
-        wait_until(refreshed, "a phase sent again in Phoenix", REFRESH_S + 4 * LIVE_INTERVAL_S)
+        wait_until(
+            refreshed,
+            "a phase sent again in Phoenix",
+            REFRESH_S + 4 * LIVE_INTERVAL_S,
+            every_s=PHOENIX_POLL_S,
+        )
         assert process.poll() is None, "refreshed while the build ran"
     finally:
         os.killpg(process.pid, signal.SIGKILL)

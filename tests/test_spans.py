@@ -931,4 +931,5 @@ def test_a_close_begun_while_an_export_fails_still_makes_its_last_attempt() -> N
     assert exporter.batches == [2, 1], "the first batch, then the last attempt with the rest"
     health = queue.health()
     assert (health.failed, health.dropped) == (3, 0), health
+    assert queue.failed_exports == 2, "each failed export counted (the live view sends again)"
     assert len(warnings) == 1, warnings

@@ -14,12 +14,15 @@ from trt_otel.builder.simulator import Callback, generate_plan
 CALLBACK_TYPES = (b'"type":"phase_start"', b'"type":"step"', b'"type":"phase_finish"')
 
 
-def wait_until(condition: Callable[[], object], what: str, timeout_s: float = 60) -> None:
-    """Until ``condition()`` is true; fails, saying ``what`` was awaited, after ``timeout_s``."""
+def wait_until(
+    condition: Callable[[], object], what: str, timeout_s: float = 60, *, every_s: float = 0.02
+) -> None:
+    """Until ``condition()`` is true; fails, saying ``what`` was awaited, after ``timeout_s``.
+    ``every_s``: how often it is asked (a condition that queries a server asks it less often)."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g}s"
-        time.sleep(0.02)
+        time.sleep(every_s)
 
 
 def wait_for_file(path: Path, timeout_s: float = 30) -> None:

@@ -111,6 +111,8 @@ class SpanExportQueue(SpanProcessor):
         self._exported = 0
         self._dropped = 0
         self._failed = 0
+        self.failed_exports = 0
+        """Exports that failed (their spans counted in :meth:`health`'s ``failed``)."""
         self._last_error: str | None = None
         self._thread = threading.Thread(target=self._run, name="trt-otel-otlp-export", daemon=True)
         self._thread.start()
@@ -187,7 +189,8 @@ class SpanExportQueue(SpanProcessor):
                 self._backoff_s = self._retry_after_s
                 return True
             self._failed += len(batch)
-            first_failure = self._failed == len(batch)
+            self.failed_exports += 1
+            first_failure = self.failed_exports == 1
         self._last_error = error or self._why_failed(took_s)
         self._retry_at = time.monotonic() + self._backoff_s
         self._backoff_s = min(self._backoff_s * 2, 60.0)
@@ -424,6 +427,10 @@ class OtlpSpanExport:
         """What the span budget still allows beside the final spans sent so far (read from
         another thread: a snapshot's budget, a moment late at worst)."""
         return self.settings.span_budget - self.projection.emitted
+
+    def failed_exports(self) -> int:
+        """How many exports have failed so far (their spans were not delivered)."""
+        return self.queue.failed_exports
 
     def _next_build(self) -> None:
         for record in self.projection.finish():

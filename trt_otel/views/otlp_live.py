@@ -3,7 +3,8 @@ it runs, since a span is exported only when it ends and a real build's outer pha
 for nearly all of it.
 
 While the build runs, each phase that opened is sent within :data:`LIVE_INTERVAL_S` of its
-start, and again every :data:`REFRESH_S` while it stays open (through a silent window too), as a
+start, and again every :data:`REFRESH_S` while it stays open (through a silent window too; and at
+the next look after an export failed, which may have lost it), as a
 *snapshot*: a span of the phase's name, from the phase's start to now, marked
 ``trt.span.snapshot = true``, with how long it has run (``trt.phase.running_s``), its steps, the
 build's progress and the builder's liveness (``working``, ``idle``, ``stopped``). Its parent is
@@ -47,6 +48,10 @@ class SpanSink(Protocol):
         """What the span budget allows beside the final spans sent so far."""
         ...
 
+    def failed_exports(self) -> int:
+        """How many exports have failed so far."""
+        ...
+
 
 class LiveSnapshots:
     """Sends the open phases of ``model``'s build to ``sink`` every ``interval_s``, on a thread
@@ -71,6 +76,8 @@ class LiveSnapshots:
         self._round = 0
         self._sent_at: dict[int, int] = {}
         """Each open phase's last snapshot (monotonic ns), by phase id."""
+        self._failed_exports = 0
+        """The sink's failed exports at the last look."""
         self._thread = threading.Thread(target=self._run, name="trt-otel-otlp-live", daemon=True)
 
     def start(self) -> None:
@@ -97,6 +104,13 @@ class LiveSnapshots:
             open_ids = state.open_phase_ids()
             still_open = set(open_ids)
             self._sent_at = {i: t for i, t in self._sent_at.items() if i in still_open}
+            failed = self._sink.failed_exports()
+            if failed != self._failed_exports:
+                # An export failed since the last look, and the backend may lack any snapshot
+                # sent since: every open phase again, rather than after REFRESH_S (a collector
+                # that stays down fails an export once per backoff, up to a minute).
+                self._failed_exports = failed
+                self._sent_at.clear()
             refresh_ns = REFRESH_S * 1e9
             due = [
                 phase_id
