@@ -102,6 +102,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/startup_cost.py
 	$(BIN)/python benchmarks/cpp_build_wall.py
 	$(BIN)/python benchmarks/command_cost.py
+	$(BIN)/python benchmarks/against_release.py
 
 # A soak with faults (benchmarks/soak.py): real and simulated builds side by side, each with a
 # fault injected from outside (kills, stops, Ctrl-C, a full disk, dead, dripping and redirecting

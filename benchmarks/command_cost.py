@@ -155,9 +155,11 @@ def run_command(
     speed: float,
     cancel_after_s: float | None = None,
     http: bool = True,
+    program: Sequence[str] | None = None,
 ) -> Run:
     """Run ``trt-otel demo`` on ``trace`` with every projection on (``http``: the HTTP view
-    and its live page too); measure it from outside."""
+    and its live page too); measure it from outside. ``program``: the command that is
+    ``trt-otel`` (default: this checkout's)."""
     from prometheus_server import free_port
 
     journal = directory / "run.jsonl"
@@ -166,7 +168,7 @@ def run_command(
     cancel_file.unlink(missing_ok=True)
     metrics_port, http_port, dead_port = free_port(), free_port(), free_port()
     command = [
-        str(ROOT / ".venv" / "bin" / "trt-otel"),
+        *(program or [str(ROOT / ".venv" / "bin" / "trt-otel")]),
         "demo",
         "--trace", str(trace),
         "--speed", str(speed),
