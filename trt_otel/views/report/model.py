@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from trt_otel.core.builds import builds_of
 from trt_otel.core.durations import format_duration
@@ -36,7 +36,15 @@ from trt_otel.core.forecast import Forecast
 from trt_otel.core.gaps import MIN_GAP_NS, Gap, deepest_open
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.core.state import Phase
-from trt_otel.views.report.rows import PathKey, Row, RowFold, Span, clip
+from trt_otel.views.report.rows import (
+    MAX_SAMPLES,
+    PathKey,
+    ProcessSamples,
+    Row,
+    RowFold,
+    Span,
+    clip,
+)
 
 __all__ = [
     "BuildRecorder",
@@ -156,7 +164,6 @@ def reports_of(events: Iterable[Event]) -> list[BuildReport]:
     return [report_of(build, index) for index, build in enumerate(builds_of(events))]
 
 
-MAX_SAMPLES = 20_000
 """Samples of each kind kept; beyond, every other one is dropped (a line has 2,000 points)."""
 
 
@@ -190,7 +197,7 @@ class BuildRecorder:
     def _begin(self, build_number: int) -> None:
         self._build_number = build_number
         self._rows = RowFold()
-        self._process: list[ProcessSample] = []
+        self._process = ProcessSamples()
         self._gpu: list[GpuSample] = []
         self._anomaly_details: list[str] = []
         self._builder_error: str | None = None
@@ -208,7 +215,7 @@ class BuildRecorder:
             if started is not None:
                 self._rows.started(started, event.thread)
         elif kind is ProcessSample:
-            _keep(self._process, event)
+            self._process.keep(cast(ProcessSample, event))
         elif kind is GpuSample:
             _keep(self._gpu, event)
         elif isinstance(event, BuildOutput):
@@ -243,8 +250,7 @@ class BuildRecorder:
             kept.append(Gap(last, end_ns, deepest_open(state)))  # silent now
         threshold_ns = silence_threshold_s(duration_s) * 1e9
         silent = [gap for gap in kept if gap.length_ns >= threshold_ns]
-        process = self._process
-        rows, left_out = self._rows.rows(origin, end_ns, silent, process)
+        rows, left_out = self._rows.rows(origin, end_ns, silent, self._process)
         cancel = state.cancel
         return BuildReport(
             index=self.index,
@@ -276,7 +282,7 @@ class BuildRecorder:
                 if state.end_mono_ns is None
                 else max(0, state.end_mono_ns - cancel.mono_ns) / 1e9,
             ),
-            series=_series(process, self._gpu, origin, end_ns),
+            series=_series(self._process.samples, self._gpu, origin, end_ns),
             steps=state.steps_completed_total,
             phases=state.phases_started_total,
             anomalies={kind.value: count for kind, count in sorted(state.anomalies.items())},

@@ -32,6 +32,9 @@ MAX_LEFT_OUT = 10_000
 MAX_THREADS = 100
 MAX_TEXT = 500
 """The longest name kept (a journal could hold megabytes in one)."""
+MAX_SAMPLES = 20_000
+"""Samples of each kind a report keeps; beyond, every other one is dropped (a line has 2,000
+points)."""
 
 PathKey = tuple[str, ...]
 
@@ -254,7 +257,7 @@ class RowFold:
                 parent.open_children = {}
             parent.open_children[phase.id] = phase.start_mono_ns
 
-    def closed(self, phase: Phase, gaps: Gaps, samples: Sequence[ProcessSample]) -> None:
+    def closed(self, phase: Phase, gaps: Gaps, samples: ProcessSamples) -> None:
         """A phase closed (its open descendants closed before it)."""
         entry = self._open.pop(phase.id, None)
         if entry is None:
@@ -280,7 +283,7 @@ class RowFold:
                 0 if entry.cover is None else entry.cover.total(),
                 entry.thread,
                 gaps.overlapping(start_ns, end_ns) if gaps.any else (),
-                peak_rss(samples, start_ns, end_ns) if samples else None,
+                samples.peak_rss(start_ns, end_ns),
             )
 
     def rows(
@@ -288,7 +291,7 @@ class RowFold:
         origin_ns: int,
         end_ns: int,
         silences: Sequence[Gap],
-        samples: Sequence[ProcessSample],
+        samples: ProcessSamples,
     ) -> tuple[list[Row], int]:
         """The rows, with the phases open now drawn up to ``end_ns``, in the order their paths
         first started; ``silences``: the gaps that count as silent windows (the current one
@@ -317,7 +320,7 @@ class RowFold:
                 (entry.cover or _Cover()).total(children),
                 entry.thread,
                 overlaps,
-                peak_rss(samples, start, end_ns),
+                samples.peak_rss(start, end_ns),
             )
         silent = {gap.start_ns for gap in silences}
         rows = [_row(touched.get(path, row), origin_ns, silent) for path, row in sums.items()]
@@ -358,10 +361,34 @@ def _row(sums: _Sums, origin_ns: int, silent: set[int]) -> Row:
     )
 
 
-def peak_rss(samples: Sequence[ProcessSample], start_ns: int, end_ns: int) -> int | None:
-    """The largest resident set sampled in ``[start_ns, end_ns]`` (samples in time order)."""
-    if not samples or samples[-1].mono_ns < start_ns:  # none since it started (most phases)
-        return None
-    low = bisect.bisect_left(samples, start_ns, key=lambda s: s.mono_ns)
-    high = bisect.bisect_right(samples, end_ns, key=lambda s: s.mono_ns)
-    return max((s.rss_bytes for s in samples[low:high] if s.rss_bytes is not None), default=None)
+class ProcessSamples:
+    """The builder's process samples a report keeps, in time order, with their times apart: a
+    closed phase asks for its peak (:meth:`peak_rss`), and a live build closes hundreds of
+    thousands of phases, most of them between two samples."""
+
+    __slots__ = ("samples", "times")
+
+    def __init__(self) -> None:
+        self.samples: list[ProcessSample] = []
+        self.times: list[int] = []
+
+    def keep(self, sample: ProcessSample) -> None:
+        """Append, halving the lists (every other sample) past :data:`MAX_SAMPLES`: bounded,
+        still even."""
+        self.samples.append(sample)
+        self.times.append(sample.mono_ns)
+        if len(self.samples) > MAX_SAMPLES:
+            del self.samples[1::2]
+            del self.times[1::2]
+
+    def peak_rss(self, start_ns: int, end_ns: int) -> int | None:
+        """The largest resident set sampled in ``[start_ns, end_ns]``."""
+        times = self.times
+        if not times or times[-1] < start_ns:  # none since it started
+            return None
+        low = bisect.bisect_left(times, start_ns)
+        high = bisect.bisect_right(times, end_ns, low)
+        if low == high:  # none while it ran (most phases)
+            return None
+        kept = (s.rss_bytes for s in self.samples[low:high] if s.rss_bytes is not None)
+        return max(kept, default=None)
