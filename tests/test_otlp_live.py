@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,15 +86,32 @@ class Unsent:
         return self.failed
 
 
+class Looked:
+    """A build on a manual clock, and its live snapshots told directly (their thread not
+    started): :meth:`after` moves the clock on and takes a look."""
+
+    def __init__(self, sink: Unsent, warn: Callable[[str], None] | None = None) -> None:
+        self.clock, model = ManualClock(), ReadModel()
+        self.monitor = BuildMonitor(backend="none", clock=self.clock, model=model)
+        self.live = LiveSnapshots(model, sink, warn=warn)
+
+    def after(self, seconds: float) -> list[str]:
+        """The names of the phases sent at the look ``seconds`` on."""
+        self.clock.advance(seconds)
+        return [record.name for record in self.live.snapshot(self.clock.mono_ns())]
+
+    def two_phases_open(self) -> None:
+        self.monitor.start()
+        self.monitor.phase_start("Building engine", None, 3)
+        self.monitor.phase_start("Determining refit engines", "Building engine", 1)
+
+
+BOTH = ["Building engine", "Determining refit engines"]
+
+
 def test_a_phase_is_sent_when_it_opens_and_again_while_it_stays_open() -> None:
-    clock, model = ManualClock(), ReadModel()
-    monitor = BuildMonitor(backend="none", clock=clock, model=model)
-    live = LiveSnapshots(model, Unsent())  # told directly, its thread not started
-
-    def tick(seconds: float) -> list[str]:
-        clock.advance(seconds)
-        return [record.name for record in live.snapshot(clock.mono_ns())]
-
+    looked = Looked(Unsent())
+    monitor, tick = looked.monitor, looked.after
     assert tick(0) == [], "nothing before the build starts"
     monitor.start()
     monitor.phase_start("Building engine", None, 3)
@@ -111,65 +129,44 @@ def test_a_phase_is_sent_when_it_opens_and_again_while_it_stays_open() -> None:
 def test_after_a_failed_export_every_open_phase_is_sent_again_at_the_next_look() -> None:
     """A failed export may have lost a phase's only snapshot: the backend would show nothing of
     it until its refresh, 30 s on (a collector slow to answer once under load)."""
-    clock, model = ManualClock(), ReadModel()
-    monitor = BuildMonitor(backend="none", clock=clock, model=model)
     sink = Unsent()
-    live = LiveSnapshots(model, sink)
-
-    def tick(seconds: float) -> list[str]:
-        clock.advance(seconds)
-        return [record.name for record in live.snapshot(clock.mono_ns())]
-
-    monitor.start()
-    monitor.phase_start("Building engine", None, 3)
-    monitor.phase_start("Determining refit engines", "Building engine", 1)
-    assert tick(LIVE_INTERVAL_S) == ["Building engine", "Determining refit engines"]
+    looked = Looked(sink)
+    looked.two_phases_open()
+    assert looked.after(LIVE_INTERVAL_S) == BOTH
     sink.failed = 1  # the export that carried them failed
-    assert tick(LIVE_INTERVAL_S) == ["Building engine", "Determining refit engines"]
-    assert tick(LIVE_INTERVAL_S) == [], "once per failure, not at every look"
-    assert tick(REFRESH_S) == ["Building engine", "Determining refit engines"]
-    monitor.close()
+    assert looked.after(LIVE_INTERVAL_S) == BOTH
+    assert looked.after(LIVE_INTERVAL_S) == [], "once per failure, not at every look"
+    assert looked.after(REFRESH_S) == BOTH
+    looked.monitor.close()
 
 
 def test_the_span_budget_counts_the_snapshots_and_their_end_is_said_once() -> None:
-    clock, model = ManualClock(), ReadModel()
-    monitor = BuildMonitor(backend="none", clock=clock, model=model)
     warnings: list[str] = []
     sink = Unsent(spans_left=3)
-    live = LiveSnapshots(model, sink, warn=warnings.append)
-
-    def tick(seconds: float) -> list[str]:
-        clock.advance(seconds)
-        return [record.name for record in live.snapshot(clock.mono_ns())]
-
-    monitor.start()
-    monitor.phase_start("Building engine", None, 3)
-    monitor.phase_start("Determining refit engines", "Building engine", 1)
-    assert tick(LIVE_INTERVAL_S) == ["Building engine", "Determining refit engines"]
+    looked = Looked(sink, warn=warnings.append)
+    looked.two_phases_open()
+    assert looked.after(LIVE_INTERVAL_S) == BOTH
     assert warnings == []
     sink.left = 2  # a final span sent meanwhile: room for none more than the two sent
-    assert tick(REFRESH_S) == []
+    assert looked.after(REFRESH_S) == []
     assert len(warnings) == 1 and "span budget" in warnings[0]
     sink.left = 3
-    assert tick(REFRESH_S) == ["Building engine"], "what the budget allows, oldest phase first"
-    assert tick(REFRESH_S) == []
+    assert looked.after(REFRESH_S) == ["Building engine"], (
+        "what the budget allows, oldest phase first"
+    )
+    assert looked.after(REFRESH_S) == []
     assert len(warnings) == 1, "said once"
-    assert live.sent == 3
-    monitor.close()
+    assert looked.live.sent == 3
+    looked.monitor.close()
 
 
 def test_snapshots_that_just_fit_the_budget_are_sent_without_a_warning() -> None:
-    clock, model = ManualClock(), ReadModel()
-    monitor = BuildMonitor(backend="none", clock=clock, model=model)
     warnings: list[str] = []
-    live = LiveSnapshots(model, Unsent(spans_left=2), warn=warnings.append)
-    monitor.start()
-    monitor.phase_start("Building engine", None, 3)
-    monitor.phase_start("Determining refit engines", "Building engine", 1)
-    clock.advance(LIVE_INTERVAL_S)
-    assert len(live.snapshot(clock.mono_ns())) == 2
+    looked = Looked(Unsent(spans_left=2), warn=warnings.append)
+    looked.two_phases_open()
+    assert len(looked.after(LIVE_INTERVAL_S)) == 2
     assert warnings == [], "room for both: the budget is not spent"
-    monitor.close()
+    looked.monitor.close()
 
 
 @pytest.mark.e2e
