@@ -246,6 +246,37 @@ def test_a_cancel_after_the_build_ended_is_409(
     assert monitor.state.cancel is None, "nothing recorded"
 
 
+def test_an_ended_streams_last_frames_come_before_it_is_over() -> None:
+    """A client reading an ended build a piece at a time is told the stream is over only with
+    its last frames: not after its first piece (it would miss the rest, the build's end among
+    them)."""
+    monitor = BuildMonitor()
+    Driver(speed=0).run(monitor, generate_plan(2))
+    monitor.end()
+    events = monitor.log.recent()
+    feed = EventFeed()
+    feed.handle(events)
+    assert feed.ended
+    seq, pieces, over = -1, 0, False
+    while not over:
+        first, frames, over = feed.frames_after(seq, 0, limit=10)
+        seq, pieces = first + len(frames) - 1, pieces + 1
+    assert seq == events[-1].seq, "every frame read, the build's end the last"
+    assert pieces == -(-len(events) // 10)
+
+
+def test_a_stream_of_several_builds_ends_with_the_log_not_a_build() -> None:
+    """``trt-otel run``'s feed: a build's end is not the stream's; its close is."""
+    monitor = BuildMonitor()
+    Driver(speed=0).run(monitor, generate_plan(1))
+    monitor.end()
+    feed = EventFeed(ends_with_build=False)
+    feed.handle(monitor.log.recent())
+    assert not feed.ended and not feed.frames_after(-1, 0)[2]
+    feed.close()
+    assert feed.frames_after(-1, 0)[2]
+
+
 def test_the_event_feed_keeps_the_newest_frames_and_says_what_it_dropped() -> None:
     """The HTTP view holds a bounded tail of the stream: trimmed to ``retain`` once it passes
     a tenth more; a client asking for older events gets a ``gap`` frame, then the rest."""

@@ -27,7 +27,14 @@ from trt_otel import BuildMonitor, ManualClock, Outcome, read_journal
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.capture.supervisor import run_isolated
 from trt_otel.control.policies import MAX_REASON, AllOf, AnyOf, BuildView, Decision, Stall, Timeout
-from trt_otel.control.probes import CancelFile, CancelUrl, FlagError, Polled, parse_flag
+from trt_otel.control.probes import (
+    MAX_FLAG_BODY,
+    CancelFile,
+    CancelUrl,
+    FlagError,
+    Polled,
+    parse_flag,
+)
 from trt_otel.control.runner import PolicyRunner
 from trt_otel.core.activity import Verdict
 from trt_otel.core.events import CancelRequested, PhaseStarted
@@ -122,6 +129,14 @@ def test_flag_answers(status: int, body: bytes, expected: tuple[bool, str | None
 def test_anything_else_is_not_a_flag(status: int, body: bytes) -> None:
     with pytest.raises(FlagError):
         parse_flag(status, body)
+
+
+def test_a_flag_answer_is_read_up_to_its_bound_and_refused_past_it() -> None:
+    """64 KiB of answer is a flag (whitespace around it included); one byte more is not."""
+    padding = b" " * (MAX_FLAG_BODY - len(b"true"))
+    assert parse_flag(200, b"true" + padding) == (True, None)
+    with pytest.raises(FlagError, match="an answer over 64 KiB"):
+        parse_flag(200, b"true" + padding + b" ")
 
 
 def test_a_flags_reason_is_cut_to_its_limit() -> None:
@@ -521,6 +536,30 @@ def test_a_build_that_ignores_the_cancel_is_stopped_with_sigterm_first() -> None
     assert building.is_set(), "the worker never started its build"
     assert result.stopped_with == "SIGTERM"
     assert result.exitcode == -signal.SIGTERM, "the worker died of the signal reported"
+
+
+class Deciding(Timeout):
+    """Decides at every check, with the reason it is given next."""
+
+    def __init__(self, reasons: list[str]) -> None:
+        super().__init__(1.0)
+        self.reasons = reasons
+
+    def check(self, view: BuildView) -> Decision | None:
+        return Decision(self.reasons.pop(0), "timeout")
+
+
+def test_the_runner_keeps_its_first_decision() -> None:
+    """The build is cancelled once, for the first reason: a policy that decides again later
+    (another reason, or its stuck probe's) changes neither the decision nor the cancel."""
+    monitor = BuildMonitor(clock=ManualClock())
+    monitor.phase_start("Building engine", None, 6)
+    runner = PolicyRunner(monitor, Deciding(["the first reason", "a later one"]))
+    runner.check_now()
+    runner.check_now()
+    assert runner.decision is not None and runner.decision.reason == "the first reason"
+    cancels = [e for e in monitor.log.recent() if isinstance(e, CancelRequested)]
+    assert [c.reason for c in cancels] == ["the first reason"]
 
 
 def test_a_phase_start_is_progress_for_the_stall_policy() -> None:
