@@ -616,6 +616,10 @@ def test_inputs_are_bounded_before_any_work(tmp_path: Path) -> None:
         ("build_events", {"id": "0123456789ab", "limit": -5}, "limit must be 1 to 1000"),
         ("build_status", {"id": "../x"}, "no build '../x' (ids are 12 hex digits)"),
         (huge[:1_000_000], {}, "the tool name is 1,000,000 characters long; at most 64"),
+        # One past each bound is past it.
+        (huge[:65], {}, "the tool name is 65 characters long; at most 64"),
+        ("start_build", {"kind": "demo", "model": huge[:4097]},
+         "model is 4,097 characters long; at most 4,096"),
     ]  # fmt: skip
 
     async def test() -> None:
