@@ -26,7 +26,16 @@ from prometheus_server import free_port
 from trt_otel import BuildMonitor, ManualClock, Outcome, read_journal
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.capture.supervisor import run_isolated
-from trt_otel.control.policies import MAX_REASON, AllOf, AnyOf, BuildView, Decision, Stall, Timeout
+from trt_otel.control.policies import (
+    MAX_REASON,
+    AllOf,
+    AnyOf,
+    BuildView,
+    Decision,
+    PolicyHealth,
+    Stall,
+    Timeout,
+)
 from trt_otel.control.probes import (
     MAX_FLAG_BODY,
     CancelFile,
@@ -560,6 +569,34 @@ def test_the_runner_keeps_its_first_decision() -> None:
     assert runner.decision is not None and runner.decision.reason == "the first reason"
     cancels = [e for e in monitor.log.recent() if isinstance(e, CancelRequested)]
     assert [c.reason for c in cancels] == ["the first reason"]
+
+
+class Troubled(Timeout):
+    """Never decides; its health is what the test sets."""
+
+    def __init__(self) -> None:
+        super().__init__(3600.0)
+        self.said = PolicyHealth("troubled", "url", 1, "connection refused")
+
+    def health(self) -> PolicyHealth:
+        return self.said
+
+
+def test_a_policy_that_fails_then_gets_stuck_is_said_once_for_each() -> None:
+    """Its errors are said once (then only counted), and its getting stuck is news, said once
+    too: not swallowed as one more of its errors."""
+    warnings: list[str] = []
+    policy = Troubled()
+    monitor = BuildMonitor()
+    monitor.phase_start("Building engine", None, 6)
+    with PolicyRunner(monitor, policy, interval_s=0.01, warn=warnings.append):
+        wait_until(lambda: warnings, "the policy's error said")
+        policy.said = PolicyHealth("troubled", "url", 2, "no answer in 10s", stuck_s=12.0)
+        wait_until(lambda: len(warnings) == 2, "the policy's being stuck said", 10)
+    assert warnings == [
+        "cancel policy troubled: connection refused; further errors are only counted",
+        "cancel policy troubled is stuck: no answer in 10s; the other policies keep deciding",
+    ]
 
 
 def test_a_phase_start_is_progress_for_the_stall_policy() -> None:
