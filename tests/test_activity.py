@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cli import CLI
 from trt_otel import BuildMonitor, ManualClock, ProcessSample
 from trt_otel.capture.process import ProcessSampler
-from trt_otel.control.policies import BuildView, MemoryGuard, Stall
+from trt_otel.control.policies import BuildView, MemoryGuard, Stall, Timeout
 from trt_otel.control.runner import PolicyRunner
 from trt_otel.core.activity import ACTIVE_CPU_PERCENT, IDLE_AFTER_S, Verdict
 from trt_otel.core.events import GpuSample
@@ -53,6 +53,15 @@ def sample(monitor: BuildMonitor, status: str = "sleeping", cpu: float = 0.0, rs
         ProcessSample, pid=1234, status=status, cpu_percent=cpu, cpu_seconds=cpu_s,
         rss_bytes=rss_mib * MIB, available_bytes=8 << 30,
     )  # fmt: skip
+
+
+def test_a_policy_sees_the_builders_latest_sample_field_by_field() -> None:
+    """What the memory guard decides by: the process's own memory and the machine's available
+    memory, each from its own field of the latest sample."""
+    monitor = sampled_build(ManualClock())
+    sample(monitor, rss_mib=300)
+    view = PolicyRunner(monitor, Timeout(3600.0)).view()
+    assert (view.rss_bytes, view.available_bytes) == (300 * MIB, 8 << 30)
 
 
 def test_cpu_use_is_work_and_its_absence_becomes_idle_after_a_while() -> None:

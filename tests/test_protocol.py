@@ -149,6 +149,29 @@ def test_protocol_departures_are_tolerated_and_recorded(
     assert all(not p.is_open for p in state.phases.values())
 
 
+def test_a_workers_cancelled_build_ends_as_its_note_says() -> None:
+    """The supervisor's note says whether its cancel is a timeout: the worker's build then
+    ends as a timeout (exit 3 either way, but the journal, the spans and the retry ladder tell
+    a timeout from a person's cancel); a note that cannot be read is a cancel still."""
+    import ctypes
+
+    from trt_otel.capture.worker import NOTE_BYTES, RecordingMonitor
+
+    class Flag:
+        value = 1  # the supervisor has asked for a stop
+
+    for written, outcome in [
+        (b'{"timeout": true, "reason": "timed out after 1s"}', Outcome.TIMEOUT),
+        (b'{"timeout": false, "reason": "stop"}', Outcome.CANCELLATION),
+        (b'{"timeout": tr', Outcome.CANCELLATION),
+    ]:
+        note = ctypes.create_string_buffer(NOTE_BYTES)
+        note.value = written
+        recorder = RecordingMonitor(Flag(), note)
+        assert recorder.end() is outcome, written
+        assert recorder.records[-1][:5] == ("end", *recorder.records[-1][1:4], outcome.value)
+
+
 @pytest.mark.parametrize(
     ("plan", "expected"),
     [*ANOMALIES.values(), *((plan, []) for plan in REAL_RULES.values())],
