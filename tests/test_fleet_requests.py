@@ -80,3 +80,10 @@ def test_what_a_fleet_sets_itself_is_refused_however_it_is_spelt(
     for options in ((option, value), (f"{option}={value}",)):
         with pytest.raises(FleetError, match=f"{option} is set by {setter}; leave it out"):
             fleet.start(BuildRequest(kind="demo", options=options))
+
+
+@pytest.mark.parametrize(("gpus", "cpus"), [(-1.0, 1.0), (65.0, 1.0), (0.0, -1.0), (0.0, 257.0)])
+def test_what_ray_reserves_for_a_build_is_bounded(tmp_path: Path, gpus: float, cpus: float) -> None:
+    fleet = RayFleet("http://127.0.0.1:1", tmp_path, client=NoRay())
+    with pytest.raises(FleetError, match="num_gpus must be 0 to 64 and num_cpus 0 to 256"):
+        fleet.start(BuildRequest(kind="demo"), num_gpus=gpus, num_cpus=cpus)

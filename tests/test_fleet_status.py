@@ -4,12 +4,17 @@ and started again when the file is replaced, and, while it runs, from its own HT
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 from trt_otel import BuildMonitor, JournalWriter, ManualClock
-from trt_otel.app.fleet_documents import OpenPhase
-from trt_otel.app.fleet_status import JournalFold, journal_status, with_view
+from trt_otel.app.fleet import Fleet
+from trt_otel.app.fleet_documents import BuildStatus, OpenPhase
+from trt_otel.app.fleet_status import JournalFold, journal_status, wait_for, with_view
+from trt_otel.app.ray_fleet import PREFIX, RayFleet
 
 
 def journal_of(path: Path, *, phases: int, took_s: float = 0.0) -> str:
@@ -87,3 +92,86 @@ def test_the_open_phases_are_read_from_the_builds_view() -> None:
         OpenPhase("Tactics", "0/3", None),  # what is no number is not shown as one
     ]
     assert (seen.state, seen.steps_completed) == ("running", 7)
+
+
+def _same(status: BuildStatus) -> BuildStatus:
+    return status
+
+
+def test_a_lost_build_ends_a_wait_at_once() -> None:
+    """A build lost (its process gone without an end) or that failed to start will not
+    progress: a wait for its end returns, rather than wait out its timeout."""
+    journal = Path("unused.jsonl")
+    for ended in ("lost", "failed_to_start", "finished"):
+        status = journal_status(
+            JournalFold(journal).state, [], id="0123456789ab", kind="demo", state=ended,
+            model=None, engine=None, journal=str(journal),
+        )  # fmt: skip
+        waited = wait_for(functools.partial(_same, status), "end", 600.0, poll_s=600.0)
+        assert waited.reason == "ended", ended
+
+
+def test_the_fleets_list_says_when_each_build_started(tmp_path: Path) -> None:
+    fleet = Fleet(tmp_path / "state", roots=[tmp_path])
+    folder = fleet.state_dir / "0123456789ab"
+    folder.mkdir(parents=True)
+    record = {"id": "0123456789ab", "kind": "demo", "argv": ["demo"], "pid": 2**22 + 1,
+              "started_wall_s": 1_700_000_000.5, "model": None, "engine": None}  # fmt: skip
+    (folder / "build.json").write_text(json.dumps(record))
+    journal_of(folder / "journal.jsonl", phases=1)
+    [listed] = fleet.list()
+    assert (listed.id, listed.state, listed.started_wall_s) == (
+        "0123456789ab",
+        "finished",
+        1_700_000_000.5,
+    )
+
+
+class StandInRay:
+    """Ray's job client as the Ray fleet asks it, answering for one job in ``status``."""
+
+    def __init__(self, status: str) -> None:
+        self.status = status
+
+    def get_job_info(self, submission_id: str) -> SimpleNamespace:
+        return SimpleNamespace(
+            status=self.status, message="the job ended", driver_exit_code=1, driver_node_id="n1"
+        )
+
+    def stop_job(self, submission_id: str) -> bool:
+        return False
+
+
+def ray_build(shared: Path, build_id: str) -> Path:
+    """A build's record in Ray's shared folder, as the fleet writes it: its journal's path."""
+    folder = shared / "builds" / build_id
+    folder.mkdir(parents=True)
+    journal = shared / "journals" / f"{build_id}.jsonl"
+    journal.parent.mkdir(exist_ok=True)
+    record = {"id": build_id, "kind": "demo", "submission_id": PREFIX + build_id,
+              "entrypoint": ["trt-otel", "demo"], "model": None, "engine": None,
+              "journal": str(journal), "cancel_file": str(folder / "cancel"), "grace_s": 30.0,
+              "num_gpus": 0.0, "submitted_wall_s": 1_700_000_000.0}  # fmt: skip
+    (folder / "build.json").write_text(json.dumps(record))
+    return journal
+
+
+def test_a_ray_job_that_ended_without_its_builds_end_is_lost_or_never_started(
+    tmp_path: Path,
+) -> None:
+    """Ray says the job failed: a build whose journal began is lost (its open phases, how
+    long they had run, still said), one whose journal never began failed to start."""
+    fleet = RayFleet("http://127.0.0.1:1", tmp_path, client=StandInRay("FAILED"))
+    began = ray_build(tmp_path, "0123456789aa")
+    monitor = BuildMonitor()
+    monitor.log.follow(JournalWriter(began))
+    monitor.start()
+    monitor.phase_start("Building engine", None, 3)
+    monitor.close()  # the process died: no end
+    ray_build(tmp_path, "0123456789bb")
+    lost, never = fleet.status("0123456789aa"), fleet.status("0123456789bb")
+    assert (lost.state, never.state) == ("lost", "failed_to_start")
+    [phase] = lost.open_phases
+    assert (phase.name, phase.steps) == ("Building engine", "0/3")
+    assert phase.elapsed_s is not None and phase.elapsed_s > 0
+    assert never.error == "the job ended" and lost.ray_status == "FAILED"
