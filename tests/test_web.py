@@ -98,6 +98,11 @@ def progress_percent(driver: WebDriver) -> int:
     return int(text_of(driver, "progress-text").rstrip("%") or 0)
 
 
+def tree_texts(driver: WebDriver) -> list[str]:
+    """The text of each line of the page's phase tree, as it is drawn now."""
+    return [str(item.text) for item in driver.find_elements(By.CSS_SELECTOR, "#tree li")]
+
+
 def outcome(driver: WebDriver) -> str | None:
     return text_of(driver, "outcome") if visible(driver, "end") else None
 
@@ -152,15 +157,17 @@ def test_page_shows_the_build_moving_to_its_outcome(page: WebDriver, tmp_path: P
         # TensorRT's progress is not monotonic (a new root phase can pull the average down),
         # so "moving" is: several different values, going up overall.
         assert len(set(seen)) >= 3 and max(seen) > seen[0], seen
-        tree = wait_for("the phase tree", lambda: page.find_elements(By.CSS_SELECTOR, "#tree li"))
-        assert any("Building engine" in item.text for item in tree)
+        # Read inside the probe: the page redraws its tree as the build moves, and an element
+        # read after a redraw is stale (read again).
+        tree = wait_for("the phase tree", lambda: tree_texts(page))
+        assert any("Building engine" in text for text in tree)
         assert re.fullmatch(r"\d+\.\ds|\d+m\d\ds", text_of(page, "elapsed"))
         assert text_of(page, "last-callback").endswith("ago")
         assert wait_for("the outcome", lambda: outcome(page)) == "Built successfully (success)"
         assert progress_percent(page) == 100
         assert text_of(page, "state") == "success"
         # Folded like /status: a name repeated under one parent is one line with a count.
-        assert any("×" in item.text for item in page.find_elements(By.CSS_SELECTOR, "#tree li"))
+        assert wait_for("the folded tree", lambda: any("×" in t for t in tree_texts(page)))
         screenshot(page, "web-success", tmp_path)
         assert demo.wait() == 0
         assert page_errors(page) == []
