@@ -469,22 +469,25 @@ def _state_of(state: BuildState, ray_status: str | None, cancel_requested: bool)
     return "cancelling" if state.cancel is not None or cancel_requested else "running"
 
 
-def _eta(state: BuildState) -> Estimate | None:
-    """The time left from the build's progress, as of now (the journal's wall clock, so the
-    node's monotonic clock need not be this machine's)."""
+def _now_on_the_builds_clock(state: BuildState) -> int | None:
+    """Now on the build's monotonic clock, by the journal's wall clock (the node's monotonic
+    clock need not be this machine's); None before the build starts."""
     if state.start_mono_ns is None or state.start_wall_ns is None:
         return None
-    now_mono_ns = state.start_mono_ns + (time.time_ns() - state.start_wall_ns)
-    left = estimate(state, BoundaryTracker(), now_mono_ns, None).progress
-    return Estimate(left.seconds, left.basis, left.unknown)
+    return state.start_mono_ns + (time.time_ns() - state.start_wall_ns)
+
+
+def _eta(state: BuildState) -> Estimate | None:
+    """The time left from the build's progress, as of now."""
+    now_mono_ns = _now_on_the_builds_clock(state)
+    if now_mono_ns is None:
+        return None
+    return Estimate.of(estimate(state, BoundaryTracker(), now_mono_ns, None).progress)
 
 
 def _open_phases(state: BuildState) -> list[OpenPhase]:
-    """The open phases, outermost first, with their steps and how long they have been open
-    (by the journal's wall clock)."""
-    now_mono_ns = None
-    if state.start_mono_ns is not None and state.start_wall_ns is not None:
-        now_mono_ns = state.start_mono_ns + (time.time_ns() - state.start_wall_ns)
+    """The open phases, outermost first, with their steps and how long they have been open."""
+    now_mono_ns = _now_on_the_builds_clock(state)
     path = []
     for phase_id in sorted(state.open_by_name.values()):
         phase = state.phases[phase_id]

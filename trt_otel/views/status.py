@@ -37,6 +37,11 @@ class Estimate(msgspec.Struct, frozen=True):
     basis: str
     unknown: str | None
 
+    @classmethod
+    def of(cls, value: CoreEstimate) -> Estimate:
+        """The document's form of an estimate of :mod:`trt_otel.core.eta`."""
+        return cls(value.seconds, value.basis, value.unknown)
+
 
 class Cancel(msgspec.Struct, frozen=True):
     """The first cancel asked for: why, what decided it (its source) and which policy."""
@@ -170,9 +175,9 @@ def status_document(model: ReadModel, eta: BuildEta, now_mono_ns: int) -> Status
         progress=state.progress_ratio(),
         steps_completed=state.steps_completed_total,
         phases_started=state.phases_started_total,
-        eta=_estimate(eta.build),
-        eta_progress=_estimate(eta.progress),
-        eta_history=_estimate(eta.history),
+        eta=Estimate.of(eta.build),
+        eta_progress=Estimate.of(eta.progress),
+        eta_history=Estimate.of(eta.history),
         cancel=None if cancel is None else Cancel(cancel.reason, cancel.source, cancel.policy),
         anomalies={kind.value: count for kind, count in state.anomalies.items()},
         gpu=_gpu(state),
@@ -182,10 +187,6 @@ def status_document(model: ReadModel, eta: BuildEta, now_mono_ns: int) -> Status
         projection=None if projected is None else Projection(**dataclasses.asdict(projected)),
         phases=_tree(model, eta, now_mono_ns),
     )
-
-
-def _estimate(value: CoreEstimate) -> Estimate:
-    return Estimate(value.seconds, value.basis, value.unknown)
 
 
 def _gpu(state: BuildState) -> dict[str, Any] | None:
@@ -233,7 +234,7 @@ def _phase(model: ReadModel, phase: Phase, eta: BuildEta, now: int) -> PhaseNode
         progress=model.state.phase_progress(phase.id),
         elapsed_s=(phase.duration_ns(now) or 0) / 1e9,
         close_reason=phase.close_reason or None,
-        eta=None if estimate is None else _estimate(estimate),
+        eta=None if estimate is None else Estimate.of(estimate),
     )
 
 
