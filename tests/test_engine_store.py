@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 
 from cli import CLI, run_cli, start_cli
@@ -25,6 +24,7 @@ from rtx_builds import import_rtx, write_conv, write_residual
 from trt_otel import JournalWriter, read_journal
 from trt_otel.app.engine_store import (
     MAX_REASON_CHARS,
+    StoreStatus,
     StoreVisit,
     engines_summary,
     store_status,
@@ -527,10 +527,10 @@ def test_a_build_on_another_host_of_a_shared_store_waits_and_is_served(tmp_path:
 
 
 def test_a_run_of_many_builds_is_summed_up_in_one_line() -> None:
-    def built(reason: str = NO_ENGINE_YET) -> dict[str, object]:
-        return {"served": False, "saved_s": None, "miss_reason": reason}
+    def built(reason: str = NO_ENGINE_YET) -> StoreStatus:
+        return StoreStatus(served=False, saved_s=None, miss_reason=reason)
 
-    served = {"served": True, "saved_s": 72.0, "miss_reason": None}
+    served = StoreStatus(served=True, saved_s=72.0, miss_reason=None)
     upgrade = "trt.version: 1.7.1.116 -> 1.7.2.4"
     stores = [served, served, None, built(upgrade), built(), built(upgrade), served]
     assert engines_summary(stores) == (f"engines: 3 served, 2 rebuilt ({upgrade}), 1 built")
@@ -544,15 +544,13 @@ def test_a_run_of_many_builds_is_summed_up_in_one_line() -> None:
 def test_a_builds_store_visit_in_its_status_is_read_checked() -> None:
     assert store_status({}) is None
     assert store_status({"trt.store.hit": "yes"}) is None
-    assert store_status({"trt.store.hit": True, "trt.store.saved_s": 1.5}) == {
-        "served": True,
-        "saved_s": 1.5,
-        "miss_reason": None,
-    }
+    assert store_status({"trt.store.hit": True, "trt.store.saved_s": 1.5}) == StoreStatus(
+        served=True, saved_s=1.5, miss_reason=None
+    )
     missed = store_status({"trt.store.hit": False, "trt.store.miss_reason": "x" * 10_000})
-    assert missed is not None and len(missed["miss_reason"]) == MAX_REASON_CHARS
+    assert missed is not None and len(missed.miss_reason or "") == MAX_REASON_CHARS
     odd = store_status({"trt.store.hit": False, "trt.store.saved_s": True})
-    assert odd is not None and odd["saved_s"] is None, "a bool is no number of seconds"
+    assert odd is not None and odd.saved_s is None, "a bool is no number of seconds"
 
 
 def test_the_fleets_list_says_what_the_store_did_for_each_build(tmp_path: Path) -> None:
@@ -573,9 +571,10 @@ def test_the_fleets_list_says_what_the_store_did_for_each_build(tmp_path: Path) 
         monitor.start()
         monitor.end()
         monitor.close()
-    listed = {build.id: msgspec.to_builtins(build.store) for build in fleet.list()}
-    assert listed["0123456789aa"] == {"served": True, "saved_s": 3.0, "miss_reason": None}
-    assert listed["0123456789bb"]["miss_reason"] == "options: +fp16 true"
+    listed = {build.id: build.store for build in fleet.list()}
+    assert listed["0123456789aa"] == StoreStatus(served=True, saved_s=3.0, miss_reason=None)
+    rebuilt = listed["0123456789bb"]
+    assert rebuilt is not None and rebuilt.miss_reason == "options: +fp16 true"
     assert listed["0123456789cc"] is None
     assert engines_summary(listed.values()) == (
         "engines: 1 served, 1 rebuilt (options: +fp16 true)"

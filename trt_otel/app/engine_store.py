@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from trt_otel.app.config import StoreConfig, UsageError
 from trt_otel.builder.build import BuildJob, BuildResult
 from trt_otel.builder.provenance import output_attributes
@@ -149,35 +151,44 @@ MAX_REASON_CHARS = 500
 """The longest miss reason a status document holds (a journal's, so any length)."""
 
 
-def store_status(attributes: Mapping[str, Any]) -> dict[str, Any] | None:
-    """What the store did for a build, as its status document has it (fleet and MCP): None
-    for a build without a store. From a journal, so checked for what it is."""
+class StoreStatus(msgspec.Struct, frozen=True):
+    """What the engine store did for a build (``--engine-store``), as its status document
+    (fleet and MCP) has it."""
+
+    served: bool
+    """Whether its engine came from the store, without a build."""
+    saved_s: float | None
+    miss_reason: str | None
+    """Why it was built, not served (``options: +optimization_level 1``)."""
+
+
+def store_status(attributes: Mapping[str, Any]) -> StoreStatus | None:
+    """What the store did for a build: None for a build without a store. From a journal, so
+    checked for what it is."""
     hit = attributes.get(STORE_HIT)
     if not isinstance(hit, bool):
         return None
     reason = attributes.get(STORE_MISS_REASON)
     saved = attributes.get(STORE_SAVED_S)
-    return {
-        "served": hit,
-        "saved_s": saved
-        if isinstance(saved, int | float) and not isinstance(saved, bool)
-        else None,
-        "miss_reason": reason[:MAX_REASON_CHARS] if isinstance(reason, str) and not hit else None,
-    }
+    return StoreStatus(
+        served=hit,
+        saved_s=saved if isinstance(saved, int | float) and not isinstance(saved, bool) else None,
+        miss_reason=reason[:MAX_REASON_CHARS] if isinstance(reason, str) and not hit else None,
+    )
 
 
-def engines_summary(stores: Iterable[Mapping[str, Any] | None]) -> str | None:
+def engines_summary(stores: Iterable[StoreStatus | None]) -> str | None:
     """One line for a run of many builds: ``engines: 3 served, 1 rebuilt (options:
     +optimization_level 1), 2 built``, the reasons for rebuilding most frequent first; None
     where no build used the store."""
     used = [store for store in stores if store is not None]
     if not used:
         return None
-    served = sum(1 for store in used if store["served"])
+    served = sum(1 for store in used if store.served)
     reasons = Counter(
-        str(store["miss_reason"])
+        str(store.miss_reason)
         for store in used
-        if not store["served"] and store["miss_reason"] not in (None, NO_ENGINE_YET)
+        if not store.served and store.miss_reason not in (None, NO_ENGINE_YET)
     )
     built = len(used) - served - reasons.total()
     parts = [f"{served} served"]

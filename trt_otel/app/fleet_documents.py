@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from trt_otel.app.engine_store import engines_summary
+from trt_otel.app.engine_store import StoreStatus, engines_summary
 from trt_otel.control.deadline import FitAnswerWord
 from trt_otel.views.status import Builder, Estimate, Projection
 
@@ -74,16 +74,6 @@ class OpenPhase(msgspec.Struct, frozen=True):
     steps: str
     """Steps done of its steps: ``3/10``."""
     elapsed_s: float | None
-
-
-class StoreStatus(msgspec.Struct, frozen=True):
-    """What the engine store did for the build (``--engine-store``)."""
-
-    served: bool
-    """Whether its engine came from the store, without a build."""
-    saved_s: float | None
-    miss_reason: str | None
-    """Why it was built, not served (``options: +optimization_level 1``)."""
 
 
 class ForecastStatus(msgspec.Struct, frozen=True):
@@ -206,8 +196,7 @@ class BuildList(msgspec.Struct):
 
     @classmethod
     def of(cls, builds: list[BuildSummary]) -> BuildList:
-        stores = (msgspec.structs.asdict(b.store) if b.store else None for b in builds)
-        return cls(builds, engines_summary(stores))
+        return cls(builds, engines_summary(b.store for b in builds))
 
 
 class EventsPage(msgspec.Struct):

@@ -31,7 +31,6 @@ from trt_otel.app.fleet_documents import (
     FitAnswer,
     ForecastStatus,
     OpenPhase,
-    StoreStatus,
     WaitAnswer,
 )
 from trt_otel.app.fleet_requests import (
@@ -79,7 +78,7 @@ def journal_status(
         cancel=CancelNote(cancel.reason, cancel.source) if cancel is not None else None,
         builder=_typed(state.activity.as_json(), Builder),
         forecast=_typed(forecast_status(state), ForecastStatus),
-        store=_typed(store_status(state.attributes), StoreStatus),
+        store=store_status(state.attributes),
         attempts=list(attempts),
         **fleets,
     )
