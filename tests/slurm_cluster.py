@@ -124,6 +124,22 @@ class SlurmCluster:
         """Until the job has ended and its processes are gone; what SLURM recorded of it."""
         return self.wait_for_state(job_id, FINAL_STATES, timeout_s)
 
+    def logged_of(self, job_id: int | str, lines: int = 20) -> str:
+        """The last lines the controller and the node logged of a job, for a failure's message:
+        what SLURM did with it (allocated, requeued, launched, failed) and when."""
+        job = str(job_id).partition("_")[0]
+        marks = (f"JobId={job} ", f"JobId={job}\n", f"job {job} ", f"job {job}\n", f"[{job}.")
+        said: list[str] = []
+        for name in ("slurmctld", "slurmd"):
+            log = self.directory / f"{name}.log"
+            with contextlib.suppress(OSError):
+                said += [
+                    f"{name}: {line.rstrip()}"
+                    for line in log.read_text(errors="replace").splitlines(keepends=True)
+                    if any(mark in line for mark in marks)
+                ]
+        return "\n".join(sorted(said, key=lambda line: line.partition("[")[2])[-lines:])
+
     def node_state(self) -> str:
         return self.client("sinfo", "--noheader", "--nodes", self.node, "--format=%T").strip()
 

@@ -112,7 +112,8 @@ class Submitted:
                 return True
             state = self.cluster.job(self.job_id).state
             assert state not in FINAL_STATES, (
-                f"the job ended ({state}) before {what}: {self.said()}"
+                f"the job ended ({state}) before {what}: {self.said()}\n"
+                f"SLURM's logs of it:\n{self.cluster.logged_of(self.job_id)}"
             )
             return False
 
@@ -354,8 +355,11 @@ def test_a_preempted_job_is_recorded_as_preempted_and_builds_again(
     assert end.error_type is None, end
     assert "the whole job was signalled" in end.detail, end
     # SLURM holds a requeued job back for a while (Reason=BeginTime, some 2 minutes here): let
-    # it start now.
+    # it start now, once the node is idle: the first run's processes gone and the urgent job
+    # done. (Released while the first run still ended, the job once ended FAILED, its second
+    # run never started.)
     slurm.cluster.wait_for_state(job.job_id, frozenset({"PENDING"}))
+    wait_until(lambda: slurm.cluster.node_state() == "idle", "the node idle", 60)
     slurm.cluster.client("scontrol", "update", f"JobId={job.job_id}", "StartTime=now")
     second = replace(job, journal=tmp_path / "demo.restart1.jsonl")
     second.wait_for_silence()  # requeued, and building again
