@@ -149,6 +149,23 @@ def test_a_phase_with_a_warning_is_never_folded_so_its_record_has_a_span() -> No
     assert "leaf 4" not in [s.name for e in events for s in unkept.apply(e)]
 
 
+def test_a_log_without_its_start_has_its_records_in_the_trace_its_spans_are_in() -> None:
+    """A journal whose ``build_start`` is missing (cut, or its writer killed early): the span
+    projection names its build after the first event, and so do the log records."""
+    monitor = BuildMonitor()
+    monitor.start()
+    monitor.phase_start("Building engine", None, 2)
+    monitor.log_message("WARNING", "weights are FP32")
+    monitor.phase_finish("Building engine")
+    monitor.end()
+    events = [e for e in monitor.log.recent() if not isinstance(e, BuildStarted)]
+    spans = SpanProjection()
+    (span,) = [s for e in events for s in spans.apply(e) if s.name == "Building engine"]
+    logs = LogProjection("warning")
+    (record,) = [r for e in events if (r := logs.apply(e)) is not None]
+    assert (record.trace_id, record.span_id) == (span.trace_id, span.span_id)
+
+
 @pytest.mark.parametrize(
     ("severity", "number"),
     [

@@ -202,6 +202,23 @@ def test_the_rows_of_a_running_build_are_those_of_its_whole_tree_up_to_now(
     assert folded_rows(recorder.report(now).rows) == tree_rows(events, now)
 
 
+def test_a_log_of_several_builds_is_drawn_as_its_latest_build() -> None:
+    """``trt-otel run`` records one build after another on one log, and the live page's
+    recorder follows the one read model: each build's start begins its rows afresh."""
+    first = build([("start", "Building engine", None, 1), ("finish", "Building engine")])
+    monitor = BuildMonitor()
+    monitor.start()
+    monitor.phase_start("Optimizing graph", None, 1)
+    monitor.phase_finish("Optimizing graph")
+    monitor.end()
+    model = ReadModel()
+    recorder = BuildRecorder(model)
+    model.subscribe(recorder)
+    model.handle(first)
+    model.handle(monitor.log.recent())
+    assert [row.label for row in recorder.report().rows] == ["Optimizing graph"]
+
+
 def test_the_fold_keeps_its_rows_and_the_open_phases_only() -> None:
     """A phase dense build of 20,000 phases: once it ends, nothing of a phase is kept but its
     row; the read model forgot them too."""

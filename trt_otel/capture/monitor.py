@@ -467,43 +467,40 @@ class BuildMonitor(ProgressMonitorBase):
         """The one way a callback enters the log, whichever capture made it: checked against
         the protocol once (the state's checks), appended with its time and thread, folded.
         Under the log's lock; returns the error it raised (for the caller to record outside
-        TensorRT's call), if any."""
-        make = self._plain_event(record)
-        if make is not None:
-            try:
-                self.log.append(make, *record[1:])
-            except BaseException as caught:
-                return caught
-            return None
-        return self._checked_locked(record)
+        TensorRT's call), if any.
 
-    def _plain_event(self, record: CallbackRecord) -> Callable[..., Event] | None:
-        """The event class of ``record`` when the log can take it as it is: its arguments of
-        the right types, the build started and not ended, and none of the anomalies the
-        state's checks look for (most records, by far); None when it goes the long way
-        (:meth:`_checked_locked`), which records what is wrong."""
+        Most records, by far, go straight in: their arguments of the right types, the build
+        started and not ended, and none of the anomalies the state's checks look for. The
+        rest go the long way (:meth:`_checked_locked`), which records what is wrong. (One
+        function, not two: it runs for every callback of a build.)"""
         state = self.state
-        if self._ended or state.build_id is None:
-            return None
-        kind = record[0]
-        if kind == "step" and len(record) == 6:
-            name, step = record[4], record[5]
-            if type(name) is str and type(step) is int and not state.check_step(name, step):
-                return StepCompleted
-        elif kind == "phase_start" and len(record) == 7:
-            name, parent, num_steps = record[4], record[5], record[6]
-            if (
-                type(name) is str
-                and type(num_steps) is int
-                and num_steps >= 1
-                and (parent is None or type(parent) is str)
-                and not state.check_phase_start(name, parent)
-            ):
-                return PhaseStarted
-        elif kind == "phase_finish" and len(record) == 5:
-            name = record[4]
-            if type(name) is str and not state.check_phase_finish(name):
-                return PhaseFinished
+        make: Callable[..., Event] | None = None
+        if not self._ended and state.build_id is not None:
+            kind, size = record[0], len(record)
+            if kind == "step" and size == 6:
+                name, step = record[4], record[5]
+                if type(name) is str and type(step) is int and not state.check_step(name, step):
+                    make = StepCompleted
+            elif kind == "phase_start" and size == 7:
+                name, parent, num_steps = record[4], record[5], record[6]
+                if (
+                    type(name) is str
+                    and type(num_steps) is int
+                    and num_steps >= 1
+                    and (parent is None or type(parent) is str)
+                    and not state.check_phase_start(name, parent)
+                ):
+                    make = PhaseStarted
+            elif kind == "phase_finish" and size == 5:
+                name = record[4]
+                if type(name) is str and not state.check_phase_finish(name):
+                    make = PhaseFinished
+        if make is None:
+            return self._checked_locked(record)
+        try:
+            self.log.append(make, *record[1:])
+        except BaseException as caught:
+            return caught
         return None
 
     def _checked_locked(self, record: CallbackRecord) -> BaseException | None:

@@ -93,7 +93,10 @@ class EventLog:
             if seq < self._next_seq:
                 raise ValueError(f"event seq {seq} goes back in the log, at {self._next_seq}")
             self._next_seq = seq
-        event = make(self._next_seq, wall_ns, mono_ns, thread, *fields, **named)
+        if named:
+            event = make(self._next_seq, wall_ns, mono_ns, thread, *fields, **named)
+        else:  # a callback's event (most, by far): no keywords to pass on
+            event = make(self._next_seq, wall_ns, mono_ns, thread, *fields)
         self._next_seq += 1
         self._publish(event)
         return event

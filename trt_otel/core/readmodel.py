@@ -156,12 +156,14 @@ class ReadModel:
         closed = self._closed
         closed.clear()
         with self.lock:
-            if self._builds.begins_another(event):
-                self._begin_build()
             kind = type(event)
-            self.gaps.seen(event.mono_ns)
+            if kind is BuildStarted and self._builds.begins_another(event):
+                self._begin_build()
+            gaps = self.gaps
+            if gaps.first_ns is None:
+                gaps.seen(event.mono_ns)
             if kind in _PROGRESS:  # before the fold: the gap's phases are those open through it
-                self.gaps.progressed(event.mono_ns, self.state)
+                gaps.progressed(event.mono_ns, self.state)
             self.state.apply(event)
             if kind is not StepCompleted:  # most events are steps: no boundary there
                 self.boundaries.apply(event, self.state)

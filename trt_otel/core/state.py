@@ -308,6 +308,10 @@ class BuildState:
     def _drop(self, phase_id: int) -> None:
         """Drop a phase and everything under it (children before their parent), with a stack
         of its own rather than recursion: a journal may nest phases as deep as it likes."""
+        phase = self.phases.get(phase_id)
+        if phase is not None and not phase.children:  # a leaf (most phases): no stack needed
+            self._drop_one(phase_id, phase)
+            return
         stack: list[tuple[int, bool]] = [(phase_id, False)]
         while stack:
             current_id, children_done = stack.pop()
@@ -318,14 +322,18 @@ class BuildState:
                 stack.append((current_id, True))
                 stack.extend((child_id, False) for child_id in reversed(phase.children))
                 continue
-            phase.children = []
-            self._first_finished.pop(current_id, None)
-            if self._on_forget is not None:
-                self._on_forget(current_id)
-            if self.latest_by_name.get(phase.name) == current_id:
-                self._kept_as_latest.add(current_id)  # out of the tree, still read by the gauges
-            else:
-                del self.phases[current_id]
+            self._drop_one(current_id, phase)
+
+    def _drop_one(self, phase_id: int, phase: Phase) -> None:
+        """Drop one phase whose children are dropped already."""
+        phase.children = []
+        self._first_finished.pop(phase_id, None)
+        if self._on_forget is not None:
+            self._on_forget(phase_id)
+        if self.latest_by_name.get(phase.name) == phase_id:
+            self._kept_as_latest.add(phase_id)  # out of the tree, still read by the gauges
+        else:
+            del self.phases[phase_id]
 
     def _progressed(self, event: Event) -> None:
         self.last_progress_wall_ns = event.wall_ns

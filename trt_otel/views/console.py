@@ -438,8 +438,12 @@ class PlainLines:
 
     def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
         self._silence.saw(event, self.model.state.start_mono_ns)
-        self._errors.saw(event)
-        line = self._line_for(event, closed)
+        kind = type(event)
+        if kind is PhaseStarted or kind is PhaseFinished:  # most events told: no error in them
+            line = self._phase_line(event, closed)  # type: ignore[arg-type]
+        else:
+            self._errors.saw(event)
+            line = self._line_for(event, closed)
         if line is not None:
             self._write(line)  # a line is rare (a shallow phase, or every 10s at most)
         if self._beats is None and self._heartbeat_s is not None:
@@ -490,28 +494,13 @@ class PlainLines:
             return self._progress_line(event)
         if type(event) in _SAMPLES:  # not progress: a silent build's lines are the heartbeat's
             return None
+        if isinstance(event, (PhaseStarted, PhaseFinished)):
+            return self._phase_line(event, closed)
         state = self.model.state
         if isinstance(event, BuildStarted):
             attempt = attempt_of(event.attributes)
             of = f"; attempt {attempt.number} of {attempt.of}" if attempt is not None else ""
             return f"{self._stamp(event)} build started ({event.build_id}{of})"
-        if isinstance(event, PhaseStarted):
-            phase = state.phases[event.seq]
-            if phase.depth <= self.max_depth:
-                indent = "  " * phase.depth
-                steps = _count(phase.num_steps, "step")
-                return f"{self._stamp(event)} {indent}▶ {phase.name} ({steps})"
-            return self._progress_line(event)
-        if isinstance(event, PhaseFinished):
-            finished = closed[-1] if closed and closed[-1].name == event.name else None
-            if finished is not None and finished.depth <= self.max_depth:
-                took = format_duration((finished.duration_ns() or 0) / 1e9)
-                indent = "  " * finished.depth
-                return (
-                    f"{self._stamp(event)} {indent}✓ {finished.name} "
-                    f"{_finished_steps(finished)} in {took}"
-                )
-            return None
         if isinstance(event, CancelRequested):
             # A reason can come from outside (the HTTP view, a cancel URL): _write escapes it.
             return f"{self._stamp(event)} cancel requested by {event.source}: {event.reason}"
@@ -531,6 +520,27 @@ class PlainLines:
                 f"{detail}"
             )
         return self._progress_line(event)
+
+    def _phase_line(
+        self, event: PhaseStarted | PhaseFinished, closed: Sequence[Phase]
+    ) -> str | None:
+        """A shallow phase's start or end; a deep one's start is progress."""
+        if type(event) is PhaseStarted:
+            phase = self.model.state.phases[event.seq]
+            if phase.depth <= self.max_depth:
+                indent = "  " * phase.depth
+                steps = _count(phase.num_steps, "step")
+                return f"{self._stamp(event)} {indent}▶ {phase.name} ({steps})"
+            return self._progress_line(event)
+        finished = closed[-1] if closed and closed[-1].name == event.name else None
+        if finished is not None and finished.depth <= self.max_depth:
+            took = format_duration((finished.duration_ns() or 0) / 1e9)
+            indent = "  " * finished.depth
+            return (
+                f"{self._stamp(event)} {indent}✓ {finished.name} "
+                f"{_finished_steps(finished)} in {took}"
+            )
+        return None
 
     def _progress_line(self, event: Event) -> str | None:
         last = self._last_progress_line_ns

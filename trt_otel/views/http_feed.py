@@ -59,7 +59,7 @@ class EventFeed:
                 drop = len(self._events) - self._retain
                 del self._events[:drop]
                 self._first_seq += drop
-            if self._ends_with_build and BuildFinished in set(map(type, events)):
+            if self._ends_with_build and BuildFinished in map(type, events):
                 self.ended = True
             self._changed.notify_all()
 

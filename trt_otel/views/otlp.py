@@ -409,7 +409,7 @@ class OtlpSpanExport:
     def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
         """As a subscriber of the shared read model given at construction, on its thread: the
         spans the event completed go to the export queue (an append, never a wait)."""
-        if isinstance(event, BuildStarted) and self.projection.started:
+        if type(event) is BuildStarted and self.projection.started:
             # The model has already begun the new build: the last one ended before it (a run
             # records its builds one after another), so there is nothing left to finish.
             self.projection = self._projection(self.projection.model)

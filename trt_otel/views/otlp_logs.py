@@ -37,7 +37,11 @@ from trt_otel.core.events import (
     BuildStarted,
     CancelRequested,
     Event,
+    GpuSample,
     LogMessage,
+    PhaseFinished,
+    PhaseStarted,
+    ProcessSample,
     StepCompleted,
     severity_rank,
 )
@@ -80,6 +84,12 @@ class LogItem:
     event_name: str
 
 
+_NO_RECORD: frozenset[type[Event]] = frozenset(
+    {StepCompleted, PhaseStarted, PhaseFinished, ProcessSample, GpuSample}
+)
+"""The events that never make a log record."""
+
+
 class LogProjection:
     """Log records from the read model's events: a pure function of the events, so a replayed
     journal gives the live run's records. ``level``: the least severe TensorRT message kept;
@@ -100,7 +110,10 @@ class LogProjection:
 
     def project(self, event: Event, closed: Sequence[Phase] = ()) -> LogItem | None:
         """The record ``event`` makes, the model having folded it."""
-        if self._wall_base_ns is None or type(event) is BuildStarted:
+        kind = type(event)
+        if kind in _NO_RECORD and self._wall_base_ns is not None:
+            return None  # a build's events are mostly these: nothing more to ask of them
+        if self._wall_base_ns is None or kind is BuildStarted:
             self._begin(event)
         if isinstance(event, LogMessage):
             severity = event.severity.lower()

@@ -34,6 +34,7 @@ class LiveTimeline:
         # (before the model's lock, which the model's thread never holds while it tells).
         self._lock = threading.Lock()
         self._recorder = BuildRecorder(model)  # told by this timeline, under its lock
+        self._record = self._recorder.on_event
         self._seen: tuple[int, int] | None = None
         """(a recent event's ``mono_ns``, this process's clock when it came): the build's clock
         now is this process's, offset by them. Taken at a batch's end, not at every event."""
@@ -41,12 +42,12 @@ class LiveTimeline:
         model.subscribe(self)
 
     def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
+        kind = type(event)
         with self._lock:
-            kind = type(event)
             if kind is BuildStarted or kind is BuildFinished or self._seen is None:
                 self._drawn = None  # a start or an end is drawn at once
                 self._seen = (event.mono_ns, self._clock.mono_ns())
-            self._recorder.on_event(event, closed)
+            self._record(event, closed)
 
     def on_steps(self, last: StepCompleted) -> None:
         with self._lock:

@@ -24,10 +24,12 @@ from trt_otel.core.durations import format_duration
 from trt_otel.core.events import (
     Anomaly,
     BuildOutput,
+    BuildStarted,
     Event,
     GpuSample,
     LogMessage,
     Outcome,
+    PhaseFinished,
     PhaseStarted,
     ProcessSample,
     StepCompleted,
@@ -205,15 +207,21 @@ class BuildRecorder:
 
     def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
         model = self.model
-        if model.build_number != self._build_number:
-            self._begin(model.build_number)
-        for phase in closed:  # before a start: a phase of the same name closes first
-            self._rows.closed(phase, model.gaps, self._process)
         kind = type(event)
+        # A log's builds change at a build's start only (see BuildCut): the number is read
+        # there, not at each of a build's million events.
+        if kind is BuildStarted and model.build_number != self._build_number:
+            self._begin(model.build_number)
+        if closed:  # before a start: a phase of the same name closes first
+            rows_closed, gaps, process = self._rows.closed, model.gaps, self._process
+            for phase in closed:
+                rows_closed(phase, gaps, process)
         if kind is PhaseStarted:
             started = model.state.phases.get(event.seq)
             if started is not None:
                 self._rows.started(started, event.thread)
+        elif kind is PhaseFinished:  # its phase closed above
+            return
         elif kind is ProcessSample:
             self._process.keep(cast(ProcessSample, event))
         elif kind is GpuSample:

@@ -230,14 +230,17 @@ class RowFold:
         return list(self._threads)
 
     def started(self, phase: Phase, thread: str) -> None:
-        thread = clip(thread, 100)
+        if len(thread) > 100:
+            thread = clip(thread, 100)
         if thread not in self._threads and len(self._threads) < MAX_THREADS:
             self._threads[thread] = None
-        parent = self._open.get(phase.parent_id) if phase.parent_id is not None else None
-        parent_path = () if phase.parent_id is None else (parent.path if parent else None)
+        parent_id = phase.parent_id
+        parent = self._open.get(parent_id) if parent_id is not None else None
+        parent_path = () if parent_id is None else (parent.path if parent else None)
         path: PathKey | None = None
         if parent_path is not None:
-            path = (*parent_path, clip(phase.name, 200))
+            name = phase.name
+            path = (*parent_path, name if len(name) <= 200 else clip(name, 200))
             if path not in self._rows:
                 if len(self._rows) >= MAX_ROWS:
                     if len(self._left_out) < MAX_LEFT_OUT:
@@ -277,13 +280,15 @@ class RowFold:
             parent.cover.add(phase.start_mono_ns, end_ns, floor)
         if entry.path is not None:
             start_ns = phase.start_mono_ns
+            times = samples.times
             self._rows[entry.path].add(
                 phase,
                 end_ns,
                 0 if entry.cover is None else entry.cover.total(),
                 entry.thread,
                 gaps.overlapping(start_ns, end_ns) if gaps.any else (),
-                samples.peak_rss(start_ns, end_ns),
+                # None sampled since it started (the usual case, asked without a call)
+                samples.peak_rss(start_ns, end_ns) if times and times[-1] >= start_ns else None,
             )
 
     def rows(
