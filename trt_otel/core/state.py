@@ -303,15 +303,14 @@ class BuildState:
                 siblings.remove(phase.id)
             if phase.parent_id is None:
                 self._forgotten_roots += 1
-            self._drop(phase.id)
+            if phase.children:
+                self._drop(phase.id)
+            else:  # a leaf (most phases)
+                self._drop_one(phase.id, phase)
 
     def _drop(self, phase_id: int) -> None:
         """Drop a phase and everything under it (children before their parent), with a stack
         of its own rather than recursion: a journal may nest phases as deep as it likes."""
-        phase = self.phases.get(phase_id)
-        if phase is not None and not phase.children:  # a leaf (most phases): no stack needed
-            self._drop_one(phase_id, phase)
-            return
         stack: list[tuple[int, bool]] = [(phase_id, False)]
         while stack:
             current_id, children_done = stack.pop()
