@@ -9,11 +9,19 @@ from trt_otel.core.state import BuildState
 S = 1_000_000_000
 
 
+def progress(gaps: Gaps, state: BuildState, *times_ns: int, last_ns: int | None = None) -> int:
+    """Progress events at ``times_ns``, after one at ``last_ns``; the last one's time."""
+    for at in times_ns:
+        gaps.progressed(last_ns, at, state)
+        last_ns = at
+    assert last_ns is not None
+    return last_ns
+
+
 def test_a_gap_of_a_second_is_kept_and_a_shorter_one_is_not() -> None:
     gaps, state = Gaps(), BuildState()
-    gaps.progressed(0, state)
-    gaps.progressed(MIN_GAP_NS - 1, state)  # short: a callback came within the second
-    gaps.progressed(2 * MIN_GAP_NS - 1, state)  # exactly a second later
+    # A callback within the second (short), then one exactly a second later:
+    progress(gaps, state, 0, MIN_GAP_NS - 1, 2 * MIN_GAP_NS - 1)
     assert [(g.start_ns, g.end_ns) for g in gaps.kept] == [(MIN_GAP_NS - 1, 2 * MIN_GAP_NS - 1)]
 
 
@@ -22,13 +30,11 @@ def test_past_the_bound_the_longest_gaps_are_kept_in_time_order() -> None:
     shortest of all: that one is left out, and a later gap shorter than every kept one is
     not kept."""
     gaps, state = Gaps(), BuildState()
-    at = 0
-    gaps.progressed(at, state)
+    at = progress(gaps, state, 0)
     lengths = [10 * S + i for i in range(MAX_GAPS)]
     lengths[5] = 2 * S  # the shortest
     for length in [*lengths, 3 * S, 11 * S + MAX_GAPS]:
-        at += length
-        gaps.progressed(at, state)
+        at = progress(gaps, state, at + length, last_ns=at)
     kept = [gap.length_ns for gap in gaps.kept]
     assert len(kept) == MAX_GAPS
     assert 2 * S not in kept and 3 * S not in kept
@@ -37,14 +43,13 @@ def test_past_the_bound_the_longest_gaps_are_kept_in_time_order() -> None:
     starts = [gap.start_ns for gap in gaps.kept]
     assert starts == sorted(starts)
     first = gaps.kept[0]
-    gaps.progressed(at + first.length_ns, state)  # as long as the shortest kept: not kept
+    progress(gaps, state, at + first.length_ns, last_ns=at)  # as the shortest kept: not kept
     assert gaps.kept[0] == first and len(gaps.kept) == MAX_GAPS
 
 
 def test_the_overlap_of_a_phase_with_each_gap() -> None:
     gaps, state = Gaps(), BuildState()
-    for at_s in (0, 2, 3, 7):  # gaps 0-2 s and 3-7 s (2-3 s too: a second)
-        gaps.progressed(at_s * S, state)
+    progress(gaps, state, 0, 2 * S, 3 * S, 7 * S)  # gaps 0-2 s and 3-7 s (2-3 s too: a second)
     overlaps = [(g.start_ns // S, part // S) for g, part in gaps.overlapping(1 * S, 5 * S)]
     assert overlaps == [(0, 1), (2, 1), (3, 2)]
     assert [(g.start_ns // S, part // S) for g, part in gaps.overlapping(1 * S, 3 * S)] == [

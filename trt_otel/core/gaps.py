@@ -38,9 +38,10 @@ class Gap:
 
 
 class Gaps:
-    """The longest gaps of one build, in time order, and its first and latest progress."""
+    """The longest gaps of one build, in time order, and its first event's time. (Its latest
+    progress is its state's: :attr:`~trt_otel.core.state.BuildState.last_progress_mono_ns`.)"""
 
-    __slots__ = ("_ends", "_kept", "first_ns", "last_progress_ns")
+    __slots__ = ("_ends", "_kept", "first_ns")
 
     def __init__(self) -> None:
         self._kept: list[Gap] = []
@@ -48,23 +49,22 @@ class Gaps:
         """``end_ns`` of each kept gap, for the gaps that overlap a phase."""
         self.first_ns: int | None = None
         """The ``mono_ns`` of the build's first event (its origin where it has no start)."""
-        self.last_progress_ns: int | None = None
 
     def seen(self, mono_ns: int) -> None:
         """Any event of the build."""
         if self.first_ns is None:
             self.first_ns = mono_ns
 
-    def progressed(self, mono_ns: int, state: BuildState) -> None:
-        """A progress event at ``mono_ns``; ``state`` as it was before it was folded (so its
-        open phases are those open through the gap it ends)."""
-        last = self.last_progress_ns
-        self.last_progress_ns = mono_ns
-        if last is None:
+    def progressed(self, last_ns: int | None, mono_ns: int, state: BuildState) -> None:
+        """A progress event at ``mono_ns``, the build's previous one at ``last_ns`` (None: it
+        is the first); ``state`` as it was before it was folded (so its open phases are those
+        open through the gap it ends). A caller may leave out a progress event that follows
+        the previous one by less than :data:`MIN_GAP_NS` (most steps): it ends no gap."""
+        if last_ns is None:
             if self.first_ns is None:  # a step first: the read model folds it unseen
                 self.first_ns = mono_ns
-        elif mono_ns - last >= MIN_GAP_NS:
-            self._keep(Gap(last, mono_ns, deepest_open(state)))
+        elif mono_ns - last_ns >= MIN_GAP_NS:
+            self._keep(Gap(last_ns, mono_ns, deepest_open(state)))
 
     def _keep(self, gap: Gap) -> None:
         kept = self._kept

@@ -36,7 +36,7 @@ from trt_otel.core.events import (
     StepCompleted,
 )
 from trt_otel.core.followers import FollowerHealth
-from trt_otel.core.gaps import Gaps
+from trt_otel.core.gaps import MIN_GAP_NS, Gaps
 from trt_otel.core.log import EventLog
 from trt_otel.core.projection import Projection, project
 from trt_otel.core.state import BuildState, Phase, PhaseStatus
@@ -163,7 +163,7 @@ class ReadModel:
             if gaps.first_ns is None:
                 gaps.seen(event.mono_ns)
             if kind in _PROGRESS:  # before the fold: the gap's phases are those open through it
-                gaps.progressed(event.mono_ns, self.state)
+                gaps.progressed(self.state.last_progress_mono_ns, event.mono_ns, self.state)
             self.state.apply(event)
             if kind is not StepCompleted:  # most events are steps: no boundary there
                 self.boundaries.apply(event, self.state)
@@ -207,7 +207,9 @@ class ReadModel:
             # A step closes no phase and passes no boundary, and nothing is left to forget
             # (below): it changes counts only, which a reader may see a step early or late,
             # so it is folded without the lock (most events are steps).
-            self.gaps.progressed(event.mono_ns, state)
+            last = state.last_progress_mono_ns
+            if last is None or event.mono_ns - last >= MIN_GAP_NS:  # it ends a gap, or starts
+                self.gaps.progressed(last, event.mono_ns, state)
             state.apply(event)
             self._quiet_step = event
             return

@@ -182,7 +182,9 @@ class BuildState:
 
     def _step(self, event: StepCompleted) -> None:
         self.steps_completed_total += 1
-        self._progressed(event)
+        # _progressed, written out: a build's events are mostly steps
+        self.last_progress_wall_ns = event.wall_ns
+        self.last_progress_mono_ns = event.mono_ns
         phase_id = self.open_by_name.get(event.name)
         if phase_id is None:
             return

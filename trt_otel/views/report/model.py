@@ -253,7 +253,7 @@ class BuildRecorder:
             end_ns = max(state.last_event_mono_ns or origin, now_mono_ns or 0)
         duration_s = max(0.0, (end_ns - origin) / 1e9)
         kept = gaps.kept
-        last = gaps.last_progress_ns
+        last = state.last_progress_mono_ns
         if state.end_mono_ns is None and last is not None and end_ns - last >= MIN_GAP_NS:
             kept.append(Gap(last, end_ns, deepest_open(state)))  # silent now
         threshold_ns = silence_threshold_s(duration_s) * 1e9
