@@ -146,11 +146,16 @@ def test_page_shows_the_build_moving_to_its_outcome(page: WebDriver, tmp_path: P
         page.get(demo.base + "/")
         assert page.title == "TensorRT build"
         seen: list[int] = []
+        # What the page said of the last callback while no outcome was shown (once the build
+        # has ended it shows a dash: a loaded machine can get there before the asserts below).
+        last_callback: list[str] = []
 
         def progress_moved() -> bool:
             value = progress_percent(page)
             if not seen or value != seen[-1]:
                 seen.append(value)
+            if outcome(page) is None:
+                last_callback.append(text_of(page, "last-callback"))
             return len(seen) >= 4 or outcome(page) is not None
 
         wait_for("progress to move", progress_moved)
@@ -162,7 +167,7 @@ def test_page_shows_the_build_moving_to_its_outcome(page: WebDriver, tmp_path: P
         tree = wait_for("the phase tree", lambda: tree_texts(page))
         assert any("Building engine" in text for text in tree)
         assert re.fullmatch(r"\d+\.\ds|\d+m\d\ds", text_of(page, "elapsed"))
-        assert text_of(page, "last-callback").endswith("ago")
+        assert any(text.endswith("ago") for text in last_callback), last_callback
         assert wait_for("the outcome", lambda: outcome(page)) == "Built successfully (success)"
         assert progress_percent(page) == 100
         assert text_of(page, "state") == "success"
