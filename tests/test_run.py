@@ -223,8 +223,10 @@ def test_a_script_that_raises_after_its_build_exits_with_its_own_code(
     mnist: Path, tmp_path: Path
 ) -> None:
     result, events = run(tmp_path, "crash.py", "raise", str(mnist))
-    assert result.returncode == 1
-    assert "RuntimeError: the script failed after its build" in result.stderr
+    assert result.returncode == 1, result.stderr
+    # All that was written, if it is not there (once, on a loaded machine, the program's
+    # traceback was missing from it, and pytest's shortened repr hid what was said instead).
+    assert "RuntimeError: the script failed after its build" in result.stderr, result.stderr
     (build,) = builds_in(events)
     assert ends(build).outcome == "success"
 

@@ -10,6 +10,7 @@ and the real builds where ``tensorrt_rtx`` does not import, each with the reason
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import psutil
 import pytest
 
 from otlp_receiver import OtlpReceiver, ReceivedSpan
@@ -248,14 +250,41 @@ def test_usr1_to_a_shell_in_front_of_the_build_kills_the_job_unrecorded(
     slurm: Slurm, tmp_path: Path
 ) -> None:
     """Why the templates ``exec`` trt-otel: a shell that waits for it is the one the warning
-    reaches, and dies of it; SLURM then kills what is left of the job, the build with no end in
-    its journal."""
+    reaches, and dies of it; SLURM records the job as failed, and the build has no end in its
+    journal. (Its process outlives the shell: this cluster tracks a job's processes by their
+    parentage, and an orphan has none. The test stops it.)"""
     job = slurm.submit_demo(tmp_path, "--silence", "10m", "--grace", "5s", launcher="")
-    job.wait_for_silence()
-    job.scancel("--signal=USR1", "--batch")
-    record = job.ended()
-    assert (record.state, record.exit_code) == ("FAILED", (0, signal.SIGUSR1)), job.said()
-    assert not isinstance(job.events()[-1], BuildFinished)
+    try:
+        job.wait_for_silence()
+        job.scancel("--signal=USR1", "--batch")
+        record = job.ended()
+        assert (record.state, record.exit_code) == ("FAILED", (0, signal.SIGUSR1)), job.said()
+        assert not isinstance(job.events()[-1], BuildFinished)
+    finally:
+        stop_processes_naming(tmp_path)
+
+
+def stop_processes_naming(folder: Path) -> None:
+    """Kill, by pid, the processes whose command line names ``folder`` (what a test's job
+    started there), with their children, and wait until they are gone."""
+    found = [
+        process
+        for process in psutil.process_iter(["cmdline"])
+        if any(str(folder) in part for part in process.info["cmdline"] or ())
+    ]
+    family = {p for process in found for p in (process, *_children_of(process))}
+    for process in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    _gone, alive = psutil.wait_procs(family, timeout=30)
+    assert not alive, f"still running: {alive}"
+
+
+def _children_of(process: psutil.Process) -> list[psutil.Process]:
+    try:
+        return process.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
 
 
 @dataclass(frozen=True)
