@@ -494,8 +494,6 @@ class PlainLines:
             return self._progress_line(event)
         if type(event) in _SAMPLES:  # not progress: a silent build's lines are the heartbeat's
             return None
-        if isinstance(event, (PhaseStarted, PhaseFinished)):
-            return self._phase_line(event, closed)
         state = self.model.state
         if isinstance(event, BuildStarted):
             attempt = attempt_of(event.attributes)

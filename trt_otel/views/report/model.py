@@ -166,9 +166,6 @@ def reports_of(events: Iterable[Event]) -> list[BuildReport]:
     return [report_of(build, index) for index, build in enumerate(builds_of(events))]
 
 
-"""Samples of each kind kept; beyond, every other one is dropped (a line has 2,000 points)."""
-
-
 def report_of(events: Sequence[Event], index: int = 0) -> BuildReport:
     """One build's events (``build_start`` first, where there is one) explained."""
     model = ReadModel()

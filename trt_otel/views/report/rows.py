@@ -280,15 +280,13 @@ class RowFold:
             parent.cover.add(phase.start_mono_ns, end_ns, floor)
         if entry.path is not None:
             start_ns = phase.start_mono_ns
-            times = samples.times
             self._rows[entry.path].add(
                 phase,
                 end_ns,
                 0 if entry.cover is None else entry.cover.total(),
                 entry.thread,
                 gaps.overlapping(start_ns, end_ns) if gaps.any else (),
-                # None sampled since it started (the usual case, asked without a call)
-                samples.peak_rss(start_ns, end_ns) if times and times[-1] >= start_ns else None,
+                samples.peak_rss(start_ns, end_ns),
             )
 
     def rows(
