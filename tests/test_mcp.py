@@ -31,7 +31,7 @@ from cli import CLI
 mcp = pytest.importorskip("mcp")
 
 from mcp_client import error_text, payload, run_async, server  # noqa: E402
-from rtx_builds import write_conv, write_residual  # noqa: E402
+from rtx_builds import SILENT_BLOCKS, write_conv, write_residual  # noqa: E402
 from trt_otel import BuildMonitor, JournalWriter, ManualClock, Outcome, read_journal  # noqa: E402
 from trt_otel.app.commands import build_parser  # noqa: E402
 from trt_otel.app.fleet import Fleet  # noqa: E402
@@ -82,12 +82,15 @@ def model(mnist: Path) -> Path:
     return mnist
 
 
-def start_arguments(model: Path, *options: str, slow: bool = False) -> dict[str, Any]:
-    """A build: real where TensorRT-RTX is (a small conv net, or a deep residual net that
-    takes a while, silent window included), simulated and paced otherwise (``model``)."""
+def start_arguments(
+    model: Path, *options: str, slow: bool = False, blocks: int = SILENT_BLOCKS
+) -> dict[str, Any]:
+    """A build: real where TensorRT-RTX is (a small conv net, or a deep residual net of
+    ``blocks`` that takes a while, silent window included), simulated and paced otherwise
+    (``model``)."""
     if REAL:
         if slow:
-            path = write_residual(model.with_name("residual.onnx"))
+            path = write_residual(model.with_name("residual.onnx"), blocks)
             shape_ranges = RESIDUAL_SHAPES
         else:
             path = write_conv(model.with_name("conv.onnx"))
@@ -359,9 +362,10 @@ def test_a_restarted_server_finds_its_builds_again(tmp_path: Path, model: Path) 
 
     async def first() -> str:
         async with server(state) as client:
-            status = payload(
-                await client.call_tool("start_build", start_arguments(model, slow=True))
-            )
+            # Twice the usual blocks: on a loaded machine the build outlasted the server's
+            # restart only just, and once did not.
+            arguments = start_arguments(model, slow=True, blocks=2 * SILENT_BLOCKS)
+            status = payload(await client.call_tool("start_build", arguments))
             payload(await client.call_tool("wait_build", {"id": status["id"], "timeout_s": 60}))
             return str(status["id"])
 
