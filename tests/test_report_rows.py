@@ -262,6 +262,18 @@ def test_paths_past_the_row_bound_are_counted_not_drawn() -> None:
     assert report.rows_left_out == 1 + len(names) - drawn_names
 
 
+def test_a_long_name_is_drawn_clipped_and_names_alike_so_far_share_its_row() -> None:
+    """A journal's name can be megabytes: a row's name is its first 199 characters and an
+    ellipsis, and two names that differ only past them are one row."""
+    first, second = "x" * 199 + "first" * 50, "x" * 199 + "second"
+    calls: list[tuple[Any, ...]] = [("start", "root", None, 1)]
+    for name in (first, second):
+        calls += [("start", name, "root", 1), ("finish", name)]
+    (root, row) = report_of(build(calls)).rows
+    assert row.path == ("root", "x" * 199 + "…")
+    assert (row.count, row.parent) == (2, root.index)
+
+
 def test_children_open_at_once_are_covered_once() -> None:
     """Two children open at once (as on two builder threads): the parent's self time counts
     their overlap once."""

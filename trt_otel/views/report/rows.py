@@ -120,6 +120,9 @@ class _Sums:
     gap_overlap: dict[int, int] = field(default_factory=dict)
     """Per gap (by its start), the time of the row's instances inside it: whether a gap is
     a silent window is decided when the timeline is drawn."""
+    named: dict[str, _Sums] = field(default_factory=dict)
+    """Its child rows by their last name: a starting phase finds its row from its parent's
+    without making and hashing its whole path."""
 
     def add(  # noqa: PLR0917 (private, two callers)
         self,
@@ -206,7 +209,7 @@ class _Open:
     """What the fold keeps of an open phase."""
 
     phase: Phase
-    path: PathKey | None
+    row: _Sums | None
     """None: its row, or an ancestor's, was left out."""
     thread: str
     cover: _Cover | None = None
@@ -220,6 +223,8 @@ class RowFold:
 
     def __init__(self) -> None:
         self._rows: dict[PathKey, _Sums] = {}
+        self._roots: dict[str, _Sums] = {}
+        """The rows of root phases, by name."""
         self._left_out: set[PathKey] = set()
         self._open: dict[int, _Open] = {}
         self._threads: dict[str, None] = {}
@@ -232,33 +237,46 @@ class RowFold:
     def started(self, phase: Phase, thread: str) -> None:
         if len(thread) > 100:
             thread = clip(thread, 100)
-        if thread not in self._threads and len(self._threads) < MAX_THREADS:
-            self._threads[thread] = None
+        threads = self._threads
+        if thread not in threads and len(threads) < MAX_THREADS:
+            threads[thread] = None
         parent_id = phase.parent_id
-        parent = self._open.get(parent_id) if parent_id is not None else None
-        parent_path = () if parent_id is None else (parent.path if parent else None)
-        path: PathKey | None = None
-        if parent_path is not None:
-            name = phase.name
-            path = (*parent_path, name if len(name) <= 200 else clip(name, 200))
-            if path not in self._rows:
-                if len(self._rows) >= MAX_ROWS:
-                    if len(self._left_out) < MAX_LEFT_OUT:
-                        self._left_out.add(path)
-                    path = None
-                else:
-                    index = len(self._rows)
-                    if parent_path:
-                        parent_row = self._rows[parent_path]
-                        parent_row.children.append(index)
-                        self._rows[path] = _Sums(index, path, parent_row.index)
-                    else:
-                        self._rows[path] = _Sums(index, path, None)
-        self._open[phase.id] = _Open(phase, path, thread)
+        row: _Sums | None
+        if parent_id is None:
+            parent = None
+            row = self._roots.get(phase.name) or self._row(None, phase.name)
+        else:
+            parent = self._open.get(parent_id)
+            above = parent.row if parent is not None else None
+            row = (
+                None
+                if above is None
+                else (above.named.get(phase.name) or self._row(above, phase.name))
+            )
+        self._open[phase.id] = _Open(phase, row, thread)
         if parent is not None:
             if parent.open_children is None:
                 parent.open_children = {}
             parent.open_children[phase.id] = phase.start_mono_ns
+
+    def _row(self, parent: _Sums | None, name: str) -> _Sums | None:
+        """The row of ``name`` under ``parent`` (None: a root), made if there is room (None
+        where there is not: the path is counted as left out)."""
+        name = clip(name, 200)
+        named = self._roots if parent is None else parent.named
+        row = named.get(name)
+        if row is not None:
+            return row
+        path = (name,) if parent is None else (*parent.path, name)
+        if len(self._rows) >= MAX_ROWS:
+            if len(self._left_out) < MAX_LEFT_OUT:
+                self._left_out.add(path)
+            return None
+        row = _Sums(len(self._rows), path, None if parent is None else parent.index)
+        if parent is not None:
+            parent.children.append(row.index)
+        self._rows[path] = named[name] = row
+        return row
 
     def closed(self, phase: Phase, gaps: Gaps, samples: ProcessSamples) -> None:
         """A phase closed (its open descendants closed before it)."""
@@ -278,15 +296,19 @@ class RowFold:
             if parent.cover is None:
                 parent.cover = _Cover()
             parent.cover.add(phase.start_mono_ns, end_ns, floor)
-        if entry.path is not None:
+        row = entry.row
+        if row is not None:
             start_ns = phase.start_mono_ns
-            self._rows[entry.path].add(
+            times = samples.times
+            row.add(
                 phase,
                 end_ns,
                 0 if entry.cover is None else entry.cover.total(),
                 entry.thread,
-                gaps.overlapping(start_ns, end_ns) if gaps.any else (),
-                samples.peak_rss(start_ns, end_ns),
+                # Asked only where one may be found: most phases end before the latest gap
+                # or sample began (the calls cost more than the answers here).
+                gaps.overlapping(start_ns, end_ns) if gaps.last_end_ns > start_ns else (),
+                samples.peak_rss(start_ns, end_ns) if times and times[-1] >= start_ns else None,
             )
 
     def rows(
@@ -302,11 +324,11 @@ class RowFold:
         sums = self._rows
         touched: dict[PathKey, _Sums] = {}
         for entry in self._open.values():
-            if entry.path is None:
+            if entry.row is None:
                 continue
-            row = touched.get(entry.path)
+            row = touched.get(entry.row.path)
             if row is None:
-                row = touched[entry.path] = _copy(sums[entry.path])
+                row = touched[entry.row.path] = _copy(entry.row)
             phase = entry.phase
             start = phase.start_mono_ns
             children = [
