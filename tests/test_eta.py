@@ -60,6 +60,24 @@ def test_history_keeps_only_finished_builds_of_the_same_model(history_dir: Path)
     assert "another model" in reasons[2] and "not a finished" in reasons[1]
 
 
+def test_history_keeps_other_models_finished_builds_for_forecasts_of_new_ones(
+    history_dir: Path,
+) -> None:
+    """A build never made before is forecast from other models' builds, scaled by size: those
+    in the history folder are kept aside for it (only finished, successful ones)."""
+    history = History.load(history_dir, MODEL["model.sha256"])
+    assert [build.source for build in history.others] == ["other-model.jsonl"]
+    assert history.others[0].model_name == "mnist.onnx" and history.others[0].total_s > 0
+    new_model = History.load(history_dir, "c" * 64)
+    assert not new_model.builds
+    assert sorted(build.source for build in new_model.others) == [
+        "b0.jsonl",
+        "b1.jsonl",
+        "b2.jsonl",
+        "other-model.jsonl",
+    ]
+
+
 def test_history_estimates_beat_progress_on_a_slower_machine(history_dir: Path) -> None:
     history = History.load(history_dir, MODEL["model.sha256"])
     events = virtual_build(PLAN, pace=1.3, seed=42, attributes=MODEL)
