@@ -17,7 +17,7 @@ from trt_otel.builder.onnx_models import demo_model_bytes
 from trt_otel.builder.simulator import generate_plan
 from trt_otel.control.deadline import DEFAULT_MARGIN, Deadline, would_fit
 from trt_otel.control.policies import AnyOf, BuildView, Decision, Timeout
-from trt_otel.core.eta import History, PastBuild, same_build
+from trt_otel.core.eta import START, History, PastBuild, same_build
 from trt_otel.core.events import BuildFinished, BuildStarted, CancelRequested, Event, PhaseStarted
 from trt_otel.core.projection import before_start
 from trt_otel.core.readmodel import ReadModel
@@ -96,6 +96,24 @@ def test_the_margin_is_what_stands_between_a_near_miss_and_a_cancel(history: His
     assert refused is not None and refused.reason.endswith("; not started")
     assert refused.reason.startswith("expected to end at ")
     assert "(5 earlier builds: " in refused.reason
+
+
+def test_a_running_builds_earliest_end_is_where_its_fastest_history_would_put_it() -> None:
+    """The margin rule weighs the earliest end, not the expected one: a build whose median
+    history would miss the deadline, but whose fastest would make it, runs on."""
+    totals = (100.0, 120.0, 160.0)
+    history = History([PastBuild(f"b{i}.jsonl", s, {START: 0.0}) for i, s in enumerate(totals)])
+    model = ReadModel(history)
+    start = 7 * S
+    model.apply(BuildStarted(0, 0, start, "main", "b", dict(MODEL)))
+    now = start + S // 2
+    projection = model.project(now)
+    assert projection is not None and projection.basis == "history"
+    assert (projection.expected_s, projection.earliest_s) == (120.0, 100.0)
+    deadline = Deadline(105.0, project=model.project)  # the fastest fits, within the margin
+    assert deadline.check(BuildView(now, start, None, None)) is None
+    stopped = Deadline(85.0, project=model.project).check(BuildView(now, start, None, None))
+    assert stopped is not None and stopped.reason.startswith("expected to end at 2m00s")
 
 
 def test_a_build_whose_history_cannot_fit_is_refused_and_says_why(history: History) -> None:
