@@ -102,6 +102,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/startup_cost.py
 	$(BIN)/python benchmarks/cpp_build_wall.py
 	$(BIN)/python benchmarks/projection_cost.py
+	$(BIN)/python benchmarks/replay_profile.py
 	$(BIN)/python benchmarks/command_cost.py
 	$(BIN)/python benchmarks/against_release.py
 
