@@ -113,3 +113,21 @@ def test_diff_compares_a_journals_last_build(tmp_path: Path) -> None:
     journal = write_journal(tmp_path / "ladder.jsonl", numbered)
     assert len(build_reports([journal])) == 2
     assert last_build(journal).duration_s == 20
+
+
+def test_the_median_of_a_history_says_the_record_of_its_newest_build(tmp_path: Path) -> None:
+    """The median's times are every matching build's, but its record (what a diff says
+    differs: the builder's version, the options) is the newest build's: the history's
+    present, not its first day."""
+    folder = tmp_path / "history"
+    folder.mkdir()
+    clock = ManualClock()
+    for version in ("1.0", "1.1", "1.2"):  # built in that order, the newest last
+        events = built(clock, 10, **M1, **{"trt.backend": RTX, "trt.version": version})
+        write_journal(folder / f"build-{version}.jsonl", events)
+        clock.advance(60)
+    this = recorded(tmp_path / "this.jsonl", **M1, **{"trt.backend": RTX, "trt.version": "1.3"})
+
+    baseline = history_baseline(folder, this)
+    assert baseline is not None and baseline.builds == 3
+    assert baseline.attributes["trt.version"] == "1.2"
