@@ -211,6 +211,15 @@ def test_sizes_and_shapes_parse_as_trtexec_writes_them() -> None:
         shape_ranges(["a:1x2,1x2,1"], [], [], [])
 
 
+def test_a_dimension_of_zero_is_a_shape_and_a_negative_one_is_not() -> None:
+    """TensorRT builds for empty tensors (a batch of 0 as a profile's minimum): a 0 is a
+    dimension; -1 is the ONNX file's "dynamic", which a profile must replace with a size."""
+    assert shape_ranges(["a:0x3,1x3,8x3"], [], [], []) == {"a": ((0, 3), (1, 3), (8, 3))}
+    assert shape_ranges([], ["b:0"], ["b:0"], ["b:0"]) == {"b": ((0,), (0,), (0,))}
+    with pytest.raises(OptionError, match="dimensions are 0 or more"):
+        shape_ranges(["a:-1x3,1x3,8x3"], [], [], [])
+
+
 def test_a_pool_size_larger_than_any_memory_names_the_limit(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
