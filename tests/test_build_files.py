@@ -24,6 +24,7 @@ from trt_otel.builder.preflight import (
     check_writable_file,
     read_model,
 )
+from trt_otel.builder.saving import save_build
 from trt_otel.core.events import BuildFinished
 from waiting import wait_for_text
 
@@ -237,6 +238,26 @@ def test_a_disk_that_fills_during_the_build_fails_it_with_the_reason(tmp_path: P
     assert end.outcome is Outcome.FAILURE and end.error_type == "EngineWriteError"
     assert "No space left on device; the built plan was kept at" in end.detail
     assert list(keep.glob("x.engine.unsaved-*"))
+
+
+def test_a_timing_cache_that_cannot_be_written_is_its_own_failure_after_the_engine(
+    tmp_path: Path,
+) -> None:
+    """The engine reached its path: the failure names the timing cache (its own error type,
+    so a dashboard does not count it as a lost engine) and keeps no plan, there being no
+    need."""
+    engine = tmp_path / "x.engine"
+    cache = tmp_path / "gone" / "t.cache"
+    failure = save_build(b"plan", engine, b"cache", cache)
+    assert failure is not None
+    assert failure.error_type == "TimingCacheWriteError"
+    assert failure.kept is None
+    assert engine.read_bytes() == b"plan"
+    assert failure.detail == (
+        f"cannot write timing cache {cache}: No such file or directory; "
+        f"the engine was written to {engine}"
+    )
+    assert save_build(b"plan", engine, b"cache", tmp_path / "t.cache") is None
 
 
 def test_two_spellings_of_an_output_not_yet_there_are_one_file(tmp_path: Path) -> None:
