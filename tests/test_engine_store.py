@@ -30,6 +30,7 @@ from trt_otel.app.engine_store import (
     store_status,
 )
 from trt_otel.app.fleet import Fleet
+from trt_otel.app.store_command import StoreCommand, run_store
 from trt_otel.builder.build import BuildJob, BuildResult
 from trt_otel.builder.onnx_models import CONV_SHAPES, RESIDUAL_SHAPES
 from trt_otel.builder.options import BuildOptions
@@ -416,6 +417,27 @@ def test_a_store_exactly_at_its_bound_keeps_everything(tmp_path: Path) -> None:
     stored(store, tmp_path, attributes(**{"trt.version": "1.7.2"}), b"b" * 100)
     assert store.prune(200) == []
     assert len(store.entries()) == 2
+
+
+def test_store_ls_says_each_engines_model_backend_and_version(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What an entry was built from and with, read from its record: two engines of one
+    model differing by the library's version are told apart by the listing alone."""
+    store = EngineStore(tmp_path / "store")
+    stored(store, tmp_path, BASE, b"a" * 100)
+    stored(store, tmp_path, attributes(**{"trt.version": "1.8.0.5"}), b"b" * 100)
+
+    assert run_store(StoreCommand("ls", tmp_path / "store", json=True)) == 0
+    listed = json.loads(capsys.readouterr().out)["entries"]
+    assert sorted((e["model"], e["backend"], e["version"]) for e in listed) == [
+        ("resnet.onnx", "tensorrt-rtx", "1.7.1.116"),
+        ("resnet.onnx", "tensorrt-rtx", "1.8.0.5"),
+    ]
+    assert run_store(StoreCommand("ls", tmp_path / "store")) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sum("resnet.onnx  tensorrt-rtx 1.8.0.5  100 B" in line for line in lines) == 1
+    assert lines[-1] == "2 entries"
 
 
 def test_an_entry_keeps_the_durations_of_its_latest_builds(tmp_path: Path) -> None:
