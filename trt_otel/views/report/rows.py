@@ -241,18 +241,12 @@ class RowFold:
         if thread not in threads and len(threads) < MAX_THREADS:
             threads[thread] = None
         parent_id = phase.parent_id
-        row: _Sums | None
         if parent_id is None:
-            parent = None
-            row = self._roots.get(phase.name) or self._row(None, phase.name)
-        else:
+            parent, row = None, self._row(None, phase.name)
+        else:  # no row where its parent is unknown, or its parent's row was left out
             parent = self._open.get(parent_id)
-            above = parent.row if parent is not None else None
-            row = (
-                None
-                if above is None
-                else (above.named.get(phase.name) or self._row(above, phase.name))
-            )
+            above = None if parent is None else parent.row
+            row = None if above is None else self._row(above, phase.name)
         self._open[phase.id] = _Open(phase, row, thread)
         if parent is not None:
             if parent.open_children is None:
@@ -262,8 +256,11 @@ class RowFold:
     def _row(self, parent: _Sums | None, name: str) -> _Sums | None:
         """The row of ``name`` under ``parent`` (None: a root), made if there is room (None
         where there is not: the path is counted as left out)."""
-        name = clip(name, 200)
         named = self._roots if parent is None else parent.named
+        row = named.get(name)  # most phases: a name seen under this parent before
+        if row is not None:
+            return row
+        name = clip(name, 200)
         row = named.get(name)
         if row is not None:
             return row
