@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import trace_params
-from trt_otel import BuildMonitor, Outcome
+from trt_otel import BuildMonitor, ManualClock, Outcome
 from trt_otel.builder.build import BuildJob, SimulatorSettings, run_build_job
 from trt_otel.builder.onnx_models import demo_model_bytes
 from trt_otel.builder.simulator import InternedPlan, generate_plan, load_trace
@@ -239,3 +239,44 @@ def test_a_build_cancelled_before_its_worker_starts_does_not_build(tmp_path: Pat
     assert result.returned and monitor.state.outcome is Outcome.CANCELLATION
     assert monitor.state.steps_completed_total <= 1, "the first step was answered: stop"
     assert not (tmp_path / "m.engine").exists(), "a cancelled build saved an engine"
+
+
+class _FirstIdle(threading.Event):
+    """The replay's "has the worker ended?" wait: notes whether the cancel is still held when
+    the replay first idles on a spool read to its end, then says the worker has ended."""
+
+    def __init__(self, monitor: BuildMonitor) -> None:
+        super().__init__()
+        self.monitor = monitor
+        self.held_when_idle: bool | None = None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self.held_when_idle is None:
+            self.held_when_idle = self.monitor.held_cancel is not None
+        self.set()
+        return True
+
+
+@pytest.mark.parametrize(("decided_s_ago", "held"), [(0.1, True), (1.0, False)])
+def test_a_held_cancel_waits_its_patience_for_a_worker_that_says_nothing(
+    tmp_path: Path, decided_s_ago: float, held: bool
+) -> None:
+    """A spool read to its end from a worker that has not said how far it got (stopped, or
+    dying): the cancel decided meanwhile is held for HELD_CANCEL_PATIENCE_S (half a second)
+    after its decision, no less, then goes into the log without the worker's word."""
+    spool = tmp_path / "spool"
+    spool.touch()
+    decided_ns = time.monotonic_ns() - round(decided_s_ago * 1e9)
+    monitor = BuildMonitor(clock=ManualClock(mono_ns=decided_ns))
+    monitor.start()
+    monitor.hold_cancels = True
+    assert monitor.cancel("enough", source="user")
+    descriptor = os.open(spool, os.O_RDONLY)
+    try:
+        replay = supervisor._Replay(SpoolReader(descriptor), monitor, supervisor._Inbox())
+        idle = replay.worker_ended = _FirstIdle(monitor)
+        replay._run()  # on this thread: one idle round, then the worker has ended
+    finally:
+        os.close(descriptor)
+    assert idle.held_when_idle is held
+    assert monitor.held_cancel is None, "the worker's end lets it in, whatever the patience"
