@@ -46,7 +46,7 @@ from trt_otel.control.probes import (
 )
 from trt_otel.control.runner import PolicyRunner
 from trt_otel.core.activity import Verdict
-from trt_otel.core.events import CancelRequested, PhaseStarted
+from trt_otel.core.events import CancelRequested, CancelSource, PhaseStarted
 from waiting import wait_for_silence, wait_for_text, wait_until, write_at_once
 
 S = 1_000_000_000
@@ -784,3 +784,28 @@ def test_a_worker_that_exits_0_without_returning_died_of_exit_code_0() -> None:
     result = run_isolated(a_build_whose_process_exits_0_without_returning, monitor=monitor)
     assert not result.returned and result.exitcode == 0
     assert result.died == "exit code 0"
+
+
+@pytest.mark.e2e
+def test_a_cancel_by_a_signal_has_the_shorter_grace_a_scheduler_leaves_it() -> None:
+    """A scheduler that sends SIGTERM leaves a stop budget shorter than the build's grace: a
+    cancel by that signal has the budget's grace (``signal_grace_s``), and the worker that
+    ignores it is stopped when that has passed, not the build's grace."""
+    monitor = BuildMonitor()
+    monitor.start()
+    building = threading.Event()
+    monitor.log.add_fold(lambda e: building.set() if isinstance(e, PhaseStarted) else None)
+
+    def cancel_once_building() -> None:
+        if building.wait(60):
+            monitor.cancel("SIGTERM received", source=CancelSource.SIGNAL)
+
+    canceller = threading.Thread(target=cancel_once_building, daemon=True)
+    canceller.start()
+    result = run_isolated(
+        a_build_that_ignores_cancels, monitor=monitor, grace_s=60.0, signal_grace_s=0.5
+    )
+    canceller.join(10)
+    assert building.is_set(), "the worker never started its build"
+    assert result.grace_s == 0.5
+    assert result.stopped_with == "SIGTERM"
