@@ -515,3 +515,18 @@ def test_the_writer_a_busy_journal_names_is_cut_to_a_line(tmp_path: Path) -> Non
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)
         said = journal_in_use(path)
     assert said == f"trt-otel pid 4242 on host {'h' * 64} (give each build its own journal)"
+
+
+def test_a_new_journal_opened_to_append_starts_with_its_header(tmp_path: Path) -> None:
+    """``append`` goes on after what a journal holds; a journal that holds nothing yet (a
+    retried build's first journal) is still given its header, so it reads as a journal."""
+    path = tmp_path / "build.jsonl"
+    monitor = BuildMonitor()
+    monitor.log.follow(JournalWriter(path, append=True))
+    monitor.start()
+    monitor.end()
+    assert monitor.close(10)
+    journal = read_journal(path)
+    assert journal.header["format"] == "trt-otel-journal"
+    assert journal.problems == []
+    assert journal.events == monitor.log.recent()
