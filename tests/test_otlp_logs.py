@@ -237,3 +237,17 @@ def test_each_signal_has_its_path_and_its_own_variables() -> None:
     assert traces.logs_level is None
     spans = SpanConfig().settings(base, TRACES)
     assert spans is not None and spans.logs_level == "warning"
+
+
+def test_a_severity_tensorrt_does_not_name_is_kept_or_left_out_as_info() -> None:
+    """A message whose severity is none of TensorRT's (a program's own logger's ``NOTICE``)
+    ranks as info: a record at the level ``info``, none at ``warning``."""
+    monitor = BuildMonitor()
+    monitor.start()
+    monitor.log_message("NOTICE", "a message")
+    events = list(monitor.log.recent())
+    at_info = LogProjection("info")
+    (record,) = [r for e in events if (r := at_info.apply(e)) is not None]
+    assert (record.severity, record.severity_number) == ("NOTICE", SeverityNumber.INFO)
+    at_warning = LogProjection("warning")
+    assert all(at_warning.apply(e) is None for e in events)
