@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
+import types
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, NoReturn
 
 import pytest
 
@@ -13,7 +17,7 @@ from cli import CLI
 from prometheus_server import promtool_lint
 from trt_otel import BuildMonitor, GpuSample, read_journal
 from trt_otel.builder.simulator import Driver, generate_plan
-from trt_otel.capture.gpu import GpuReading, GpuSampler, open_reader, selected_gpu
+from trt_otel.capture.gpu import GpuReading, GpuSampler, NvmlReader, open_reader, selected_gpu
 from trt_otel.core.clock import ManualClock
 from trt_otel.core.events import Event, PhaseFinished, PhaseStarted
 from trt_otel.core.journal import JournalWriter
@@ -263,3 +267,58 @@ def test_the_builders_own_gpu_memory_joins_the_sample_once_its_process_is_known(
     assert none_held is not None and none_held.process_memory_used_bytes is None
     recorded = [e for e in read_journal(tmp_path / "gpu.jsonl").events if e.type == "gpu"]
     assert recorded == [before, after, none_held]
+
+
+def fake_nvml(unsupported: frozenset[str] = frozenset()) -> types.ModuleType:
+    """NVML's Python module (``pynvml``) as one GPU answers it, in NVML's own units: bytes,
+    percent, MHz, milliwatts, degrees. A call named in ``unsupported`` raises, as
+    ``NVMLError_NotSupported`` does."""
+
+    def not_supported(*args: object) -> NoReturn:
+        raise RuntimeError("Not Supported")
+
+    clocks_mhz = {1: 1980, 2: 2619}
+    calls: dict[str, Callable[..., object]] = {
+        "nvmlInit": lambda: None,
+        "nvmlShutdown": lambda: None,
+        "nvmlDeviceGetHandleByIndex": lambda index: f"handle {index}",
+        "nvmlDeviceGetIndex": lambda handle: 0,
+        "nvmlDeviceGetMemoryInfo": lambda handle: SimpleNamespace(used=5 * GIB, total=80 * GIB),
+        "nvmlDeviceGetUtilizationRates": lambda handle: SimpleNamespace(gpu=75, memory=20),
+        "nvmlDeviceGetClockInfo": lambda handle, clock: clocks_mhz[clock],
+        "nvmlDeviceGetPowerUsage": lambda handle: 350_500,
+        "nvmlDeviceGetTemperature": lambda handle, sensor: 61,
+    }
+    module = types.ModuleType("pynvml")
+    module.__dict__.update(NVML_CLOCK_SM=1, NVML_CLOCK_MEM=2, NVML_TEMPERATURE_GPU=0)
+    module.__dict__.update(
+        {name: not_supported if name in unsupported else call for name, call in calls.items()}
+    )
+    return module
+
+
+def test_nvmls_units_become_the_samples_and_what_a_gpu_does_not_say_is_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MHz become Hz, milliwatts watts, percentages fractions; a reading the device does not
+    support is None, never a failed sample."""
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml())
+    reader = NvmlReader("0")
+    assert reader.read() == GpuReading(
+        memory_used_bytes=5 * GIB,
+        memory_total_bytes=80 * GIB,
+        utilization=0.75,
+        memory_utilization=0.2,
+        sm_clock_hz=1_980_000_000,
+        memory_clock_hz=2_619_000_000,
+        power_w=350.5,
+        temperature_c=61.0,
+    )
+    reader.close()
+    silent = fake_nvml(frozenset({"nvmlDeviceGetPowerUsage", "nvmlDeviceGetClockInfo"}))
+    monkeypatch.setitem(sys.modules, "pynvml", silent)
+    reader = NvmlReader("0")
+    reading = reader.read()
+    reader.close()
+    assert (reading.sm_clock_hz, reading.memory_clock_hz, reading.power_w) == (None, None, None)
+    assert reading.temperature_c == 61.0
