@@ -12,15 +12,19 @@ import subprocess
 import sys
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from cli import CLI, run_cli, start_demo
 from crafted import craft_journal
+from trt_otel import BuildMonitor
 from trt_otel.capture import liveness
-from trt_otel.capture.watch import BuildLostError, follow_journal
+from trt_otel.capture.watch import BuildLostError, follow_journal, follow_url
 from trt_otel.control.stopping import process_running
+from trt_otel.core.events import Event
+from trt_otel.core.journal_codec import encode_event
 from trt_otel.core.writer import Toucher
 from waiting import wait_for_text
 
@@ -312,3 +316,56 @@ def test_a_running_writer_whose_lock_cannot_be_told_is_alive(
     assert writer.running_here(journal) is True
     monkeypatch.setattr(liveness, "holds_write_lock", lambda pid, path: False)
     assert writer.running_here(journal) is None
+
+
+class ReplayingStreamServer:
+    """A real HTTP server whose event stream ignores ``Last-Event-ID``: each connection gets
+    the build's events from the first (a proxy's cache, a server restarted from its journal),
+    and the first connection is dropped after ``cut_after`` of them."""
+
+    def __init__(self, events: list[Event], cut_after: int) -> None:
+        frames = [f"id: {e.seq}\ndata: {encode_event(e).decode()}\n\n".encode() for e in events]
+        self.asked_after: list[str | None] = []
+        served = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                first = not served.asked_after
+                served.asked_after.append(self.headers.get("Last-Event-ID"))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                self.wfile.write(b"".join(frames[:cut_after] if first else frames))
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_resumed_stream_that_sends_events_again_shows_each_once() -> None:
+    """A dropped connection is resumed after the last event seen; events the server sends
+    again (it ignored ``Last-Event-ID``) are not shown twice, the last one seen included."""
+    monitor = BuildMonitor()
+    monitor.start()
+    monitor.phase_start("Building engine", None, 2)
+    monitor.step_complete("Building engine", 0)
+    monitor.step_complete("Building engine", 1)
+    monitor.phase_finish("Building engine")
+    monitor.end()
+    events = monitor.log.recent()
+    server = ReplayingStreamServer(events, cut_after=3)
+    shown: list[Event] = []
+    try:
+        end = follow_url(server.url, shown.extend, warn=lambda message: None, retry_for_s=30)
+    finally:
+        server.close()
+    assert server.asked_after == [None, "2"], "resumed after the last event seen"
+    assert [e.seq for e in shown] == [e.seq for e in events]
+    assert end == events[-1]
