@@ -991,3 +991,15 @@ def test_a_request_that_trickles_in_is_dropped_at_its_deadline(
         took = time.monotonic() - began
     assert closed, "the trickling request was still being read after 12 s"
     assert 1.0 <= took < 4.0, took
+
+
+def test_a_view_served_on_a_name_answers_that_name_however_it_is_written() -> None:
+    """Served on a host name rather than an IP, the view answers that name as DNS compares
+    names: in any case, with or without its trailing dot, on any port."""
+    from trt_otel.views.http_hosts import HostCheck
+
+    hosts = HostCheck("Build-Node.Example.")
+    for header in ["build-node.example", "BUILD-NODE.EXAMPLE:9000", "build-node.example.:80"]:
+        assert hosts.accepts(header), header
+    assert not hosts.accepts("other-node.example")
+    assert not hosts.accepts("10.1.2.3"), "served on a name: no IP literal is that name"
