@@ -1003,3 +1003,19 @@ def test_a_view_served_on_a_name_answers_that_name_however_it_is_written() -> No
         assert hosts.accepts(header), header
     assert not hosts.accepts("other-node.example")
     assert not hosts.accepts("10.1.2.3"), "served on a name: no IP literal is that name"
+
+
+def test_a_cancel_body_of_exactly_the_limit_is_read_and_one_byte_more_is_refused(
+    served: tuple[BuildMonitor, StatusServer],
+) -> None:
+    """``MAX_BODY`` is the largest body taken, not the first one refused."""
+    from trt_otel.views.http import MAX_BODY
+
+    monitor, server = served
+    monitor.start()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    assert post(f"{server.url}/cancel", b"x" * (MAX_BODY + 1), auth)[0] == 413
+    assert not monitor.cancelled
+    code, answer = post(f"{server.url}/cancel", b"y" * MAX_BODY, auth)
+    assert code == 202, answer
+    assert answer["reason"] == "y" * 200, "the reason is its first 200 characters"
