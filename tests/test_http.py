@@ -1019,3 +1019,38 @@ def test_a_cancel_body_of_exactly_the_limit_is_read_and_one_byte_more_is_refused
     code, answer = post(f"{server.url}/cancel", b"y" * MAX_BODY, auth)
     assert code == 202, answer
     assert answer["reason"] == "y" * 200, "the reason is its first 200 characters"
+
+
+def test_event_streams_past_the_cap_are_refused_until_one_leaves(
+    served: tuple[BuildMonitor, StatusServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At most ``MAX_SSE_CLIENTS`` streams at once (a smaller cap here, the same rule): the
+    next is answered 503 with a ``Retry-After``, and is served once a stream has gone."""
+    from trt_otel.views import http as view
+
+    monkeypatch.setattr(view, "MAX_SSE_CLIENTS", 3)
+    monitor, server = served
+    monitor.start()
+
+    def stream() -> http.client.HTTPResponse:
+        # The answer holds the connection's socket (a stream has no length): kept, it stays.
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        connection.request("GET", "/events")
+        return connection.getresponse()
+
+    streams = []
+    try:
+        for _ in range(3):
+            streams.append(stream())
+            assert streams[-1].status == 200  # counted before its answer
+        assert server.sse_clients == 3
+        refused = stream()
+        assert (refused.status, refused.getheader("Retry-After")) == (503, "5")
+        refused.close()
+        streams.pop().close()
+        wait_until(lambda: server.sse_clients == 2, "a closed stream was never let go", 30)
+        streams.append(stream())
+        assert streams[-1].status == 200
+    finally:
+        for answer in streams:
+            answer.close()
