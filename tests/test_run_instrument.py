@@ -138,3 +138,12 @@ def test_a_program_that_exits_instrumented_ends_its_journal_every_time(
         assert isinstance(events[0], BuildStarted), (attempt, events)
         assert isinstance(events[-1], BuildFinished), (attempt, events[-1:])
         assert events[-1].outcome == "success"
+
+
+def test_a_port_may_be_zero_to_pick_one_and_up_to_65535() -> None:
+    """``TRT_OTEL_HTTP_PORT=0`` asks for a free port, as ``--http-port 0`` does."""
+    env = {"TRT_OTEL_HTTP_PORT": "0", "TRT_OTEL_PROMETHEUS_PORT": "65535"}
+    settings = InstrumentSettings.resolve(env)
+    assert (settings.http_port, settings.prometheus_port) == (0, 65535)
+    with pytest.raises(InstrumentError, match="not a port"):
+        InstrumentSettings.resolve({"TRT_OTEL_HTTP_PORT": "-1"})
