@@ -553,3 +553,19 @@ def test_a_busy_gpu_is_work_while_the_process_waits_on_it() -> None:
         monitor.sample(GpuSample, index=0, utilization=0.0)
         sample(monitor, cpu=0.0, cpu_s=1.0)
     assert verdict() is Verdict.IDLE
+
+
+def test_min_available_is_what_is_left_once_the_build_takes_its_earlier_peak(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """3 GiB free and earlier builds that peaked at 2 GiB leave 1 GiB: enough for
+    ``--min-available 1G``, not for ``2G``, though 3 GiB are free now."""
+    from trt_otel.app.components import check_memory_history
+    from trt_otel.app.config import UsageError
+    from trt_otel.core.eta import History, PastBuild
+
+    history = History([PastBuild("earlier.jsonl", 60.0, {}, peak_rss_bytes=2 << 30)])
+    check_memory_history(history, 1 << 30, available_bytes=3 << 30)
+    assert "peaked at 2.0 GiB; 3.0 GiB is available" in capsys.readouterr().err
+    with pytest.raises(UsageError, match=r"would leave less than --min-available 2\.0 GiB"):
+        check_memory_history(history, 2 << 30, available_bytes=3 << 30)
