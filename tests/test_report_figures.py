@@ -71,3 +71,39 @@ def test_bars_of_one_row_are_merged_only_when_they_ended_alike() -> None:
     svg = timeline_svg(report_of(monitor.log.recent()))
     bars = re.findall(r'<rect class="bar (\w+)"', svg)
     assert sorted(bars) == ["aborted", "aborted", "finished"], bars
+
+
+def test_the_live_timeline_draws_the_builds_end_at_once_though_it_redraws_once_a_second() -> None:
+    """The page polls ``/timeline.svg``; within a second it is served the picture already
+    drawn, but never once the build has ended: its end is drawn at once."""
+    from trt_otel.core.readmodel import ReadModel
+    from trt_otel.views.report.live import LiveTimeline
+
+    clock = ManualClock()
+    monitor = BuildMonitor(clock=clock)
+    model = ReadModel()
+    timeline = LiveTimeline(model, clock)
+    told = -1
+
+    def tell() -> None:
+        nonlocal told
+        events = monitor.log.recent(told)
+        model.handle(events)
+        told = events[-1].seq
+
+    monitor.start()
+    monitor.phase_start("Building engine", None, 1)
+    tell()
+    clock.advance(2)
+    running = timeline.svg()
+    assert re.findall(r'<rect class="bar (\w+)"', running) == ["open"]
+    clock.advance(0.2)
+    monitor.step_complete("Building engine", 0)
+    tell()
+    assert timeline.svg() == running, "a step within the second: the same picture"
+    clock.advance(0.2)
+    monitor.phase_finish("Building engine")
+    monitor.end()
+    tell()
+    ended = timeline.svg()
+    assert re.findall(r'<rect class="bar (\w+)"', ended) == ["finished"]
