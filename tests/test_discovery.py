@@ -205,3 +205,19 @@ def test_prometheus_discovers_three_concurrent_builds_and_scrapes_each(
         )
     finally:
         prometheus.close()
+
+
+def test_a_file_whose_process_cannot_be_checked_is_left_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a process known to be gone loses its target file: one whose state cannot be read
+    (psutil fails, ``process_running`` says None) may still serve its last scrape."""
+    from trt_otel.views import discovery
+
+    unknown = tmp_path / "trt-otel-node-4242-aaaaaaaaaaaa.json"
+    unknown.write_text("[]")
+    monkeypatch.setattr(discovery, "process_running", lambda pid: None)
+    assert ScrapeTarget(tmp_path, {}, "bbbbbbbbbbbb", host="node").remove_orphans() == []
+    assert unknown.exists()
+    monkeypatch.setattr(discovery, "process_running", lambda pid: False)
+    assert ScrapeTarget(tmp_path, {}, "bbbbbbbbbbbb", host="node").remove_orphans() == [unknown]
