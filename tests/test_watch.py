@@ -268,3 +268,31 @@ def test_the_end_is_not_written_twice_when_the_writer_ended_its_journal_on_its_w
     Escalation(journal, header, monitor, after_s=1.0)._end_journal("SIGTERM")
     ends = [e for e in read_journal(journal).events if isinstance(e, BuildFinished)]
     assert [e.detail for e in ends] == ["received SIGTERM"]
+
+
+def test_the_end_watch_writes_for_a_stopped_writer_follows_its_last_event(
+    tmp_path: Path,
+) -> None:
+    """A writer stopped from outside left no end: the one watch appends is numbered after the
+    journal's last event, so the journal reads as one build with nothing out of order."""
+    from trt_otel.app.remote import Escalation, RemoteBuild
+    from trt_otel.core.events import BuildFinished, BuildStarted, Outcome
+    from trt_otel.core.journal import JournalWriter
+    from trt_otel.core.journal_reader import read_journal
+    from trt_otel.core.readmodel import ReadModel
+
+    journal = tmp_path / "b.jsonl"
+    started = BuildStarted(seq=0, wall_ns=time.time_ns(), mono_ns=time.monotonic_ns(),
+                           thread="Main", build_id="b1", attributes={})  # fmt: skip
+    writer = JournalWriter(journal)
+    writer.handle([started])
+    writer.close()
+    header = json.loads(journal.read_text().splitlines()[0])
+    monitor = RemoteBuild(tmp_path / "control", started=started, model=ReadModel())
+    Escalation(journal, header, monitor, after_s=1.0)._end_journal("SIGTERM")
+    read = read_journal(journal)
+    assert [e.seq for e in read.events] == [0, 1]
+    end = read.events[-1]
+    assert isinstance(end, BuildFinished) and end.outcome is Outcome.CANCELLATION
+    assert "stopped with SIGTERM" in end.detail
+    assert not read.problems
