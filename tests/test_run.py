@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from cli import CLI, run_cli
+from cli import CLI, run_cli, start_cli
 from runs import PROGRAMS, PYTHON, builds_in, residual_net, start_of, start_run
 from trt_otel import ProcessSample, read_journal
 from trt_otel.core.events import BuildFinished, BuildStarted, CancelRequested, Event, PhaseStarted
-from waiting import wait_for_journal
+from waiting import wait_for_file, wait_for_journal
 
 trt = pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install -e '.[dev]')")
 
@@ -330,3 +330,26 @@ def test_polygraphy_builds_are_observed(mnist: Path, tmp_path: Path) -> None:
     assert start_of(build).attributes["network.inputs"] == ["input: FLOAT[-1,1,28,28]"]
     assert ends(build).outcome == "success"
     assert "Finished engine building" in result.stdout  # Polygraphy's own log, untouched
+
+
+def test_sigterm_before_any_build_stops_the_program_after_its_grace_and_exits_3(
+    tmp_path: Path,
+) -> None:
+    """A request to stop is a cancel however far the program got: one that has made no build
+    yet is stopped once its grace has passed, and run exits 3, not 4 as for a program that
+    died of a signal on its own."""
+    ready = tmp_path / "ready"
+    waits = "import pathlib, sys, time; pathlib.Path(sys.argv[1]).touch(); time.sleep(120)"
+    process = start_cli(
+        "run", "--grace", "1s", "--", PYTHON, "-c", waits, ready, start_new_session=True
+    )
+    try:
+        wait_for_file(ready)
+        process.send_signal(signal.SIGTERM)  # to trt-otel alone: the program is its own job
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 3, err
+    assert "the program is still running 1.0s after SIGTERM" in err
+    assert "the program made no TensorRT build" in err
