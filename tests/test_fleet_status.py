@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from trt_otel import BuildMonitor, JournalWriter, ManualClock
 from trt_otel.app.fleet import Fleet
 from trt_otel.app.fleet_documents import BuildStatus, OpenPhase
@@ -175,3 +177,33 @@ def test_a_ray_job_that_ended_without_its_builds_end_is_lost_or_never_started(
     assert (phase.name, phase.steps) == ("Building engine", "0/3")
     assert phase.elapsed_s is not None and phase.elapsed_s > 0
     assert never.error == "the job ended" and lost.ray_status == "FAILED"
+
+
+def test_fleet_wait_that_cannot_follow_a_build_to_its_end_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``trt-otel fleet wait`` exits with the build's own exit code; a build it cannot follow
+    to its end (still running at the timeout, or lost) has none, and is 2, never 0."""
+    from trt_otel.app.fleet_arguments import FleetCommand
+    from trt_otel.app.fleet_command import _act
+
+    began = ray_build(tmp_path, "0123456789aa")
+    monitor = BuildMonitor()
+    monitor.log.follow(JournalWriter(began))
+    monitor.start()
+    monitor.phase_start("Building engine", None, 3)
+    monitor.close()  # no end (yet)
+    finished = ray_build(tmp_path, "0123456789bb")
+    journal_of(finished, phases=1)
+
+    def wait(build_id: str, ray_status: str) -> int:
+        fleet = RayFleet("http://127.0.0.1:1", tmp_path, client=StandInRay(ray_status))
+        command = FleetCommand(action="wait", address=fleet.address, shared_dir=tmp_path,
+                               build_id=build_id, timeout_s=0.0)  # fmt: skip
+        return _act(fleet, command)
+
+    assert wait("0123456789aa", "RUNNING") == 2
+    assert "still running after" in capsys.readouterr().out
+    assert wait("0123456789aa", "FAILED") == 2
+    assert "0123456789aa: lost" in capsys.readouterr().out
+    assert wait("0123456789bb", "SUCCEEDED") == 0
