@@ -52,12 +52,19 @@ class PhoenixServer:
             "PHOENIX_PORT": str(self.http_port),
             "PHOENIX_GRPC_PORT": str(self.grpc_port),
             "PHOENIX_TELEMETRY_ENABLED": "false",
+            # A trace backend is all the tests need: no agent assistant, and nothing fetched
+            # from the internet at start-up (its docs server, its sandboxes' binaries), which
+            # this machine cannot reach and which Phoenix otherwise tries, and waits for.
+            "PHOENIX_DISABLE_AGENT_ASSISTANT": "true",
+            "PHOENIX_ALLOW_EXTERNAL_RESOURCES": "false",
         }
         self._log = (workdir / "phoenix.log").open("wb")
         self.process = subprocess.Popen(
             [str(PHOENIX), "serve"], env=env, stdout=self._log, stderr=subprocess.STDOUT
         )
-        deadline = time.monotonic() + 120
+        # A hang's guard: at the start of a full run, the busiest part of it, Phoenix took 94 to
+        # 122 s to answer (some 16 s of CPU on a quiet machine).
+        deadline = time.monotonic() + 300
         while not self._healthy():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.close()
