@@ -32,6 +32,9 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.xdist_group("phoenix"),
     pytest.mark.skipif(not PHOENIX.exists(), reason=MISSING),
+    # The first test pays for Phoenix's start (its fixture's set-up counts to its time): up to
+    # 122 s at the start of a full run, beside a real build of over a minute.
+    pytest.mark.timeout(600),
 ]
 
 
