@@ -41,7 +41,7 @@ class Gaps:
     """The longest gaps of one build, in time order, and its first event's time. (Its latest
     progress is its state's: :attr:`~trt_otel.core.state.BuildState.last_progress_mono_ns`.)"""
 
-    __slots__ = ("_ends", "_kept", "first_ns", "last_end_ns")
+    __slots__ = ("_ends", "_kept", "first_ns")
 
     def __init__(self) -> None:
         self._kept: list[Gap] = []
@@ -49,9 +49,6 @@ class Gaps:
         """``end_ns`` of each kept gap, for the gaps that overlap a phase."""
         self.first_ns: int | None = None
         """The ``mono_ns`` of the build's first event (its origin where it has no start)."""
-        self.last_end_ns = 0
-        """The end of the latest gap kept (0: none): no kept gap overlaps what starts at or
-        after it."""
 
     def seen(self, mono_ns: int) -> None:
         """Any event of the build."""
@@ -79,12 +76,6 @@ class Gaps:
             del self._ends[shortest]
         kept.append(gap)  # gaps come in time order: the list stays sorted
         self._ends.append(gap.end_ns)
-        self.last_end_ns = gap.end_ns
-
-    @property
-    def any(self) -> bool:
-        """Whether a gap is kept (most fast builds have none)."""
-        return bool(self._kept)
 
     @property
     def kept(self) -> list[Gap]:
@@ -93,8 +84,11 @@ class Gaps:
 
     def overlapping(self, start_ns: int, end_ns: int) -> list[tuple[Gap, int]]:
         """The kept gaps that overlap ``[start_ns, end_ns]``, each with how much of it."""
+        ends = self._ends
+        if not ends or ends[-1] <= start_ns:  # most phases: none since it began (ends ascend)
+            return []
         found = []
-        for gap in self._kept[bisect.bisect_right(self._ends, start_ns) :]:
+        for gap in self._kept[bisect.bisect_right(ends, start_ns) :]:
             if gap.start_ns >= end_ns:
                 break
             found.append((gap, min(end_ns, gap.end_ns) - max(start_ns, gap.start_ns)))

@@ -160,8 +160,7 @@ class ReadModel:
             if kind is BuildStarted and self._builds.begins_another(event):
                 self._begin_build()
             gaps = self.gaps
-            if gaps.first_ns is None:
-                gaps.seen(event.mono_ns)
+            gaps.seen(event.mono_ns)
             if kind in _PROGRESS:  # before the fold: the gap's phases are those open through it
                 gaps.progressed(self.state.last_progress_mono_ns, event.mono_ns, self.state)
             self.state.apply(event)

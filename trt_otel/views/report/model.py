@@ -209,10 +209,8 @@ class BuildRecorder:
         # there, not at each of a build's million events.
         if kind is BuildStarted and model.build_number != self._build_number:
             self._begin(model.build_number)
-        if closed:  # before a start: a phase of the same name closes first
-            rows_closed, gaps, process = self._rows.closed, model.gaps, self._process
-            for phase in closed:
-                rows_closed(phase, gaps, process)
+        for phase in closed:  # before a start: a phase of the same name closes first
+            self._rows.closed(phase, model.gaps, self._process)
         if kind is PhaseStarted:
             started = model.state.phases.get(event.seq)
             if started is not None:

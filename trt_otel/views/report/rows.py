@@ -235,8 +235,7 @@ class RowFold:
         return list(self._threads)
 
     def started(self, phase: Phase, thread: str) -> None:
-        if len(thread) > 100:
-            thread = clip(thread, 100)
+        thread = clip(thread, 100)
         threads = self._threads
         if thread not in threads and len(threads) < MAX_THREADS:
             threads[thread] = None
@@ -296,16 +295,13 @@ class RowFold:
         row = entry.row
         if row is not None:
             start_ns = phase.start_mono_ns
-            times = samples.times
             row.add(
                 phase,
                 end_ns,
                 0 if entry.cover is None else entry.cover.total(),
                 entry.thread,
-                # Asked only where one may be found: most phases end before the latest gap
-                # or sample began (the calls cost more than the answers here).
-                gaps.overlapping(start_ns, end_ns) if gaps.last_end_ns > start_ns else (),
-                samples.peak_rss(start_ns, end_ns) if times and times[-1] >= start_ns else None,
+                gaps.overlapping(start_ns, end_ns),
+                samples.peak_rss(start_ns, end_ns),
             )
 
     def rows(
