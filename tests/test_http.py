@@ -34,6 +34,8 @@ from trt_otel.views.status import MAX_TREE_DEPTH
 from waiting import wait_until
 
 TOKEN = "s3cret-token-for-tests"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+"""The header of a request that presents the whole token."""
 
 
 READ_BEFORE_ANNOUNCED: dict[int, list[str]] = {}
@@ -178,10 +180,10 @@ def test_cancel_needs_the_right_token_and_says_why(tmp_path: Path) -> None:
         code, answer = post(
             f"{base}/cancel",
             json.dumps({"reason": "GPU needed elsewhere"}).encode(),
-            {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+            {**AUTH, "Content-Type": "application/json"},
         )
         assert (code, answer["reason"], answer["first"]) == (202, "GPU needed elsewhere", True)
-        again = post(f"{base}/cancel", b"twice", {"Authorization": f"Bearer {TOKEN}"})
+        again = post(f"{base}/cancel", b"twice", AUTH)
         assert again[0] == 200 and again[1]["first"] is False
         _, err = process.communicate(timeout=60)
     finally:
@@ -239,9 +241,8 @@ def test_a_cancel_after_the_build_ended_is_409(
 ) -> None:
     monitor, server = served
     monitor.start()
-    auth = {"Authorization": f"Bearer {TOKEN}"}
     monitor.end()
-    code, answer = post(f"{server.url}/cancel", b"too late", auth)
+    code, answer = post(f"{server.url}/cancel", b"too late", AUTH)
     assert (code, answer) == (409, {"error": "the build has ended", "outcome": "success"})
     assert monitor.state.cancel is None, "nothing recorded"
 
@@ -340,10 +341,9 @@ def test_oversized_and_malformed_requests_get_clear_answers(
 ) -> None:
     monitor, server = served
     monitor.start()
-    auth = {"Authorization": f"Bearer {TOKEN}"}
-    assert post(f"{server.url}/cancel", b"x" * 100_000, auth)[0] == 413
+    assert post(f"{server.url}/cancel", b"x" * 100_000, AUTH)[0] == 413
     assert (
-        post(f"{server.url}/cancel", b"{not json", {**auth, "Content-Type": "application/json"})[0]
+        post(f"{server.url}/cancel", b"{not json", {**AUTH, "Content-Type": "application/json"})[0]
         == 400
     )
     assert post(f"{server.url}/nothing")[0] == 404
@@ -620,7 +620,7 @@ def test_only_requests_naming_this_server_are_answered(
             code, body = ask(server, "GET", path, {"Host": host})
             assert code == 421, (host, path)
             assert monitor.build_id not in body.decode() and len(body) < 200, (host, path)
-        code, _ = ask(server, "POST", "/cancel", {"Host": host, "Authorization": f"Bearer {TOKEN}"})
+        code, _ = ask(server, "POST", "/cancel", {"Host": host, **AUTH})
         assert code == 421, host
     assert not monitor.cancelled, "a request for another host cancelled the build"
     for host in [
@@ -680,7 +680,7 @@ def test_the_allowed_host_option_reaches_the_view(tmp_path: Path) -> None:
             answers[name] = connection.getresponse().status
             connection.close()
         assert answers == {"build.example": 200, "other.example": 421}
-        assert post(f"{base}/cancel", b"done", {"Authorization": f"Bearer {TOKEN}"})[0] == 202
+        assert post(f"{base}/cancel", b"done", AUTH)[0] == 202
         process.communicate(timeout=60)
     finally:
         process.kill()
@@ -831,7 +831,7 @@ def test_a_plain_text_cancel_reason_is_its_first_line(
 ) -> None:
     monitor, server = served
     monitor.start()
-    auth = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "text/plain"}
+    auth = {**AUTH, "Content-Type": "text/plain"}
     body = b"  release freeze\nsent from the release script\n"
     code, answer = post(f"{server.url}/cancel", body, auth)
     assert (code, answer["reason"]) == (202, "release freeze")
@@ -1013,10 +1013,9 @@ def test_a_cancel_body_of_exactly_the_limit_is_read_and_one_byte_more_is_refused
 
     monitor, server = served
     monitor.start()
-    auth = {"Authorization": f"Bearer {TOKEN}"}
-    assert post(f"{server.url}/cancel", b"x" * (MAX_BODY + 1), auth)[0] == 413
+    assert post(f"{server.url}/cancel", b"x" * (MAX_BODY + 1), AUTH)[0] == 413
     assert not monitor.cancelled
-    code, answer = post(f"{server.url}/cancel", b"y" * MAX_BODY, auth)
+    code, answer = post(f"{server.url}/cancel", b"y" * MAX_BODY, AUTH)
     assert code == 202, answer
     assert answer["reason"] == "y" * 200, "the reason is its first 200 characters"
 
