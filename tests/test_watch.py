@@ -16,6 +16,11 @@ from cli import CLI
 from crafted import craft_journal
 from journals import DATA
 from trt_otel.app.cli import main
+from trt_otel.app.remote import Escalation, RemoteBuild
+from trt_otel.core.events import BuildFinished, BuildStarted, Event, Outcome
+from trt_otel.core.journal import JournalWriter
+from trt_otel.core.journal_reader import Journal, read_journal
+from trt_otel.core.readmodel import ReadModel
 from waiting import wait_for_text
 
 
@@ -240,33 +245,38 @@ def test_terminate_after_stops_the_writer_that_holds_the_journals_lock(tmp_path:
     assert done.returncode == 3, done.stderr
 
 
+def ended_by_watch(tmp_path: Path, *, writer_ended_it: bool) -> Journal:
+    """A build's journal written by this process (its start, and its own end if
+    ``writer_ended_it``) that watch, having read only its start, ends as a writer stopped with
+    SIGTERM: the journal as it is after."""
+    journal = tmp_path / "b.jsonl"
+    started = BuildStarted(seq=0, wall_ns=time.time_ns(), mono_ns=time.monotonic_ns(),
+                           thread="Main", build_id="b1", attributes={})  # fmt: skip
+    events: list[Event] = [started]
+    if writer_ended_it:
+        events.append(
+            BuildFinished(seq=1, wall_ns=time.time_ns(), mono_ns=time.monotonic_ns(),
+                          thread="Main", outcome=Outcome.CANCELLATION,
+                          detail="received SIGTERM", error_type=None)
+        )  # fmt: skip
+    writer = JournalWriter(journal)
+    writer.handle(events)
+    writer.close()
+    header = json.loads(journal.read_text().splitlines()[0])
+    assert header["writer_pid"] == os.getpid() and header["writer_host"] == socket.gethostname()
+    monitor = RemoteBuild(tmp_path / "control", started=started, model=ReadModel())
+    assert monitor.state.outcome is None  # watch has not read an end
+    Escalation(journal, header, monitor, after_s=1.0)._end_journal("SIGTERM")
+    return read_journal(journal)
+
+
 def test_the_end_is_not_written_twice_when_the_writer_ended_its_journal_on_its_way_out(
     tmp_path: Path,
 ) -> None:
     """watch signalled the writer, and the writer ended its journal itself before watch had read
     that end: watch must not append a second build_end (seen with a demo that exits quickly)."""
-    from trt_otel.app.remote import Escalation, RemoteBuild
-    from trt_otel.core.events import BuildFinished, BuildStarted, Outcome
-    from trt_otel.core.journal import JournalWriter
-    from trt_otel.core.journal_reader import read_journal
-    from trt_otel.core.readmodel import ReadModel
-
-    journal = tmp_path / "b.jsonl"
-    started = BuildStarted(seq=0, wall_ns=time.time_ns(), mono_ns=time.monotonic_ns(),
-                           thread="Main", build_id="b1", attributes={})  # fmt: skip
-    writer = JournalWriter(journal)
-    writer.handle([
-        started,
-        BuildFinished(seq=1, wall_ns=time.time_ns(), mono_ns=time.monotonic_ns(), thread="Main",
-                      outcome=Outcome.CANCELLATION, detail="received SIGTERM", error_type=None),
-    ])  # fmt: skip
-    writer.close()
-    header = json.loads(journal.read_text().splitlines()[0])
-    assert header["writer_pid"] == os.getpid() and header["writer_host"] == socket.gethostname()
-    monitor = RemoteBuild(tmp_path / "control", started=started, model=ReadModel())
-    assert monitor.state.outcome is None  # watch has not read the end yet
-    Escalation(journal, header, monitor, after_s=1.0)._end_journal("SIGTERM")
-    ends = [e for e in read_journal(journal).events if isinstance(e, BuildFinished)]
+    read = ended_by_watch(tmp_path, writer_ended_it=True)
+    ends = [e for e in read.events if isinstance(e, BuildFinished)]
     assert [e.detail for e in ends] == ["received SIGTERM"]
 
 
@@ -275,22 +285,7 @@ def test_the_end_watch_writes_for_a_stopped_writer_follows_its_last_event(
 ) -> None:
     """A writer stopped from outside left no end: the one watch appends is numbered after the
     journal's last event, so the journal reads as one build with nothing out of order."""
-    from trt_otel.app.remote import Escalation, RemoteBuild
-    from trt_otel.core.events import BuildFinished, BuildStarted, Outcome
-    from trt_otel.core.journal import JournalWriter
-    from trt_otel.core.journal_reader import read_journal
-    from trt_otel.core.readmodel import ReadModel
-
-    journal = tmp_path / "b.jsonl"
-    started = BuildStarted(seq=0, wall_ns=time.time_ns(), mono_ns=time.monotonic_ns(),
-                           thread="Main", build_id="b1", attributes={})  # fmt: skip
-    writer = JournalWriter(journal)
-    writer.handle([started])
-    writer.close()
-    header = json.loads(journal.read_text().splitlines()[0])
-    monitor = RemoteBuild(tmp_path / "control", started=started, model=ReadModel())
-    Escalation(journal, header, monitor, after_s=1.0)._end_journal("SIGTERM")
-    read = read_journal(journal)
+    read = ended_by_watch(tmp_path, writer_ended_it=False)
     assert [e.seq for e in read.events] == [0, 1]
     end = read.events[-1]
     assert isinstance(end, BuildFinished) and end.outcome is Outcome.CANCELLATION
