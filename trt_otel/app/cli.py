@@ -248,22 +248,32 @@ def mcp(command: McpCommand) -> int:
         raise UsageError(
             f"the MCP server needs the mcp package ({error}): pip install 'trt-otel[mcp]'"
         ) from None
-    if command.ray is not None:
-        from trt_otel.app.mcp_server import serve_ray
+    if command.scheduler is not None:
+        from trt_otel.app.fleet_command import scheduled_fleet
+        from trt_otel.app.fleet_requests import FleetError
+        from trt_otel.app.mcp_server import serve_fleet
 
-        serve_ray(
-            *command.ray,
-            num_gpus=command.num_gpus,
-            num_cpus=command.num_cpus,
-            allow_network=command.allow_network,
-        )
+        try:
+            fleet = scheduled_fleet(
+                command.scheduler,
+                command.address,
+                command.state_dir,
+                num_gpus=command.num_gpus,
+                num_cpus=command.num_cpus,
+                partition=command.partition,
+                time_limit_s=command.time_limit_s,
+                allow_network=command.allow_network,
+            )
+        except FleetError as error:
+            raise UsageError(str(error)) from None
+        serve_fleet(fleet)
         return EXIT_OK
     serve(command.state_dir, command.roots, allow_network=command.allow_network)
     return EXIT_OK
 
 
 def fleet(command: FleetCommand) -> int:
-    """``trt-otel fleet``: builds as Ray jobs (Ray's client is imported only here)."""
+    """``trt-otel fleet``: builds as Ray or SLURM jobs (Ray's client is imported only here)."""
     from trt_otel.app.fleet_command import run_fleet
 
     return run_fleet(command)

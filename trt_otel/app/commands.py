@@ -34,11 +34,12 @@ from trt_otel.app.config import (
 from trt_otel.app.diffing import DiffCommand
 from trt_otel.app.fleet_arguments import (
     FleetCommand,
+    Scheduler,
     add_fleet,
-    add_ray_options,
     add_resource_options,
+    add_scheduler_options,
     fleet_command_of,
-    ray_target,
+    scheduler_target,
 )
 from trt_otel.app.reporting import FORMATS, ReportCommand
 from trt_otel.app.retries import Rung, add_retry_option, retry_rungs
@@ -189,9 +190,9 @@ def _add_mcp(commands: argparse._SubParsersAction[Parser]) -> None:
         metavar="DIR",
         help="a directory the paths a client names (model, output, path options) must lie "
         "in, symlinks resolved; repeatable (default: the state directory and the working "
-        "directory; with --ray, the shared folder alone)",
+        "directory; with --ray or --slurm, the shared folder alone)",
     )
-    add_ray_options(mcp)
+    add_scheduler_options(mcp)
     add_resource_options(mcp)
     mcp.add_argument(
         "--allow-network-options",
@@ -365,10 +366,17 @@ class McpCommand:
     state_dir: Path
     roots: tuple[Path, ...]
     """Where the paths a client names must lie, resolved."""
-    ray: tuple[str, Path] | None = None
-    """With ``--ray``: Ray's address and the shared folder, where the builds run and lie."""
+    scheduler: Scheduler | None = None
+    """With ``--ray`` or ``--slurm``: where the builds run as jobs; they lie in the shared
+    folder, which is then :attr:`state_dir`."""
+    address: str | None = None
+    """Ray's job API (``--ray``)."""
     num_gpus: float = 0.0
     num_cpus: float = 1.0
+    partition: str | None = None
+    """SLURM's: the partition of each build's job."""
+    time_limit_s: float | None = None
+    """SLURM's: each build's time limit."""
     allow_network: bool = False
     """Whether a client may set the options that point a build at the network."""
 
@@ -439,8 +447,8 @@ def command_of(args: argparse.Namespace) -> Command:
         return fleet_command_of(args)
     if args.command == "store":
         return store_command_of(args)
-    if args.command == "mcp" and (args.ray or args.shared_dir):
-        return _ray_mcp_command(args)
+    if args.command == "mcp" and (args.ray or args.slurm or args.shared_dir):
+        return _scheduled_mcp_command(args)
     if args.command in ("diff", "report"):
         return _explaining(args)
     if args.command == "mcp":
@@ -448,20 +456,25 @@ def command_of(args: argparse.Namespace) -> Command:
     return ReplayCommand(args.journal, span_config(args))
 
 
-def _ray_mcp_command(args: argparse.Namespace) -> McpCommand:
-    """``trt-otel mcp --ray``: the shared folder is the one root (Ray's nodes see nothing
-    else), and a ``--root`` outside it is refused."""
-    address, shared_dir = ray_target(args.ray, args.shared_dir)
+def _scheduled_mcp_command(args: argparse.Namespace) -> McpCommand:
+    """``trt-otel mcp --ray`` or ``--slurm``: the shared folder is the one root (the
+    scheduler's nodes see nothing else), and a ``--root`` outside it is refused."""
+    scheduler, address, shared_dir = scheduler_target(args.ray, args.slurm, args.shared_dir)
+    if scheduler != "slurm" and (args.partition is not None or args.time_limit is not None):
+        raise UsageError("--partition and --time-limit are SLURM's: give --slurm")
     for root in args.root or ():
         if not root.expanduser().resolve().is_relative_to(shared_dir):
             raise UsageError(
-                f"--root {root} is outside --shared-dir {shared_dir}: with --ray, builds "
-                "run on Ray's nodes, which see the shared folder only"
+                f"--root {root} is outside --shared-dir {shared_dir}: with --{scheduler}, "
+                "builds run on the scheduler's nodes, which see the shared folder only"
             )
     return McpCommand(
         shared_dir,
         (shared_dir,),
-        ray=(address, shared_dir),
+        scheduler=scheduler,
+        address=address,
+        partition=args.partition,
+        time_limit_s=args.time_limit,
         num_gpus=args.num_gpus,
         num_cpus=args.num_cpus,
         allow_network=args.allow_network_options,

@@ -1,7 +1,8 @@
 """``trt-otel fleet``'s command line: its parser, and the typed command it becomes.
 
-Kept apart from the command's run (:mod:`trt_otel.app.fleet_command`), which needs Ray's client:
-the parser (:mod:`trt_otel.app.commands`) imports this module, and nothing here imports Ray.
+Kept apart from the command's run (:mod:`trt_otel.app.fleet_command`), which needs a scheduler's
+client: the parser (:mod:`trt_otel.app.commands`) imports this module, and nothing here imports
+Ray.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from trt_otel.app.arguments import Parser, non_negative_float, positive_seconds
 from trt_otel.app.config import UsageError
@@ -17,21 +19,28 @@ from trt_otel.app.config import UsageError
 ACTIONS = ("submit", "list", "status", "cancel", "wait")
 RAY_ADDRESS_VARIABLE = "RAY_ADDRESS"
 SHARED_DIR_VARIABLE = "TRT_OTEL_SHARED_DIR"
+Scheduler = Literal["ray", "slurm"]
 
 
-def add_ray_options(parser: argparse.ArgumentParser) -> None:
-    """Where the builds run (Ray) and what every node sees (the shared folder)."""
-    parser.add_argument(
+def add_scheduler_options(parser: argparse.ArgumentParser) -> None:
+    """Where the builds run (Ray or SLURM) and what every node sees (the shared folder)."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
         "--ray",
         metavar="ADDRESS",
-        help="Ray's job API: the head's dashboard address, e.g. http://head:8265 "
-        f"(default: ${RAY_ADDRESS_VARIABLE})",
+        help="builds as Ray jobs: Ray's job API, the head's dashboard address, e.g. "
+        f"http://head:8265 (default: ${RAY_ADDRESS_VARIABLE})",
+    )
+    where.add_argument(
+        "--slurm",
+        action="store_true",
+        help="builds as SLURM batch jobs, on the cluster sbatch reaches from here",
     )
     parser.add_argument(
         "--shared-dir",
         type=Path,
         metavar="DIR",
-        help="a folder every Ray node sees at the same path (models, engines, journals, "
+        help="a folder every node sees at the same path (models, engines, journals, "
         f"cancel files; default: ${SHARED_DIR_VARIABLE})",
     )
 
@@ -42,14 +51,25 @@ def add_resource_options(parser: argparse.ArgumentParser) -> None:
         type=non_negative_float,
         default=0.0,
         metavar="N",
-        help="GPUs Ray reserves for each build (default: 0; 1 for a TensorRT build on a GPU)",
+        help="GPUs reserved for each build (default: 0; 1 for a TensorRT build on a GPU; "
+        "SLURM: whole GPUs, --gres=gpu:N)",
     )
     parser.add_argument(
         "--num-cpus",
         type=non_negative_float,
         default=1.0,
         metavar="N",
-        help="CPUs Ray reserves for each build (default: 1)",
+        help="CPUs reserved for each build (default: 1; SLURM: --cpus-per-task)",
+    )
+    parser.add_argument(
+        "--partition", metavar="NAME", help="SLURM's: the partition of each build's job"
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=positive_seconds,
+        metavar="DURATION",
+        help="SLURM's: each build's time limit (--time); SLURM warns the build 120 s before "
+        "it, and the build stops then as a timeout, its journal ended (at least 3m)",
     )
 
 
@@ -57,16 +77,17 @@ def add_resource_options(parser: argparse.ArgumentParser) -> None:
 def add_fleet(commands: argparse._SubParsersAction[Parser]) -> None:
     fleet = commands.add_parser(
         "fleet",
-        help="submit, list, follow and cancel builds run as Ray jobs",
-        description="Builds run as Ray jobs through Ray's Job Submission API (the entrypoint "
-        "is `trt-otel build ...`), their files in a folder every node sees. Status and "
-        "events come from each build's journal, the job's state from Ray; nothing else is "
-        "kept, so any trt-otel pointed at the same Ray and folder sees the same builds.",
+        help="submit, list, follow and cancel builds run as Ray or SLURM jobs",
+        description="Builds run as Ray jobs through Ray's Job Submission API (--ray), or as "
+        "SLURM batch jobs (--slurm); each job runs `trt-otel build ...`, its files in a "
+        "folder every node sees. Status and events come from each build's journal, the "
+        "job's state from the scheduler; nothing else is kept, so any trt-otel pointed at "
+        "the same scheduler and folder sees the same builds.",
     )
     actions = fleet.add_subparsers(dest="action", required=True, metavar="ACTION")
     submit = actions.add_parser(
         "submit",
-        help="submit a build as a Ray job",
+        help="submit a build as a job",
         usage="trt-otel fleet submit [options] MODEL [-o ENGINE] [-- BUILD OPTIONS...]",
     )
     submit.add_argument("model", nargs="?", help="the ONNX model, in the shared folder")
@@ -88,8 +109,8 @@ def add_fleet(commands: argparse._SubParsersAction[Parser]) -> None:
     cancel.add_argument(
         "--no-wait",
         action="store_true",
-        help="return at once (default: follow the build to its end, stopping its Ray job "
-        "if it outlives its grace period)",
+        help="return at once (default: follow the build to its end, stopping its job if it "
+        "outlives its grace period)",
     )
     wait = actions.add_parser("wait", help="wait for a build's end; exits with its exit code")
     wait.add_argument("id")
@@ -98,7 +119,7 @@ def add_fleet(commands: argparse._SubParsersAction[Parser]) -> None:
         help="give up after this long (exit 2; default: 24h)",
     )  # fmt: skip
     for sub in (submit, actions.choices["list"], status, cancel, wait):
-        add_ray_options(sub)
+        add_scheduler_options(sub)
         sub.add_argument("--json", action="store_true", help="print JSON, for programs")
 
 
@@ -107,8 +128,10 @@ class FleetCommand:
     """``trt-otel fleet ACTION``."""
 
     action: str
-    address: str
     shared_dir: Path
+    scheduler: Scheduler = "ray"
+    address: str | None = None
+    """Ray's job API (Ray's builds)."""
     json: bool = False
     build_id: str | None = None
     kind: str = "build"
@@ -118,36 +141,46 @@ class FleetCommand:
     overwrite: bool = False
     num_gpus: float = 0.0
     num_cpus: float = 1.0
+    partition: str | None = None
+    time_limit_s: float | None = None
     reason: str = ""
     wait: bool = True
     timeout_s: float = 24 * 3600.0
 
 
-def ray_target(address: str | None, shared_dir: Path | None) -> tuple[str, Path]:
-    """The Ray address and the shared folder, given or from the environment, checked."""
-    address = address or os.environ.get(RAY_ADDRESS_VARIABLE, "").strip()
-    if not address:
-        raise UsageError(f"give Ray's address: --ray http://HEAD:8265 (or ${RAY_ADDRESS_VARIABLE})")
-    if not address.startswith(("http://", "https://")):
+def scheduler_target(
+    address: str | None, slurm: bool, shared_dir: Path | None
+) -> tuple[Scheduler, str | None, Path]:
+    """The scheduler (Ray and its address, or SLURM) and the shared folder, given or from the
+    environment, checked."""
+    address = None if slurm else address or os.environ.get(RAY_ADDRESS_VARIABLE, "").strip()
+    if not slurm and not address:
+        raise UsageError(
+            f"give where builds run: --ray http://HEAD:8265 (or ${RAY_ADDRESS_VARIABLE}), "
+            "or --slurm"
+        )
+    if address is not None and not address.startswith(("http://", "https://")):
         raise UsageError(f"--ray {address!r}: Ray's job API is an http:// address (port 8265)")
     folder = shared_dir or Path(os.environ.get(SHARED_DIR_VARIABLE, "").strip() or ".")
     if shared_dir is None and not os.environ.get(SHARED_DIR_VARIABLE, "").strip():
         raise UsageError(f"give the shared folder: --shared-dir DIR (or ${SHARED_DIR_VARIABLE})")
     if not folder.expanduser().is_dir():
         raise UsageError(f"--shared-dir {folder}: not a directory")
-    return address, folder.expanduser().resolve()
+    return ("slurm" if slurm else "ray"), address, folder.expanduser().resolve()
 
 
 def fleet_command_of(args: argparse.Namespace) -> FleetCommand:
-    address, shared_dir = ray_target(args.ray, args.shared_dir)
-    common = {"action": args.action, "address": address, "shared_dir": shared_dir,
-              "json": args.json}  # fmt: skip
+    scheduler, address, shared_dir = scheduler_target(args.ray, args.slurm, args.shared_dir)
+    common = {"action": args.action, "scheduler": scheduler, "address": address,
+              "shared_dir": shared_dir, "json": args.json}  # fmt: skip
     if args.action == "submit":
         options = list(args.options)
         if options[:1] == ["--"]:
             options = options[1:]
         if not args.demo and args.model is None:
             raise UsageError("fleet submit takes the model: trt-otel fleet submit MODEL ...")
+        if scheduler != "slurm" and (args.partition is not None or args.time_limit is not None):
+            raise UsageError("--partition and --time-limit are SLURM's: give --slurm")
         return FleetCommand(
             **common,
             kind="demo" if args.demo else "build",
@@ -157,6 +190,8 @@ def fleet_command_of(args: argparse.Namespace) -> FleetCommand:
             overwrite=args.overwrite,
             num_gpus=args.num_gpus,
             num_cpus=args.num_cpus,
+            partition=args.partition,
+            time_limit_s=args.time_limit,
         )
     if args.action == "list":
         return FleetCommand(**common)

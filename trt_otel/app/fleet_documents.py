@@ -145,15 +145,27 @@ class BuildStatus(msgspec.Struct, kw_only=True):
     page: str | None = None
     started_wall_s: float | None = None
     submitted_wall_s: float | None = None
-    """Ray's: when the job was submitted."""
-    ray_status: str | None = None
-    ray_message: str | None = None
-    ray_exit_code: int | None = None
+    """A scheduler's (Ray's, SLURM's): when the job was submitted."""
+    scheduler: str | None = None
+    """Where the build runs as a job: ``ray`` or ``slurm`` (None: the local fleet's process)."""
+    job_id: str | None = None
+    """The scheduler's id of the job (Ray's submission id, SLURM's job id)."""
+    job_status: str | None = None
+    """The scheduler's word for the job (Ray's ``RUNNING``, SLURM's ``COMPLETING``)."""
+    job_message: str | None = None
+    job_exit_code: int | None = None
+    """The job's exit code as the scheduler recorded it."""
     node: str | None = None
     cancel_requested: bool | None = None
-    """Ray's: whether the build's cancel file is written."""
+    """A scheduler's: whether the build's cancel file is written."""
+    job_stop_requested: bool | None = None
+    """A scheduler's: the job outlived its cancel's grace period and was asked to stop."""
+    ray_status: str | None = None
+    """Ray's name of ``job_status`` (and the three below of theirs), as clients of before read
+    them."""
+    ray_message: str | None = None
+    ray_exit_code: int | None = None
     ray_stop_requested: bool | None = None
-    """Ray's: the job outlived its cancel's grace period and was asked to stop."""
 
 
 class BuildSummary(msgspec.Struct, kw_only=True):
@@ -167,6 +179,8 @@ class BuildSummary(msgspec.Struct, kw_only=True):
     progress: float
     store: StoreStatus | None
     started_wall_s: float | None = None
+    scheduler: str | None = None
+    job_status: str | None = None
     ray_status: str | None = None
     node: str | None = None
 
@@ -181,6 +195,8 @@ class BuildSummary(msgspec.Struct, kw_only=True):
             progress=status.progress,
             store=status.store,
             started_wall_s=status.started_wall_s,
+            scheduler=status.scheduler,
+            job_status=status.job_status,
             ray_status=status.ray_status,
             node=status.node,
         )

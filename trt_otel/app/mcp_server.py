@@ -27,7 +27,6 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent
 from pydantic import Field
 
-from trt_otel.app.config import UsageError
 from trt_otel.app.fleet import Fleet
 from trt_otel.app.fleet_documents import (
     BuildList,
@@ -52,7 +51,6 @@ from trt_otel.app.fleet_requests import (
     FleetError,
 )
 from trt_otel.app.fleets import BuildFleet
-from trt_otel.app.ray_fleet import RayFleet
 from trt_otel.app.retries import MAX_RUNG_CHARS, MAX_RUNGS
 from trt_otel.core.version import __version__
 
@@ -409,25 +407,9 @@ def serve(
     server.run("stdio")
 
 
-def serve_ray(
-    address: str,
-    shared_dir: Path,
-    *,
-    num_gpus: float,
-    num_cpus: float,
-    allow_network: bool = False,
-) -> None:
-    """Serve over stdio, each build a Ray job (``--ray``); paths confined to ``shared_dir``."""
-    try:
-        fleet = RayFleet(
-            address,
-            shared_dir,
-            num_gpus=num_gpus,
-            num_cpus=num_cpus,
-            allow_network=allow_network,
-        )
-    except FleetError as error:
-        raise UsageError(str(error)) from None
+def serve_fleet(fleet: BuildFleet) -> None:
+    """Serve over stdio, each build a job of a scheduler's fleet (``--ray``, ``--slurm``);
+    paths confined to its shared folder."""
     server = create_server(fleet)
     bound_log_lines()
     server.run("stdio")
