@@ -21,6 +21,7 @@ from otlp_receiver import OtlpReceiver, otlp_receiver
 from ray_cluster import RayCluster
 from ray_cluster import ray_cluster as start_ray_cluster
 from rtx_builds import import_rtx
+from slurm_cluster import SlurmCluster, slurm_cluster
 from trt_otel.builder.onnx_models import demo_model_bytes
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -121,6 +122,15 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster
             )
     with start_ray_cluster() as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="module")
+def one_node_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A real one-node SLURM cluster for the module's tests (tests/slurm_cluster.py; they
+    share the xdist group ``slurm``), its jobs cancelled and its daemons stopped after them.
+    Skips, saying why, where SLURM is not installed or the tests are not root."""
+    with slurm_cluster(tmp_path_factory.mktemp("slurm")) as running:
+        yield running
 
 
 # -- make check: what a test without the e2e mark may not do ---------------------------------------

@@ -17,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -156,6 +157,19 @@ class SlurmCluster:
         for job in jobs:
             with contextlib.suppress(AssertionError):  # one gone from the records already
                 self.wait_for_end(int(job.partition("_")[0]), timeout_s)
+
+
+def trt_otel_on_path(folder: Path) -> dict[str, str]:
+    """What a job's environment needs for ``trt-otel`` to be this checkout's: a ``trt-otel``
+    command on PATH (written in ``folder``), as an installed one would be (the templates and
+    the fleet's jobs call it by name)."""
+    command = folder / "trt-otel"
+    command.write_text(f'#!/bin/sh\nexec {sys.executable} -m trt_otel.app.cli "$@"\n')
+    command.chmod(0o755)
+    return {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO_ROOT)}
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _memory_mb() -> int:

@@ -17,6 +17,7 @@ from trt_otel.app.fleet import Fleet
 from trt_otel.app.fleet_documents import BuildStatus, OpenPhase
 from trt_otel.app.fleet_status import JournalFold, journal_status, wait_for, with_view
 from trt_otel.app.ray_fleet import PREFIX, RayFleet
+from trt_otel.app.slurm_fleet import job_of, scontrol_fields
 
 
 def journal_of(path: Path, *, phases: int, took_s: float = 0.0) -> str:
@@ -207,3 +208,23 @@ def test_fleet_wait_that_cannot_follow_a_build_to_its_end_exits_2(
     assert wait("0123456789aa", "FAILED") == 2
     assert "0123456789aa: lost" in capsys.readouterr().out
     assert wait("0123456789bb", "SUCCEEDED") == 0
+
+
+def test_scontrol_and_sacct_answers_become_a_jobs_phase_exit_code_and_node() -> None:
+    """SLURM's words for a job, parsed and never trusted: its state's phase, the script's exit
+    status of ``STATUS:SIGNAL``, ``(null)`` for no node, a state SLURM may add unknown."""
+    fields = scontrol_fields(
+        "JobId=42 JobName=trt-otel-0123456789ab JobState=COMPLETING Reason=None "
+        "ExitCode=3:0 NodeList=node-07 Command=/x/job.sh arg=with=equals\n"
+    )
+    job = job_of(fields["JobState"], fields["ExitCode"], fields["NodeList"], fields["Reason"])
+    assert (job.status, job.phase, job.exit_code, job.node, job.message) == (
+        "COMPLETING", "running", 3, "node-07", None,
+    )  # fmt: skip
+    waiting = job_of("PENDING", "0:0", "(null)", "Resources")
+    assert (waiting.phase, waiting.node, waiting.message) == ("pending", None, "Resources")
+    assert job_of("CANCELLED", "0:15", "n1", None).phase == "ended"
+    assert job_of("PREEMPTED", "0:15", "n1", None).phase == "ended"
+    assert job_of("SOMETHING_NEW", "x:y", "", None).phase is None
+    assert job_of("FAILED", "99999:0", None, None).exit_code is None
+    assert scontrol_fields("") == {}

@@ -11,10 +11,8 @@ and the real builds where ``tensorrt_rtx`` does not import, each with the reason
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
-import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -23,7 +21,7 @@ import pytest
 
 from otlp_receiver import OtlpReceiver, ReceivedSpan
 from rtx_builds import import_rtx, write_conv, write_residual
-from slurm_cluster import FINAL_STATES, Job, SlurmCluster, slurm_cluster
+from slurm_cluster import FINAL_STATES, Job, SlurmCluster, trt_otel_on_path
 from trt_otel import Outcome, read_journal
 from trt_otel.app.session import TIME_LIMIT_REASON
 from trt_otel.builder.onnx_models import CONV_SHAPES, RESIDUAL_SHAPES
@@ -44,12 +42,6 @@ FOR_THE_TEST_NODE = ("--gres=none", "--cpus-per-task=1")
 def final_spans(receiver: OtlpReceiver) -> list[ReceivedSpan]:
     """The spans received but the live snapshots (``trt.span.snapshot``)."""
     return [s for s in receiver.spans if "trt.span.snapshot" not in s.attributes]
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    with slurm_cluster(tmp_path_factory.mktemp("slurm")) as running:
-        yield running
 
 
 @dataclass(frozen=True)
@@ -88,14 +80,8 @@ class Slurm:
 
 
 @pytest.fixture(scope="module")
-def slurm(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Slurm:
-    folder = tmp_path_factory.mktemp("bin")
-    command = folder / "trt-otel"
-    command.write_text(f'#!/bin/sh\nexec {sys.executable} -m trt_otel.app.cli "$@"\n')
-    command.chmod(0o755)
-    return Slurm(
-        cluster, {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO_ROOT)}
-    )
+def slurm(one_node_slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Slurm:
+    return Slurm(one_node_slurm, trt_otel_on_path(tmp_path_factory.mktemp("bin")))
 
 
 @dataclass(frozen=True)
