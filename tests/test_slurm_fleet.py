@@ -12,14 +12,16 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from cli import CLI
+from cli import CLI, CLI_MODULE
 from rtx_builds import import_rtx, write_conv
 from slurm_cluster import SlurmCluster, trt_otel_on_path
 from trt_otel import read_journal
@@ -232,3 +234,43 @@ def test_a_time_limit_stops_the_build_on_slurms_warning_as_a_timeout(
     assert ended.cancel is not None and ended.cancel.reason == TIME_LIMIT_REASON
     record = here.cluster.wait_for_end(started.job_id)
     assert (record.state, record.exit_code) == ("FAILED", (3, 0))
+
+
+def test_an_agent_starts_follows_and_cancels_builds_on_slurm_through_mcp(
+    here: SlurmFleetHere,
+) -> None:
+    """``trt-otel mcp --slurm``: the same tools as on Ray, each build a SLURM job of the
+    shared folder, a new server for each call (the folder and SLURM hold everything)."""
+    pytest.importorskip("mcp")
+    from mcp import Client, StdioServerParameters
+
+    from mcp_client import run_async
+
+    async def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        parameters = StdioServerParameters(
+            command=sys.executable,
+            args=[*CLI_MODULE, "mcp", "--slurm", "--shared-dir", str(here.shared)],
+            env=here.environment, cwd=str(here.shared),
+        )  # fmt: skip
+        async with Client(parameters, read_timeout_seconds=120) as client:
+            result = await client.call_tool(name, arguments)
+            assert not result.is_error, result.content
+            content: dict[str, Any] | None = result.structured_content
+            assert content is not None
+            return content
+
+    async def scenario() -> None:
+        options = ["--speed", "0", "--no-gpu", "--silence", "2m", "--grace", "1s"]
+        started = await call("start_build", {"kind": "demo", "options": options})
+        assert (started["scheduler"], started["job_id"].isdigit()) == ("slurm", True)
+        listed = await call("list_builds", {})
+        assert [(b["id"], b["scheduler"]) for b in listed["builds"]] == [(started["id"], "slurm")]
+        wait_for_silence(Path(started["journal"]))
+        cancelled = await call("cancel_build", {"id": started["id"], "reason": "an agent's"})
+        assert cancelled["accepted"] is True
+        ended = await call("wait_build", {"id": started["id"], "until": "end", "timeout_s": 60})
+        status = ended["status"]
+        assert (status["outcome"], status["exit_code"]) == ("cancellation", 3), status
+        assert status["cancel"]["reason"] == "an agent's"
+
+    run_async(scenario)
