@@ -32,6 +32,7 @@ from trt_otel.app.config import MetricsConfig
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.core import outbound
 from trt_otel.core.deadlines import Deadline, DeadlineExceededError, call_within
+from trt_otel.core.urls import shown
 from trt_otel.views.otlp_http import AcceptedOn2xx, NotAccepted
 from trt_otel.views.prometheus import MetricSources, metrics_registry, push_build_metrics
 from waiting import wait_until
@@ -519,6 +520,24 @@ def test_whatever_credentials_a_url_carries_go_as_basic_auth_and_not_in_the_url(
         outbound.call(url.replace("//", f"//{url_user}", 1) + "/x", deadline, max_bytes=64)
     expected = None if sent is None else "Basic " + base64.b64encode(sent.encode()).decode()
     assert (authorizations, paths) == ([expected], ["/x"])
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("https://ci:s3cret@push.example/x", "https://ci:***@push.example/x"),
+        ("https://ci:p@ss@push.example/x", "https://ci:***@push.example/x"),
+        ("https://:s3cret@push.example", "https://:***@push.example"),
+        ("https://token@push.example/x", "https://token@push.example/x"),
+        ("https://push.example:99999/x", "https://push.example:99999/x"),
+    ],
+)
+def test_a_url_is_shown_with_its_password_hidden_whatever_the_password_holds(
+    url: str, said: str
+) -> None:
+    """The host is what follows the last ``@``, as the password is read: a password written
+    with an ``@`` of its own (not percent-encoded) shows none of itself."""
+    assert shown(url) == said
 
 
 @pytest.mark.parametrize(
