@@ -19,7 +19,9 @@ from trt_otel.core.eta import (
     MIN_ELAPSED_S,
     MIN_PROGRESS,
     BoundaryTracker,
+    Estimate,
     History,
+    PastBuild,
     estimate,
     format_eta,
 )
@@ -125,6 +127,44 @@ def test_estimates_say_when_they_do_not_know() -> None:
     for event in events:
         finished.apply(event)
     assert estimate(finished, tracker, events[-1].mono_ns, None).build.seconds == 0.0
+
+
+def test_a_phase_is_estimated_from_its_time_per_step_times_the_steps_left() -> None:
+    """A phase's own estimate counts the steps TensorRT reported done (its first step is step
+    0): two steps in 6 s are 3 s each, and two of its four steps are left."""
+    clock = ManualClock()
+    monitor = BuildMonitor(clock=clock)
+    try:
+        monitor.start()
+        monitor.phase_start("Building engine", None, 4)
+        phase_id = monitor.state.open_by_name["Building engine"]
+        clock.advance(3.0)
+        monitor.step_complete("Building engine", 0)
+        first = estimate(monitor.state, BoundaryTracker(), clock.mono_ns(), None)
+        assert first.phases[phase_id] == Estimate(9.0, "steps"), "one step done: 3 left"
+        clock.advance(3.0)
+        monitor.step_complete("Building engine", 1)
+        second = estimate(monitor.state, BoundaryTracker(), clock.mono_ns(), None)
+        assert second.phases[phase_id] == Estimate(6.0, "steps")
+    finally:
+        monitor.close()
+
+
+def test_history_scales_by_this_builds_pace_only_from_a_quarter_to_four_times_theirs() -> None:
+    """Earlier builds reached the boundary at 40 s and took 60 s more: a build there at 20 s
+    runs at half their time, but one there at 2 s or at 400 s is held to a quarter or to four
+    times (an early boundary's pace says little)."""
+    key = (("Building engine",), 0)
+    history = History([PastBuild("earlier.jsonl", 100.0, {key: 40.0})])
+
+    def left(elapsed_s: float) -> tuple[float, float]:
+        spread = history.remaining_spread(key, elapsed_s)
+        assert spread is not None
+        return spread.scale, spread.median_s
+
+    assert left(20.0) == (0.5, 30.0)
+    assert left(2.0) == (0.25, 15.0)
+    assert left(400.0) == (4.0, 240.0)
 
 
 def eta_gauge(registry: CollectorRegistry) -> float | None:
