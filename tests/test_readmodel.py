@@ -20,6 +20,7 @@ from trt_otel.app.cli import main
 from trt_otel.builder.simulator import Driver, generate_plan, load_trace
 from trt_otel.core.eta import estimate
 from trt_otel.core.events import Event, PhaseFinished, PhaseStarted, StepCompleted
+from trt_otel.core.gaps import MIN_GAP_NS, Gap
 from trt_otel.core.journal_reader import read_journal
 from trt_otel.core.log import EventLog
 from trt_otel.core.readmodel import ReadModel, SiblingGroup, TreeNode
@@ -520,3 +521,20 @@ def test_an_ended_builds_elapsed_time_stops_at_its_end() -> None:
     later = monitor.log.recent()[-1].mono_ns + 3_600 * 10**9  # an hour after the end
     document = msgspec.to_builtins(status_document(model, model.estimate_locked(later), later))
     assert document["elapsed_s"] == 5.0
+
+
+def test_a_step_a_second_after_the_last_callback_ends_a_gap_as_any_callback_does() -> None:
+    """Steps are folded on their own quick path: one that comes exactly a second after the
+    previous callback still ends a silent window (the bound of a gap kept is inclusive), and one
+    that comes sooner ends none."""
+    clock = ManualClock()
+    monitor = BuildMonitor(clock=clock)
+    monitor.start()
+    monitor.phase_start("Building engine", None, 3)
+    began = clock.mono_ns()
+    clock.advance(MIN_GAP_NS / 1e9)
+    monitor.step_complete("Building engine", 0)
+    clock.advance(MIN_GAP_NS / 1e9 - 0.001)
+    monitor.step_complete("Building engine", 1)
+    model = model_of(monitor.log.recent())
+    assert model.gaps.kept == [Gap(began, began + MIN_GAP_NS, "Building engine")]
