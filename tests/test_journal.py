@@ -361,6 +361,23 @@ def test_a_duplicated_line_is_reported_and_counted_once(tmp_path: Path) -> None:
     assert replayed.steps_completed_total == live.state.steps_completed_total
 
 
+def test_a_duplicated_first_event_is_a_repeated_line_not_the_start_of_another_build(
+    tmp_path: Path,
+) -> None:
+    """A ``seq`` of 0 starts another build's sequence, unless it is the very event read
+    first, written again: then it is a repeated line, skipped and said."""
+
+    def duplicate_first(lines: list[bytes]) -> None:
+        assert json.loads(lines[1])["seq"] == 0
+        lines.insert(2, lines[1])
+
+    path, live = damaged(tmp_path, duplicate_first)
+    journal = read_journal(path)
+    assert [p.kind for p in journal.problems] == ["seq_repeat"]
+    assert journal.problems[0].line == 3
+    assert journal.events == live.log.recent()
+
+
 def test_several_builds_in_one_journal_each_have_their_own_sequence(tmp_path: Path) -> None:
     first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
     record(first)
