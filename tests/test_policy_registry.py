@@ -136,6 +136,15 @@ def test_each_policys_options_make_its_policy_with_its_source(entry: PolicyEntry
     assert not any(entry.given(s) == [] for _, s in chosen)
 
 
+@pytest.mark.parametrize(("entry", "option"), SWITCHES, ids=[o.flag for _, o in SWITCHES])
+def test_each_switch_of_a_policy_turns_it_on_alone(entry: PolicyEntry, option: Option) -> None:
+    """``--min-available`` alone makes a memory guard, as ``--max-memory`` alone does."""
+    config = _parse([option.flag, *EXAMPLES[option.kind]])
+    ((chosen, settings),) = config.settings()
+    assert chosen.name == entry.name
+    assert chosen.given(settings) == [option.flag]
+
+
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
 def test_a_policys_settings_are_all_fields_of_the_policy_config_or_none(
     entry: PolicyEntry,
