@@ -6,8 +6,8 @@ Each build is a batch job submitted with ``sbatch``, whose script ``exec``s ``tr
 it, as ``deploy/slurm/build.sbatch`` does (docs/fleet.md, "SLURM"). ``scancel``'s SIGTERM is a
 cancel, exit 3; with a time limit (``--time-limit``) the job asks SLURM for its warning
 (``--signal=B:USR1@120``), on which the build stops as a timeout before the limit kills it. A job
-is not requeued (``--no-requeue``): a preempted build is recorded as preempted and ends, and the
-caller submits it again.
+is not requeued (``--no-requeue``): its journal is its one run's, so a preempted build ends as a
+cancel, SLURM's state of its job ``PREEMPTED``, and the caller submits it again.
 
 The job's state is SLURM's (``scontrol show job``, else ``sacct`` where the cluster keeps
 accounting); a job SLURM no longer knows and whose journal has no end is ``unknown``. A job
