@@ -109,6 +109,28 @@ def test_one_step_and_one_phase_read_singular() -> None:
     assert "1 steps" not in text and "1 phases" not in text, text
 
 
+def test_a_finished_build_draws_its_bar_full_and_as_wide_as_a_running_ones() -> None:
+    running = BuildMonitor(clock=ManualClock())
+    running.phase_start("Building engine", None, 2)
+    running.step_complete("Building engine", 0)
+    half = render(running).splitlines()[0]
+    assert "━" * 10 + "╺" + "─" * 10 in half, half
+    full = render(finished_build()).splitlines()[0]
+    assert "━" * 21 in full and "╺" not in full, full
+
+
+def test_a_build_that_ended_before_any_phase_reads_zero_steps_and_phases() -> None:
+    monitor = BuildMonitor(clock=ManualClock())
+    monitor.start()
+    monitor.end()
+    out = io.StringIO()
+    model = ReadModel()
+    model.subscribe(PlainLines(model, out, progress_every_s=5))
+    model.handle(monitor.log.recent())
+    assert "(0 steps, 0 phases)" in out.getvalue().splitlines()[-1]
+    assert render(monitor).splitlines()[0].endswith("0 steps")
+
+
 def test_durations_read_well() -> None:
     assert [format_duration(s) for s in (0.42, 12.34, 245, 7380)] == [
         "0.4s",
