@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from cli import CLI, MID_BUILD, run_demo
 from conftest import ReferencePhase, reference_tree, trace_params
@@ -933,3 +934,33 @@ def test_a_close_begun_while_an_export_fails_still_makes_its_last_attempt() -> N
     assert (health.failed, health.dropped) == (3, 0), health
     assert queue.failed_exports == 2, "each failed export counted (the live view sends again)"
     assert len(warnings) == 1, warnings
+
+
+def test_a_full_export_queue_drops_its_oldest_span_to_keep_the_newest() -> None:
+    """A queue of two holds two: a third span makes room by dropping the oldest, counted, and
+    the two newest are those exported."""
+    exporter = InMemorySpanExporter()
+    queue = SpanExportQueue(
+        exporter, describe="a collector", warn=lambda message: None, capacity=2, interval_s=60
+    )
+    for name in ("a", "b", "c"):
+        queue.on_end(ReadableSpan(name=name))
+    health = queue.health()
+    assert (health.queued, health.dropped) == (2, 1), health
+    assert queue.close(10.0)
+    assert [span.name for span in exporter.get_finished_spans()] == ["b", "c"]
+    assert queue.health().exported == 2
+
+
+def test_spans_in_an_export_under_way_are_counted_queued_until_it_answers() -> None:
+    exporter = _RefusingAfterRelease()
+    queue = SpanExportQueue(
+        exporter, describe="a collector", warn=lambda message: None, batch_size=2, interval_s=60
+    )
+    for name in ("a", "b", "c"):
+        queue.on_end(ReadableSpan(name=name))
+    assert exporter.exporting.wait(30), "the first batch is being exported"
+    assert queue.health().queued == 3, "two in the export under way, one waiting"
+    exporter.release.set()
+    queue.close(10.0)
+    assert queue.health().queued == 0
