@@ -121,6 +121,16 @@ def test_kubernetes_values_that_are_not_names_are_left_out_and_said() -> None:
     assert "\x1b" not in "".join(warnings)
 
 
+def test_a_kubernetes_name_as_long_as_a_dns_subdomain_may_be_is_kept() -> None:
+    longest = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 61])
+    assert len(longest) == 253
+    warnings: list[str] = []
+    assert kubernetes_attributes({"K8S_NODE_NAME": longest}, warnings.append) == {
+        K8S_NODE_NAME: longest
+    }
+    assert warnings == []
+
+
 SLURM_JOB = {
     "SLURM_JOB_ID": "4242",
     "SLURM_ARRAY_JOB_ID": "4240",

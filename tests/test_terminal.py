@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cli import CLI
-from trt_otel.views.terminal import printable
+from trt_otel.views.terminal import MAX_SAID_CHARS, printable, say
 
 
 @pytest.mark.e2e
@@ -45,6 +45,15 @@ def test_control_characters_are_escaped_for_display() -> None:
         "stop\\x1b[2J\\nFAKE: build success\\r"
     )
     assert printable("tab\there\x07\u202e") == "tab\\there\\x07\\u202e"
+
+
+def test_a_line_as_long_as_the_limit_is_said_whole_and_a_longer_one_is_cut(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    say("x" * MAX_SAID_CHARS)
+    assert capsys.readouterr().err == "x" * MAX_SAID_CHARS + "\n"
+    say("x" * (MAX_SAID_CHARS + 5))
+    assert capsys.readouterr().err == "x" * MAX_SAID_CHARS + "… (5 more characters)\n"
 
 
 @pytest.mark.e2e
