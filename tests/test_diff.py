@@ -14,6 +14,7 @@ import pytest
 from cli import demo_journal, run_cli
 from rtx_builds import import_rtx, write_conv
 from trt_otel.builder.onnx_models import CONV_SHAPES
+from trt_otel.views.report.diff import Figures, diff
 
 # On one worker: the simulated fixture's builds (one with a silent window of 8 s) are made once.
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("diff")]
@@ -87,6 +88,17 @@ def test_the_gate_takes_a_percentage_as_people_write_it(simulated: dict[str, Pat
     wide = run_cli("diff", str(simulated["quick"]), str(simulated["silent"]),
                    "--fail-if-slower", " 10000 % ")  # fmt: skip
     assert wide.returncode == 0, wide.stderr
+
+
+def test_a_build_slower_by_exactly_the_gates_margin_passes_it() -> None:
+    """The gate fails a build slower by more than its margin: 5 s against 4 s is 25% slower,
+    which a gate of 25% lets through and one of 24% does not."""
+    baseline = Figures("before", "success", 4.0, 0.0, 10, {}, {})
+    candidate = Figures("after", "success", 5.0, 0.0, 10, {}, {})
+    result = diff(baseline, candidate)
+    assert result.change_ratio == 0.25
+    assert not result.slower_than(25)
+    assert result.slower_than(24)
 
 
 def test_the_median_of_a_history_folder_is_the_baseline(simulated: dict[str, Path]) -> None:

@@ -107,3 +107,29 @@ def test_the_live_timeline_draws_the_builds_end_at_once_though_it_redraws_once_a
     tell()
     ended = timeline.svg()
     assert re.findall(r'<rect class="bar (\w+)"', ended) == ["finished"]
+
+
+def test_a_nested_phases_label_is_cut_to_fit_beside_its_indent() -> None:
+    """The labels' column holds 44 characters, less one a level of nesting: a 42-character
+    name fits at the root, and three levels down is cut, with an ellipsis."""
+    name = "Computing the costs of every tactic, again"
+    assert len(name) == 42
+    clock = ManualClock()
+    monitor = BuildMonitor(clock=clock)
+    monitor.start()
+    parent = None
+    for level in ("Building engine", "Optimizing graph", "Timing tactics", name):
+        monitor.phase_start(level, parent, 1)
+        parent = level
+    clock.advance(1)
+    for level in (name, "Timing tactics", "Optimizing graph", "Building engine"):
+        monitor.phase_finish(level)
+    monitor.phase_start(name, None, 1)
+    clock.advance(1)
+    monitor.phase_finish(name)
+    monitor.end()
+    labels = re.findall(
+        r'<text class="label"[^>]*>([^<]*)</text>', timeline_svg(report_of(monitor.log.recent()))
+    )
+    assert labels.count(name) == 1, labels
+    assert name[:40] + "…" in labels, labels

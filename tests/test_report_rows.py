@@ -338,3 +338,16 @@ def test_the_timeline_image_draws_each_row_below_the_last_and_inside_the_picture
     ys = [float(re.findall(r"^translate\(0,([\d.]+)\)$", g.attrib["transform"])[0]) for g in rows]
     assert ys == [top + index * row_h for index in range(3)]
     assert ys[-1] + row_h <= float(svg.attrib["height"])
+
+
+def test_a_silence_of_ten_seconds_is_a_silent_window_however_long_the_build() -> None:
+    """A silent window is a tenth of the build at least, but 10 s is always one (what the
+    terminal calls silent): in a build of over three minutes, a 12 s silence is one and the
+    4 s pauses between its steps are not."""
+    calls: list[tuple[Any, ...]] = [("start", "Building engine", None, 50)]
+    for step in range(47):
+        calls += [("wait", 4.0), ("step", "Building engine", step)]
+    calls += [("wait", 12.0), ("step", "Building engine", 47), ("finish", "Building engine")]
+    report = report_of(build(calls))
+    assert report.duration_s > 190
+    assert [(round(s.length_s), s.phase) for s in report.silences] == [(12, "Building engine")]
