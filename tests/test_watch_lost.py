@@ -100,6 +100,19 @@ def test_a_live_build_silent_longer_than_the_limit_is_followed_to_its_end(tmp_pa
     assert "its writer is alive (TensorRT is silent); still following" in result.stderr
 
 
+def test_a_journal_is_lost_only_once_its_silence_outlasts_the_limit(tmp_path: Path) -> None:
+    journal = tmp_path / "remote.jsonl"
+    header = {"format": "trt-otel-journal", "version": 1, "created_wall_ns": time.time_ns()}
+    journal.write_text(json.dumps(header) + "\n")
+    now = [100.0]
+    watcher = liveness.Liveness(journal, header, lost_after_s=30.0, clock=lambda: now[0])
+    now[0] += 30.0
+    assert watcher.lost() is None, "no sign of life for the limit itself: not lost yet"
+    now[0] += 0.5
+    said = watcher.lost()
+    assert said is not None and "nothing written nor touched for 30.0s" in said
+
+
 def test_touches_keep_a_remote_writers_journal_alive(tmp_path: Path) -> None:
     journal = tmp_path / "remote.jsonl"
     header = {
