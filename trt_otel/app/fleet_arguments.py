@@ -156,8 +156,8 @@ def scheduler_target(
     address = None if slurm else address or os.environ.get(RAY_ADDRESS_VARIABLE, "").strip()
     if not slurm and not address:
         raise UsageError(
-            f"give where builds run: --ray http://HEAD:8265 (or ${RAY_ADDRESS_VARIABLE}), "
-            "or --slurm"
+            f"give Ray's address: --ray http://HEAD:8265 (or ${RAY_ADDRESS_VARIABLE}); or "
+            "--slurm, for builds as SLURM jobs"
         )
     if address is not None and not address.startswith(("http://", "https://")):
         raise UsageError(f"--ray {address!r}: Ray's job API is an http:// address (port 8265)")
