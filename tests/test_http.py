@@ -1028,6 +1028,9 @@ def test_event_streams_past_the_cap_are_refused_until_one_leaves(
     from trt_otel.views import http as view
 
     monkeypatch.setattr(view, "MAX_SSE_CLIENTS", 3)
+    # A stream whose client left is let go at its next write: its next keepalive here, not
+    # 15 s on.
+    monkeypatch.setattr(view, "KEEPALIVE_S", 0.2)
     monitor, server = served
     monitor.start()
 
