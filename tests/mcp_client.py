@@ -41,6 +41,28 @@ def server(
     return Client(stdio_client(parameters, errlog=errlog), read_timeout_seconds=120)
 
 
+async def call_once(
+    flags: Sequence[str],
+    name: str,
+    arguments: dict[str, Any],
+    *,
+    env: dict[str, str],
+    cwd: Path,
+    timeout_s: float = 300,
+) -> dict[str, Any]:
+    """One tool call on a new ``trt-otel mcp FLAGS`` server over stdio, which ends after it:
+    the tool's structured answer (a restarted server must find what the last one left)."""
+    parameters = StdioServerParameters(
+        command=sys.executable, args=[*CLI_MODULE, "mcp", *flags], env=env, cwd=str(cwd)
+    )
+    async with Client(parameters, read_timeout_seconds=timeout_s) as client:
+        result = await client.call_tool(name, arguments)
+        assert not result.is_error, result.content
+        content: dict[str, Any] | None = result.structured_content
+        assert content is not None
+        return content
+
+
 def run_async(test: Callable[[], Awaitable[None]]) -> None:
     """Run a test's async body (its client calls) to its end."""
     anyio.run(test)

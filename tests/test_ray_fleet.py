@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import anyio
 import pytest
 
-from cli import CLI, CLI_MODULE, run_cli
+from cli import CLI, run_cli
 from ray_cluster import RayCluster
 from rtx_builds import import_rtx, write_conv, write_residual
 from trt_otel import Outcome, read_journal
@@ -83,20 +82,10 @@ async def mcp_call(
     cluster: RayCluster, shared: Path, name: str, arguments: dict[str, Any]
 ) -> dict[str, Any]:
     """One tool call on a new ``trt-otel mcp --ray`` server, which ends after it."""
-    from mcp import Client, StdioServerParameters
+    from mcp_client import call_once
 
-    parameters = StdioServerParameters(
-        command=sys.executable,
-        args=[*CLI_MODULE, "mcp", "--ray", cluster.address,
-              "--shared-dir", str(shared)],
-        env={**os.environ}, cwd=str(shared),
-    )  # fmt: skip
-    async with Client(parameters, read_timeout_seconds=300) as client:
-        result = await client.call_tool(name, arguments)
-        assert not result.is_error, result.content
-        content: dict[str, Any] | None = result.structured_content
-        assert content is not None
-        return content
+    flags = ["--ray", cluster.address, "--shared-dir", str(shared)]
+    return await call_once(flags, name, arguments, env={**os.environ}, cwd=shared)
 
 
 @pytest.mark.e2e

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from cli import CLI, CLI_MODULE
+from cli import CLI
 from rtx_builds import import_rtx, write_conv
 from slurm_cluster import SlurmCluster, trt_otel_on_path
 from trt_otel import read_journal
@@ -242,22 +241,11 @@ def test_an_agent_starts_follows_and_cancels_builds_on_slurm_through_mcp(
     """``trt-otel mcp --slurm``: the same tools as on Ray, each build a SLURM job of the
     shared folder, a new server for each call (the folder and SLURM hold everything)."""
     pytest.importorskip("mcp")
-    from mcp import Client, StdioServerParameters
-
-    from mcp_client import run_async
+    from mcp_client import call_once, run_async
 
     async def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        parameters = StdioServerParameters(
-            command=sys.executable,
-            args=[*CLI_MODULE, "mcp", "--slurm", "--shared-dir", str(here.shared)],
-            env=here.environment, cwd=str(here.shared),
-        )  # fmt: skip
-        async with Client(parameters, read_timeout_seconds=120) as client:
-            result = await client.call_tool(name, arguments)
-            assert not result.is_error, result.content
-            content: dict[str, Any] | None = result.structured_content
-            assert content is not None
-            return content
+        flags = ["--slurm", "--shared-dir", str(here.shared)]
+        return await call_once(flags, name, arguments, env=here.environment, cwd=here.shared)
 
     async def scenario() -> None:
         options = ["--speed", "0", "--no-gpu", "--silence", "2m", "--grace", "1s"]

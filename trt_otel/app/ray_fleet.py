@@ -10,7 +10,6 @@ through Ray (which sends SIGTERM, then SIGKILL).
 from __future__ import annotations
 
 import shlex
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,19 +106,7 @@ class RayFleet(SharedFolderFleet[RayRecord]):
         if not (0 <= num_gpus <= 64 and 0 <= num_cpus <= 256):
             raise FleetError("num_gpus must be 0 to 64 and num_cpus 0 to 256")
         planned = self._plan(request)
-        record = RayRecord(
-            id=planned.id,
-            kind=planned.kind,
-            submission_id=PREFIX + planned.id,
-            entrypoint=["trt-otel", *planned.argv],
-            model=str(planned.model) if planned.model else None,
-            engine=str(planned.engine) if planned.engine else None,
-            journal=str(planned.journal),
-            cancel_file=str(planned.cancel_file),
-            grace_s=planned.grace_s,
-            num_gpus=num_gpus,
-            submitted_wall_s=time.time(),
-        )
+        record = RayRecord(**planned.record(num_gpus), submission_id=PREFIX + planned.id)
         self._write_record(planned, record)
         try:
             self._ray(

@@ -134,6 +134,21 @@ class Planned:
     cancel_file: Path
     grace_s: float
 
+    def record(self, num_gpus: float) -> dict[str, Any]:
+        """The fields of its :class:`BuildRecord`, submitted now (a scheduler adds its job's)."""
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "entrypoint": ["trt-otel", *self.argv],
+            "model": str(self.model) if self.model else None,
+            "engine": str(self.engine) if self.engine else None,
+            "journal": str(self.journal),
+            "cancel_file": str(self.cancel_file),
+            "grace_s": self.grace_s,
+            "num_gpus": float(num_gpus),
+            "submitted_wall_s": time.time(),
+        }
+
 
 class SharedFolderFleet(ABC, Generic[R]):
     """The builds of one scheduler and one shared folder; a scheduler's fleet says how a job is

@@ -22,7 +22,6 @@ import os
 import shlex
 import shutil
 import subprocess
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,19 +165,10 @@ class SlurmFleet(SharedFolderFleet[SlurmRecord]):
         if not job_id.isdigit() or len(job_id) > 20:
             raise FleetError(f"sbatch answered no job id: {first_line(answer)[:80]!r}")
         record = SlurmRecord(
-            id=planned.id,
-            kind=planned.kind,
+            **planned.record(gpus),
             slurm_job_id=job_id,
-            entrypoint=["trt-otel", *planned.argv],
-            model=str(planned.model) if planned.model else None,
-            engine=str(planned.engine) if planned.engine else None,
-            journal=str(planned.journal),
-            cancel_file=str(planned.cancel_file),
-            grace_s=planned.grace_s,
-            num_gpus=float(gpus),
             partition=self.partition,
             time_limit_s=self.time_limit_s,
-            submitted_wall_s=time.time(),
         )
         try:
             self._write_record(planned, record)
