@@ -42,3 +42,13 @@ def test_an_unsampled_jobs_choice_is_kept_by_the_run_and_its_program() -> None:
     assert not record.sampled and record.parent_is_remote
     assert record.parent_span_id == int(JOB_SPAN, 16)
     assert record.attributes["cicd.pipeline.result"] == "failure"
+
+
+def test_a_run_outside_any_trace_starts_a_sampled_trace_of_its_own() -> None:
+    span = RunSpan.start(["build.py"], {"PATH": "/usr/bin"})
+
+    assert span.parent is None and span.sampled
+    assert span.environment({})["TRACEPARENT"] == f"00-{span.trace_id:032x}-{span.span_id:016x}-01"
+    record = span.record("run-1", exit_code=0)
+    assert record.sampled and not record.parent_is_remote
+    assert record.parent_span_id is None
