@@ -114,3 +114,10 @@ def test_the_fingerprint_covers_the_model_backend_version_options_and_gpu_archit
     # Another host, another card of the same architecture, another cache path: the same build.
     same = {**base, "host.name": "gpu-8", "gpu.uuid": "GPU-5678", "trt.options.timing_cache": "x"}
     assert fingerprint(same) == fingerprint(base)
+
+
+def test_the_fingerprint_of_a_simulated_build_covers_what_it_simulates() -> None:
+    base = {"trt.backend": "tensorrt", "trt.version": "10.16.0", "simulator.shape": "wide"}
+    assert fingerprint_inputs(base)["simulator.shape"] == "wide"
+    assert fingerprint({**base, "simulator.shape": "deep"}) != fingerprint(base)
+    assert fingerprint({**base, "simulator.trace": "b.jsonl"}) != fingerprint(base)
