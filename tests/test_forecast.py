@@ -180,3 +180,18 @@ def test_a_stores_records_become_earlier_builds_checked(tmp_path: Path) -> None:
         (30.0, "net.onnx", "tensorrt-rtx", None)
     ]
     assert stored_builds(None) == ([], [])
+
+
+def test_a_stored_build_that_took_no_time_is_no_earlier_build_to_forecast_from(
+    tmp_path: Path,
+) -> None:
+    store = EngineStore(tmp_path / "store")
+    engine = tmp_path / "built.engine"
+    engine.write_bytes(b"engine")
+    attributes = {"model.sha256": "a" * 64, "trt.backend": "tensorrt-rtx"}
+    key = store_key(attributes)
+    store.put(key, attributes, engine, build_s=0.0004, build_id="b1")  # kept as 0.0 s
+    other = {**attributes, "trt.options.fp16": "true"}
+    store.put(store_key(other), other, engine, build_s=0.0, build_id="b2")
+    assert [entry.record.build_s for entry in store.entries()] == [[0.0], [0.0]]
+    assert stored_builds(StoreVisit(store, key, None)) == ([], [])
