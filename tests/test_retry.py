@@ -5,6 +5,7 @@ refused before anything starts."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from trt_otel.app.retries import MAX_RUNGS, retry_rungs
 from trt_otel.app.session import Ended
 from trt_otel.builder.simulator import TimeModel, generate_plan
 from trt_otel.core.attempts import attempt_of
+from trt_otel.core.durations import parse_duration
 from trt_otel.core.events import BuildFinished, BuildStarted, Outcome
 from trt_otel.views.trace_ids import build_span_context
 from waiting import wait_for_text
@@ -98,6 +100,19 @@ def test_the_deadline_covers_the_whole_ladder(tmp_path: Path) -> None:
     assert done.returncode == 3, done.stderr
     assert "attempt 2 not started: the 4.0s deadline has passed" in done.stderr
     assert len(starts(journal)) == 1
+
+
+@pytest.mark.e2e
+def test_each_attempt_is_given_only_what_is_left_of_the_deadline(tmp_path: Path) -> None:
+    journal = tmp_path / "j.jsonl"
+    done = run_demo("--no-gpu", "--speed", "4", "--builder-optimization-level", "5",
+                    "--deadline", "1h", "--timeout", "1s", "--retry", "--timeout 1s",
+                    "--journal", str(journal), timeout=120)  # fmt: skip
+    assert len(starts(journal)) == 2, done.stderr
+    said = re.findall(r"deadline\((\S+), margin", done.stderr)
+    first, second = (parse_duration(limit) for limit in said)
+    # The first attempt ran for its 1 s timeout at least: the second has that less.
+    assert first <= 3600 and second <= first - 1, done.stderr
 
 
 @pytest.mark.e2e
