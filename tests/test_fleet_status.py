@@ -15,7 +15,14 @@ import pytest
 from trt_otel import BuildMonitor, JournalWriter, ManualClock
 from trt_otel.app.fleet import Fleet
 from trt_otel.app.fleet_documents import BuildStatus, OpenPhase
-from trt_otel.app.fleet_status import JournalFold, journal_status, wait_for, with_view
+from trt_otel.app.fleet_status import (
+    JournalFold,
+    events_page,
+    journal_events,
+    journal_status,
+    wait_for,
+    with_view,
+)
 from trt_otel.app.ray_fleet import PREFIX, RayFleet
 from trt_otel.app.slurm_fleet import job_of, scontrol_fields
 
@@ -95,6 +102,20 @@ def test_the_open_phases_are_read_from_the_builds_view() -> None:
         OpenPhase("Tactics", "0/3", None),  # what is no number is not shown as one
     ]
     assert (seen.state, seen.steps_completed) == ("running", 7)
+
+
+def test_pages_of_events_go_on_from_where_the_last_one_ended(tmp_path: Path) -> None:
+    journal = tmp_path / "journal.jsonl"
+    journal_of(journal, phases=2)
+    events = journal_events(journal)
+    first = events_page(events, -1, 3)
+    assert first.more and first.next_seq == events[2].seq
+    rest = events_page(events, first.next_seq, 1000)
+    assert not rest.more and rest.next_seq == events[-1].seq
+    assert len(first.events) + len(rest.events) == len(events)
+    # Nothing after the last: the caller's place is kept, not sent back to the first event.
+    after = events_page(events, rest.next_seq, 1000)
+    assert (after.events, after.next_seq, after.more) == ([], rest.next_seq, False)
 
 
 def _same(status: BuildStatus) -> BuildStatus:
