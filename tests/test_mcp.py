@@ -39,6 +39,7 @@ from trt_otel.app.fleet_documents import BuildRequest, output_schema  # noqa: E4
 from trt_otel.app.fleet_requests import FleetError, check_command_line  # noqa: E402
 from trt_otel.app.fleet_status import JournalFold  # noqa: E402
 from trt_otel.app.mcp_server import (  # noqa: E402
+    MAX_LOG_ARG_CHARS,
     MAX_LOG_CHARS,
     OUTPUT_DOCUMENTS,
     bound_log_lines,
@@ -676,6 +677,21 @@ def test_log_lines_hold_no_input_whole() -> None:
     assert lines[1].startswith("zzz") and "(1,000,000 characters)" in lines[1]
     assert lines[2].startswith("www") and f"({MAX_LOG_CHARS + 1:,} characters)" in lines[2]
     assert all(len(line) < MAX_LOG_CHARS + 100 for line in lines), [len(x) for x in lines]
+
+
+def test_log_lines_within_their_bounds_are_kept_whole() -> None:
+    """An argument or a message exactly at its bound is not cut, nor said to be."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        bound_log_lines()
+        logging.getLogger("trt_otel.test").warning("%s", "a" * MAX_LOG_ARG_CHARS)
+        logging.getLogger("trt_otel.test").warning("b" * MAX_LOG_CHARS)
+    finally:
+        root.removeHandler(handler)
+    assert stream.getvalue().splitlines() == ["a" * MAX_LOG_ARG_CHARS, "b" * MAX_LOG_CHARS]
 
 
 def test_an_id_never_leaves_the_state_directory(tmp_path: Path) -> None:
