@@ -13,8 +13,12 @@ from types import SimpleNamespace
 import pytest
 
 from trt_otel import BuildMonitor, JournalWriter, ManualClock
+from trt_otel.app.commands import build_parser, command_of
+from trt_otel.app.config import UsageError
 from trt_otel.app.fleet import Fleet
+from trt_otel.app.fleet_arguments import FleetCommand
 from trt_otel.app.fleet_documents import BuildStatus, OpenPhase
+from trt_otel.app.fleet_requests import MAX_EVENTS, FleetError
 from trt_otel.app.fleet_status import (
     JournalFold,
     events_page,
@@ -24,7 +28,7 @@ from trt_otel.app.fleet_status import (
     with_view,
 )
 from trt_otel.app.ray_fleet import PREFIX, RayFleet
-from trt_otel.app.slurm_fleet import job_of, scontrol_fields
+from trt_otel.app.slurm_fleet import SlurmFleet, job_of, scontrol_fields
 
 
 def journal_of(path: Path, *, phases: int, took_s: float = 0.0) -> str:
@@ -249,3 +253,89 @@ def test_scontrol_and_sacct_answers_become_a_jobs_phase_exit_code_and_node() -> 
     assert job_of("SOMETHING_NEW", "x:y", "", None).phase is None
     assert job_of("FAILED", "99999:0", None, None).exit_code is None
     assert scontrol_fields("") == {}
+
+
+def test_a_ray_jobs_exit_code_and_node_are_its_drivers(tmp_path: Path) -> None:
+    """Ray's job info says the driver's exit code and node: the status's job exit code (and
+    Ray's own name for it) and node are those."""
+    fleet = RayFleet("http://127.0.0.1:1", tmp_path, client=StandInRay("FAILED"))
+    ray_build(tmp_path, "0123456789aa")
+    status = fleet.status("0123456789aa")
+    assert (status.job_exit_code, status.ray_exit_code, status.node) == (1, 1, "n1")
+
+
+def test_a_page_of_a_fleets_events_holds_1_to_the_most_events(tmp_path: Path) -> None:
+    """``limit`` is 1 to :data:`MAX_EVENTS`: an empty page or a larger one is refused."""
+    fleet = RayFleet("http://127.0.0.1:1", tmp_path, client=StandInRay("RUNNING"))
+    journal = ray_build(tmp_path, "0123456789aa")
+    journal_of(journal, phases=2)
+    assert len(fleet.events("0123456789aa", limit=1).events) == 1
+    for limit in (0, MAX_EVENTS + 1):
+        with pytest.raises(FleetError, match="limit must be 1 to"):
+            fleet.events("0123456789aa", limit=limit)
+
+
+def fleet_command(shared: Path, action: str, *arguments: str) -> FleetCommand:
+    command = command_of(
+        build_parser().parse_args(
+            ["fleet", action, "--ray", "http://head:8265", "--shared-dir", str(shared),
+             *arguments]
+        )
+    )  # fmt: skip
+    assert isinstance(command, FleetCommand)
+    return command
+
+
+def test_fleet_cancel_follows_the_build_to_its_end_unless_told_not_to(tmp_path: Path) -> None:
+    assert fleet_command(tmp_path, "cancel", "0123456789ab").wait is True
+    assert fleet_command(tmp_path, "cancel", "0123456789ab", "--no-wait").wait is False
+
+
+def test_a_partition_or_a_time_limit_alone_needs_slurm(tmp_path: Path) -> None:
+    """Each of SLURM's own options, given on its own without ``--slurm``, is refused."""
+    for slurms in (("--partition", "debug"), ("--time-limit", "10m")):
+        with pytest.raises(UsageError, match="SLURM's: give --slurm"):
+            fleet_command(tmp_path, "submit", *slurms, "model.onnx")
+
+
+def stand_in_slurm(folder: Path, *, sacct_says: str) -> dict[str, str]:
+    """SLURM's commands as a cluster with accounting answers for a job its controller no
+    longer knows (ended long ago): ``scontrol`` does not know it, ``sacct`` says
+    ``sacct_says``. The environment that finds them."""
+    folder.mkdir()
+    scripts = {
+        "sbatch": "exit 1",
+        "scancel": "exit 1",
+        "scontrol": "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1",
+        "sacct": f"printf '%s\\n' '{sacct_says}'",
+    }
+    for name, body in scripts.items():
+        script = folder / name
+        script.write_text(f"#!/bin/sh\n{body}\n")
+        script.chmod(0o755)
+    return {"PATH": f"{folder}:{os.defpath}"}
+
+
+@pytest.mark.e2e
+def test_a_job_the_controller_forgot_is_told_by_slurms_accounting(tmp_path: Path) -> None:
+    """``sacct``'s state of a job (``CANCELLED by 0``: the state, then who) and its node,
+    where ``scontrol`` no longer knows the job: a build that never began failed to start."""
+    shared = tmp_path / "shared"
+    environment = stand_in_slurm(tmp_path / "bin", sacct_says="CANCELLED by 0|0:15|node-07")
+    folder = shared / "builds" / "0123456789aa"
+    folder.mkdir(parents=True)
+    record = {"id": "0123456789aa", "kind": "demo", "slurm_job_id": "42",
+              "entrypoint": ["trt-otel", "demo"], "model": None, "engine": None,
+              "journal": str(shared / "journals" / "0123456789aa.jsonl"),
+              "cancel_file": str(folder / "cancel"), "grace_s": 30.0, "num_gpus": 0.0,
+              "submitted_wall_s": 1_700_000_000.0, "partition": None,
+              "time_limit_s": None}  # fmt: skip
+    (folder / "build.json").write_text(json.dumps(record))
+    status = SlurmFleet(shared, environment=environment).status("0123456789aa")
+    assert (status.job_status, status.job_exit_code, status.node) == ("CANCELLED", 0, "node-07")
+    assert status.state == "failed_to_start"
+
+
+def test_a_jobs_state_is_read_whatever_its_case() -> None:
+    job = job_of("completing", "0:0", "n1", None)
+    assert (job.status, job.phase) == ("COMPLETING", "running")
