@@ -189,8 +189,8 @@ def test_requests_slurm_cannot_run_are_refused_before_anything_is_submitted(
     here: SlurmFleetHere, tmp_path: Path
 ) -> None:
     """A model outside the shared folder, an option the fleet sets itself, a part of a GPU,
-    a partition's name that is not one, a time limit shorter than the warning: each refused
-    with its reason, and no job reaches SLURM."""
+    no CPU, a partition's name that is not one, a time limit shorter than the warning: each
+    refused with its reason, and no job reaches SLURM."""
     outside = write_conv(tmp_path / "outside.onnx", 4)
     inside = write_conv(here.shared / "conv.onnx", 4)
     fleet = here.fleet()
@@ -202,6 +202,7 @@ def test_requests_slurm_cannot_run_are_refused_before_anything_is_submitted(
             BuildRequest(kind="build", model=str(inside), options=("--journal=x.jsonl",))
         ),
         "whole GPUs": lambda: fleet.start(demo(), num_gpus=0.5),
+        "num_cpus 1 to 256": lambda: fleet.start(demo(), num_cpus=0),
         "a SLURM partition's name": lambda: here.fleet(partition="debug;rm"),
         "120 s": lambda: here.fleet(time_limit_s=60.0),
     }
