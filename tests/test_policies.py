@@ -786,6 +786,35 @@ def test_a_worker_that_exits_0_without_returning_died_of_exit_code_0() -> None:
     assert result.died == "exit code 0"
 
 
+def _refuse_to_unpickle() -> None:
+    raise ValueError("this result cannot be read back")
+
+
+class ResultThatCannotBeReadBack:
+    """A result that pickles in the worker and raises when unpickled in the supervisor."""
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return _refuse_to_unpickle, ()
+
+
+def a_build_whose_result_cannot_be_read_back(monitor: BuildMonitor) -> ResultThatCannotBeReadBack:
+    """A build that returns, but whose result the supervisor cannot read (worker side)."""
+    return ResultThatCannotBeReadBack()
+
+
+@pytest.mark.e2e
+def test_a_worker_that_exits_0_with_an_unreadable_result_ended_with_a_protocol_error() -> None:
+    """The worker exits 0 but its result cannot be read: that is the reason the result is
+    missing (a protocol error), not a death of the worker."""
+    monitor = BuildMonitor()
+    monitor.start()
+    result = run_isolated(a_build_whose_result_cannot_be_read_back, monitor=monitor)
+    assert not result.returned and result.exitcode == 0
+    assert result.error_type == "WorkerProtocolError"
+    assert result.error is not None and "unreadable message" in result.error
+    assert result.died is None
+
+
 @pytest.mark.e2e
 def test_a_cancel_by_a_signal_has_the_shorter_grace_a_scheduler_leaves_it() -> None:
     """A scheduler that sends SIGTERM leaves a stop budget shorter than the build's grace: a
