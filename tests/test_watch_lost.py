@@ -382,3 +382,24 @@ def test_a_resumed_stream_that_sends_events_again_shows_each_once() -> None:
     assert server.asked_after == [None, "2"], "resumed after the last event seen"
     assert [e.seq for e in shown] == [e.seq for e in events]
     assert end == events[-1]
+
+
+def test_a_stream_dropped_after_its_first_event_is_resumed_after_that_event() -> None:
+    """The first event's sequence number is 0: a connection dropped right after it resumes
+    with ``Last-Event-ID: 0``, not from the start."""
+    monitor = BuildMonitor()
+    monitor.start()
+    monitor.phase_start("Building engine", None, 1)
+    monitor.step_complete("Building engine", 0)
+    monitor.phase_finish("Building engine")
+    monitor.end()
+    events = monitor.log.recent()
+    assert events[0].seq == 0
+    server = ReplayingStreamServer(events, cut_after=1)
+    shown: list[Event] = []
+    try:
+        follow_url(server.url, shown.extend, warn=lambda message: None, retry_for_s=30)
+    finally:
+        server.close()
+    assert server.asked_after == [None, "0"]
+    assert [e.seq for e in shown] == [e.seq for e in events]
