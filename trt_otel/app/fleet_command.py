@@ -2,9 +2,9 @@
 
 Each action is one call on the scheduler's fleet (:class:`~trt_otel.app.ray_fleet.RayFleet`,
 :class:`~trt_otel.app.slurm_fleet.SlurmFleet`); what is printed is its answer, in lines for a
-terminal (every value from outside escaped) or as JSON. ``wait`` exits
-with the build's exit code (0 built, 3 cancelled, 4 failed), as ``watch`` does; a build that
-cannot be followed to its end (lost, never started, still running at the timeout) is 2.
+terminal (every value from outside escaped) or as JSON. ``wait`` exits with the build's exit
+code (0 built, 3 cancelled, 4 failed), as ``watch`` does; a build that cannot be followed to its
+end (lost, never started, still running at the timeout) is 2.
 """
 
 from __future__ import annotations
