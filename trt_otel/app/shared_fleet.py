@@ -313,33 +313,49 @@ class SharedFolderFleet(ABC, Generic[R]):
 
     def ids(self) -> list[str]:
         """Every build of this scheduler in the shared folder, oldest first."""
+        return [build_id for build_id, _ in self._own_records()]
+
+    def _own_records(self) -> list[tuple[str, bytes | None]]:
+        """This scheduler's builds in the shared folder, oldest first, each with its record as
+        read (once; None where it could not be): another scheduler's share the folder, and an
+        unreadable one is listed, so that its status says what is wrong with it."""
         builds = self.shared_dir / "builds"
         if not builds.is_dir():
             return []
         found = []
         for folder in builds.iterdir():
-            record = folder / "build.json"
-            if _is_id(folder.name) and record.is_file() and self._is_ours(record):
-                found.append((folder.stat().st_mtime, folder.name))
-        return [name for _, name in sorted(found)]
+            path = folder / "build.json"
+            if not (_is_id(folder.name) and path.is_file()):
+                continue
+            try:
+                data: bytes | None = _read_record(path)
+            except OSError:
+                data = None
+            if data is None or self._is_ours(data):
+                found.append((folder.stat().st_mtime, folder.name, data))
+        return [(build_id, data) for _, build_id, data in sorted(found, key=lambda f: f[:2])]
 
-    def _is_ours(self, path: Path) -> bool:
-        """Whether the record is of this scheduler's builds (another's share the folder); an
-        unreadable one is listed, so that its status says what is wrong with it."""
+    def _is_ours(self, data: bytes) -> bool:
+        """Whether a record is of this scheduler's builds (an undecodable one is listed)."""
         try:
-            with open_regular_for_reading(path, "build record") as file:
-                fields = msgspec.json.decode(file.read(MAX_RECORD_BYTES))
-        except (OSError, msgspec.DecodeError):
+            fields = msgspec.json.decode(data)
+        except msgspec.DecodeError:
             return True
         return not isinstance(fields, dict) or self.job_key in fields
 
     def list(self) -> list[BuildSummary]:
-        return [BuildSummary.of(self.status(i)) for i in self.ids()]
+        records = [
+            self._record(build_id) if data is None else self._checked_record(build_id, data)
+            for build_id, data in self._own_records()
+        ]
+        return [BuildSummary.of(self._status(record)) for record in records]
 
     def status(self, build_id: str) -> BuildStatus:
         """The build as the scheduler and its journal tell it (and a cancel overdue is
         escalated)."""
-        record = self._record(build_id)
+        return self._status(self._record(build_id))
+
+    def _status(self, record: R) -> BuildStatus:
         job = self._job(record)
         fold = self._fold(record)
         state = fold.state
@@ -400,7 +416,7 @@ class SharedFolderFleet(ABC, Generic[R]):
         grace period."""
         check_text("reason", reason, MAX_REASON_CHARS)
         record = self._record(build_id)
-        status = self.status(build_id)
+        status = self._status(record)
         if status.state in ENDED:
             raise FleetError(f"build {build_id} is not running ({status.state})")
         said = " ".join((reason or "cancelled through the fleet").split())
@@ -446,15 +462,24 @@ class SharedFolderFleet(ABC, Generic[R]):
         check_text("id", build_id, 64)
         if not _is_id(build_id):
             raise FleetError(f"no build {build_id[:40]!r} (ids are 12 hex digits)")
-        path = self.shared_dir / "builds" / build_id / "build.json"
+        path = self._record_path(build_id)
         try:
-            with open_regular_for_reading(path, "build record") as file:
-                record: R = msgspec.json.decode(  # type: ignore[assignment]
-                    file.read(MAX_RECORD_BYTES), type=self.record_type
-                )
+            data = _read_record(path)
         except FileNotFoundError:
             raise FleetError(f"no build {build_id} in {self.shared_dir}") from None
-        except (OSError, msgspec.ValidationError, msgspec.DecodeError) as error:
+        except OSError as error:
+            raise FleetError(f"cannot read {path}: {str(error)[:200]}") from None
+        return self._checked_record(build_id, data)
+
+    def _record_path(self, build_id: str) -> Path:
+        return self.shared_dir / "builds" / build_id / "build.json"
+
+    def _checked_record(self, build_id: str, data: bytes) -> R:
+        """The record of ``build_id`` as read (``data``), checked for what it is."""
+        path = self._record_path(build_id)
+        try:
+            record: R = msgspec.json.decode(data, type=self.record_type)  # type: ignore[assignment]
+        except (msgspec.ValidationError, msgspec.DecodeError) as error:
             raise FleetError(f"cannot read {path}: {str(error)[:200]}") from None
         # The folder is shared: what the record names is read and written only if it is this
         # build's and lies in the folder.
@@ -514,6 +539,11 @@ def _open_phases(state: BuildState) -> list[OpenPhase]:
             elapsed_s = max(0.0, (now_mono_ns - phase.start_mono_ns) / 1e9)
         path.append(OpenPhase(phase.name, f"{phase.last_step + 1}/{phase.num_steps}", elapsed_s))
     return path
+
+
+def _read_record(path: Path) -> bytes:
+    with open_regular_for_reading(path, "build record") as file:
+        return file.read(MAX_RECORD_BYTES)
 
 
 def _is_id(text: str) -> bool:
