@@ -657,20 +657,27 @@ def test_inputs_are_bounded_before_any_work(tmp_path: Path) -> None:
     run_async(test)
 
 
-def test_log_lines_hold_no_input_whole() -> None:
-    """The server's log lines (the SDK's too, which log what a refused call asked) are cut."""
+@contextlib.contextmanager
+def bounded_root_log() -> Iterator[io.StringIO]:
+    """What the root logger writes while the server's bound on log lines is set."""
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     root = logging.getLogger()
     root.addHandler(handler)
     try:
         bound_log_lines()
+        yield stream
+    finally:
+        root.removeHandler(handler)
+
+
+def test_log_lines_hold_no_input_whole() -> None:
+    """The server's log lines (the SDK's too, which log what a refused call asked) are cut."""
+    with bounded_root_log() as stream:
         sdk = logging.getLogger("mcp.server.mcpserver.server")
         sdk.warning("Tool %r failed: %r", "x" * 1_000_000, "y" * 1_000_000)
         logging.getLogger("trt_otel.test").warning("z" * 1_000_000)
         logging.getLogger("trt_otel.test").warning("w" * (MAX_LOG_CHARS + 1))  # just over
-    finally:
-        root.removeHandler(handler)
     lines = stream.getvalue().splitlines()
     assert len(lines) == 3
     assert lines[0].startswith("Tool 'xxx") and "(1,000,000 characters)" in lines[0]
@@ -681,16 +688,9 @@ def test_log_lines_hold_no_input_whole() -> None:
 
 def test_log_lines_within_their_bounds_are_kept_whole() -> None:
     """An argument or a message exactly at its bound is not cut, nor said to be."""
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    root = logging.getLogger()
-    root.addHandler(handler)
-    try:
-        bound_log_lines()
+    with bounded_root_log() as stream:
         logging.getLogger("trt_otel.test").warning("%s", "a" * MAX_LOG_ARG_CHARS)
         logging.getLogger("trt_otel.test").warning("b" * MAX_LOG_CHARS)
-    finally:
-        root.removeHandler(handler)
     assert stream.getvalue().splitlines() == ["a" * MAX_LOG_ARG_CHARS, "b" * MAX_LOG_CHARS]
 
 
