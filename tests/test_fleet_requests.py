@@ -11,7 +11,12 @@ import pytest
 
 from trt_otel.app.fleet import Fleet
 from trt_otel.app.fleet_documents import BuildRequest
-from trt_otel.app.fleet_requests import FleetError
+from trt_otel.app.fleet_requests import (
+    FleetError,
+    check_command_line,
+    settings_options,
+    settings_schema,
+)
 from trt_otel.app.fleets import BuildFleet
 from trt_otel.app.ray_fleet import RayFleet
 
@@ -87,3 +92,115 @@ def test_what_ray_reserves_for_a_build_is_bounded(tmp_path: Path, gpus: float, c
     fleet = RayFleet("http://127.0.0.1:1", tmp_path, client=NoRay())
     with pytest.raises(FleetError, match="num_gpus must be 0 to 64 and num_cpus 0 to 256"):
         fleet.start(BuildRequest(kind="demo"), num_gpus=gpus, num_cpus=cpus)
+
+
+def test_typed_settings_are_the_options_the_command_line_would_read() -> None:
+    """Each setting by its option's long name: a flag by true (false leaves it out), a value,
+    a number as written, a list for an option given more than once."""
+    tokens = settings_options(
+        "demo",
+        {
+            "fp16": True,
+            "verbose": False,
+            "no-summary": True,
+            "timeout": "30m",
+            "builder-optimization-level": 3,
+            "speed": 0.5,
+            "shapes": ["a:1x2,2x2,4x2", "b:3,3,3"],
+            "otlp-protocol": "grpc",
+        },
+    )
+    read = check_command_line(["demo", *tokens])
+    assert read.precisions == ["fp16"]
+    assert read.verbose is False
+    assert read.summary is False
+    assert read.timeout == 1800
+    assert read.builder_optimization_level == 3
+    assert read.speed == 0.5
+    assert read.shapes == ["a:1x2,2x2,4x2", "b:3,3,3"]
+    assert read.otlp_protocol == "grpc"
+    # One token each: a value that looks like an option is the option's value, never another.
+    assert settings_options("demo", {"silence": "--in-process"}) == ["--silence=--in-process"]
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        ({"no-such-option": "1"}, "'no-such-option' is no option of trt-otel demo"),
+        ({"--timeout": "1m"}, "long name without the dashes"),
+        ({"fp16": "yes"}, "settings['fp16'] is a flag: true or false"),
+        ({"fp16": 1}, "settings['fp16'] is a flag: true or false"),
+        ({"timeout": True}, "settings['timeout'] takes a string or a number"),
+        ({"timeout": ["1m", "2m"]}, "settings['timeout'] takes one value, not a list"),
+        ({"shapes": [{"a": 1}]}, "settings['shapes'] takes a string or a number or a list"),
+        ({"timeout": "x" * 5000}, "settings['timeout'] is 5,000 characters long"),
+        ({"timeout": "1m\0"}, "settings['timeout'] holds a NUL character"),
+        ({"deadline": "1h"}, "give deadline as the request's deadline"),
+        ({"retry": ["--timeout 1h"]}, "give retry as the request's retries"),
+        ({"model": "m.onnx"}, "give model as the request's model"),
+        ({"timeout": "soon"}, "soon"),
+        ({f"o{i}": True for i in range(65)}, "settings has 65 options; at most 64"),
+        ({"shapes": [f"a:{i}" for i in range(65)]}, "settings['shapes'] has 65 values"),
+        ({"trace": "t.jsonl"}, "'trace' is no option of trt-otel build"),
+    ],
+)
+@pytest.mark.parametrize("which", ["local", "ray"])
+def test_a_setting_of_the_wrong_name_or_shape_is_refused_before_anything_starts(
+    tmp_path: Path, which: str, settings: dict[str, object], said: str
+) -> None:
+    fleet = fleets(tmp_path)[which]
+    kind = "build" if "trace" in settings else "demo"
+    model = fleet.roots[0] / "model.onnx"
+    model.write_bytes(b"not looked at: refused first")
+    request = BuildRequest(kind=kind, model=str(model), settings=settings)
+    with pytest.raises(FleetError) as refused:
+        fleet.start(request)
+    assert said in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("which", "setting", "setter"),
+    [("local", "journal", "the server"), ("local", "http-port", "the server"),
+     ("ray", "journal", "the fleet"), ("ray", "cancel-file", "the fleet")],
+)  # fmt: skip
+def test_a_setting_the_fleet_owns_is_refused_as_its_option_is(
+    tmp_path: Path, which: str, setting: str, setter: str
+) -> None:
+    fleet = fleets(tmp_path)[which]
+    value = "8080" if setting == "http-port" else str(tmp_path / which / "mine")
+    with pytest.raises(FleetError, match=f"--{setting} is set by {setter}; leave it out"):
+        fleet.start(BuildRequest(kind="demo", settings={setting: value}))
+
+
+@pytest.mark.parametrize("which", ["local", "ray"])
+def test_a_settings_path_outside_the_fleet_or_its_network_option_is_refused(
+    tmp_path: Path, which: str
+) -> None:
+    fleet = fleets(tmp_path)[which]
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    with pytest.raises(FleetError, match="outside"):
+        fleet.start(BuildRequest(kind="demo", settings={"history": str(outside)}))
+    with pytest.raises(FleetError, match="--otlp-endpoint would point the build at an address"):
+        fleet.start(BuildRequest(kind="demo", settings={"otlp-endpoint": "http://x:4317"}))
+
+
+def test_the_settings_schema_lists_what_a_fleet_lets_a_request_set() -> None:
+    """What an agent reads: every option of a build or a demo, typed, with its help; not those
+    the fleet sets itself, nor, without the server's consent, those that reach the network."""
+    schema = settings_schema(Fleet.reserved, allow_network=False)
+    properties = schema["properties"]
+    assert schema["additionalProperties"] is False
+    assert properties["fp16"]["type"] == "boolean"
+    assert properties["timeout"] == {"type": "string", "description": "stop after this long"}
+    assert properties["builder-optimization-level"]["enum"] == [0, 1, 2, 3, 4, 5]
+    assert properties["shapes"]["type"] == "array"
+    assert properties["speed"]["description"].startswith("(demo only) ")
+    assert "(demo only)" not in properties["stall-timeout"]["description"]
+    assert {"cancel-file", "history", "grace"} <= set(properties)
+    left_out = {"output", "journal", "http-port", "http-url-file", "cancel-token", "model"}
+    left_out |= {"deadline", "retry", "otlp-endpoint", "cancel-url", "pushgateway"}
+    assert left_out.isdisjoint(properties)
+    shared = settings_schema(RayFleet.reserved, allow_network=True)["properties"]
+    assert "cancel-file" not in shared
+    assert {"otlp-endpoint", "http-port", "pushgateway"} <= set(shared)

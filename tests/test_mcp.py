@@ -43,6 +43,7 @@ from trt_otel.app.mcp_server import (  # noqa: E402
     MAX_LOG_CHARS,
     OUTPUT_DOCUMENTS,
     bound_log_lines,
+    create_server,
 )
 from trt_otel.builder.onnx_models import CONV_SHAPES, RESIDUAL_SHAPES  # noqa: E402
 from trt_otel.core.attempts import ATTEMPT, ATTEMPTS  # noqa: E402
@@ -223,6 +224,35 @@ def test_a_build_cancelled_with_a_reason(tmp_path: Path, model: Path) -> None:
             assert final["cancel"] == {"reason": "the GPU is needed elsewhere", "source": "http"}
             again = await client.call_tool("cancel_build", {"id": build_id})
             assert "not running (finished)" in error_text(again)
+
+    run_async(test)
+
+
+@pytest.mark.e2e
+def test_typed_settings_reach_the_build_as_its_options(tmp_path: Path, model: Path) -> None:
+    """An agent gives options typed, by name: the build runs with them (here a timeout that
+    stops a paced demo, which would otherwise run for tens of seconds)."""
+
+    async def test() -> None:
+        async with server(tmp_path / "state") as client:
+            settings = {"speed": "0.5", "timeout": "2s", "no-gpu": True, "verbose": False}
+            status = payload(
+                await client.call_tool(
+                    "start_build", {"kind": "demo", "model": str(model), "settings": settings}
+                )
+            )
+            ended = payload(
+                await client.call_tool(
+                    "wait_build", {"id": status["id"], "until": "end", "timeout_s": 120}
+                )
+            )
+            final = ended["status"]
+            assert (final["outcome"], final["exit_code"]) == ("timeout", 3), final
+            assert final["cancel"]["source"] == "timeout", final["cancel"]
+            refused = await client.call_tool(
+                "start_build", {"kind": "demo", "settings": {"journal": "mine.jsonl"}}
+            )
+            assert "--journal is set by the server; leave it out" in error_text(refused)
 
     run_async(test)
 
@@ -967,3 +997,23 @@ def test_an_agent_asking_for_an_engine_the_store_holds_gets_it_without_a_build(
             assert second.read_bytes() == first.read_bytes()
 
     run_async(test)
+
+
+def test_the_start_tool_lists_the_settings_its_server_lets_a_request_set(tmp_path: Path) -> None:
+    """The agent reads which options it may set, typed, where it reads the tool: not those the
+    server sets, and the network's only with the server's consent."""
+
+    def settings(allow_network: bool) -> dict[str, Any]:
+        fleet = Fleet(tmp_path / "state", roots=[tmp_path], allow_network=allow_network)
+        tools = anyio.run(create_server(fleet).list_tools)
+        (start,) = [tool for tool in tools if tool.name == "start_build"]
+        schema: dict[str, Any] = start.input_schema["properties"]["settings"]
+        return schema
+
+    refusing, consenting = settings(False), settings(True)
+    assert refusing["additionalProperties"] is False
+    assert refusing["properties"]["stall-timeout"]["type"] == "string"
+    assert refusing["properties"]["fp16"]["type"] == "boolean"
+    assert {"journal", "http-port", "output", "otlp-endpoint"}.isdisjoint(refusing["properties"])
+    assert "otlp-endpoint" in consenting["properties"]
+    assert "journal" not in consenting["properties"]

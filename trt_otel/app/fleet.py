@@ -34,10 +34,10 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import psutil
 
@@ -104,6 +104,9 @@ class Record:
 
 class Fleet:
     """The builds of one state directory."""
+
+    reserved: ClassVar[Mapping[str, str]] = RESERVED_SETTINGS
+    """What the fleet sets itself, by the parser's names: a request may not."""
 
     def __init__(
         self,

@@ -53,6 +53,10 @@ class BuildRequest(msgspec.Struct, frozen=True, kw_only=True):
     output: str | None = None
     options: tuple[str, ...] = ()
     """More ``trt-otel`` options, as on its command line."""
+    settings: dict[str, Any] = msgspec.field(default_factory=dict)
+    """More ``trt-otel`` options, typed: by long name without its dashes (``stall-timeout``),
+    ``true`` for a flag, a value, or a list for an option given more than once (see
+    :func:`~trt_otel.app.fleet_requests.settings_options`)."""
     overwrite: bool = False
     deadline: str | None = None
     """``--deadline``: the build must end within this."""

@@ -8,15 +8,23 @@ what the fleet sets itself and the request's model are left alone, an option tha
 build at the network needs the fleet's consent, and every path the options name (a retry rung's
 too) is confined where the fleet says. A refusal is a :class:`FleetError` whose message is the
 caller's answer.
+
+A request gives its options as on the command line (``options``), or typed (``settings``: each
+option by its long name, with a boolean, a value or a list), or both. The typed settings are
+declared nowhere of their own: they are the command's options as its parser declares them, and
+become command-line tokens (``--name=value``, one token each, so no value is read as an
+option) that go through the same checks as the rest.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import ipaddress
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, Literal, NoReturn
 
 from trt_otel.app.commands import build_parser, command_of
 from trt_otel.app.config import UsageError
@@ -61,8 +69,17 @@ MAX_EVENTS = 1000
 MAX_DURATION_CHARS = 32
 """The bounds on what a caller sends: the length of each string, the number of options, the
 events one call returns."""
+MAX_SETTING_NAME_CHARS = 64
 _SHOWN_CHARS = 40
 """What a message quotes of a caller's string at most."""
+OWN_FIELDS = {
+    "model": "the request's model",
+    "deadline": "the request's deadline",
+    "retry": "the request's retries",
+}
+"""Options a request gives in fields of their own (by the parser's names), not as settings."""
+MAX_SETTING_HELP_CHARS = 400
+"""What a setting's description in a schema holds of its option's help at most."""
 
 
 class FleetError(Exception):
@@ -79,7 +96,8 @@ def bounded_request(request: BuildRequest) -> list[str]:
         if value is not None:
             check_text(name, value, MAX_PATH_CHARS)
     check_options(request.options)
-    return [*request.options, *ladder_options(request.deadline, request.retries)]
+    typed = settings_options(request.kind, request.settings)
+    return [*request.options, *typed, *ladder_options(request.deadline, request.retries)]
 
 
 def refuse_reserved(options: Sequence[str], setter: str) -> None:
@@ -257,3 +275,147 @@ def path_options(kind: str) -> list[tuple[str, str]]:
                 if option.type is Path and option.option_strings
             ]
     return []
+
+
+# -- typed settings ------------------------------------------------------------------------------
+
+SettingShape = Literal["flag", "value", "values"]
+"""A flag (``true`` gives it, ``false`` leaves it out), one value, or a value for each time the
+option may be given (a list)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One option of ``trt-otel KIND``, as a request's typed setting."""
+
+    name: str
+    """The option's long name without its dashes: ``stall-timeout``."""
+    option: str
+    dest: str
+    """The parser's name for it: ``stall_timeout``."""
+    shape: SettingShape
+    choices: tuple[Any, ...]
+    integer: bool
+    """Its value is a whole number."""
+    help: str
+    shown: bool
+    """Listed in ``--help`` (and so in a schema)."""
+
+    def tokens(self, value: object) -> list[str]:
+        """``value`` as command-line tokens; refused (:class:`FleetError`) when it is not of
+        this setting's shape."""
+        label = f"settings[{self.name!r}]"
+        if self.shape == "flag":
+            if type(value) is not bool:
+                raise FleetError(f"{label} is a flag: true or false")
+            return [self.option] if value else []
+        if type(value) is list and self.shape == "value":
+            raise FleetError(f"{label} takes one value, not a list")
+        items = value if type(value) is list else [value]
+        if len(items) > MAX_OPTIONS:
+            raise FleetError(f"{label} has {len(items):,} values; at most {MAX_OPTIONS}")
+        tokens = []
+        for item in items:
+            if type(item) not in (str, int, float):  # not a bool, a list or an object
+                many = " or a list of them" if self.shape == "values" else ""
+                raise FleetError(f"{label} takes a string or a number{many}")
+            text = str(item)
+            check_text(label, text, MAX_OPTION_CHARS)
+            tokens.append(f"{self.option}={text}")  # one token: never read as an option
+        return tokens
+
+    def schema(self) -> dict[str, Any]:
+        """Its JSON schema, for a client that lists what it may set."""
+        described = {"description": self.help[:MAX_SETTING_HELP_CHARS]}
+        if self.shape == "flag":
+            return {"type": "boolean", **described}
+        one: dict[str, Any] = {"type": "integer" if self.integer else "string"}
+        if self.choices:
+            one["enum"] = list(self.choices)
+        if self.shape == "values":
+            return {"type": "array", "items": one, "maxItems": MAX_OPTIONS, **described}
+        return {**one, **described}
+
+
+@functools.cache
+def settings_of(kind: str) -> Mapping[str, Setting]:
+    """The options of ``trt-otel KIND`` (``build`` or ``demo``) a request may set, by name:
+    its parser's, but for those a request gives in fields of its own (:data:`OWN_FIELDS`) and
+    those that start no build (``--help``)."""
+    command = _command_parser(kind)
+    formatter = command._get_formatter()
+    found: dict[str, Setting] = {}
+    for action in command._actions:
+        long = [o for o in action.option_strings if o.startswith("--")]
+        if not long or action.dest in OWN_FIELDS or action.nargs not in (None, 0):
+            continue
+        if isinstance(action, argparse._HelpAction | argparse._VersionAction):
+            continue
+        shape: SettingShape = "flag" if action.nargs == 0 else "value"
+        if isinstance(action, argparse._AppendAction):
+            shape = "values"
+        shown = action.help != argparse.SUPPRESS
+        found[long[0].removeprefix("--")] = Setting(
+            name=long[0].removeprefix("--"),
+            option=long[0],
+            dest=action.dest,
+            shape=shape,
+            choices=tuple(action.choices or ()),
+            integer=action.type is int,
+            help=" ".join(formatter._expand_help(action).split()) if shown else "",
+            shown=shown,
+        )
+    return found
+
+
+def settings_options(kind: str, settings: object) -> list[str]:
+    """A request's typed ``settings`` as ``trt-otel KIND`` tokens, each name an option of the
+    command's (:func:`settings_of`) and each value of its shape; the tokens then go through the
+    checks the request's other options do."""
+    if not isinstance(settings, Mapping):
+        raise FleetError("settings must be an object: option names and their values")
+    if len(settings) > MAX_OPTIONS:
+        raise FleetError(f"settings has {len(settings):,} options; at most {MAX_OPTIONS}")
+    known = settings_of(kind)
+    tokens: list[str] = []
+    for name, value in settings.items():
+        check_text("a setting's name", name, MAX_SETTING_NAME_CHARS)
+        setting = known.get(name)
+        if setting is None:
+            dest = name.replace("-", "_")
+            if dest in OWN_FIELDS:
+                raise FleetError(f"settings: give {name} as {OWN_FIELDS[dest]}, not as a setting")
+            raise FleetError(
+                f"settings: {shown(name)} is no option of trt-otel {kind} (a setting is named "
+                "by its option's long name without the dashes: 'stall-timeout')"
+            )
+        tokens += setting.tokens(value)
+    if len(tokens) > MAX_OPTIONS:
+        raise FleetError(f"settings make {len(tokens):,} options; at most {MAX_OPTIONS}")
+    return tokens
+
+
+def settings_schema(reserved: Iterable[str], *, allow_network: bool) -> dict[str, Any]:
+    """The JSON schema of a request's ``settings`` for a fleet: every option of ``build`` and
+    ``demo`` (those of a demo only say so) that are listed in ``--help``, but those the fleet
+    sets itself (``reserved``, by the parser's names) and, unless ``allow_network``, those
+    that point the build at the network."""
+    left_out = {*reserved, *([] if allow_network else NETWORK_SETTINGS)}
+    build = settings_of("build")
+    properties: dict[str, Any] = {}
+    for name, setting in settings_of("demo").items():
+        if setting.dest in left_out or not setting.shown:
+            continue
+        schema = setting.schema()
+        if name not in build:
+            schema["description"] = f"(demo only) {schema['description']}"
+        properties[name] = schema
+    return {"properties": properties, "additionalProperties": False, "maxProperties": MAX_OPTIONS}
+
+
+def _command_parser(kind: str) -> argparse.ArgumentParser:
+    for action in build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction) and kind in action.choices:
+            command: argparse.ArgumentParser = action.choices[kind]
+            return command
+    raise FleetError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")

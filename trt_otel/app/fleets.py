@@ -12,6 +12,7 @@ keyword arguments than these (Ray's resources, a cancel that waits), each with a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -37,6 +38,12 @@ class BuildFleet(Protocol):
     @property
     def allow_network(self) -> bool:
         """Whether a request may point a build at the network (an OTLP endpoint, a URL)."""
+        ...
+
+    @property
+    def reserved(self) -> Mapping[str, str]:
+        """What the fleet sets itself (by the parser's names, with their options): a request
+        that sets one is refused, and a schema of the request's settings leaves them out."""
         ...
 
     def start(self, request: BuildRequest) -> BuildStatus:

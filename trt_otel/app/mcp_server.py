@@ -49,6 +49,7 @@ from trt_otel.app.fleet_requests import (
     MAX_REASON_CHARS,
     NETWORK_SETTINGS,
     FleetError,
+    settings_schema,
 )
 from trt_otel.app.fleets import BuildFleet
 from trt_otel.app.retries import MAX_RUNG_CHARS, MAX_RUNGS
@@ -149,6 +150,21 @@ def create_server(fleet: BuildFleet) -> MCPServer:
                 json_schema_extra={"maxItems": MAX_OPTIONS},
             ),
         ] = None,
+        settings: Annotated[
+            dict[str, str | int | float | bool | list[str | int | float]] | None,
+            Field(
+                strict=True,
+                description="more trt-otel options, typed (beside or instead of options): "
+                "each by its long name without the dashes, true for a flag, a value, or a "
+                "list for an option given more than once, e.g. {'fp16': true, 'timeout': "
+                "'30m', 'stall-timeout': '10m', 'shapes': ['input:1x3x224x224,8x3x224x224,"
+                "32x3x224x224']}; the options this server sets itself are not among them; a "
+                f"path {inside}",
+                json_schema_extra=settings_schema(
+                    fleet.reserved, allow_network=fleet.allow_network
+                ),
+            ),
+        ] = None,
         overwrite: Annotated[
             bool,
             Field(strict=True, description="replace the output if it exists (default: refuse to)"),
@@ -190,6 +206,7 @@ def create_server(fleet: BuildFleet) -> MCPServer:
             model=model,
             output=output,
             options=tuple(options or ()),
+            settings=dict(settings or {}),
             overwrite=overwrite,
             deadline=deadline,
             retries=tuple(retries or ()),

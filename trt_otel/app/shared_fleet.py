@@ -34,7 +34,7 @@ import json
 import secrets
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Literal, TypeVar
@@ -162,6 +162,8 @@ class SharedFolderFleet(ABC, Generic[R]):
     job_key: ClassVar[str]
     """The field of its records that names the job: what tells its records from another
     scheduler's in a folder they share."""
+    reserved: ClassVar[Mapping[str, str]] = RESERVED
+    """What the fleet sets itself, by the parser's names: a request may not."""
 
     def __init__(
         self, shared_dir: Path, *, allow_network: bool = False, stop_slack_s: float = STOP_SLACK_S
