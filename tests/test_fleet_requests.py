@@ -14,11 +14,13 @@ from trt_otel.app.fleet_documents import BuildRequest
 from trt_otel.app.fleet_requests import (
     FleetError,
     check_command_line,
+    ladder_options,
     settings_options,
     settings_schema,
 )
 from trt_otel.app.fleets import BuildFleet
 from trt_otel.app.ray_fleet import RayFleet
+from trt_otel.app.retries import retry_rungs
 
 
 class NoRay:
@@ -204,3 +206,42 @@ def test_the_settings_schema_lists_what_a_fleet_lets_a_request_set() -> None:
     shared = settings_schema(RayFleet.reserved, allow_network=True)["properties"]
     assert "cancel-file" not in shared
     assert {"otlp-endpoint", "http-port", "pushgateway"} <= set(shared)
+
+
+def test_a_typed_retry_rung_is_the_rung_its_text_would_be() -> None:
+    typed = {"builder-optimization-level": 0, "workspace": "1G", "timeout": "1h"}
+    tokens = ladder_options(None, ["--builder-optimization-level 2", typed])
+    read = check_command_line(["demo", *tokens])
+    first, second = retry_rungs(read)
+    assert first.builder.optimization_level == 2
+    assert second.builder.optimization_level == 0
+    assert second.builder.memory_pools == {"WORKSPACE": 1 << 30}
+    assert second.timeout_s == 3600
+
+
+@pytest.mark.parametrize(
+    ("rung", "said"),
+    [
+        ({"speed": "2"}, "retries[0]: 'speed' is no option of a retry rung"),
+        ({"fp16": "yes"}, "retries[0]['fp16'] is a flag: true or false"),
+        ({"timeout": [1, 2]}, "retries[0]['timeout'] takes one value, not a list"),
+        ({"workspace": "x" * 995}, "retries[0] is 1,007 characters long; at most 1,000"),
+    ],
+)
+def test_a_typed_rung_of_the_wrong_name_or_shape_is_refused(
+    tmp_path: Path, rung: dict[str, object], said: str
+) -> None:
+    fleet = fleets(tmp_path)["local"]
+    with pytest.raises(FleetError) as refused:
+        fleet.start(BuildRequest(kind="demo", retries=(rung,)))
+    assert said in str(refused.value)
+
+
+@pytest.mark.parametrize("which", ["local", "ray"])
+def test_a_typed_rungs_path_outside_the_fleet_is_refused(tmp_path: Path, which: str) -> None:
+    fleet = fleets(tmp_path)[which]
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    request = BuildRequest(kind="demo", retries=({"timing-cache": str(outside / "cache")},))
+    with pytest.raises(FleetError, match="outside"):
+        fleet.start(request)

@@ -30,6 +30,8 @@ from cli import CLI
 
 mcp = pytest.importorskip("mcp")
 
+from mcp.server.mcpserver.exceptions import ToolError  # noqa: E402
+
 from mcp_client import error_text, payload, run_async, server  # noqa: E402
 from rtx_builds import SILENT_BLOCKS, write_conv, write_residual  # noqa: E402
 from trt_otel import BuildMonitor, JournalWriter, ManualClock, Outcome, read_journal  # noqa: E402
@@ -1003,17 +1005,41 @@ def test_the_start_tool_lists_the_settings_its_server_lets_a_request_set(tmp_pat
     """The agent reads which options it may set, typed, where it reads the tool: not those the
     server sets, and the network's only with the server's consent."""
 
-    def settings(allow_network: bool) -> dict[str, Any]:
+    def start_schema(allow_network: bool) -> dict[str, Any]:
         fleet = Fleet(tmp_path / "state", roots=[tmp_path], allow_network=allow_network)
         tools = anyio.run(create_server(fleet).list_tools)
         (start,) = [tool for tool in tools if tool.name == "start_build"]
-        schema: dict[str, Any] = start.input_schema["properties"]["settings"]
+        schema: dict[str, Any] = start.input_schema["properties"]
         return schema
 
-    refusing, consenting = settings(False), settings(True)
+    refusing, consenting = (start_schema(allowed)["settings"] for allowed in (False, True))
     assert refusing["additionalProperties"] is False
     assert refusing["properties"]["stall-timeout"]["type"] == "string"
     assert refusing["properties"]["fp16"]["type"] == "boolean"
     assert {"journal", "http-port", "output", "otlp-endpoint"}.isdisjoint(refusing["properties"])
     assert "otlp-endpoint" in consenting["properties"]
     assert "journal" not in consenting["properties"]
+    # A rung of the ladder typed the same way: of the options a rung may give.
+    rung = start_schema(False)["retries"]["items"]["anyOf"][1]
+    assert {"timeout", "stall-timeout", "builder-optimization-level"} <= set(rung["properties"])
+    assert "speed" not in rung["properties"]
+
+
+def test_a_typed_setting_or_rung_of_the_wrong_shape_is_a_tool_error_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    server = create_server(Fleet(tmp_path / "state", roots=[tmp_path]))
+
+    async def refused(arguments: dict[str, Any]) -> str:
+        with pytest.raises(ToolError) as error:
+            await server.call_tool("start_build", {"kind": "demo", **arguments})
+        return str(error.value)
+
+    async def test() -> None:
+        said = await refused({"settings": {"fp16": "yes"}})
+        assert "settings['fp16'] is a flag: true or false" in said
+        said = await refused({"retries": [{"speed": "2"}]})
+        assert "retries[0]: 'speed' is no option of a retry rung" in said
+
+    anyio.run(test)
+    assert not (tmp_path / "state").exists() or not any((tmp_path / "state").iterdir())

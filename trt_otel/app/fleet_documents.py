@@ -60,8 +60,9 @@ class BuildRequest(msgspec.Struct, frozen=True, kw_only=True):
     overwrite: bool = False
     deadline: str | None = None
     """``--deadline``: the build must end within this."""
-    retries: tuple[str, ...] = ()
-    """``--retry`` rungs, in order."""
+    retries: tuple[str | dict[str, Any], ...] = ()
+    """``--retry`` rungs, in order: each as on the command line, or typed as ``settings``
+    are (of the options a rung may give)."""
 
 
 class CancelNote(msgspec.Struct, frozen=True):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import functools
 import ipaddress
+import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any, Literal, NoReturn
 from trt_otel.app.commands import build_parser, command_of
 from trt_otel.app.config import UsageError
 from trt_otel.app.fleet_documents import BuildRequest
-from trt_otel.app.retries import MAX_RUNG_CHARS, MAX_RUNGS, rung_paths
+from trt_otel.app.retries import MAX_RUNG_CHARS, MAX_RUNGS, rung_parser, rung_paths
 from trt_otel.control.policies import MAX_REASON
 from trt_otel.core.durations import DurationError, parse_positive_duration
 
@@ -109,9 +110,10 @@ def refuse_reserved(options: Sequence[str], setter: str) -> None:
             raise FleetError(f"{name} is set by {setter}; leave it out")
 
 
-def ladder_options(deadline: str | None, retries: Sequence[str]) -> list[str]:
-    """``--deadline`` and the ``--retry`` rungs of a request, bounded and checked here (the
-    command line checks them again with the rest)."""
+def ladder_options(deadline: str | None, retries: Sequence[object]) -> list[str]:
+    """``--deadline`` and the ``--retry`` rungs of a request (each a string, or typed as a
+    request's settings are), bounded and checked here (the command line checks them again with
+    the rest)."""
     added: list[str] = []
     if deadline is not None:
         check_text("deadline", deadline, MAX_DURATION_CHARS)
@@ -122,8 +124,14 @@ def ladder_options(deadline: str | None, retries: Sequence[str]) -> list[str]:
         added += ["--deadline", deadline]
     if len(retries) > MAX_RUNGS:
         raise FleetError(f"retries has {len(retries):,} rungs; at most {MAX_RUNGS}")
-    for index, rung in enumerate(retries):
-        check_text(f"retries[{index}]", rung, MAX_RUNG_CHARS)
+    for index, given in enumerate(retries):
+        label = f"retries[{index}]"
+        rung = (
+            shlex.join(typed_options(label, rung_settings(), given))
+            if isinstance(given, Mapping)
+            else given
+        )
+        check_text(label, rung, MAX_RUNG_CHARS)
         added.append(f"--retry={rung}")  # one token: a rung of one flag is no option of ours
     return added
 
@@ -301,10 +309,9 @@ class Setting:
     shown: bool
     """Listed in ``--help`` (and so in a schema)."""
 
-    def tokens(self, value: object) -> list[str]:
-        """``value`` as command-line tokens; refused (:class:`FleetError`) when it is not of
-        this setting's shape."""
-        label = f"settings[{self.name!r}]"
+    def tokens(self, value: object, label: str) -> list[str]:
+        """``value`` as command-line tokens; refused (:class:`FleetError`, the value called
+        ``label``) when it is not of this setting's shape."""
         if self.shape == "flag":
             if type(value) is not bool:
                 raise FleetError(f"{label} is a flag: true or false")
@@ -342,7 +349,16 @@ def settings_of(kind: str) -> Mapping[str, Setting]:
     """The options of ``trt-otel KIND`` (``build`` or ``demo``) a request may set, by name:
     its parser's, but for those a request gives in fields of its own (:data:`OWN_FIELDS`) and
     those that start no build (``--help``)."""
-    command = _command_parser(kind)
+    return _settings_of_parser(_command_parser(kind))
+
+
+@functools.cache
+def rung_settings() -> Mapping[str, Setting]:
+    """The options a retry rung may give, by name (:func:`~trt_otel.app.retries.rung_parser`)."""
+    return _settings_of_parser(rung_parser())
+
+
+def _settings_of_parser(command: argparse.ArgumentParser) -> Mapping[str, Setting]:
     formatter = command._get_formatter()
     found: dict[str, Setting] = {}
     for action in command._actions:
@@ -362,7 +378,7 @@ def settings_of(kind: str) -> Mapping[str, Setting]:
             shape=shape,
             choices=tuple(action.choices or ()),
             integer=action.type is int,
-            help=" ".join(formatter._expand_help(action).split()) if shown else "",
+            help=" ".join(formatter._expand_help(action).split()) if shown and action.help else "",
             shown=shown,
         )
     return found
@@ -372,26 +388,33 @@ def settings_options(kind: str, settings: object) -> list[str]:
     """A request's typed ``settings`` as ``trt-otel KIND`` tokens, each name an option of the
     command's (:func:`settings_of`) and each value of its shape; the tokens then go through the
     checks the request's other options do."""
+    return typed_options("settings", settings_of(kind), settings, f"trt-otel {kind}")
+
+
+def typed_options(
+    label: str, known: Mapping[str, Setting], settings: object, command: str = "a retry rung"
+) -> list[str]:
+    """``settings`` (what a request calls ``label``) as tokens, each name one of ``known``'s
+    (the options of ``command``) and each value of its shape."""
     if not isinstance(settings, Mapping):
-        raise FleetError("settings must be an object: option names and their values")
+        raise FleetError(f"{label} must be an object: option names and their values")
     if len(settings) > MAX_OPTIONS:
-        raise FleetError(f"settings has {len(settings):,} options; at most {MAX_OPTIONS}")
-    known = settings_of(kind)
+        raise FleetError(f"{label} has {len(settings):,} options; at most {MAX_OPTIONS}")
     tokens: list[str] = []
     for name, value in settings.items():
-        check_text("a setting's name", name, MAX_SETTING_NAME_CHARS)
+        check_text(f"a name in {label}", name, MAX_SETTING_NAME_CHARS)
         setting = known.get(name)
         if setting is None:
             dest = name.replace("-", "_")
             if dest in OWN_FIELDS:
-                raise FleetError(f"settings: give {name} as {OWN_FIELDS[dest]}, not as a setting")
+                raise FleetError(f"{label}: give {name} as {OWN_FIELDS[dest]}, not as a setting")
             raise FleetError(
-                f"settings: {shown(name)} is no option of trt-otel {kind} (a setting is named "
-                "by its option's long name without the dashes: 'stall-timeout')"
+                f"{label}: {shown(name)} is no option of {command} (a setting is named by its "
+                "option's long name without the dashes: 'stall-timeout')"
             )
-        tokens += setting.tokens(value)
+        tokens += setting.tokens(value, f"{label}[{name!r}]")
     if len(tokens) > MAX_OPTIONS:
-        raise FleetError(f"settings make {len(tokens):,} options; at most {MAX_OPTIONS}")
+        raise FleetError(f"{label} make {len(tokens):,} options; at most {MAX_OPTIONS}")
     return tokens
 
 
@@ -411,6 +434,12 @@ def settings_schema(reserved: Iterable[str], *, allow_network: bool) -> dict[str
             schema["description"] = f"(demo only) {schema['description']}"
         properties[name] = schema
     return {"properties": properties, "additionalProperties": False, "maxProperties": MAX_OPTIONS}
+
+
+def rung_schema() -> dict[str, Any]:
+    """The JSON schema of a typed retry rung: the options a rung may give."""
+    properties = {name: s.schema() for name, s in rung_settings().items() if s.shown}
+    return {"type": "object", "properties": properties, "additionalProperties": False}
 
 
 def _command_parser(kind: str) -> argparse.ArgumentParser:

@@ -49,6 +49,7 @@ from trt_otel.app.fleet_requests import (
     MAX_REASON_CHARS,
     NETWORK_SETTINGS,
     FleetError,
+    rung_schema,
     settings_schema,
 )
 from trt_otel.app.fleets import BuildFleet
@@ -183,16 +184,24 @@ def create_server(fleet: BuildFleet) -> MCPServer:
         retries: Annotated[
             list[
                 Annotated[str, Field(strict=True, json_schema_extra={"maxLength": MAX_RUNG_CHARS})]
+                | dict[str, str | int | float | bool | list[str | int | float]]
             ]
             | None,
             Field(
                 strict=True,
                 description="a retry ladder: after a timeout, deadline, stall, memory limit or "
                 "dead worker, build again with each rung's options laid over the original's, "
-                "in order, e.g. ['--builder-optimization-level 2', '--builder-optimization-level "
-                f"0 --workspace 1G --timeout 1h']; builder options, --timeout, --stall-timeout; "
-                f"at most {MAX_RUNGS} rungs of {MAX_RUNG_CHARS} characters; a path {inside}",
-                json_schema_extra={"maxItems": MAX_RUNGS},
+                "in order, each as on the command line or typed as settings are, e.g. "
+                "['--builder-optimization-level 2', {'builder-optimization-level': 0, "
+                "'workspace': '1G', 'timeout': '1h'}]; builder options, --timeout, "
+                f"--stall-timeout; at most {MAX_RUNGS} rungs of {MAX_RUNG_CHARS} characters; "
+                f"a path {inside}",
+                json_schema_extra={
+                    "maxItems": MAX_RUNGS,
+                    "items": {
+                        "anyOf": [{"type": "string", "maxLength": MAX_RUNG_CHARS}, rung_schema()]
+                    },
+                },
             ),
         ] = None,
     ) -> dict[str, Any]:

@@ -70,7 +70,8 @@ class _RungParser(Parser):
         raise UsageError(message)
 
 
-def _rung_parser() -> Parser:
+def rung_parser() -> Parser:
+    """What a rung may give: the builder options, ``--timeout`` and ``--stall-timeout``."""
     parser = _RungParser(prog="--retry", add_help=False)
     add_builder_options(parser)
     parser.add_argument("--timeout", type=positive_seconds)
@@ -100,7 +101,7 @@ def parse_rung(args: argparse.Namespace, text: str, *, threads: int | None = Non
         raise UsageError("--retry needs options, e.g. --retry '--builder-optimization-level 1'")
     laid: Any = copy.deepcopy(args)
     try:
-        _rung_parser().parse_args(tokens, namespace=laid)
+        rung_parser().parse_args(tokens, namespace=laid)
         builder = builder_options(laid, threads=threads)
         check_sampling(laid.stall_timeout, laid.stall_on, getattr(laid, "sample_interval", None))
     except UsageError as error:
@@ -112,11 +113,11 @@ def rung_paths(text: str) -> list[tuple[str, Path]]:
     """The paths a rung names (``--timing-cache``), with their options: a caller that confines
     paths (the MCP server) checks these as it checks the command line's own."""
     try:
-        laid = _rung_parser().parse_args(shlex.split(text))
+        laid = rung_parser().parse_args(shlex.split(text))
     except (UsageError, ValueError) as error:
         raise UsageError(f"--retry: {error}") from None
     found = []
-    for action in _rung_parser()._actions:
+    for action in rung_parser()._actions:
         value = getattr(laid, action.dest, None)
         if action.type is Path and action.option_strings and value is not None:
             found.append((action.option_strings[0], Path(value)))
