@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 
 from trt_otel.control.defaults import STOP_RESERVE_S
+from trt_otel.core.startup import take_lost_interrupt
 
 Handler = Callable[[int, FrameType | None], None]
 
@@ -55,9 +56,13 @@ def handling_interrupts(
     handler: Handler, signals: tuple[signal.Signals, ...] = STOP_SIGNALS
 ) -> Iterator[None]:
     """``handler`` takes ``signals`` (SIGINT, SIGTERM and SIGHUP) until the block ends; then the
-    handlers that were there before are put back, however it ends."""
+    handlers that were there before are put back, however it ends. A Ctrl-C that came before,
+    since the command started, and was lost on its way (see :mod:`trt_otel.core.startup`) is
+    handed to ``handler`` at once."""
     previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
+        if signal.SIGINT in signals and take_lost_interrupt():
+            handler(signal.SIGINT, None)
         yield
     finally:
         for sig, old in previous.items():
