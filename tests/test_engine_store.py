@@ -22,12 +22,14 @@ import pytest
 from cli import CLI, run_cli, start_cli
 from rtx_builds import import_rtx, write_conv, write_residual
 from trt_otel import JournalWriter, read_journal
+from trt_otel.app.config import StoreConfig
 from trt_otel.app.engine_store import (
     MAX_REASON_CHARS,
     StoreStatus,
     StoreVisit,
     engines_summary,
     store_status,
+    visit_store,
 )
 from trt_otel.app.fleet import Fleet
 from trt_otel.app.store_command import StoreCommand, run_store
@@ -417,6 +419,38 @@ def test_a_store_exactly_at_its_bound_keeps_everything(tmp_path: Path) -> None:
     stored(store, tmp_path, attributes(**{"trt.version": "1.7.2"}), b"b" * 100)
     assert store.prune(200) == []
     assert len(store.entries()) == 2
+
+
+def test_a_stored_engine_refused_by_its_digest_is_no_hit_in_the_builds_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found, refused, built: the build's record says it was not served."""
+    store = tmp_path / "store"
+    entry = stored(EngineStore(store), tmp_path, BASE, b"an engine")
+    entry.engine.write_bytes(b"an engin3")  # same size, other bytes
+    output = tmp_path / "out.engine"
+    job = BuildJob(model_path=tmp_path / "m.onnx", engine_path=output)
+    recorded = dict(BASE)
+    with contextlib.ExitStack() as stack:
+        visit = visit_store(stack, StoreConfig(store), job, recorded)
+    assert visit is not None and visit.served is None
+    assert "does not match its SHA-256" in capsys.readouterr().err
+    assert store_status(recorded) == StoreStatus(
+        served=False, saved_s=None, miss_reason=NO_ENGINE_YET
+    )
+    assert not output.exists(), "nothing served"
+
+
+def test_store_verify_exits_4_while_an_engine_is_damaged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = EngineStore(tmp_path / "store")
+    entry = stored(store, tmp_path, BASE, b"an engine")
+    assert run_store(StoreCommand("verify", store.root)) == 0
+    entry.engine.write_bytes(b"an engin3")
+    assert run_store(StoreCommand("verify", store.root)) == 4
+    said = capsys.readouterr().out
+    assert "does not match its SHA-256" in said and said.endswith("1 of 1 entries damaged\n")
 
 
 def test_store_ls_says_each_engines_model_backend_and_version(

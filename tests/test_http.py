@@ -25,6 +25,8 @@ from prometheus_client import CollectorRegistry
 
 from cli import CLI, HOLD, announced_url, start_demo
 from trt_otel import BuildMonitor, Outcome, read_journal
+from trt_otel.app.assembly import attach_session
+from trt_otel.app.config import HttpConfig, ObservabilityConfig
 from trt_otel.builder.simulator import Driver, generate_plan
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.views.http import StatusServer
@@ -276,6 +278,31 @@ def test_a_stream_of_several_builds_ends_with_the_log_not_a_build() -> None:
     assert not feed.ended and not feed.frames_after(-1, 0)[2]
     feed.close()
     assert feed.frames_after(-1, 0)[2]
+
+
+@pytest.mark.parametrize("builds_in_a_run", [False, True], ids=["build", "run"])
+def test_a_sessions_event_stream_ends_with_its_build_unless_it_is_a_run(
+    builds_in_a_run: bool,
+) -> None:
+    """The HTTP view a session attaches: a build's stream is over once the build has ended;
+    ``trt-otel run``'s goes on to the next build, its end not the stream's."""
+    monitor = BuildMonitor(model=ReadModel())
+    assert monitor.model is not None
+    with contextlib.ExitStack() as stack:
+        views = attach_session(
+            stack,
+            monitor,
+            ObservabilityConfig(http=HttpConfig(port=0)),
+            model=monitor.model,
+            builds_in_a_run=builds_in_a_run,
+        )
+        assert views.http is not None
+        Driver(speed=0).run(monitor, generate_plan(1))
+        monitor.end()
+        _, frames, over = views.http.feed.frames_after(-1, 0)
+        assert b"\nevent: build_end\n" in frames[-1], "the build's end was streamed"
+        assert over == (not builds_in_a_run)
+    monitor.close()
 
 
 def test_the_event_feed_keeps_the_newest_frames_and_says_what_it_dropped() -> None:

@@ -169,6 +169,24 @@ def test_snapshots_that_just_fit_the_budget_are_sent_without_a_warning() -> None
     looked.monitor.close()
 
 
+def test_each_snapshot_of_a_phase_has_a_span_id_of_its_own_under_the_phases_span() -> None:
+    """A phase open through a refresh is sent twice: the backend gets two spans, each under
+    the phase's own span, never one span id twice."""
+    looked = Looked(Unsent())
+    looked.two_phases_open()
+    clock, live = looked.clock, looked.live
+    clock.advance(LIVE_INTERVAL_S)
+    first = live.snapshot(clock.mono_ns())
+    clock.advance(REFRESH_S)
+    again = live.snapshot(clock.mono_ns())
+    assert [r.name for r in first] == [r.name for r in again] == BOTH
+    assert [r.parent_span_id for r in again] == [r.parent_span_id for r in first]
+    span_ids = {r.span_id for r in (*first, *again)}
+    assert len(span_ids) == 4, "each snapshot an id of its own"
+    assert not span_ids & {r.parent_span_id for r in first}, "never the phase's own id"
+    looked.monitor.close()
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize(("closer", "protocol"), [("replay", "http/protobuf"), ("watch", "grpc")])

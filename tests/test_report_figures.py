@@ -109,6 +109,28 @@ def test_the_live_timeline_draws_the_builds_end_at_once_though_it_redraws_once_a
     assert re.findall(r'<rect class="bar (\w+)"', ended) == ["finished"]
 
 
+def test_the_live_timeline_draws_a_silent_build_up_to_now_though_no_event_comes() -> None:
+    """TensorRT silent and no sample arriving either: each drawing shows the open phase's
+    current silence up to now (on the build's clock), not only up to the last event."""
+    from trt_otel.core.readmodel import ReadModel
+    from trt_otel.views.report.live import LiveTimeline
+
+    clock = ManualClock()
+    monitor = BuildMonitor(clock=clock)
+    model = ReadModel()
+    timeline = LiveTimeline(model, clock)
+    monitor.start()
+    monitor.phase_start("Building engine", None, 2)
+    monitor.step_complete("Building engine", 0)
+    model.handle(monitor.log.recent())
+    silences = r"<title>silent for ([\d.]+)s in Building engine</title>"
+    clock.advance(2)
+    assert re.findall(silences, timeline.svg()) == ["2.0"]
+    clock.advance(20)
+    assert re.findall(silences, timeline.svg()) == ["22.0"], "drawn again, up to now"
+    monitor.close()
+
+
 def test_a_nested_phases_label_is_cut_to_fit_beside_its_indent() -> None:
     """The labels' column holds 44 characters, less one a level of nesting: a 42-character
     name fits at the root, and three levels down is cut, with an ellipsis."""
