@@ -64,8 +64,10 @@ status, with a live page URL to show a person); wait_build blocks until the buil
 ends (or a timeout passes); build_status and build_events read it at any time; cancel_build
 stops it (TensorRT stops at its next step; a build silent longer than its grace period is stopped
 from outside). Builds keep running when this server stops; a new server finds them again.
-Exit codes: 0 built, 3 cancelled or timed out, 4 failed. Every path given (model, output, a path
-in options) must resolve, symlinks followed, inside one of the server's roots: {roots}; an output
+Exit codes: 0 built, 3 cancelled or timed out, 4 failed. A build's options may be given as on
+the command line (options) or typed (settings: start_build's schema lists them). Every path given
+(model, output, a path in options or settings) must resolve, symlinks followed, inside one of the
+server's roots: {roots}; an output
 that exists is replaced only with overwrite: true. {network}. Strings are bounded (paths and
 options {paths:,} characters, at most {options} options, an id {ids}, a reason {reasons}): a
 longer one is refused."""
