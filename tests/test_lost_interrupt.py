@@ -10,13 +10,18 @@ import signal
 import sys
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 
 import pytest
 
 import trt_otel
+from trt_otel.app.cli import main
+from trt_otel.app.session import EXIT_INTERRUPTED
 from trt_otel.control.signals import handling_interrupts
 from trt_otel.core.startup import startup_done, take_lost_interrupt
+
+DATA = Path(__file__).parent / "data"
 
 
 @pytest.fixture
@@ -85,3 +90,22 @@ def test_a_ctrl_c_that_reached_the_command_raises_as_pythons_handler_does(
         os.kill(os.getpid(), signal.SIGINT)
         for _ in range(10_000_000):
             pass
+
+
+def test_a_command_that_went_on_after_a_dropped_ctrl_c_still_exits_as_interrupted(
+    command_handler: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """No build's handling to take it (a report): the command ends its work, then says it was
+    interrupted, with the exit of a Ctrl-C."""
+    ctrl_c_inside_a_weakref_callback(monkeypatch)
+    page = tmp_path / "report.html"
+    code = main(["report", str(DATA / "rtx-conv8-success.jsonl"), "-o", str(page)])
+    assert (code, capsys.readouterr().err.strip().splitlines()[-1]) == (
+        EXIT_INTERRUPTED,
+        "trt-otel: interrupted",
+    )
+    assert page.exists()
+    assert main(["report", str(DATA / "rtx-conv8-success.jsonl"), "-o", str(page)]) == 0

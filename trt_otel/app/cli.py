@@ -65,7 +65,7 @@ from trt_otel.core.events import BuildStarted, Outcome
 from trt_otel.core.exiting import exit_without_teardown
 from trt_otel.core.journal_codec import JournalError
 from trt_otel.core.readmodel import ReadModel
-from trt_otel.core.startup import startup_done
+from trt_otel.core.startup import startup_done, take_lost_interrupt
 from trt_otel.views.console import render_build
 from trt_otel.views.otlp_settings import OtlpConfigError
 from trt_otel.views.terminal import PipeSafeStream, pipe_safe_stderr, printable, say
@@ -80,10 +80,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the cleanup: what is left to say is dropped.
     try:
         with pipe_safe_stderr():
-            return _main(argv)
+            code = _main(argv)
     except KeyboardInterrupt:  # between the two, or on the way out: still one line, not a trace
         print("trt-otel: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    if code != EXIT_INTERRUPTED and take_lost_interrupt():
+        # A Ctrl-C that Python dropped on its way (see trt_otel.core.startup) and no build's
+        # handling took: the command went on to its end, but the user did interrupt it.
+        print("trt-otel: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return code
 
 
 def run() -> NoReturn:

@@ -12,7 +12,8 @@ Python runs code whose exceptions it only prints (a weakref callback, such as th
 an import's module lock go as a module finishes importing, or a ``__del__``), it never reaches
 the command, which would build on as if no Ctrl-C had come (seen about once in 700 Ctrl-Cs at
 random moments of a demo's start). A build's own handling takes the remembered one as it takes
-over (:func:`take_lost_interrupt`), as if it had come then.
+over (:func:`take_lost_interrupt`), as if it had come then; a command with no build to stop ends
+its work, then exits as interrupted.
 """
 
 from __future__ import annotations
