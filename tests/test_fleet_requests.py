@@ -12,7 +12,9 @@ import pytest
 from trt_otel.app.fleet import Fleet
 from trt_otel.app.fleet_documents import BuildRequest
 from trt_otel.app.fleet_requests import (
+    MAX_OPTIONS,
     FleetError,
+    bounded_request,
     check_command_line,
     ladder_options,
     settings_options,
@@ -20,7 +22,7 @@ from trt_otel.app.fleet_requests import (
 )
 from trt_otel.app.fleets import BuildFleet
 from trt_otel.app.ray_fleet import RayFleet
-from trt_otel.app.retries import retry_rungs
+from trt_otel.app.retries import MAX_RUNGS, retry_rungs
 
 
 class NoRay:
@@ -233,3 +235,61 @@ def test_a_typed_rung_of_the_wrong_name_or_shape_is_refused(
     with pytest.raises(FleetError) as refused:
         fleet.start(BuildRequest(kind="demo", retries=(rung,)))
     assert said in str(refused.value)
+
+
+def test_a_request_of_as_many_options_as_allowed_is_taken_and_one_more_is_refused() -> None:
+    """:data:`MAX_OPTIONS` is the most a request may carry, not a count it must stay under."""
+    options = ("--no-gpu",) * MAX_OPTIONS
+    assert bounded_request(BuildRequest(kind="demo", options=options)) == list(options)
+    with pytest.raises(FleetError, match=f"options has {MAX_OPTIONS + 1} items; at most"):
+        bounded_request(BuildRequest(kind="demo", options=(*options, "--no-gpu")))
+
+
+def test_a_ladder_of_as_many_rungs_as_allowed_is_taken_and_one_more_is_refused() -> None:
+    """:data:`MAX_RUNGS` retry rungs is the longest ladder a request may ask for."""
+    rungs = ("--no-gpu",) * MAX_RUNGS
+    taken = bounded_request(BuildRequest(kind="demo", retries=rungs))
+    assert taken == ["--retry=--no-gpu"] * MAX_RUNGS
+    with pytest.raises(FleetError, match=f"retries has {MAX_RUNGS + 1} rungs; at most"):
+        bounded_request(BuildRequest(kind="demo", retries=(*rungs, "--no-gpu")))
+
+
+def test_a_builds_metrics_serve_on_loopback_even_where_network_options_are_allowed(
+    tmp_path: Path,
+) -> None:
+    """A server that lets its clients set network options still serves its builds' metrics on
+    this machine alone: a host name that merely begins with ``localhost`` is not loopback."""
+    fleet = Fleet(tmp_path / "state", roots=[tmp_path], allow_network=True)
+    for address in ("localhost.evil.example", "localhost-gpu-box", "0.0.0.0"):
+        options = ("--prometheus-port", "0", "--prometheus-address", address)
+        with pytest.raises(FleetError, match="is not a loopback address"):
+            fleet.start(BuildRequest(kind="demo", options=options))
+    assert fleet.ids() == []
+
+
+def test_an_output_among_a_fleets_records_is_refused(tmp_path: Path) -> None:
+    """An engine written over a build's record or a journal would lose that build: an output
+    in either folder of the fleet's is refused, even with ``overwrite``."""
+    fleet = fleets(tmp_path)["ray"]
+    shared = (tmp_path / "shared").resolve()
+    for output in (
+        shared / "builds" / "0123456789ab" / "build.json",
+        shared / "journals" / "0123456789ab.jsonl",
+    ):
+        with pytest.raises(FleetError, match="is among the fleet's records"):
+            fleet.start(BuildRequest(kind="demo", output=str(output), overwrite=True))
+
+
+def test_a_path_inside_any_one_of_the_local_fleets_roots_is_taken(tmp_path: Path) -> None:
+    """The roots are alternatives: a model in one root and the history in another are both
+    inside (``will_it_fit`` reads both, and builds nothing)."""
+    models, journals = tmp_path / "models", tmp_path / "journals"
+    models.mkdir()
+    journals.mkdir()
+    model = models / "m.onnx"
+    model.write_bytes(b"hashed, never built")
+    fleet = Fleet(tmp_path / "state", roots=[models, journals])
+    fit = fleet.fit(str(model), "10m", str(journals))
+    assert (fit.answer, fit.builds) == ("unknown", 0)
+    with pytest.raises(FleetError, match="is outside the server's roots"):
+        fleet.fit(str(model), "10m", str(tmp_path))
