@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from trt_otel import BuildMonitor, JournalWriter, ManualClock, Outcome
-from trt_otel.app.commands import build_parser, command_of
+from trt_otel.app.commands import command_of, parse_command_line
 from trt_otel.app.config import UsageError
 from trt_otel.app.fleet import Fleet, _lifecycle
 from trt_otel.app.fleet_arguments import FleetCommand
@@ -384,10 +384,8 @@ def fleet_command(
     shared: Path, action: str, *arguments: str, ray: str = "http://head:8265"
 ) -> FleetCommand:
     command = command_of(
-        build_parser().parse_args(
-            ["fleet", action, "--ray", ray, "--shared-dir", str(shared), *arguments]
-        )
-    )  # fmt: skip
+        parse_command_line(["fleet", action, "--ray", ray, "--shared-dir", str(shared), *arguments])
+    )
     assert isinstance(command, FleetCommand)
     return command
 
@@ -527,6 +525,21 @@ def test_fleet_submits_build_options_are_those_after_the_double_dash(tmp_path: P
     for dashes in (["--"], ["--", "--"]):
         command = fleet_command(tmp_path, "submit", "model.onnx", *dashes, "--no-gpu", "--fp16")
         assert (command.model, command.options) == ("model.onnx", ("--no-gpu", "--fp16")), dashes
+
+
+def test_fleet_submit_takes_its_output_either_side_of_the_model_and_a_demo_no_model(
+    tmp_path: Path,
+) -> None:
+    """``MODEL -o ENGINE -- OPTIONS``, as the usage line shows it: the output is the fleet's,
+    the options after ``--`` the build's; a demo's options are not its model."""
+    for arguments in (["model.onnx", "-o", "m.engine"], ["-o", "m.engine", "model.onnx"]):
+        command = fleet_command(tmp_path, "submit", *arguments, "--", "--fp16", "-o", "x")
+        assert (command.model, command.output) == ("model.onnx", "m.engine"), arguments
+        assert command.options == ("--fp16", "-o", "x"), "the build's, refused by the fleet"
+    demo = fleet_command(tmp_path, "submit", "--demo", "--", "--speed", "0")
+    assert (demo.kind, demo.model, demo.options) == ("demo", None, ("--speed", "0"))
+    with pytest.raises(SystemExit):  # a build option without its "--": refused, not taken
+        fleet_command(tmp_path, "submit", "model.onnx", "--fp16")
 
 
 def test_fleet_wait_gives_up_after_its_timeout(tmp_path: Path) -> None:

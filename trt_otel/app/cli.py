@@ -22,8 +22,8 @@ from trt_otel.app.commands import (
     ReplayCommand,
     RunCommand,
     WatchCommand,
-    build_parser,
     command_of,
+    parse_command_line,
 )
 from trt_otel.app.components import attach_views, console_view
 from trt_otel.app.config import ObservabilityConfig, SessionConfig, UsageError, supervises
@@ -107,7 +107,7 @@ def exit_now(code: int) -> NoReturn:
 
 def _main(argv: Sequence[str] | None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_command_line(argv)
         command = command_of(args)
         if isinstance(command, DemoCommand | BuildCommand):
             return _build_or_demo(command)

@@ -7,6 +7,8 @@ checks a build's command line with this same parser before it starts one.
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +42,7 @@ from trt_otel.app.fleet_arguments import (
     add_scheduler_options,
     fleet_command_of,
     scheduler_target,
+    split_build_options,
 )
 from trt_otel.app.reporting import FORMATS, ReportCommand
 from trt_otel.app.retries import Rung, add_retry_option, retry_rungs
@@ -50,6 +53,16 @@ from trt_otel.builder.simulator import SHAPES
 from trt_otel.capture.backends import BACKEND_NAMES
 from trt_otel.capture.liveness import DEFAULT_LOST_AFTER_S
 from trt_otel.core.version import __version__
+
+
+def parse_command_line(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """``trt-otel``'s command line (``sys.argv``'s by default) as its parser reads it, with
+    ``fleet submit``'s build options, after its ``--``, apart."""
+    words, build_options = split_build_options(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(words)
+    if build_options:
+        args.options = build_options
+    return args
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -97,7 +98,9 @@ def add_fleet(commands: argparse._SubParsersAction[Parser]) -> None:
     )
     submit.add_argument("--overwrite", action="store_true", help="replace the output if it exists")
     add_resource_options(submit)
-    submit.add_argument("options", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    # The build's options are what follows ``--`` (split off by parse_command_line): a
+    # positional that took the rest would take ``-o ENGINE`` after the model too.
+    submit.set_defaults(options=[])
     actions.add_parser("list", help="every build of the shared folder, with its state")
     status = actions.add_parser("status", help="a build's state, progress, ETA and outcome")
     status.add_argument("id")
@@ -167,6 +170,16 @@ def scheduler_target(
     if not folder.expanduser().is_dir():
         raise UsageError(f"--shared-dir {folder}: not a directory")
     return ("slurm" if slurm else "ray"), address, folder.expanduser().resolve()
+
+
+def split_build_options(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``trt-otel fleet submit ... -- OPTIONS``: the command line before its first ``--``, and
+    the build's options after it (none for another command, whose ``--`` is its own)."""
+    words = list(argv)
+    if words[:2] != ["fleet", "submit"] or "--" not in words:
+        return words, []
+    cut = words.index("--")
+    return words[:cut], words[cut + 1 :]
 
 
 def fleet_command_of(args: argparse.Namespace) -> FleetCommand:
