@@ -528,7 +528,7 @@ def test_fleet_submits_build_options_are_those_after_the_double_dash(tmp_path: P
 
 
 def test_fleet_submit_takes_its_output_either_side_of_the_model_and_a_demo_no_model(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``MODEL -o ENGINE -- OPTIONS``, as the usage line shows it: the output is the fleet's,
     the options after ``--`` the build's; a demo's options are not its model."""
@@ -540,6 +540,8 @@ def test_fleet_submit_takes_its_output_either_side_of_the_model_and_a_demo_no_mo
     assert (demo.kind, demo.model, demo.options) == ("demo", None, ("--speed", "0"))
     with pytest.raises(SystemExit):  # a build option without its "--": refused, not taken
         fleet_command(tmp_path, "submit", "model.onnx", "--fp16")
+    said = capsys.readouterr().err
+    assert "unrecognized arguments: --fp16 (the build's options go after --" in said
 
 
 def test_fleet_wait_gives_up_after_its_timeout(tmp_path: Path) -> None:

@@ -165,6 +165,8 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = re.compile(r"^-\.?\d")
+        self.unrecognized_hint = ""
+        """Said after an unrecognized argument (``fleet submit``: where a build's options go)."""
 
     def parse_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
@@ -173,7 +175,9 @@ class Parser(argparse.ArgumentParser):
         it, so that the hint names that command's options."""
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
-            self._parser_of(parsed).error(f"unrecognized arguments: {' '.join(extras)}")
+            given = self._parser_of(parsed)
+            hint = getattr(given, "unrecognized_hint", "")
+            given.error(f"unrecognized arguments: {' '.join(extras)}{hint and f' ({hint})'}")
         return parsed
 
     def _parser_of(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:

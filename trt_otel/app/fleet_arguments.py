@@ -101,6 +101,7 @@ def add_fleet(commands: argparse._SubParsersAction[Parser]) -> None:
     # The build's options are what follows ``--`` (split off by parse_command_line): a
     # positional that took the rest would take ``-o ENGINE`` after the model too.
     submit.set_defaults(options=[])
+    submit.unrecognized_hint = "the build's options go after --: MODEL -- --fp16"
     actions.add_parser("list", help="every build of the shared folder, with its state")
     status = actions.add_parser("status", help="a build's state, progress, ETA and outcome")
     status.add_argument("id")
