@@ -4,6 +4,7 @@ timing cache are written atomically, and the build record says what was asked fo
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from onnx import TensorProto, helper
 
 from rtx_builds import import_rtx, write_conv
 from trt_otel import read_journal
+from trt_otel.app.arguments import add_builder_options, builder_options
 from trt_otel.app.cli import main
 from trt_otel.builder.build import BuildSetupError, run_build
 from trt_otel.builder.onnx_models import demo_model_bytes
@@ -209,6 +211,21 @@ def test_sizes_and_shapes_parse_as_trtexec_writes_them() -> None:
         shape_ranges(["a:1,1,1"], ["a:1"], ["a:1"], ["a:1"])
     with pytest.raises(OptionError, match="different ranks"):
         shape_ranges(["a:1x2,1x2,1"], [], [], [])
+
+
+def test_memory_pools_are_read_comma_separated_and_repeated() -> None:
+    """As trtexec takes them (``--memPoolSize workspace:1G,tacticSharedMem:48K``), and one
+    pool per option too: every pool named reaches the build's options."""
+    parser = argparse.ArgumentParser()
+    add_builder_options(parser)
+    args = parser.parse_args(
+        ["--memPoolSize", "workspace:1G,tacticSharedMem:48K", "--mem-pool-size", "tacticDRAM:2G"]
+    )
+    assert builder_options(args).memory_pools == {
+        "WORKSPACE": 1 << 30,
+        "TACTIC_SHARED_MEMORY": 48 << 10,
+        "TACTIC_DRAM": 2 << 30,
+    }
 
 
 def test_a_dimension_of_zero_is_a_shape_and_a_negative_one_is_not() -> None:

@@ -19,11 +19,13 @@ from trt_otel.app.arguments import (
     add_policy_options,
     add_session_options,
     add_span_options,
+    add_store_options,
     builder_options,
     observability_config,
     policy_config,
     session_config,
     stop_budget,
+    store_config,
 )
 from trt_otel.app.cli import main
 from trt_otel.app.commands import DemoCommand, build_parser, command_of
@@ -36,6 +38,7 @@ from trt_otel.app.config import (
     PolicyConfig,
     SessionConfig,
     SpanConfig,
+    StoreConfig,
     UsageError,
     signal_grace_s,
 )
@@ -160,6 +163,37 @@ def test_the_stop_budget_is_the_option_else_the_environment_else_the_default() -
     parser = argparse.ArgumentParser()
     add_policy_options(parser)
     assert policy_config(parser.parse_args(["--stop-budget", "1m"])).stop_budget_s == 60.0
+
+
+@pytest.mark.parametrize("text", ["0", "0s", "-0"])
+def test_a_stop_budget_of_nothing_is_refused_from_the_environment_as_from_the_option(
+    text: str,
+) -> None:
+    """A stop with no time to end its journal is no budget: ``--stop-budget 0`` is argparse's
+    usage error, and ``$TRT_OTEL_STOP_BUDGET=0`` the same refusal, naming the variable."""
+    parser = argparse.ArgumentParser()
+    add_policy_options(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--stop-budget", text])
+    with pytest.raises(UsageError, match=r"\$TRT_OTEL_STOP_BUDGET=.*must be longer than 0s"):
+        stop_budget(None, {"TRT_OTEL_STOP_BUDGET": text})
+
+
+def test_the_engine_store_is_the_option_else_the_environment() -> None:
+    """``--engine-store DIR`` given wins over ``$TRT_OTEL_ENGINE_STORE`` (a CI job's shared
+    store), which serves where no option names one; ``--engine-store-max`` needs one of them."""
+    parser = argparse.ArgumentParser()
+    add_store_options(parser)
+    environ = {"TRT_OTEL_ENGINE_STORE": " /shared/engines "}
+    assert store_config(parser.parse_args(["--engine-store", "mine"]), environ) == StoreConfig(
+        Path("mine")
+    )
+    assert store_config(parser.parse_args([]), environ) == StoreConfig(Path("/shared/engines"))
+    assert store_config(parser.parse_args([]), {"TRT_OTEL_ENGINE_STORE": " "}) == StoreConfig()
+    bounded = parser.parse_args(["--engine-store-max", "50GiB"])
+    assert store_config(bounded, environ) == StoreConfig(Path("/shared/engines"), 50 << 30)
+    with pytest.raises(UsageError, match="--engine-store-max needs --engine-store DIR"):
+        store_config(bounded, {})
 
 
 def test_builder_options_are_checked_together() -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import msgspec
@@ -11,6 +12,7 @@ import pytest
 
 from journals import write_journal
 from trt_otel import BuildMonitor, ManualClock
+from trt_otel.app.cli import main
 from trt_otel.app.diffing import (
     MAX_HISTORY_JOURNALS,
     history_baseline,
@@ -19,19 +21,26 @@ from trt_otel.app.diffing import (
     matches,
 )
 from trt_otel.app.reporting import build_reports
-from trt_otel.core.events import Event
+from trt_otel.core.events import Event, Outcome
 from trt_otel.views.report.model import BuildReport
 
 
 def built(clock: ManualClock, seconds: float, **attributes: str) -> list[Event]:
     """The events of a successful build of ``seconds`` on ``clock``, with ``attributes``."""
+    return ended(clock, seconds, Outcome.SUCCESS, attributes)
+
+
+def ended(
+    clock: ManualClock, seconds: float, outcome: Outcome, attributes: Mapping[str, str]
+) -> list[Event]:
+    """The events of a build of ``seconds`` on ``clock`` that ended with ``outcome``."""
     monitor = BuildMonitor(attributes=attributes, clock=clock)
     monitor.start()
     monitor.phase_start("Building engine", None, 1)
     clock.advance(seconds)
     monitor.step_complete("Building engine", 0)
     monitor.phase_finish("Building engine")
-    monitor.end()
+    monitor.end(outcome)
     return monitor.log.recent()
 
 
@@ -131,3 +140,42 @@ def test_the_median_of_a_history_says_the_record_of_its_newest_build(tmp_path: P
     baseline = history_baseline(folder, this)
     assert baseline is not None and baseline.builds == 3
     assert baseline.attributes["trt.version"] == "1.2"
+
+
+@pytest.mark.parametrize("outcome", [Outcome.CANCELLATION, Outcome.TIMEOUT, Outcome.FAILURE])
+def test_only_successful_builds_are_a_baseline(tmp_path: Path, outcome: Outcome) -> None:
+    """A build stopped early (cancelled, timed out) or failed is no measure of how long the
+    model takes to build: left out of the median, a usual build never reads as slower."""
+    folder = tmp_path / "history"
+    folder.mkdir()
+    same = {**M1, "trt.backend": RTX}
+    write_journal(folder / "stopped.jsonl", ended(ManualClock(), 1, outcome, same))
+    this = recorded(tmp_path / "this.jsonl", **same)
+    assert history_baseline(folder, this) is None
+    recorded(folder / "earlier.jsonl", **same)
+    baseline = history_baseline(folder, this)
+    assert baseline is not None and baseline.builds == 1
+
+
+@pytest.mark.parametrize(("ending", "code"), [("cancelled", 3), ("failed", 4)])
+def test_a_build_that_did_not_succeed_keeps_its_exit_code_under_the_gate(
+    tmp_path: Path, ending: str, code: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--fail-if-slower`` judges a successful build's time: a cancelled or failed build is
+    not passed by a gate with nothing to compare it with (exit 0), nor failed as slower."""
+    history = tmp_path / "history"
+    history.mkdir()
+    model = tmp_path / "bad.onnx"
+    model.write_bytes(b"\x08\x01garbage that is not onnx")
+    endings = {
+        # A timeout inside a silent window: cancelled at the first step after it.
+        "cancelled": ["--silence", "1s", "--timeout", "0.2s"],
+        "failed": ["--model", str(model)],
+    }
+    demo = [
+        "demo", "--speed", "0", "--no-progress", "--no-gpu", "--no-summary", "--in-process",
+        "--journal", str(tmp_path / "j.jsonl"), "--history", str(history),
+        "--fail-if-slower", "5",
+    ]  # fmt: skip
+    assert main([*demo, *endings[ending]]) == code
+    assert "--fail-if-slower" not in capsys.readouterr().err, "no gate was run"
