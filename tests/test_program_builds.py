@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from trt_otel.app.run import _unfinished
 from trt_otel.capture.program import CurrentBuild, ProgramBuilds, ProgramProcess
-from trt_otel.core.events import Event, Outcome
+from trt_otel.core.events import BuildFinished, Event, Outcome
 from trt_otel.core.log import EventLog
 from trt_otel.core.state import BuildState
 
@@ -90,3 +91,20 @@ def test_each_build_of_a_run_is_folded_once_by_its_own_state(
         [{first.build_id}, {second.build_id}]
     ), "no state folds two builds"
     assert current.state is second.state
+
+
+def test_a_program_that_exits_0_during_a_build_ended_it_by_exiting_not_by_a_signal() -> None:
+    """The program exited with code 0 (``os._exit(0)`` from another thread) while a build ran:
+    the build's end says it exited, with its code; only a negative code is a signal's."""
+    with a_run() as (builds, _, process):
+        builds.handle(process, ("begin", 1, {}, time.time_ns(), time.monotonic_ns()))
+        build = builds.active
+        assert build is not None and build.monitor is not None
+        builds.end_unfinished(lambda unfinished: _unfinished(unfinished, 0, process.pid, None, 5.0))
+        end = build.monitor.log.recent()[-1]
+    assert isinstance(end, BuildFinished)
+    assert (end.outcome, end.detail, end.error_type) == (
+        Outcome.FAILURE,
+        "the program exited (exit code 0) during the build",
+        "ProgramExited",
+    )

@@ -216,7 +216,8 @@ def test_a_cancel_in_the_silent_window_terminates_the_program_within_the_grace_p
     assert "stop now" in end.detail
     assert "stopped with SIGTERM" in end.detail
     assert (end.mono_ns - cancel.mono_ns) / 1e9 < 1.0 + 3.0  # grace, and a loaded machine
-    assert "stopped with SIGTERM" in stderr
+    # The run's last line says trt-otel stopped the program, and why: not that it was killed.
+    assert "the program ended: stopped with SIGTERM (" in stderr, stderr
 
 
 def test_a_script_that_raises_after_its_build_exits_with_its_own_code(
@@ -257,6 +258,18 @@ def test_a_program_that_makes_no_build_passes_through_with_one_line_saying_so(
     assert result.returncode == 7
     assert events == []
     assert "the program made no TensorRT build" in result.stderr
+
+
+def test_a_run_names_its_journal_at_its_end_and_none_without_one(tmp_path: Path) -> None:
+    """Where the run's journal is, among its last lines (to replay or watch it from); a run
+    without a journal names none."""
+    journal = tmp_path / "run.jsonl"
+    with_journal = run_cli("run", "--journal", journal, "--", PYTHON, "-c", "pass", timeout=120)
+    without = run_cli("run", "--", PYTHON, "-c", "pass", timeout=120)
+    assert with_journal.returncode == 0, with_journal.stderr
+    assert without.returncode == 0, without.stderr
+    assert f"journal: {journal}" in with_journal.stderr
+    assert "journal:" not in without.stderr
 
 
 def test_ctrl_c_cancels_the_build_and_exits_130(tmp_path: Path) -> None:

@@ -291,3 +291,19 @@ def test_the_end_watch_writes_for_a_stopped_writer_follows_its_last_event(
     assert isinstance(end, BuildFinished) and end.outcome is Outcome.CANCELLATION
     assert "stopped with SIGTERM" in end.detail
     assert not read.problems
+
+
+def test_only_the_first_cancel_decided_here_reaches_the_control_file(tmp_path: Path) -> None:
+    """Two decisions before the build has recorded the first (a policy's, then a user's ``POST
+    /cancel``): the build gets the first one, and the second is refused, not written over it
+    (the build would stop for the user's reason, not the policy's)."""
+    control = tmp_path / "control"
+    started = BuildStarted(seq=0, wall_ns=time.time_ns(), mono_ns=time.monotonic_ns(),
+                           thread="Main", build_id="b1", attributes={})  # fmt: skip
+    monitor = RemoteBuild(control, started=started, model=ReadModel())
+    assert monitor.cancel("timed out after 1h", source="timeout", timeout=True, policy="timeout")
+    assert not monitor.cancel("cancelled by the user")
+    assert json.loads(control.read_text()) == {
+        "reason": "timed out after 1h", "source": "timeout", "timeout": True, "policy": "timeout",
+    }  # fmt: skip
+    assert monitor.cancelled and monitor.state.cancel is None  # the build has not recorded it
