@@ -67,19 +67,33 @@ def test_a_finished_builds_status_says_how_long_it_took(tmp_path: Path) -> None:
     assert (status.outcome, status.exit_code, status.elapsed_s) == ("success", 0, 12.5)
 
 
-def test_a_journal_replaced_by_another_is_folded_afresh(tmp_path: Path) -> None:
-    """A retried build's journal written anew (another file renamed over it), larger than the
-    first: its fold starts again rather than read on from where the first one's ended."""
+@pytest.mark.parametrize(
+    ("first", "then", "in_place"),
+    [(1, 5, False), (5, 1, True)],
+    ids=["replaced-by-a-larger-one", "rewritten-in-place-shorter"],
+)
+def test_a_journal_written_anew_is_folded_afresh(
+    tmp_path: Path, first: int, then: int, in_place: bool
+) -> None:
+    """A retried build's journal written anew: another file renamed over it, larger than the
+    first, or the same file truncated and written again, shorter than what was read of it. Its
+    fold starts again rather than read on from where the first one's ended (or wait for it to
+    grow past there)."""
     journal = tmp_path / "journal.jsonl"
-    journal_of(journal, phases=1)
+    journal_of(journal, phases=first)
     fold = JournalFold(journal)
     fold.update()
     other = tmp_path / "other.jsonl"
-    second = journal_of(other, phases=5)
-    os.replace(other, journal)
+    second = journal_of(other, phases=then)
+    if in_place:
+        inode = journal.stat().st_ino
+        journal.write_bytes(other.read_bytes())
+        assert journal.stat().st_ino == inode, "the same file"
+    else:
+        os.replace(other, journal)
     state = fold.update()
-    assert state.build_id == second
-    assert state.outcome is not None and state.steps_completed_total == 5
+    assert (state.build_id, state.steps_completed_total) == (second, then)
+    assert state.outcome is not None
 
 
 def test_the_open_phases_are_read_from_the_builds_view() -> None:
@@ -184,22 +198,6 @@ def test_a_build_its_view_says_is_cancelling_is_cancelling() -> None:
     status = status_now("running")
     assert with_view(status, {"status": "cancelling"}).state == "cancelling"
     assert with_view(status, {"status": "running"}).state == "running"
-
-
-def test_a_journal_rewritten_in_place_shorter_is_folded_afresh(tmp_path: Path) -> None:
-    """The same file truncated and written again, now shorter than what was read of it: its
-    fold starts again rather than wait for it to grow past where the last read stopped."""
-    journal = tmp_path / "journal.jsonl"
-    journal_of(journal, phases=5)
-    fold = JournalFold(journal)
-    fold.update()
-    other = tmp_path / "other.jsonl"
-    second = journal_of(other, phases=1)
-    inode = journal.stat().st_ino
-    journal.write_bytes(other.read_bytes())
-    assert journal.stat().st_ino == inode, "the same file"
-    state = fold.update()
-    assert (state.build_id, state.steps_completed_total) == (second, 1)
 
 
 def attempt(journal: Path, number: int, of: int, outcome: Outcome) -> None:
