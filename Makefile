@@ -72,8 +72,8 @@ CORES := $(shell nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || e
 # The inner loop, in under a minute: ruff, mypy and the tests without the e2e mark (none starts a
 # process or a peer or makes a real build: tests/conftest.py fails one that does).
 # Two workers a core (at most 8): these tests wait too (a hung collector's timeout, a drip-fed
-# answer's deadline); on 2 cores the unit tests took 58 s at one worker a core, 40 s at two, 44 s
-# at three.
+# answer's deadline); on 2 cores the unit tests took 58 s at one worker a core, 40 to 56 s at two
+# (five runs), 44 s at three.
 CHECK_WORKERS ?= $(shell n=$$(( 2 * $(CORES) )); echo $$(( n < 8 ? n : 8 )))
 
 check: $(STAMP)
