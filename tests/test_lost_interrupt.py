@@ -41,6 +41,14 @@ class Thing:
     """Something to be let go of."""
 
 
+def ctrl_c_handled_here() -> None:
+    """A real SIGINT to this process, its handler run in this code: between two of the
+    bytecodes that follow."""
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(10_000_000):
+        pass
+
+
 def ctrl_c_inside_a_weakref_callback(monkeypatch: pytest.MonkeyPatch) -> list[BaseException]:
     """A real SIGINT to this process, handled while Python runs a weakref callback; what
     Python then dropped."""
@@ -48,9 +56,7 @@ def ctrl_c_inside_a_weakref_callback(monkeypatch: pytest.MonkeyPatch) -> list[Ba
     monkeypatch.setattr(sys, "unraisablehook", lambda raised: dropped.append(raised.exc_value))
 
     def callback(_: object) -> None:
-        os.kill(os.getpid(), signal.SIGINT)
-        for _ in range(10_000_000):  # the handler runs between two of these bytecodes
-            pass
+        ctrl_c_handled_here()
 
     thing = Thing()
     watcher = weakref.ref(thing, callback)
@@ -87,9 +93,7 @@ def test_a_ctrl_c_that_reached_the_command_raises_as_pythons_handler_does(
     command_handler: None,
 ) -> None:
     with pytest.raises(KeyboardInterrupt):
-        os.kill(os.getpid(), signal.SIGINT)
-        for _ in range(10_000_000):
-            pass
+        ctrl_c_handled_here()
 
 
 def test_a_command_that_went_on_after_a_dropped_ctrl_c_still_exits_as_interrupted(

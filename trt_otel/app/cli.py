@@ -81,15 +81,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with pipe_safe_stderr():
             code = _main(argv)
+            if code != EXIT_INTERRUPTED and take_lost_interrupt():
+                # A Ctrl-C that Python dropped on its way (see trt_otel.core.startup) and no
+                # build's handling took: the command went on to its end, but the user did
+                # interrupt it.
+                raise KeyboardInterrupt
+            return code
     except KeyboardInterrupt:  # between the two, or on the way out: still one line, not a trace
         print("trt-otel: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    if code != EXIT_INTERRUPTED and take_lost_interrupt():
-        # A Ctrl-C that Python dropped on its way (see trt_otel.core.startup) and no build's
-        # handling took: the command went on to its end, but the user did interrupt it.
-        print("trt-otel: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    return code
 
 
 def run() -> NoReturn:

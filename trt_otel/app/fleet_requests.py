@@ -127,7 +127,7 @@ def ladder_options(deadline: str | None, retries: Sequence[object]) -> list[str]
     for index, given in enumerate(retries):
         label = f"retries[{index}]"
         rung = (
-            shlex.join(typed_options(label, rung_settings(), given))
+            shlex.join(typed_options(label, rung_settings(), given, "a retry rung"))
             if isinstance(given, Mapping)
             else given
         )
@@ -275,14 +275,11 @@ def _loopback(address: str) -> bool:
 
 def path_options(kind: str) -> list[tuple[str, str]]:
     """The options of ``trt-otel KIND`` that name a path: (the parser's name, the option)."""
-    for action in build_parser()._actions:
-        if isinstance(action, argparse._SubParsersAction) and kind in action.choices:
-            return [
-                (option.dest, max(option.option_strings, key=lambda s: s.startswith("--")))
-                for option in action.choices[kind]._actions
-                if option.type is Path and option.option_strings
-            ]
-    return []
+    return [
+        (option.dest, max(option.option_strings, key=lambda s: s.startswith("--")))
+        for option in _command_parser(kind)._actions
+        if option.type is Path and option.option_strings
+    ]
 
 
 # -- typed settings ------------------------------------------------------------------------------
@@ -392,7 +389,7 @@ def settings_options(kind: str, settings: object) -> list[str]:
 
 
 def typed_options(
-    label: str, known: Mapping[str, Setting], settings: object, command: str = "a retry rung"
+    label: str, known: Mapping[str, Setting], settings: object, command: str
 ) -> list[str]:
     """``settings`` (what a request calls ``label``) as tokens, each name one of ``known``'s
     (the options of ``command``) and each value of its shape."""

@@ -57,6 +57,8 @@ from trt_otel.app.retries import MAX_RUNG_CHARS, MAX_RUNGS
 from trt_otel.core.version import __version__
 
 T = TypeVar("T")
+TypedOptions = dict[str, str | int | float | bool | list[str | int | float]]
+"""A request's typed options (``settings``, a typed retry rung), as MCP's JSON carries them."""
 
 INSTRUCTIONS = """\
 Start, follow and cancel TensorRT engine builds. start_build returns a build's id at once (its
@@ -154,7 +156,7 @@ def create_server(fleet: BuildFleet) -> MCPServer:
             ),
         ] = None,
         settings: Annotated[
-            dict[str, str | int | float | bool | list[str | int | float]] | None,
+            TypedOptions | None,
             Field(
                 strict=True,
                 description="more trt-otel options, typed (beside or instead of options): "
@@ -186,7 +188,7 @@ def create_server(fleet: BuildFleet) -> MCPServer:
         retries: Annotated[
             list[
                 Annotated[str, Field(strict=True, json_schema_extra={"maxLength": MAX_RUNG_CHARS})]
-                | dict[str, str | int | float | bool | list[str | int | float]]
+                | TypedOptions
             ]
             | None,
             Field(
