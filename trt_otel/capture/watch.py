@@ -134,7 +134,9 @@ def _stream(
         try:
             yield from _frames(connection, url, after_seq, read_timeout_s, deadline)
         except (OSError, http.client.HTTPException, WatchError):  # a head cut short: not its own
-            if deadline.expired:
+            # passed(), not expired: the socket's own timeout may run out before the watchman
+            # has had its turn to shut it down.
+            if deadline.passed():
                 raise _silent(deadline) from None
             raise
         finally:
