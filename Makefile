@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_ARGS ?=
 
-.PHONY: demo check test lint docs bench soak clean phoenix
+.PHONY: demo check check-types check-units test lint docs bench soak clean phoenix
 
 # The tests' modules are compiled (and their asserts rewritten by pytest) once, into __pycache__,
 # not again in every worker and every process a test starts: a PYTHONDONTWRITEBYTECODE set in
@@ -76,10 +76,17 @@ CORES := $(shell nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || e
 # (five runs), 44 s at three.
 CHECK_WORKERS ?= $(shell n=$$(( 2 * $(CORES) )); echo $$(( n < 8 ? n : 8 )))
 
+# mypy runs beside the tests, on a core of its own: it is one process, and the unit tests keep
+# the cores busy only part of the time.
 check: $(STAMP)
 	$(BIN)/ruff check trt_otel tests benchmarks
 	$(BIN)/ruff format --check trt_otel tests benchmarks
+	@$(MAKE) --no-print-directory -j2 check-types check-units
+
+check-types: $(STAMP)
 	$(BIN)/mypy
+
+check-units: $(STAMP)
 	$(BIN)/pytest -n $(CHECK_WORKERS) -m "not e2e" -q
 
 # --dist loadgroup: the tests of an xdist group run on one worker: the Ray tests around one Ray
