@@ -1,23 +1,35 @@
 """What the tests on TensorRT-RTX's real builder share: the module (or a skip saying why there
-is none), generated models, and an independent plain monitor to compare trt-otel's record with.
+is none), generated models, a real build held inside its silent step, and an independent plain
+monitor to compare trt-otel's record with.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import platform
+import signal
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from trt_otel import read_journal
 from trt_otel.builder.onnx_models import conv_net_bytes, residual_net_bytes
-from trt_otel.core.events import Event, PhaseFinished, PhaseStarted, StepCompleted
+from trt_otel.core.events import Event, PhaseFinished, PhaseStarted, ProcessSample, StepCompleted
+from waiting import wait_for_text, wait_until
 
 SILENT_BLOCKS = 600
 """Residual blocks of the silent-window tests' model: a few seconds inside one step of
 "Determining refit engines" (1,500 blocks give ~20-30 s)."""
+
+HELD_BLOCKS = 300
+"""Residual blocks of a model whose build a test holds in its silent step
+(:func:`held_in_silent_step`): the step lasts about 2.5 s on a quiet machine (a 600-block
+build: 8 s of CPU, 5 s of it silent), some twenty times what the hold takes to land."""
 
 SILENT_PHASE = "Determining refit engines"
 """The phase of TensorRT-RTX's silent window: one step of it holds most of a deep model's build,
@@ -50,6 +62,42 @@ def write_conv(path: Path, layers: int = 8) -> Path:
 def write_residual(path: Path, blocks: int = SILENT_BLOCKS) -> Path:
     path.write_bytes(residual_net_bytes(blocks))
     return path
+
+
+@contextlib.contextmanager
+def held_in_silent_step(journal: Path, timeout_s: float = 120) -> Iterator[int]:
+    """The real build writing ``journal``, held inside TensorRT-RTX's silent step for as long as
+    the block lasts: its builder's process stopped (SIGSTOP) once the journal shows the silent
+    phase begun, continued (SIGCONT) at the end. Yields the builder's pid.
+
+    A builder inside that step makes no callback whether it computes or is stopped, and
+    trt-otel keeps watching it either way (its sampler says ``stopped``). Held, the window lasts
+    as long as the test needs to look at it, whatever the machine's load, and costs no core:
+    a test whose window was the builder's own work needed a model 4 to 10 times as large, that
+    burned a core for 20 s and more, and still ran short on a loaded machine."""
+    wait_for_text(journal, f'"name":"{SILENT_PHASE}"'.encode(), timeout_s)
+    samples = [e for e in read_journal(journal).events if isinstance(e, ProcessSample)]
+    assert samples, f"{journal}: the builder's process was never sampled"
+    pid = samples[0].pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_until(
+            lambda: any(
+                isinstance(e, ProcessSample) and e.status == "stopped"
+                for e in read_journal(journal).events
+            ),
+            "trt-otel never saw its builder stopped",
+        )
+        stepped = [
+            e
+            for e in read_journal(journal).events
+            if isinstance(e, StepCompleted) and e.name == SILENT_PHASE
+        ]
+        assert not stepped, "the silent step ended before the builder was held"
+        yield pid
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
 
 
 @dataclass

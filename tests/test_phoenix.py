@@ -8,6 +8,7 @@ where TensorRT-RTX does not import."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
@@ -20,13 +21,13 @@ import pytest
 
 from cli import run_cli, start_cli
 from phoenix_server import MISSING, PHOENIX, PhoenixServer, PhoenixSpan
-from rtx_builds import SILENT_BLOCKS, SILENT_PHASE, write_residual
+from rtx_builds import HELD_BLOCKS, SILENT_PHASE, held_in_silent_step, write_residual
 from trt_otel import read_journal
 from trt_otel.builder.onnx_models import RESIDUAL_SHAPES
 from trt_otel.core.events import BuildStarted, PhaseFinished, PhaseStarted
 from trt_otel.views.otlp_live import LIVE_INTERVAL_S, REFRESH_S
 from trt_otel.views.trace_ids import build_trace_id, phase_span_id
-from waiting import wait_for_text, wait_until
+from waiting import wait_until
 
 pytestmark = [
     pytest.mark.e2e,
@@ -76,7 +77,7 @@ def wait_for_silent_snapshot(phoenix: PhoenixServer, project: str) -> None:
 
 
 def start_build(tmp_path: Path, endpoint: list[str], project: str) -> tuple[Any, Path]:
-    model = write_residual(tmp_path / "residual.onnx", 2 * SILENT_BLOCKS)
+    model = write_residual(tmp_path / "residual.onnx", HELD_BLOCKS)
     journal = tmp_path / "build.jsonl"
     process = start_cli(
         "build", model, "-o", tmp_path / "residual.engine", "--journal", journal,
@@ -94,20 +95,23 @@ def test_a_real_builds_open_phases_are_in_phoenix_while_it_runs_and_its_trace_en
     process, journal = start_build(tmp_path, endpoint, project)
     try:
         # While TensorRT is silent: the open phases, the silent one among them, as snapshots.
-        wait_for_silent_snapshot(phoenix, project)
-        assert process.poll() is None, "shown while the build ran"
-        shown = [s for s in phoenix.spans(project) if s.snapshot]
-        assert {"Building engine", SILENT_PHASE} <= {s.name for s in shown}
-        assert all(0 < s.attributes["trt.build.progress"] < 1 for s in shown)
-        # A phase is sent on the first look after it opens: within one interval of its start
-        # (and the time it takes a loaded machine to get round to it).
-        first = min(s.attributes["trt.phase.running_s"] for s in shown if s.name == SILENT_PHASE)
-        if first > LIVE_INTERVAL_S + 2.0:
-            os.killpg(process.pid, signal.SIGKILL)
-            _, said = process.communicate(timeout=30)
-            shown_at = sorted((s.name, s.attributes["trt.phase.running_s"]) for s in shown)
-            pytest.fail(f"first shown at {first}s: {shown_at}; the build said: {said[-3000:]}")
-        assert running(phoenix.spans(project)), "Phoenix has phases still running"
+        with held_in_silent_step(journal):
+            wait_for_silent_snapshot(phoenix, project)
+            assert process.poll() is None, "shown while the build ran"
+            shown = [s for s in phoenix.spans(project) if s.snapshot]
+            assert {"Building engine", SILENT_PHASE} <= {s.name for s in shown}
+            assert all(0 < s.attributes["trt.build.progress"] < 1 for s in shown)
+            # A phase is sent on the first look after it opens: within one interval of its
+            # start (and the time it takes a loaded machine to get round to it).
+            first = min(
+                s.attributes["trt.phase.running_s"] for s in shown if s.name == SILENT_PHASE
+            )
+            if first > LIVE_INTERVAL_S + 2.0:
+                os.killpg(process.pid, signal.SIGKILL)
+                _, said = process.communicate(timeout=30)
+                shown_at = sorted((s.name, s.attributes["trt.phase.running_s"]) for s in shown)
+                pytest.fail(f"first shown at {first}s: {shown_at}; the build said: {said[-3000:]}")
+            assert running(phoenix.spans(project)), "Phoenix has phases still running"
         _, err = process.communicate(timeout=180)
     finally:
         if process.poll() is None:
@@ -140,10 +144,12 @@ def test_a_build_killed_whole_and_replayed_leaves_nothing_running_in_phoenix(
     ]
     process, journal = start_build(tmp_path, endpoint, project)
     try:
-        wait_for_silent_snapshot(phoenix, project)
-        wait_for_text(journal, f'"name":"{SILENT_PHASE}"'.encode())
+        with held_in_silent_step(journal):
+            wait_for_silent_snapshot(phoenix, project)
+            os.killpg(process.pid, signal.SIGKILL)  # every process of the build, held or not
     finally:
-        os.killpg(process.pid, signal.SIGKILL)  # every process of the build
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
         process.communicate(timeout=30)
     assert running(phoenix.spans(project)), "killed: its open phases look as if still running"
     replayed = run_cli("replay", *endpoint, journal, env=environment(project), timeout=120)

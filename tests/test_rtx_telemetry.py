@@ -18,7 +18,7 @@ import pytest
 from cli import CLI
 from otlp_receiver import OtlpReceiver, ReceivedSpan
 from prometheus_server import PrometheusServer, free_port
-from rtx_builds import SILENT_BLOCKS, SILENT_PHASE, write_residual
+from rtx_builds import HELD_BLOCKS, SILENT_PHASE, held_in_silent_step, write_residual
 from trt_otel import read_journal
 from trt_otel.builder.onnx_models import RESIDUAL_SHAPES
 from trt_otel.core.events import PhaseStarted, StepCompleted
@@ -27,6 +27,11 @@ from waiting import wait_until
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SNAPSHOT = "trt.span.snapshot"
+
+
+def snapshots(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
+    """The live snapshots of phases still running."""
+    return [s for s in spans if SNAPSHOT in s.attributes]
 
 
 def final_spans(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
@@ -39,10 +44,7 @@ def test_a_real_builds_metrics_and_spans_arrive(
 ) -> None:
     if shutil.which("prometheus") is None:
         pytest.skip("Debian's prometheus package is not installed (.ci/run installs it)")
-    # Twice the silent tests' model: its window (several seconds on an idle machine) holds a
-    # few of Prometheus's 1 s scrapes once its scrape loop runs, and the build outlasts the 5 s
-    # before its outermost phase's first snapshot span.
-    model = write_residual(tmp_path / "residual.onnx", 2 * SILENT_BLOCKS)
+    model = write_residual(tmp_path / "residual.onnx", HELD_BLOCKS)
     exporter = free_port()
     prometheus = PrometheusServer(tmp_path, f"127.0.0.1:{exporter}")
     try:
@@ -62,8 +64,16 @@ def test_a_real_builds_metrics_and_spans_arrive(
             f'min_over_time(trt_build_phase_steps_completed{{phase="{SILENT_PHASE}"}}[10m]) == 0'
         )
         try:
-            assert prometheus.wait_for(silent, timeout_s=60), "not scraped inside the silent window"
-            assert prometheus.query('max_over_time(trt_build_state{state="running"}[10m]) == 1')
+            # Held in its silent window until Prometheus has scraped it there, and its outermost
+            # phase was shown while it ran (after 5 s open: --otlp-live is on by default).
+            with held_in_silent_step(journal):
+                assert prometheus.wait_for(silent, timeout_s=60), "not scraped in the silent window"
+                assert prometheus.query('max_over_time(trt_build_state{state="running"}[10m]) == 1')
+                wait_until(
+                    lambda: "Building engine" in {s.name for s in snapshots(receiver.spans)},
+                    "the outermost phase shown while it ran",
+                    60,
+                )
         finally:
             _, err = process.communicate(timeout=300)  # a hang's guard: 104 s once in CI
         assert process.returncode == 0, err
@@ -84,9 +94,7 @@ def test_a_real_builds_metrics_and_spans_arrive(
     wait_until(
         lambda: len(final_spans(receiver.spans)) >= sum(phases.values()) + 1, "every span", 30
     )
-    # The outermost phase was shown while it ran (--otlp-live is on by default); the final
-    # trace is what it is without the snapshots.
-    assert "Building engine" in {s.name for s in receiver.spans if SNAPSHOT in s.attributes}
+    # The final trace is what it is without the snapshots.
     spans = final_spans(receiver.spans)
     (build,) = [s for s in spans if not s.parent_span_id]
     assert build.attributes["trt.backend"] == "tensorrt-rtx"
