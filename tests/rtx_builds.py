@@ -79,7 +79,10 @@ def held_in_silent_step(journal: Path, timeout_s: float = 120) -> Iterator[int]:
     samples = [e for e in read_journal(journal).events if isinstance(e, ProcessSample)]
     assert samples, f"{journal}: the builder's process was never sampled"
     pid = samples[0].pid
-    os.kill(pid, signal.SIGSTOP)
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        raise AssertionError(f"{journal}: the build ended before it was held") from None
     try:
         wait_until(
             lambda: any(

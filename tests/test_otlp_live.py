@@ -5,6 +5,7 @@ final span with an id of its own. A real OTLP receiver decoding the wire protoco
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections.abc import Callable
@@ -15,13 +16,13 @@ import pytest
 
 from cli import run_cli, start_cli
 from otlp_receiver import OtlpReceiver, ReceivedSpan
-from rtx_builds import SILENT_BLOCKS, SILENT_PHASE, write_residual
+from rtx_builds import HELD_BLOCKS, SILENT_PHASE, held_in_silent_step, write_residual
 from trt_otel import BuildMonitor, ManualClock
 from trt_otel.builder.onnx_models import RESIDUAL_SHAPES
 from trt_otel.core.readmodel import ReadModel
 from trt_otel.views.otlp_live import LIVE_INTERVAL_S, REFRESH_S, LiveSnapshots
 from trt_otel.views.spans import SpanRecord
-from waiting import wait_for_text, wait_until
+from waiting import wait_until
 
 SNAPSHOT = "trt.span.snapshot"
 
@@ -200,7 +201,7 @@ def test_a_build_killed_whole_is_ended_from_its_journal_and_nothing_stays_runnin
     no snapshot is left without its phase's final span."""
     port = receiver.grpc_port if protocol == "grpc" else receiver.http_port
     endpoint = ["--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-protocol", protocol]
-    model = write_residual(tmp_path / "residual.onnx", 2 * SILENT_BLOCKS)
+    model = write_residual(tmp_path / "residual.onnx", HELD_BLOCKS)
     journal = tmp_path / "killed.jsonl"
     process = start_cli(
         "build", model, "-o", tmp_path / "residual.engine", "--journal", journal,
@@ -208,17 +209,19 @@ def test_a_build_killed_whole_is_ended_from_its_journal_and_nothing_stays_runnin
         "--otlp-live", "on", start_new_session=True,
     )  # fmt: skip
     try:
-        wait_until(
-            lambda: SILENT_PHASE in {s.name for s in snapshots(receiver.spans)},
-            "a snapshot of the silent phase",
-            120,
-        )
-        # What the backend shows comes from the live model, a moment ahead of the journal on
-        # a loaded machine: killed once the journal too has the phase, the journal holds every
-        # phase a snapshot showed.
-        wait_for_text(journal, f'"name":"{SILENT_PHASE}"'.encode())
+        # Killed once the journal too has the silent phase (the hold waits for it): what the
+        # backend shows comes from the live model, a moment ahead of the journal on a loaded
+        # machine, so the journal then holds every phase a snapshot showed.
+        with held_in_silent_step(journal):
+            wait_until(
+                lambda: SILENT_PHASE in {s.name for s in snapshots(receiver.spans)},
+                "a snapshot of the silent phase",
+                120,
+            )
+            os.killpg(process.pid, signal.SIGKILL)  # the CLI, its worker: every process
     finally:
-        os.killpg(process.pid, signal.SIGKILL)  # the CLI, its worker: every process of the build
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
         process.communicate(timeout=30)
     assert process.returncode == -signal.SIGKILL
     before = receiver.spans

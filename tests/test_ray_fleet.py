@@ -23,7 +23,7 @@ import pytest
 
 from cli import CLI, run_cli
 from ray_cluster import RayCluster
-from rtx_builds import import_rtx, write_conv, write_residual
+from rtx_builds import HELD_BLOCKS, held_in_silent_step, import_rtx, write_conv, write_residual
 from trt_otel import Outcome, read_journal
 from trt_otel.app.fleet_documents import BuildRequest
 from trt_otel.app.ray_fleet import RayFleet
@@ -97,37 +97,44 @@ def test_three_real_builds_on_ray_one_built_one_failed_one_cancelled_with_its_re
     shared = tmp_path / "shared"
     shared.mkdir()
     conv = write_conv(shared / "conv.onnx")
-    # Seconds of silence at most on a quiet machine is less than the test takes to see it
-    # running (each look is a command of its own): 1,500 blocks give it 20-30 s.
-    residual = write_residual(shared / "residual.onnx", blocks=1_500)
+    # Held in its silent step while the test looks at it and cancels it (each look is a
+    # command of its own): left to run, its window needed 1,500 blocks, 20-30 s of a core.
+    residual = write_residual(shared / "residual.onnx", blocks=HELD_BLOCKS)
     broken = shared / "broken.onnx"
     broken.write_bytes(b"not an ONNX model")
 
-    submitted = {
-        "built": fleet_json(ray_cluster, shared, "submit", str(conv), "--",
-                            "--shapes", CONV_SHAPES, "--no-gpu"),
-        "cancelled": fleet_json(ray_cluster, shared, "submit", str(residual), "--",
-                                "--shapes", RESIDUAL_SHAPES, "--no-gpu", "--grace", "5m"),
-        "failed": fleet_json(ray_cluster, shared, "submit", str(broken), "--", "--no-gpu"),
-    }  # fmt: skip
-    ids = {name: status["id"] for name, status in submitted.items()}
-    listed = fleet_json(ray_cluster, shared, "list")["builds"]
-    assert {build["id"] for build in listed} == set(ids.values())
-    # An MCP server started now (on the same Ray and folder) finds them as they are.
-    seen = anyio.run(mcp_call, ray_cluster, shared, "list_builds", {})
-    assert {build["id"] for build in seen["builds"]} == set(ids.values())
+    to_cancel = fleet_json(ray_cluster, shared, "submit", str(residual), "--",
+                           "--shapes", RESIDUAL_SHAPES, "--no-gpu", "--grace", "5m")  # fmt: skip
+    journal = Path(to_cancel["journal"])
+    with held_in_silent_step(journal):
+        submitted = {
+            "built": fleet_json(ray_cluster, shared, "submit", str(conv), "--",
+                                "--shapes", CONV_SHAPES, "--no-gpu"),
+            "cancelled": to_cancel,
+            "failed": fleet_json(ray_cluster, shared, "submit", str(broken), "--", "--no-gpu"),
+        }  # fmt: skip
+        ids = {name: status["id"] for name, status in submitted.items()}
+        listed = fleet_json(ray_cluster, shared, "list")["builds"]
+        assert {build["id"] for build in listed} == set(ids.values())
+        # An MCP server started now (on the same Ray and folder) finds them as they are.
+        seen = anyio.run(mcp_call, ray_cluster, shared, "list_builds", {})
+        assert {build["id"] for build in seen["builds"]} == set(ids.values())
 
-    # Followed through its journal while Ray runs it; then cancelled, with a reason.
-    running = status_until(
-        ray_cluster, shared, ids["cancelled"],
-        lambda s: s["state"] == "running" and s["steps_completed"] > 0,
-    )  # fmt: skip
-    assert running["ray_status"] == "RUNNING"
-    assert running["node"] in ray_cluster.node_ids()
-    assert running["open_phases"], "where it is"
-    cancel = fleet(ray_cluster, shared, "cancel", ids["cancelled"], "--reason", REASON)
-    assert cancel.returncode == 0, cancel.stderr
-    assert f"cancel of {ids['cancelled']} requested: {REASON}" in cancel.stdout
+        # Followed through its journal while Ray runs it; then cancelled, with a reason.
+        running = status_until(
+            ray_cluster, shared, ids["cancelled"],
+            lambda s: s["state"] == "running" and s["steps_completed"] > 0,
+        )  # fmt: skip
+        assert running["ray_status"] == "RUNNING"
+        assert running["node"] in ray_cluster.node_ids()
+        assert running["open_phases"], "where it is"
+        cancel = fleet(
+            ray_cluster, shared, "cancel", ids["cancelled"], "--reason", REASON, "--no-wait"
+        )
+        assert cancel.returncode == 0, cancel.stderr
+        assert f"cancel of {ids['cancelled']} requested: {REASON}" in cancel.stdout
+        # Decided while TensorRT is held: it stops at the step that ends its window.
+        wait_for_text(journal, b'"type":"cancel"')
 
     codes = {name: fleet(ray_cluster, shared, "wait", build_id) for name, build_id in ids.items()}
     assert {name: done.returncode for name, done in codes.items()} == {
@@ -278,9 +285,10 @@ def test_the_mcp_server_on_ray_restarted_between_calls_loses_nothing(
     import_rtx()
     shared = tmp_path / "shared"
     shared.mkdir()
-    # A long silent window (20-30 s even on a quiet machine): the build still runs after a few
-    # server restarts.
-    residual = write_residual(shared / "residual.onnx", blocks=3_000)
+    # Held in its silent step until it is cancelled: the build still runs after a few server
+    # restarts, however long they take (left to run, its window needed 3,000 blocks).
+    residual = write_residual(shared / "residual.onnx", blocks=HELD_BLOCKS)
+    hold = contextlib.ExitStack()
 
     async def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         return await mcp_call(ray_cluster, shared, name, arguments)  # a new server each call
@@ -294,6 +302,7 @@ def test_the_mcp_server_on_ray_restarted_between_calls_loses_nothing(
              "options": ["--shapes", RESIDUAL_SHAPES, "--no-gpu", "--grace", "2s"]},
         )  # fmt: skip
         build_id = started["id"]
+        hold.enter_context(held_in_silent_step(Path(started["journal"])))
         listed = await call("list_builds", {})
         assert [b["id"] for b in listed["builds"]] == [build_id]
         progressed = await call(
@@ -304,6 +313,7 @@ def test_the_mcp_server_on_ray_restarted_between_calls_loses_nothing(
         while (await call("build_status", {"id": build_id}))["steps_completed"] == 0:
             assert time.monotonic() < deadline
         await call("cancel_build", {"id": build_id, "reason": REASON})
+        hold.close()
         ended = await call("wait_build", {"id": build_id, "until": "end", "timeout_s": 300})
         assert ended["reason"] == "ended"
         assert ended["status"]["outcome"] == "cancellation"
@@ -311,7 +321,8 @@ def test_the_mcp_server_on_ray_restarted_between_calls_loses_nothing(
         events = await call("build_events", {"id": build_id, "limit": 1000})
         assert events["events"][0]["type"] == "build_start"
 
-    anyio.run(scenario)
+    with hold:
+        anyio.run(scenario)
 
 
 @pytest.mark.e2e
