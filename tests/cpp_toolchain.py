@@ -6,11 +6,12 @@ toolchain is and how the test driver (``cpp/tests/driver.cpp``) is compiled."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -66,24 +67,50 @@ def include_flags() -> list[str]:
     ]
 
 
+CCACHE = shutil.which("ccache")
+"""ccache, where it is installed (.ci/run installs it): a unit whose sources and flags did not
+change since an earlier run is not compiled again (the sanitized ones take seconds each)."""
+
+
+def compiler_environment() -> dict[str, str]:
+    """The environment of a compile: ccache keys a ``-g`` build on its sources and flags, not
+    on the folder it runs in (each test's is new)."""
+    return {**os.environ, "CCACHE_NOHASHDIR": "1"}
+
+
+def cmake_launcher() -> list[str]:
+    """CMake's options that compile through ccache, where it is installed."""
+    return [f"-DCMAKE_CXX_COMPILER_LAUNCHER={CCACHE}"] if CCACHE else []
+
+
+def build_program(source: Path, binary: Path, flags: Sequence[str]) -> Path:
+    """``source`` compiled with ``flags`` (through ccache, which caches compiles, not links)
+    and linked into ``binary``; a compiler's complaint fails the test with its message. The
+    compile runs in the source's folder and names it by its name alone: a source a test wrote
+    into a folder of its own is then the same unit to ccache from run to run."""
+    unit = binary.with_name(f"{binary.name}.o")
+    compiler = [CCACHE, "g++"] if CCACHE else ["g++"]
+    for command, folder in (
+        ([*compiler, "-std=c++17", *flags, "-c", source.name, "-o", str(unit)], source.parent),
+        (["g++", *flags, str(unit), "-o", str(binary), "-pthread"], None),
+    ):
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+            cwd=folder,
+            env=compiler_environment(),
+        )
+        assert done.returncode == 0, done.stderr
+    return binary
+
+
 def compile_driver(variant: str, directory: Path) -> Path:
     """The test driver, compiled in ``directory`` as one of :data:`DRIVER_VARIANTS`."""
-    binary = directory / f"driver-{variant}"
-    command = [
-        "g++",
-        "-std=c++17",
-        "-g",
-        *WARNINGS,
-        *DRIVER_VARIANTS[variant],
-        *include_flags(),
-        str(CPP / "tests" / "driver.cpp"),
-        "-o",
-        str(binary),
-        "-pthread",
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr
-    return binary
+    flags = ["-g", *WARNINGS, *DRIVER_VARIANTS[variant], *include_flags()]
+    return build_program(CPP / "tests" / "driver.cpp", directory / f"driver-{variant}", flags)
 
 
 def rtx_library_dir() -> Path | None:

@@ -20,7 +20,7 @@ import pytest
 from trt_otel import read_journal
 from trt_otel.builder.onnx_models import conv_net_bytes, residual_net_bytes
 from trt_otel.core.events import Event, PhaseFinished, PhaseStarted, ProcessSample, StepCompleted
-from waiting import wait_for_text, wait_until
+from waiting import wait_for_text
 
 SILENT_BLOCKS = 600
 """Residual blocks of the silent-window tests' model: a few seconds inside one step of
@@ -84,18 +84,10 @@ def held_in_silent_step(journal: Path, timeout_s: float = 120) -> Iterator[int]:
     except ProcessLookupError:
         raise AssertionError(f"{journal}: the build ended before it was held") from None
     try:
-        wait_until(
-            lambda: any(
-                isinstance(e, ProcessSample) and e.status == "stopped"
-                for e in read_journal(journal).events
-            ),
-            "trt-otel never saw its builder stopped",
-        )
-        stepped = [
-            e
-            for e in read_journal(journal).events
-            if isinstance(e, StepCompleted) and e.name == SILENT_PHASE
-        ]
+        wait_for_text(journal, b'"status":"stopped"')  # trt-otel saw its builder stopped
+        events = read_journal(journal).events
+        assert any(isinstance(e, ProcessSample) and e.status == "stopped" for e in events)
+        stepped = [e for e in events if isinstance(e, StepCompleted) and e.name == SILENT_PHASE]
         assert not stepped, "the silent step ended before the builder was held"
         yield pid
     finally:

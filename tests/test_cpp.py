@@ -33,8 +33,11 @@ from cpp_toolchain import (
     CPP,
     TENSORRT_INCLUDE,
     WARNINGS,
+    build_program,
     built_once,
+    cmake_launcher,
     compile_driver,
+    compiler_environment,
     cuda_include,
     header_version,
     include_flags,
@@ -748,10 +751,17 @@ def test_cmake_target_trt_otel_progress_monitor(tmp_path: Path, how: str) -> Non
         defines += ["-DUSE_INSTALLED=ON", f"-DCMAKE_PREFIX_PATH={prefix}"]
     build = tmp_path / "build"
     for step in (
-        ["cmake", "-S", str(consumer), "-B", str(build), *defines],
+        ["cmake", "-S", str(consumer), "-B", str(build), *defines, *cmake_launcher()],
         ["cmake", "--build", str(build)],
     ):
-        done = subprocess.run(step, capture_output=True, text=True, timeout=300, check=False)
+        done = subprocess.run(
+            step,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+            env=compiler_environment(),
+        )
         assert done.returncode == 0, done.stdout + done.stderr
     journal_path = tmp_path / "build.jsonl"
     assert (
@@ -1176,16 +1186,7 @@ def compile_program(
     directory = tmp_path_factory.mktemp(f"{name}-program")
     unit, binary = directory / f"{name}.cpp", directory / name
     unit.write_text(source)
-    command = ["g++", "-std=c++17", *warnings, "-O1", *include_flags(), str(unit)]
-    done = subprocess.run(
-        [*command, "-o", str(binary), "-pthread"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return binary
+    return build_program(unit, binary, [*warnings, "-O1", *include_flags()])
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,8 @@ from cpp_toolchain import (
     REPO_ROOT,
     TENSORRT_INCLUDE,
     built_once,
+    cmake_launcher,
+    compiler_environment,
     cuda_include,
     header_version,
     missing_toolchain,
@@ -90,10 +92,13 @@ def cmake_build(variant: str, directory: Path) -> Path:
     for step in (
         ["cmake", "-S", str(EXAMPLES), "-B", str(build), "-DCMAKE_BUILD_TYPE=",
          f"-DCMAKE_CXX_FLAGS=-g {SANITIZERS[variant]}", f"-DTensorRT_PYTHON={sys.executable}",
-         f"-DTensorRT_INCLUDE_DIR={TENSORRT_INCLUDE}"],
+         f"-DTensorRT_INCLUDE_DIR={TENSORRT_INCLUDE}", *cmake_launcher()],
         ["cmake", "--build", str(build)],
     ):  # fmt: skip
-        done = subprocess.run(step, capture_output=True, text=True, timeout=600, check=False)
+        done = subprocess.run(
+            step, capture_output=True, text=True, timeout=600, check=False,
+            env=compiler_environment(),
+        )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
     return build / "build_engine"
 
@@ -219,10 +224,14 @@ def test_cmake_finds_an_sdk_laid_out_as_nvidia_ships_it(
     outputs = []
     for step in (
         ["cmake", "-S", str(EXAMPLES), "-B", str(build), f"-DTensorRT_ROOT={sdk}",
-         f"-DTensorRT_CUDA_INCLUDE_DIR={cuda_include()}", "-DTensorRT_PYTHON=/nonexistent"],
+         f"-DTensorRT_CUDA_INCLUDE_DIR={cuda_include()}", "-DTensorRT_PYTHON=/nonexistent",
+         *cmake_launcher()],
         ["cmake", "--build", str(build)],
     ):  # fmt: skip
-        done = subprocess.run(step, capture_output=True, text=True, timeout=600, check=False)
+        done = subprocess.run(
+            step, capture_output=True, text=True, timeout=600, check=False,
+            env=compiler_environment(),
+        )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
         outputs.append(done.stdout)
     assert f"TensorRT: tensorrt-rtx in {sdk / 'lib'}; headers {sdk / 'include'};" in outputs[0]
