@@ -596,19 +596,28 @@ def test_a_monitor_destroyed_before_end_leaves_an_unfinished_build(
     assert spans_of(events)[-1].attributes["error.type"] == "unfinished"
 
 
+@pytest.mark.parametrize(
+    ("total", "delay_us", "restore_after"),
+    [
+        (60, 500, 40),
+        # Steps slower than the writer's 10 ms poll: it wakes with nothing to write while the
+        # disk is still full (a loss was once noted then, and the note itself was lost).
+        (16, 25_000, 10),
+    ],
+)
 def test_a_full_disk_loses_events_counted_and_said_without_blocking(
-    driver: Path, tmp_path: Path
+    driver: Path, tmp_path: Path, total: int, delay_us: int, restore_after: int
 ) -> None:
     journal_path = tmp_path / "build.jsonl"
     run = run_driver(
         driver,
         "steps",
         journal=journal_path,
-        total=60,
-        delay_us=500,
+        total=total,
+        delay_us=delay_us,
         poll_ms=10,
         fsize_limit=3000,
-        fsize_restore_after=40,
+        fsize_restore_after=restore_after,
     )
     assert run.summary["completed"], "a full disk must not stop or cancel the build"
     lost = run.summary["events_lost"]

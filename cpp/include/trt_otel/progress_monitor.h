@@ -1133,7 +1133,10 @@ private:
             std::int64_t const startMono = mStartMono;
             lock.unlock();
 
-            bool wroteAll = true;
+            // Only a batch written whole says the journal can be written again: a wake-up with
+            // nothing to write says nothing of a disk that is still full (a loss noted then
+            // was lost with its note, and never said).
+            bool wroteAll = false;
             try
             {
                 if (!batch.empty())
