@@ -399,20 +399,29 @@ def test_a_sample_interval_the_stall_timeout_cannot_hold_is_refused_from_an_agen
 def test_a_restarted_server_finds_its_builds_again(tmp_path: Path, model: Path) -> None:
     state = tmp_path / "state"
 
+    # A real build is held in its silent step until the restarted server has seen it running
+    # (a build left to run its course outlasted a restart only just on a loaded machine).
+    hold = contextlib.ExitStack()
+
     async def first() -> str:
         async with server(state) as client:
             arguments = start_arguments(model, slow=True, blocks=HELD_BLOCKS)
             status = payload(await client.call_tool("start_build", arguments))
-            payload(await client.call_tool("wait_build", {"id": status["id"], "timeout_s": 60}))
+            if REAL:
+                held = held_in_silent_step(state / status["id"] / "journal.jsonl")
+                await anyio.to_thread.run_sync(hold.enter_context, held)
+            else:
+                await client.call_tool("wait_build", {"id": status["id"], "timeout_s": 60})
+            running = payload(await client.call_tool("build_status", {"id": status["id"]}))
+            assert running["state"] == "running", running
             return str(status["id"])
 
-    build_id = anyio.run(first)
+    try:
+        build_id = anyio.run(first)
+    except BaseException:
+        hold.close()  # held until the second server has seen it: let go if there is none
+        raise
     record = json.loads((state / build_id / "build.json").read_text())
-    # A real build is held in its silent step until the restarted server has seen it running
-    # (a build left to run its course outlasted a restart only just on a loaded machine).
-    hold = contextlib.ExitStack()
-    if REAL:
-        hold.enter_context(held_in_silent_step(state / build_id / "journal.jsonl"))
     os.kill(record["pid"], 0)  # the build outlived the server that started it
 
     async def second() -> None:
@@ -422,8 +431,8 @@ def test_a_restarted_server_finds_its_builds_again(tmp_path: Path, model: Path) 
             status = payload(await client.call_tool("build_status", {"id": build_id}))
             assert status["state"] == "running" and status["open_phases"]
             # The builder's process, live from the build's view: a verdict with its evidence.
-            held = status["builder"]["state"] == "stopped"
-            assert held if REAL else status["builder"]["state"] in ("working", "idle")
+            stopped = status["builder"]["state"] == "stopped"
+            assert stopped if REAL else status["builder"]["state"] in ("working", "idle")
             assert status["builder"]["rss_bytes"] > 0
             hold.close()
             ended = payload(

@@ -302,7 +302,8 @@ def test_the_mcp_server_on_ray_restarted_between_calls_loses_nothing(
              "options": ["--shapes", RESIDUAL_SHAPES, "--no-gpu", "--grace", "2s"]},
         )  # fmt: skip
         build_id = started["id"]
-        hold.enter_context(held_in_silent_step(Path(started["journal"])))
+        held = held_in_silent_step(Path(started["journal"]))
+        await anyio.to_thread.run_sync(hold.enter_context, held)
         listed = await call("list_builds", {})
         assert [b["id"] for b in listed["builds"]] == [build_id]
         progressed = await call(
