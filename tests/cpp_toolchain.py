@@ -90,21 +90,29 @@ def build_program(source: Path, binary: Path, flags: Sequence[str]) -> Path:
     into a folder of its own is then the same unit to ccache from run to run."""
     unit = binary.with_name(f"{binary.name}.o")
     compiler = [CCACHE, "g++"] if CCACHE else ["g++"]
-    for command, folder in (
-        ([*compiler, "-std=c++17", *flags, "-c", source.name, "-o", str(unit)], source.parent),
-        (["g++", *flags, str(unit), "-o", str(binary), "-pthread"], None),
-    ):
-        done = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-            cwd=folder,
-            env=compiler_environment(),
-        )
-        assert done.returncode == 0, done.stderr
+    toolchain_step(
+        [*compiler, "-std=c++17", *flags, "-c", source.name, "-o", str(unit)], cwd=source.parent
+    )
+    toolchain_step(["g++", *flags, str(unit), "-o", str(binary), "-pthread"])
     return binary
+
+
+def toolchain_step(
+    command: Sequence[str], *, cwd: Path | None = None, timeout_s: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """One step of a build (a compile, a link, ``cmake``) in the compilers' environment; a
+    failure fails the test with what the tool said."""
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+        cwd=cwd,
+        env=compiler_environment(),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
 
 
 def compile_driver(variant: str, directory: Path) -> Path:

@@ -37,11 +37,11 @@ from cpp_toolchain import (
     built_once,
     cmake_launcher,
     compile_driver,
-    compiler_environment,
     cuda_include,
     header_version,
     include_flags,
     missing_toolchain,
+    toolchain_step,
 )
 from journals import cancel_record, fold, read_clean, spans_of, unchecked
 from otlp_receiver import ReceivedSpan, otlp_receiver
@@ -763,15 +763,7 @@ def test_cmake_target_trt_otel_progress_monitor(tmp_path: Path, how: str) -> Non
         ["cmake", "-S", str(consumer), "-B", str(build), *defines, *cmake_launcher()],
         ["cmake", "--build", str(build)],
     ):
-        done = subprocess.run(
-            step,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-            env=compiler_environment(),
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
+        toolchain_step(step)
     journal_path = tmp_path / "build.jsonl"
     assert (
         subprocess.run([str(build / "app"), str(journal_path)], timeout=60, check=False).returncode

@@ -31,11 +31,11 @@ from cpp_toolchain import (
     TENSORRT_INCLUDE,
     built_once,
     cmake_launcher,
-    compiler_environment,
     cuda_include,
     header_version,
     missing_toolchain,
     rtx_library_dir,
+    toolchain_step,
 )
 from journals import cancel_record, fold, read_clean, spans_of
 from otlp_receiver import ReceivedSpan, otlp_receiver
@@ -95,11 +95,7 @@ def cmake_build(variant: str, directory: Path) -> Path:
          f"-DTensorRT_INCLUDE_DIR={TENSORRT_INCLUDE}", *cmake_launcher()],
         ["cmake", "--build", str(build)],
     ):  # fmt: skip
-        done = subprocess.run(
-            step, capture_output=True, text=True, timeout=600, check=False,
-            env=compiler_environment(),
-        )  # fmt: skip
-        assert done.returncode == 0, done.stdout + done.stderr
+        toolchain_step(step, timeout_s=600)
     return build / "build_engine"
 
 
@@ -228,12 +224,7 @@ def test_cmake_finds_an_sdk_laid_out_as_nvidia_ships_it(
          *cmake_launcher()],
         ["cmake", "--build", str(build)],
     ):  # fmt: skip
-        done = subprocess.run(
-            step, capture_output=True, text=True, timeout=600, check=False,
-            env=compiler_environment(),
-        )  # fmt: skip
-        assert done.returncode == 0, done.stdout + done.stderr
-        outputs.append(done.stdout)
+        outputs.append(toolchain_step(step, timeout_s=600).stdout)
     assert f"TensorRT: tensorrt-rtx in {sdk / 'lib'}; headers {sdk / 'include'};" in outputs[0]
     journal_path = tmp_path / "build.jsonl"
     ran = run_example(build / "build_engine", models("conv"), "--journal", journal_path,
