@@ -19,7 +19,14 @@ import pytest
 
 from trt_otel import read_journal
 from trt_otel.builder.onnx_models import conv_net_bytes, residual_net_bytes
-from trt_otel.core.events import Event, PhaseFinished, PhaseStarted, ProcessSample, StepCompleted
+from trt_otel.core.events import (
+    BuildFinished,
+    Event,
+    PhaseFinished,
+    PhaseStarted,
+    ProcessSample,
+    StepCompleted,
+)
 from waiting import wait_for_text
 
 SILENT_BLOCKS = 600
@@ -76,13 +83,17 @@ def held_in_silent_step(journal: Path, timeout_s: float = 120) -> Iterator[int]:
     a test whose window was the builder's own work needed a model 4 to 10 times as large, that
     burned a core for 20 s and more, and still ran short on a loaded machine."""
     wait_for_text(journal, f'"name":"{SILENT_PHASE}"'.encode(), timeout_s)
-    samples = [e for e in read_journal(journal).events if isinstance(e, ProcessSample)]
+    events = read_journal(journal).events
+    samples = [e for e in events if isinstance(e, ProcessSample)]
     assert samples, f"{journal}: the builder's process was never sampled"
     pid = samples[0].pid
+    ended = f"{journal}: the build ended before it was held"
+    # A build that has ended may have left its pid to another process: never stop that one.
+    assert not any(isinstance(e, BuildFinished) for e in events), ended
     try:
         os.kill(pid, signal.SIGSTOP)
     except ProcessLookupError:
-        raise AssertionError(f"{journal}: the build ended before it was held") from None
+        raise AssertionError(ended) from None
     try:
         wait_for_text(journal, b'"status":"stopped"')  # trt-otel saw its builder stopped
         events = read_journal(journal).events
