@@ -1027,6 +1027,65 @@ def test_a_writer_that_cannot_keep_up_drops_counted_events_and_never_blocks_the_
     assert any(e.type == "build_end" for e in journal.events)
 
 
+def test_exactly_max_pending_events_wait_for_a_sleeping_writer(
+    driver: Path, tmp_path: Path
+) -> None:
+    """The writer sleeps through the whole build (its poll is ten minutes; only end() wakes it):
+    the first max_pending events wait for it, every ordinary one past them is dropped and
+    counted, and the build's end is kept all the same."""
+    journal_path = tmp_path / "build.jsonl"
+    run = run_driver(
+        driver, "steps", journal=journal_path, total=1, delay_us=0, poll_ms=600_000, max_pending=4
+    )
+    # build_start, "Building engine" and "Timing tactics" started, its first step (4 waiting);
+    # its 2 other steps, its finish, the step of "Building engine" and its finish dropped (5).
+    assert run.summary["events_lost"] == 5
+    journal = raw_reader.read_journal(journal_path)  # the file as written, its gap
+    assert [(e.seq, e.type) for e in journal.events[:5]] == [
+        (0, "build_start"),
+        (1, "phase_start"),
+        (2, "phase_start"),
+        (3, "step"),
+        (9, "build_end"),
+    ]
+    notes = [e for e in journal.events if isinstance(e, LogMessage) and "keep up" in e.message]
+    assert len(notes) == 1 and "trt-otel: 5 events" in notes[0].message
+
+
+def test_end_returns_as_soon_as_the_build_end_is_written(driver: Path, tmp_path: Path) -> None:
+    """end() wakes the writer (asleep for its ten-minute poll) and returns once the build_end
+    is written, long before its end_timeout (20 s), whatever else the batch held."""
+    journal_path = tmp_path / "build.jsonl"
+    started = time.monotonic()
+    run = run_driver(
+        driver,
+        "steps",
+        journal=journal_path,
+        total=3,
+        delay_us=0,
+        poll_ms=600_000,
+        end_timeout_ms=20_000,
+    )
+    assert time.monotonic() - started < 10, "end() waited for its timeout"
+    assert run.summary["completed"]
+    assert read_clean(journal_path).events[-1].type == "build_end"
+
+
+def test_a_timeout_the_writer_finds_passed_after_the_build_ended_cancels_nothing(
+    driver: Path, tmp_path: Path
+) -> None:
+    """The writer checks the timeout only when it wakes: one that passed while it slept through
+    a whole short build (1 ms, its poll ten minutes) is no cancel of a build that has ended."""
+    journal_path = tmp_path / "build.jsonl"
+    run = run_driver(
+        driver, "steps", journal=journal_path, total=3, delay_us=2000, timeout_ms=1, poll_ms=600_000
+    )
+    assert run.summary["completed"]
+    events = read_clean(journal_path).events
+    assert [e.type for e in events if e.type in ("cancel", "build_end")] == ["build_end"]
+    assert fold(events).outcome is Outcome.SUCCESS
+
+
 def test_the_logger_records_tensorrts_warnings_on_the_build_span(
     driver: Path, tmp_path: Path
 ) -> None:
@@ -1292,6 +1351,67 @@ def test_a_null_phase_name_is_the_recorders_own_note(tmp_path: Path) -> None:
     state = fold(events)
     assert state.outcome is Outcome.SUCCESS and sum(state.anomalies.values()) == 5
     assert [state.phases[root].name for root in state.roots] == ["(null)"]
+
+
+LIFECYCLE_PROGRAM = r"""
+#include <trt_otel/progress_monitor.h>
+#include <cstring>
+#include <iostream>
+
+// argv: JOURNAL unused|again. "unused": a monitor made and destroyed without a build; "again":
+// a one-step build ended as a success, then end() called again with no engine; prints the
+// outcome each end() returned.
+int main(int argc, char** argv)
+{
+    if (argc != 3)
+        return 2;
+    trt_otel::Options options;
+    options.journal = argv[1];
+    trt_otel::ProgressMonitor monitor(options);
+    if (std::strcmp(argv[2], "again") == 0)
+    {
+        monitor.phaseStart("Building engine", nullptr, 1);
+        monitor.stepComplete("Building engine", 0);
+        monitor.phaseFinish("Building engine");
+        std::cout << trt_otel::toString(monitor.end(true)) << "\n";
+        std::cout << trt_otel::toString(monitor.end(false, "too late")) << "\n";
+    }
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def lifecycle_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return compile_program(tmp_path_factory, "lifecycle", LIFECYCLE_PROGRAM, WARNINGS)
+
+
+def run_lifecycle(program: Path, journal: Path, how: str) -> list[str]:
+    done = subprocess.run(
+        [str(program), str(journal), how], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    return done.stdout.split()
+
+
+def test_a_monitor_destroyed_without_a_build_leaves_only_the_header(
+    lifecycle_program: Path, tmp_path: Path
+) -> None:
+    """No callback, no start(): there was no build, so nothing to call unfinished."""
+    journal = tmp_path / "build.jsonl"
+    assert run_lifecycle(lifecycle_program, journal, "unused") == []
+    lines = journal.read_bytes().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["format"] == "trt-otel-journal"
+
+
+def test_end_called_again_changes_nothing_and_returns_the_recorded_outcome(
+    lifecycle_program: Path, tmp_path: Path
+) -> None:
+    journal = tmp_path / "build.jsonl"
+    assert run_lifecycle(lifecycle_program, journal, "again") == ["success", "success"]
+    events = read_clean(journal).events
+    assert [e.type for e in events].count("build_end") == 1
+    assert fold(events).outcome is Outcome.SUCCESS
 
 
 JOURNAL_PROGRAM = r"""
