@@ -28,6 +28,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from prometheus_server import free_port
+from trt_otel.views.otlp_live import SNAPSHOT
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,16 @@ class ReceivedSpan:
     scope_schema_url: str = ""
     parent_is_remote: bool | None = None
     """From the span's flags: whether its parent came from another process (None: not said)."""
+
+
+def snapshots(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
+    """The live snapshots of phases still running (``trt.span.snapshot``)."""
+    return [s for s in spans if s.attributes.get(SNAPSHOT) is True]
+
+
+def final_spans(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
+    """The spans a trace keeps once its build has ended: the live snapshots left out."""
+    return [s for s in spans if SNAPSHOT not in s.attributes]
 
 
 def _value(value: AnyValue) -> Any:

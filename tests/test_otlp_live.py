@@ -15,20 +15,14 @@ from typing import Any
 import pytest
 
 from cli import run_cli, start_cli
-from otlp_receiver import OtlpReceiver, ReceivedSpan
+from otlp_receiver import OtlpReceiver, final_spans, snapshots
 from rtx_builds import HELD_BLOCKS, SILENT_PHASE, held_in_silent_step, write_residual
 from trt_otel import BuildMonitor, ManualClock
 from trt_otel.builder.onnx_models import RESIDUAL_SHAPES
 from trt_otel.core.readmodel import ReadModel
-from trt_otel.views.otlp_live import LIVE_INTERVAL_S, REFRESH_S, LiveSnapshots
+from trt_otel.views.otlp_live import LIVE_INTERVAL_S, REFRESH_S, SNAPSHOT, LiveSnapshots
 from trt_otel.views.spans import SpanRecord
 from waiting import wait_until
-
-SNAPSHOT = "trt.span.snapshot"
-
-
-def snapshots(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
-    return [s for s in spans if s.attributes.get(SNAPSHOT) is True]
 
 
 @pytest.mark.e2e
@@ -60,7 +54,7 @@ def test_open_phases_show_while_the_build_runs_and_the_final_trace_is_unchanged(
             process.wait()
     assert process.returncode == 0, err
     spans = receiver.spans
-    final = [s for s in spans if SNAPSHOT not in s.attributes]
+    final = final_spans(spans)
     shown = snapshots(spans)
     by_id = {s.span_id: s for s in final}
     assert len(by_id) == len(final), "every final span once"

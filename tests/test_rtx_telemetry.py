@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from cli import CLI
-from otlp_receiver import OtlpReceiver, ReceivedSpan
+from otlp_receiver import OtlpReceiver, final_spans, snapshots
 from prometheus_server import PrometheusServer, free_port
 from rtx_builds import HELD_BLOCKS, SILENT_PHASE, held_in_silent_step, write_residual
 from trt_otel import read_journal
@@ -25,18 +25,6 @@ from trt_otel.core.events import PhaseStarted, StepCompleted
 from waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-SNAPSHOT = "trt.span.snapshot"
-
-
-def snapshots(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
-    """The live snapshots of phases still running."""
-    return [s for s in spans if SNAPSHOT in s.attributes]
-
-
-def final_spans(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
-    """The trace as it is once the build has ended: the live snapshots left out."""
-    return [s for s in spans if SNAPSHOT not in s.attributes]
 
 
 def test_a_real_builds_metrics_and_spans_arrive(

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from otlp_receiver import OtlpReceiver, ReceivedSpan
+from otlp_receiver import OtlpReceiver, final_spans
 from rtx_builds import import_rtx, write_conv, write_residual
 from slurm_cluster import FINAL_STATES, Job, SlurmCluster, trt_otel_on_path
 from trt_otel import Outcome, read_journal
@@ -37,11 +37,6 @@ SILENT_PHASE = b"Determining refit engines"
 FOR_THE_TEST_NODE = ("--gres=none", "--cpus-per-task=1")
 """Over the templates' ``--gres=gpu:1`` and ``--cpus-per-task=4``: the test node has no GPU
 (TensorRT-RTX builds without one) and may have fewer CPUs."""
-
-
-def final_spans(receiver: OtlpReceiver) -> list[ReceivedSpan]:
-    """The spans received but the live snapshots (``trt.span.snapshot``)."""
-    return [s for s in receiver.spans if "trt.span.snapshot" not in s.attributes]
 
 
 @dataclass(frozen=True)
@@ -434,8 +429,8 @@ def test_build_sbatch_stops_a_real_build_in_its_silent_window(
         assert_stopped_by_the_time_limit_warning(events)
     assert not engine.exists()
     started = sum(1 for event in events if event.type == "phase_start")
-    wait_until(lambda: len(final_spans(receiver)) >= started + 1, "every final span", 30)
-    spans = final_spans(receiver)  # the live snapshots (on by default) left out
+    wait_until(lambda: len(final_spans(receiver.spans)) >= started + 1, "every final span", 30)
+    spans = final_spans(receiver.spans)  # the live snapshots (on by default) left out
     assert len(spans) == started + 1, f"one span per phase and one for the build: {spans}"
     build = next(span for span in spans if not span.parent_span_id)
     assert build.resource["slurm.job.id"] == str(job_id)
