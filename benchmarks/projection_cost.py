@@ -96,7 +96,7 @@ def cpu_s(work: Callable[[], object]) -> float:
 
 
 def monitor_and_model(records: list[CallbackRecord]) -> float:
-    monitor = BuildMonitor(model=ReadModel())
+    monitor = BuildMonitor(model=ReadModel(), backend="none")  # as the supervisor's is
     monitor.start()
 
     def take() -> None:

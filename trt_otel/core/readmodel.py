@@ -159,16 +159,19 @@ class ReadModel:
             kind = type(event)
             if kind is BuildStarted and self._builds.begins_another(event):
                 self._begin_build()
-            gaps = self.gaps
-            gaps.seen(event.mono_ns)
+            gaps, state, mono_ns = self.gaps, self.state, event.mono_ns
+            if gaps.first_ns is None:
+                gaps.seen(mono_ns)
             if kind in _PROGRESS:  # before the fold: the gap's phases are those open through it
-                gaps.progressed(self.state.last_progress_mono_ns, event.mono_ns, self.state)
-            self.state.apply(event)
-            if kind is not StepCompleted:  # most events are steps: no boundary there
-                self.boundaries.apply(event, self.state)
-                for phase in closed:
-                    if phase.status is PhaseStatus.FINISHED:
-                        self._group(phase).add(phase)
+                last = state.last_progress_mono_ns
+                if last is None or mono_ns - last >= MIN_GAP_NS:  # else it ends no gap
+                    gaps.progressed(last, mono_ns, state)
+            state.apply(event)
+            if kind is not StepCompleted and kind is not PhaseStarted:  # no boundary there
+                self.boundaries.apply(event, state)
+            for phase in closed:
+                if phase.status is PhaseStatus.FINISHED:
+                    self._group(phase).add(phase)
         return tuple(closed) if closed else ()
 
     def _group(self, phase: Phase) -> SiblingGroup:
@@ -209,7 +212,7 @@ class ReadModel:
             last = state.last_progress_mono_ns
             if last is None or event.mono_ns - last >= MIN_GAP_NS:  # it ends a gap, or starts
                 self.gaps.progressed(last, event.mono_ns, state)
-            state.apply(event)
+            state.step(event)
             self._quiet_step = event
             return
         self._quiet_step = None  # told with this event

@@ -147,14 +147,15 @@ class BuildState:
     def apply(self, event: Event) -> None:
         """Fold one event of this build in. Events must arrive in ``seq`` order; a second
         ``build_start`` raises :class:`AnotherBuildError`."""
+        kind = type(event)  # events are final classes: a type is cheaper to test than a class
+        if kind is StepCompleted:
+            self.step(event)  # type: ignore[arg-type]
+            return
         if self._to_forget:
             self._forget_closed()
         self.last_seq = event.seq
         self.last_event_mono_ns = event.mono_ns
-        kind = type(event)  # events are final classes: a type is cheaper to test than a class
-        if kind is StepCompleted:
-            self._step(event)  # type: ignore[arg-type]
-        elif kind is PhaseStarted:
+        if kind is PhaseStarted:
             self._phase_start(event)  # type: ignore[arg-type]
         elif kind is PhaseFinished:
             self._phase_finish(event)  # type: ignore[arg-type]
@@ -180,11 +181,16 @@ class BuildState:
         elif isinstance(event, ProcessSample):
             self.activity.sample(event, self.last_progress_mono_ns, self.gpu)
 
-    def _step(self, event: StepCompleted) -> None:
+    def step(self, event: StepCompleted) -> None:
+        """:meth:`apply` of a step, for a caller that knows it has one (a build's events are
+        mostly steps: the read model folds them without :meth:`apply`'s dispatch)."""
+        if self._to_forget:
+            self._forget_closed()
+        self.last_seq = event.seq
         self.steps_completed_total += 1
-        # _progressed, written out: a build's events are mostly steps
+        # _progressed, written out
         self.last_progress_wall_ns = event.wall_ns
-        self.last_progress_mono_ns = event.mono_ns
+        self.last_event_mono_ns = self.last_progress_mono_ns = event.mono_ns
         phase_id = self.open_by_name.get(event.name)
         if phase_id is None:
             return
