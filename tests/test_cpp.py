@@ -47,6 +47,7 @@ from journals import cancel_record, fold, read_clean, spans_of, unchecked
 from otlp_receiver import ReceivedSpan, otlp_receiver
 from prometheus_server import free_port
 from trt_otel import BuildMonitor, JournalWriter, Outcome, read_journal
+from trt_otel.app.remote import control_line
 from trt_otel.builder.simulator import Driver, load_trace
 from trt_otel.core import journal as raw_journal
 from trt_otel.core import journal_reader as raw_reader
@@ -1301,6 +1302,30 @@ def test_a_control_files_source_is_one_of_the_known_kinds(
     assert done.stdout.split() == ["cancelled"]
     cancel = cancel_record(read_clean(journal).events)
     assert (cancel["reason"], cancel["source"]) == ("stop it", recorded)
+
+
+@pytest.mark.parametrize("character", ["é", "構", "😀"])
+def test_a_long_reason_of_any_script_keeps_its_source_policy_and_timeout(
+    cancel_program: Path, tmp_path: Path, character: str
+) -> None:
+    """watch's control line for a reason longer than the monitor keeps, in characters of two,
+    three and four bytes: the monitor reads it whole, so the cancel keeps what watch decided,
+    with as much of the reason as fits."""
+    journal, control = tmp_path / "build.jsonl", tmp_path / "control"
+    reason, policy = character * 300, "stall(10m)"
+    control.write_bytes(control_line(reason, source="stall", timeout=True, policy=policy))
+    done = subprocess.run(
+        [str(cancel_program), str(journal), str(control)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    cancel = cancel_record(read_clean(journal).events)
+    assert (cancel["source"], cancel["policy"], cancel["timeout"]) == ("stall", policy, True)
+    assert 50 <= len(cancel["reason"]) <= 200
+    assert reason.startswith(cancel["reason"])
 
 
 NULL_NAMES_PROGRAM = r"""

@@ -11,12 +11,14 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cli import CLI
 from crafted import craft_journal
 from journals import DATA
 from trt_otel.app.cli import main
-from trt_otel.app.remote import Escalation, RemoteBuild
+from trt_otel.app.remote import CONTROL_LINE_BYTES, Escalation, RemoteBuild, control_line
 from trt_otel.core.events import BuildFinished, BuildStarted, Event, Outcome
 from trt_otel.core.journal import JournalWriter
 from trt_otel.core.journal_reader import Journal, read_journal
@@ -307,3 +309,24 @@ def test_only_the_first_cancel_decided_here_reaches_the_control_file(tmp_path: P
         "reason": "timed out after 1h", "source": "timeout", "timeout": True, "policy": "timeout",
     }  # fmt: skip
     assert monitor.cancelled and monitor.state.cancel is None  # the build has not recorded it
+
+
+@given(reason=st.text(), policy=st.text(), timeout=st.booleans())
+def test_a_control_line_fits_what_the_monitor_reads_and_keeps_the_decision(
+    reason: str, policy: str, timeout: bool
+) -> None:
+    """Whatever the reason and policy (any script, any length, lone surrogates), the line is
+    one JSON object within the C++ monitor's read, with the source and timeout flag as decided
+    and the longest beginnings of the reason and policy that fit."""
+    line = control_line(reason, source="stall", timeout=timeout, policy=policy)
+    assert len(line) <= CONTROL_LINE_BYTES
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    decision = json.loads(line)
+    assert (decision["source"], decision["timeout"]) == ("stall", timeout)
+    clean = {
+        key: text.encode("utf-8", "replace").decode()
+        for key, text in (("reason", reason), ("policy", policy))
+    }
+    for key, text in clean.items():
+        assert text.startswith(decision[key])
+        assert len(decision[key]) >= min(len(text), 50)

@@ -32,6 +32,7 @@ from trt_otel.capture.liveness import DEFAULT_LOST_AFTER_S, Writer
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.process import ProcessSampler
 from trt_otel.capture.watch import BuildLostError, follow_journal
+from trt_otel.control.policies import MAX_REASON
 from trt_otel.control.stopping import (
     holds_write_lock,
     owned_by_this_user,
@@ -56,6 +57,29 @@ from trt_otel.views.terminal import say, warn
 from trt_otel.views.trace_ids import TRACEPARENT_ATTRIBUTE, parse_traceparent, trace_id_for
 
 FIRST_EVENT_TIMEOUT_S = 30.0
+CONTROL_LINE_BYTES = 800
+"""The most of a control file the C++ monitor reads (``cancelFromFile`` in
+``progress_monitor.h``: four bytes for each of the 200 code points of a reason it keeps)."""
+
+
+def control_line(reason: str, *, source: str, timeout: bool, policy: str) -> bytes:
+    """A decision as the one JSON line the build's monitor reads, whole within what it reads
+    (:data:`CONTROL_LINE_BYTES`): in UTF-8 rather than ``\\u`` escapes (six bytes a character),
+    the reason and policy clipped to what the monitor keeps, then the longer of them shortened
+    until the line fits. A line cut by the monitor's read would not parse, and the cancel would
+    lose its source, policy and timeout flag."""
+    reason, policy = reason[:MAX_REASON], policy[:MAX_REASON]
+    while True:
+        decision = {"reason": reason, "source": source, "timeout": timeout, "policy": policy}
+        line = (json.dumps(decision, ensure_ascii=False) + "\n").encode("utf-8", "replace")
+        excess = len(line) - CONTROL_LINE_BYTES
+        if excess <= 0:
+            return line
+        cut = max(1, excess // 4)  # characters: four bytes each at most
+        if len(reason.encode("utf-8", "replace")) >= len(policy.encode("utf-8", "replace")):
+            reason = reason[:-cut]
+        else:
+            policy = policy[:-cut]
 
 
 class RemoteBuild:
@@ -112,9 +136,9 @@ class RemoteBuild:
             if self.control_file is None:
                 warn(f"cannot cancel ({reason}): watch was not given --control-file")
                 return False
-            decision = {"reason": reason, "source": source, "timeout": timeout, "policy": policy}
+            line = control_line(reason, source=source, timeout=timeout, policy=policy)
             try:
-                write_atomically(self.control_file, (json.dumps(decision) + "\n").encode())
+                write_atomically(self.control_file, line)
             except OSError as error:
                 why = error.strerror or str(error)
                 self.undelivered = (
