@@ -289,3 +289,10 @@ def test_would_fit_counts_a_build_that_took_the_deadline_exactly_as_within_it() 
     assert "2 of 3 ended within 1m00s" in fit.reason
     assert would_fit(History(builds), 70.0).answer == "yes"
     assert would_fit(None, 60.0).answer == "unknown"
+
+
+def test_would_fit_says_maybe_while_some_earlier_build_ended_past_the_deadline() -> None:
+    builds = [PastBuild(f"b{i}.jsonl", total_s, {}) for i, total_s in enumerate((50, 60, 70))]
+    fit = would_fit(History(builds), 65.0)
+    assert (fit.answer, fit.within, fit.builds) == ("maybe", 2, 3)
+    assert would_fit(History(builds), 70.0).answer == "yes", "every one of them ended within"

@@ -656,3 +656,10 @@ def test_prune_says_what_it_removed_and_the_bytes_left(tmp_path: Path) -> None:
     left = json.loads(run_cli("store", "ls", store, "--json").stdout)["entries"]
     assert [e["key"] for e in left] == [newer["key"]]
     assert answer["bytes"] == newer["bytes"], "what is left, not what was removed"
+
+
+def test_a_served_build_has_no_miss_reason_whatever_its_record_holds() -> None:
+    # A journal is data from elsewhere: a hit with a miss reason beside it was served all the same.
+    served = store_status({"trt.store.hit": True, "trt.store.miss_reason": "options: +fp16 true"})
+    assert served == StoreStatus(served=True, saved_s=None, miss_reason=None)
+    assert engines_summary([served]) == "engines: 1 served"

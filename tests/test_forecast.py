@@ -195,3 +195,11 @@ def test_a_stored_build_that_took_no_time_is_no_earlier_build_to_forecast_from(
     store.put(store_key(other), other, engine, build_s=0.0, build_id="b2")
     assert [entry.record.build_s for entry in store.entries()] == [[0.0], [0.0]]
     assert stored_builds(StoreVisit(store, key, None)) == ([], [])
+
+
+def test_the_nearest_builds_are_nearest_in_proportion_not_in_bytes() -> None:
+    # Against 1000 bytes: 450 is 550 bytes away but 2.2 times smaller; 2100 is 1100 bytes away
+    # but only 2.1 times larger. A builder's time follows the model's scale, not its difference.
+    others = [past(9, size=450), past(36, size=2100), past(32, size=1900), past(30, size=1800)]
+    nearest = nearest_builds(others, 1000, "tensorrt-rtx", "")
+    assert [b.model_bytes for b in nearest] == [1800, 1900, 2100]

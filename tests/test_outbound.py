@@ -561,3 +561,17 @@ def test_an_otlp_collectors_400_goes_to_the_sdk_and_a_3xx_is_refused() -> None:
     moved = answering(308, b"", location="https://elsewhere.example/")
     with moved as (url, _), pytest.raises(NotAccepted):
         AcceptedOn2xx().post(f"{url}/v1/traces", data=b"x", timeout=5.0, allow_redirects=False)
+
+
+def test_a_call_whose_deadline_has_passed_is_refused_before_it_connects() -> None:
+    """A deadline with no time left is exceeded at once: the call fails as a deadline's, and
+    never reaches the peer (no connect is given 0 seconds, which would wait forever or not at
+    all, as each library reads it)."""
+    with answering(200, b"ok") as (url, paths), Deadline(0.0) as deadline:
+        with pytest.raises(DeadlineExceededError, match=r"no complete answer within 0\.0s"):
+            deadline.check()
+        with pytest.raises(DeadlineExceededError):
+            outbound.call(url, deadline, max_bytes=100)
+        assert paths == []
+    with Deadline(5.0) as later:
+        assert 0.0 < later.check() <= 5.0

@@ -139,3 +139,18 @@ def test_a_process_that_is_gone_is_not_the_writer(tmp_path: Path) -> None:
     gone.wait()
     assert not os.path.exists(f"/proc/{gone.pid}")
     assert holds_write_lock(gone.pid, journal) is False
+
+
+def test_a_shared_lock_on_a_descriptor_open_for_writing_is_not_the_writers(tmp_path: Path) -> None:
+    """The writer's lock is exclusive: a descriptor open for writing that holds only a shared
+    ``flock`` (``FLOCK ADVISORY READ``) is not the journal's writer, until it takes it."""
+    journal = tmp_path / "build.jsonl"
+    journal.write_text("")
+    writer = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    try:
+        fcntl.flock(writer, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        assert holds_write_lock(os.getpid(), journal) is False, "written, but the lock is shared"
+        fcntl.flock(writer, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert holds_write_lock(os.getpid(), journal) is True
+    finally:
+        os.close(writer)
