@@ -3,7 +3,8 @@ left out once the bound is reached, and how much of a phase each covers."""
 
 from __future__ import annotations
 
-from trt_otel.core.gaps import MAX_GAPS, MIN_GAP_NS, Gaps
+from trt_otel import BuildMonitor, ManualClock
+from trt_otel.core.gaps import MAX_GAPS, MIN_GAP_NS, Gaps, deepest_open
 from trt_otel.core.state import BuildState
 
 S = 1_000_000_000
@@ -57,3 +58,19 @@ def test_the_overlap_of_a_phase_with_each_gap() -> None:
         (2, 1),
     ], "a gap that begins as the phase ends is not in it"
     assert gaps.overlapping(7 * S, 9 * S) == []
+
+
+def test_a_gap_with_two_phases_open_at_the_deepest_level_is_in_the_first_started() -> None:
+    """Two children of one phase open at once (two threads): the gap ending now is in the one
+    that started first, however many open after it at the same depth."""
+    clock = ManualClock()
+    monitor = BuildMonitor(backend="none", clock=clock)
+    monitor.start()
+    monitor.phase_start("Building engine", None, 1)
+    monitor.phase_start("Timing tactics", "Building engine", 1)
+    monitor.phase_start("Optimizing graph", "Building engine", 1)
+    assert deepest_open(monitor.state) == "Timing tactics"
+    gaps = Gaps()
+    gaps.progressed(0, 2 * S, monitor.state)
+    assert [gap.phase for gap in gaps.kept] == ["Timing tactics"]
+    monitor.close()

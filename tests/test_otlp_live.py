@@ -164,6 +164,22 @@ def test_snapshots_that_just_fit_the_budget_are_sent_without_a_warning() -> None
     looked.monitor.close()
 
 
+def test_final_spans_past_the_budget_leave_no_room_for_any_snapshot() -> None:
+    """Final spans sent after the snapshots can take the budget below what the snapshots
+    already used: the room is then less than none, and no snapshot is sent (not the due ones
+    but the last, as a slice by a negative room would)."""
+    warnings: list[str] = []
+    sink = Unsent(spans_left=2)
+    looked = Looked(sink, warn=warnings.append)
+    looked.two_phases_open()
+    assert looked.after(LIVE_INTERVAL_S) == BOTH
+    sink.left = 1  # two snapshots sent, room for one span in all: one short
+    assert looked.after(REFRESH_S) == []
+    assert looked.live.sent == 2
+    assert len(warnings) == 1 and "span budget" in warnings[0]
+    looked.monitor.close()
+
+
 def test_each_snapshot_of_a_phase_has_a_span_id_of_its_own_under_the_phases_span() -> None:
     """A phase open through a refresh is sent twice: the backend gets two spans, each under
     the phase's own span, never one span id twice."""

@@ -8,6 +8,7 @@ import re
 from trt_otel import BuildMonitor, ManualClock
 from trt_otel.core.events import GpuSample
 from trt_otel.views.report.html import render_html, timeline_svg
+from trt_otel.views.report.markdown import headline
 from trt_otel.views.report.model import report_of
 
 
@@ -155,3 +156,34 @@ def test_a_nested_phases_label_is_cut_to_fit_beside_its_indent() -> None:
     )
     assert labels.count(name) == 1, labels
     assert name[:40] + "…" in labels, labels
+
+
+def test_a_label_of_exactly_the_columns_width_is_drawn_whole() -> None:
+    """At the root the column holds 44 characters: a name of 44 is drawn as it is, one of 45
+    is cut to 43 and an ellipsis."""
+    fits, too_long = "A" * 44, "B" * 45
+    clock = ManualClock()
+    monitor = BuildMonitor(clock=clock)
+    monitor.start()
+    for name in (fits, too_long):
+        monitor.phase_start(name, None, 1)
+        clock.advance(1)
+        monitor.phase_finish(name)
+    monitor.end()
+    labels = re.findall(
+        r'<text class="label"[^>]*>([^<]*)</text>', timeline_svg(report_of(monitor.log.recent()))
+    )
+    assert labels == [fits, "B" * 43 + "…"], labels
+
+
+def test_the_headline_counts_none_in_the_plural_and_one_in_the_singular() -> None:
+    """A build of one phase that finished before its one step: ``0 steps``, ``1 phase``."""
+    clock = ManualClock()
+    monitor = BuildMonitor(clock=clock)
+    monitor.start()
+    monitor.phase_start("Building engine", None, 1)
+    clock.advance(1)
+    monitor.phase_finish("Building engine")
+    monitor.end()
+    line = headline(report_of(monitor.log.recent()))
+    assert line.startswith("✅ **success** in 1.0s, 0 steps, 1 phase"), line

@@ -175,3 +175,13 @@ def test_a_view_not_wanted_is_not_attached(recorder_registered: None) -> None:
         attach_views(stack, monitor, observe_with(), runner=None, model=ReadModel(), attributes={})
     assert attached == []
     monitor.close()
+
+
+def test_a_view_read_by_a_name_not_registered_is_an_error_not_none() -> None:
+    """A view not wanted reads as None; a misspelt name is refused, not read as not wanted."""
+    context = ViewContext(
+        monitor=None, observe=observe_with(), model=ReadModel(), runner=None, attributes={}
+    )
+    assert context.view("http") is None
+    with pytest.raises(KeyError, match="no view named 'htpp' is registered"):
+        context.view("htpp")

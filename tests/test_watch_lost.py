@@ -22,7 +22,13 @@ from cli import CLI, run_cli, start_demo
 from crafted import craft_journal
 from trt_otel import BuildMonitor
 from trt_otel.capture import liveness
-from trt_otel.capture.watch import BuildLostError, WatchError, follow_journal, follow_url
+from trt_otel.capture.watch import (
+    BuildLostError,
+    WatchError,
+    events_url,
+    follow_journal,
+    follow_url,
+)
 from trt_otel.control.stopping import process_running
 from trt_otel.core.events import Event
 from trt_otel.core.journal_codec import encode_event
@@ -275,6 +281,19 @@ class EndlessLineServer:
     def close(self) -> None:
         self.closed.set()
         self.listener.close()
+
+
+def test_a_builds_url_names_its_event_stream_with_or_without_a_trailing_slash() -> None:
+    """``--url`` of the build's address or of its stream, a trailing slash or not: the stream
+    at ``/events``, its query kept (never ``//events``)."""
+    for url in (
+        "http://host:8080",
+        "http://host:8080/",
+        "http://host:8080/events",
+        "http://host:8080/events/",
+    ):
+        assert events_url(url) == "http://host:8080/events", url
+    assert events_url("https://h/fleet/b1/?token=x") == "https://h/fleet/b1/events?token=x"
 
 
 @pytest.mark.e2e
