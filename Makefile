@@ -118,6 +118,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/replay_profile.py
 	$(BIN)/python benchmarks/command_cost.py
 	$(BIN)/python benchmarks/against_release.py
+	$(BIN)/python benchmarks/against_release_instructions.py
 
 # A soak with faults (benchmarks/soak.py): real and simulated builds side by side, each with a
 # fault injected from outside (kills, stops, Ctrl-C, a full disk, dead, dripping and redirecting
