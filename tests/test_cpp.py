@@ -1276,6 +1276,22 @@ def test_only_the_first_cancel_is_an_event_and_it_is_written_at_once(
     )
 
 
+def cancelled_by(cancel_program: Path, folder: Path, control_line: bytes) -> dict[str, Any]:
+    """The cancel the C++ monitor records from a control file holding ``control_line``."""
+    journal, control = folder / "build.jsonl", folder / "control"
+    control.write_bytes(control_line)
+    done = subprocess.run(
+        [str(cancel_program), str(journal), str(control)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert done.stdout.split() == ["cancelled"]
+    return cancel_record(read_clean(journal).events)
+
+
 @pytest.mark.parametrize(
     ("source", "recorded"),
     [
@@ -1289,18 +1305,8 @@ def test_only_the_first_cancel_is_an_event_and_it_is_written_at_once(
 def test_a_control_files_source_is_one_of_the_known_kinds(
     cancel_program: Path, tmp_path: Path, source: str, recorded: str
 ) -> None:
-    journal, control = tmp_path / "build.jsonl", tmp_path / "control"
-    control.write_text(json.dumps({"reason": "stop it", "source": source}) + "\n")
-    done = subprocess.run(
-        [str(cancel_program), str(journal), str(control)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, (done.returncode, done.stderr)
-    assert done.stdout.split() == ["cancelled"]
-    cancel = cancel_record(read_clean(journal).events)
+    line = json.dumps({"reason": "stop it", "source": source}) + "\n"
+    cancel = cancelled_by(cancel_program, tmp_path, line.encode())
     assert (cancel["reason"], cancel["source"]) == ("stop it", recorded)
 
 
@@ -1311,18 +1317,9 @@ def test_a_long_reason_of_any_script_keeps_its_source_policy_and_timeout(
     """watch's control line for a reason longer than the monitor keeps, in characters of two,
     three and four bytes: the monitor reads it whole, so the cancel keeps what watch decided,
     with as much of the reason as fits."""
-    journal, control = tmp_path / "build.jsonl", tmp_path / "control"
     reason, policy = character * 300, "stall(10m)"
-    control.write_bytes(control_line(reason, source="stall", timeout=True, policy=policy))
-    done = subprocess.run(
-        [str(cancel_program), str(journal), str(control)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, (done.returncode, done.stderr)
-    cancel = cancel_record(read_clean(journal).events)
+    line = control_line(reason, source="stall", timeout=True, policy=policy)
+    cancel = cancelled_by(cancel_program, tmp_path, line)
     assert (cancel["source"], cancel["policy"], cancel["timeout"]) == ("stall", policy, True)
     assert 50 <= len(cancel["reason"]) <= 200
     assert reason.startswith(cancel["reason"])

@@ -132,6 +132,12 @@ def test_the_live_timeline_draws_a_silent_build_up_to_now_though_no_event_comes(
     monitor.close()
 
 
+def timeline_labels(monitor: BuildMonitor) -> list[str]:
+    """The row labels of the timeline of ``monitor``'s build, as drawn."""
+    svg = timeline_svg(report_of(monitor.log.recent()))
+    return re.findall(r'<text class="label"[^>]*>([^<]*)</text>', svg)
+
+
 def test_a_nested_phases_label_is_cut_to_fit_beside_its_indent() -> None:
     """The labels' column holds 44 characters, less one a level of nesting: a 42-character
     name fits at the root, and three levels down is cut, with an ellipsis."""
@@ -151,9 +157,7 @@ def test_a_nested_phases_label_is_cut_to_fit_beside_its_indent() -> None:
     clock.advance(1)
     monitor.phase_finish(name)
     monitor.end()
-    labels = re.findall(
-        r'<text class="label"[^>]*>([^<]*)</text>', timeline_svg(report_of(monitor.log.recent()))
-    )
+    labels = timeline_labels(monitor)
     assert labels.count(name) == 1, labels
     assert name[:40] + "…" in labels, labels
 
@@ -170,9 +174,7 @@ def test_a_label_of_exactly_the_columns_width_is_drawn_whole() -> None:
         clock.advance(1)
         monitor.phase_finish(name)
     monitor.end()
-    labels = re.findall(
-        r'<text class="label"[^>]*>([^<]*)</text>', timeline_svg(report_of(monitor.log.recent()))
-    )
+    labels = timeline_labels(monitor)
     assert labels == [fits, "B" * 43 + "…"], labels
 
 
