@@ -57,7 +57,7 @@ from trt_otel.builder.onnx_models import CONV_SHAPES, RESIDUAL_SHAPES  # noqa: E
 from trt_otel.core.attempts import ATTEMPT, ATTEMPTS  # noqa: E402
 from trt_otel.core.forecast import Forecast  # noqa: E402
 from trt_otel.core.state import BuildState  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from waiting import wait_for_text, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -206,22 +206,33 @@ def test_a_build_followed_to_success(tmp_path: Path, model: Path) -> None:
 
 @pytest.mark.e2e
 def test_a_build_cancelled_with_a_reason(tmp_path: Path, model: Path) -> None:
+    state = tmp_path / "state"
+
     async def test() -> None:
-        async with server(tmp_path / "state") as client:
-            status = payload(
-                await client.call_tool("start_build", start_arguments(model, slow=True))
-            )
+        # A real build is held in its silent step while it is cancelled (left to its own
+        # work, it once ended before the cancel reached it on a loaded machine), and let go
+        # once the cancel is in its journal: its next step is refused.
+        async with server(state) as client, contextlib.AsyncExitStack() as hold:
+            arguments = start_arguments(model, slow=True, blocks=HELD_BLOCKS)
+            status = payload(await client.call_tool("start_build", arguments))
             build_id = status["id"]
             progressed = payload(
                 await client.call_tool("wait_build", {"id": build_id, "timeout_s": 60})
             )
             assert progressed["reason"] == "progressed"
+            journal = state / build_id / "journal.jsonl"
+            if REAL:
+                held = held_in_silent_step(journal)
+                await anyio.to_thread.run_sync(hold.enter_context, held)
             cancelled = payload(
                 await client.call_tool(
                     "cancel_build", {"id": build_id, "reason": "the GPU is needed elsewhere"}
                 )
             )
             assert cancelled["accepted"] and cancelled["first"]
+            if REAL:
+                await anyio.to_thread.run_sync(wait_for_text, journal, b'"type":"cancel"')
+                await hold.aclose()
             ended = payload(
                 await client.call_tool(
                     "wait_build", {"id": build_id, "until": "end", "timeout_s": 120}
