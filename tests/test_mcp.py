@@ -211,19 +211,22 @@ def test_a_build_cancelled_with_a_reason(tmp_path: Path, model: Path) -> None:
     async def test() -> None:
         # A real build is held in its silent step while it is cancelled (left to its own
         # work, it once ended before the cancel reached it on a loaded machine), and let go
-        # once the cancel is in its journal: its next step is refused.
+        # once the cancel is in its journal: its next step is refused. The hold is taken
+        # while the client waits for progress (taken after it, on a loaded machine, it once
+        # came after the build's end).
         async with server(state) as client, contextlib.AsyncExitStack() as hold:
             arguments = start_arguments(model, slow=True, blocks=HELD_BLOCKS)
             status = payload(await client.call_tool("start_build", arguments))
             build_id = status["id"]
-            progressed = payload(
-                await client.call_tool("wait_build", {"id": build_id, "timeout_s": 60})
-            )
-            assert progressed["reason"] == "progressed"
             journal = state / build_id / "journal.jsonl"
-            if REAL:
-                held = held_in_silent_step(journal)
-                await anyio.to_thread.run_sync(hold.enter_context, held)
+            async with anyio.create_task_group() as holding:
+                if REAL:
+                    held = held_in_silent_step(journal)
+                    holding.start_soon(anyio.to_thread.run_sync, hold.enter_context, held)
+                progressed = payload(
+                    await client.call_tool("wait_build", {"id": build_id, "timeout_s": 60})
+                )
+                assert progressed["reason"] == "progressed"
             cancelled = payload(
                 await client.call_tool(
                     "cancel_build", {"id": build_id, "reason": "the GPU is needed elsewhere"}
