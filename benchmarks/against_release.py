@@ -48,6 +48,14 @@ def release_program(commit: str, folder: Path) -> list[str]:
     return [sys.executable, str(entry)]
 
 
+def remove_release(folder: Path) -> None:
+    """Remove the worktree :func:`release_program` made in ``folder``."""
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(folder / "release")],
+        check=False,
+    )
+
+
 def compiled(tree: Path) -> None:
     """Compile ``tree``'s package ahead, as an installed release's is: run where
     ``PYTHONDONTWRITEBYTECODE`` is set, a fresh worktree would compile every module afresh in
@@ -88,10 +96,7 @@ def main() -> int:
                         flush=True,
                     )
         finally:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(folder / "release")],
-                check=False,
-            )
+            remove_release(folder)
         print("medians:")
         for label, measured in runs.items():
             cpu = statistics.median(r.cpu_s for r in measured)

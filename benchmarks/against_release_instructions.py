@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from against_release import RELEASE, compiled, release_program
+from against_release import RELEASE, compiled, release_program, remove_release
 from command_cost import ROOT, phase_dense_trace
 
 DEAD_COLLECTOR = "http://127.0.0.1:9"
@@ -95,10 +95,7 @@ def main() -> int:
             now = instructions([str(ROOT / ".venv" / "bin" / "trt-otel")], trace, folder / "now")
             then = instructions(release, trace, folder / "then")
         finally:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(folder / "release")],
-                check=False,
-            )
+            remove_release(folder)
     for role in (REPLAY, "supervisor", "worker", "other"):
         if role not in now and role not in then:
             continue

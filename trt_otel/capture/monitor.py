@@ -479,14 +479,8 @@ class BuildMonitor(ProgressMonitorBase):
             kind, size = record[0], len(record)
             if kind == "step" and size == 6:
                 name, step = record[4], record[5]
-                if type(name) is str and type(step) is int:
-                    # The usual step, in range and after its phase's last, is checked here;
-                    # anything else by the state's check_step (which is the rule).
-                    phase_id = state.open_by_name.get(name)
-                    phase = None if phase_id is None else state.phases[phase_id]
-                    usual = phase is not None and phase.last_step < step < phase.num_steps
-                    if usual or not state.check_step(name, step):
-                        make = StepCompleted
+                if type(name) is str and type(step) is int and not state.check_step(name, step):
+                    make = StepCompleted
             elif kind == "phase_start" and size == 7:
                 name, parent, num_steps = record[4], record[5], record[6]
                 if (

@@ -159,13 +159,10 @@ class ReadModel:
             kind = type(event)
             if kind is BuildStarted and self._builds.begins_another(event):
                 self._begin_build()
-            gaps, state, mono_ns = self.gaps, self.state, event.mono_ns
-            if gaps.first_ns is None:
-                gaps.seen(mono_ns)
+            gaps, state = self.gaps, self.state
+            gaps.seen(event.mono_ns)
             if kind in _PROGRESS:  # before the fold: the gap's phases are those open through it
-                last = state.last_progress_mono_ns
-                if last is None or mono_ns - last >= MIN_GAP_NS:  # else it ends no gap
-                    gaps.progressed(last, mono_ns, state)
+                gaps.progressed(state.last_progress_mono_ns, event.mono_ns, state)
             state.apply(event)
             if kind is not StepCompleted and kind is not PhaseStarted:  # no boundary there
                 self.boundaries.apply(event, state)

@@ -237,8 +237,7 @@ class RowFold:
         return list(self._threads)
 
     def started(self, phase: Phase, thread: str) -> None:
-        if len(thread) > 100:
-            thread = clip(thread, 100)
+        thread = clip(thread, 100)
         threads = self._threads
         if thread not in threads and len(threads) < MAX_THREADS:
             threads[thread] = None
