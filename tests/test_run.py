@@ -274,14 +274,17 @@ def test_a_run_names_its_journal_at_its_end_and_none_without_one(tmp_path: Path)
 
 def test_ctrl_c_cancels_the_build_and_exits_130(tmp_path: Path) -> None:
     model = residual_net(400, tmp_path)
-    # A stop budget long enough for the program's build to reach its next step on a loaded
-    # machine: within the default's grace it may still be in TensorRT's silent window, and then
-    # the program is ended by SIGTERM before it sees its KeyboardInterrupt.
-    process, journal = start_run(tmp_path, str(model), options=("--stop-budget", "2m"))
+    # A grace and a stop budget long enough for the program's build to reach its next step on a
+    # loaded machine: a signal's grace is the smaller of the two, and within the default's 30 s
+    # a loaded machine's build was once still in TensorRT's silent window, so the program was
+    # ended by SIGTERM before it saw its KeyboardInterrupt.
+    process, journal = start_run(
+        tmp_path, str(model), options=("--grace", "2m", "--stop-budget", "3m")
+    )
     try:
         wait_for_journal(journal, process, "build_start")
         os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-        stdout, stderr = process.communicate(timeout=120)
+        stdout, stderr = process.communicate(timeout=240)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
