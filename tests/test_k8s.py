@@ -226,12 +226,57 @@ def test_a_matrix_index_without_a_line_is_a_usage_error(tmp_path: Path) -> None:
     assert f"no line {len(lines) + 1} in builds.txt" in done.stderr
 
 
-@pytest.mark.parametrize("name", ["build-job.yaml", "matrix-job.yaml"])
-def test_usage_errors_and_cancels_are_not_retried(name: str) -> None:
+def pod_failure_action(
+    rules: list[dict[str, Any]], exit_code: int, conditions: tuple[str, ...] = ()
+) -> str:
+    """What a Job's ``podFailurePolicy`` does with a failed pod whose ``build`` container exited
+    with ``exit_code`` and that has the (true) pod ``conditions``, as the Job controller decides:
+    the rules in order, the first that matches deciding; none: ``Count`` (against the backoff
+    limit)."""
+    for rule in rules:
+        codes = rule.get("onExitCodes")
+        if codes is not None and codes.get("containerName", "build") == "build":
+            listed = exit_code in codes["values"]
+            if listed == (codes["operator"] == "In"):
+                return str(rule["action"])
+        for condition in rule.get("onPodConditions", []):
+            if condition["type"] in conditions and condition.get("status", "True") == "True":
+                return str(rule["action"])
+    return "Count"
+
+
+@pytest.mark.parametrize(
+    ("name", "fail"), [("build-job.yaml", "FailJob"), ("matrix-job.yaml", "FailIndex")]
+)
+def test_each_exit_code_gets_the_retries_its_meaning_calls_for(name: str, fail: str) -> None:
+    """The README's exit codes, as the Job reads them: a usage error or a decided cancel is not
+    retried, a failed build is, and a pod a node drain or a preemption stopped is not counted,
+    whatever it exited with (trt-otel exits 3 on the kubelet's SIGTERM, as on any cancel)."""
     rules = of_kind(name, "Job")["spec"]["podFailurePolicy"]["rules"]
-    stop = next(rule for rule in rules if "onExitCodes" in rule)
-    assert stop["action"] in ("FailJob", "FailIndex")
-    assert stop["onExitCodes"] == {"containerName": "build", "operator": "In", "values": [2, 3]}
+    drained = ("DisruptionTarget",)
+    assert pod_failure_action(rules, 2) == fail  # a bad model or option
+    assert pod_failure_action(rules, 3) == fail  # --timeout, a stall, a person's cancel
+    assert pod_failure_action(rules, 4) == "Count"  # a failed build: retried
+    assert pod_failure_action(rules, 3, drained) == "Ignore"  # the node drained
+    assert pod_failure_action(rules, 137, drained) == "Ignore"  # killed at the grace's end
+    assert pod_failure_action(rules, 4, drained) == "Ignore"
+
+
+@pytest.mark.parametrize("name", ["build-job.yaml", "matrix-job.yaml"])
+def test_the_jobs_deadline_is_a_backstop_behind_each_builds_own_timeout(name: str) -> None:
+    """``activeDeadlineSeconds`` bounds the Job's whole life, and stops its pods unrecorded
+    where trt-otel's own ``--timeout`` ends a build with its reason: it must leave every
+    attempt of every build its whole timeout and grace period."""
+    job = of_kind(name, "Job")
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    argv = [token for item in build_container(job)["args"] for token in shlex.split(item)]
+    attempt_s = parse_duration(option(argv, "--timeout")) + pod["terminationGracePeriodSeconds"]
+    if spec.get("completionMode") == "Indexed":
+        waves = -(-spec["completions"] // spec["parallelism"])
+        attempts = waves * (spec["backoffLimitPerIndex"] + 1)
+    else:
+        attempts = spec["backoffLimit"] + 1
+    assert spec["activeDeadlineSeconds"] >= attempts * attempt_s
 
 
 PODMONITOR_SCHEMA: dict[str, Any] = {

@@ -20,6 +20,7 @@ import pytest
 from cli import CLI, run_cli, start_cli
 from runs import PROGRAMS, PYTHON, builds_in, residual_net, start_of, start_run
 from trt_otel import ProcessSample, read_journal
+from trt_otel.control.signals import TIME_LIMIT_REASON
 from trt_otel.core.events import BuildFinished, BuildStarted, CancelRequested, Event, PhaseStarted
 from waiting import wait_for_file, wait_for_journal
 
@@ -294,6 +295,31 @@ def test_ctrl_c_cancels_the_build_and_exits_130(tmp_path: Path) -> None:
     (build,) = builds_in(read_journal(journal).events)
     assert ends(build).outcome == "cancellation"
     assert {e.source for e in build if isinstance(e, CancelRequested)} == {"signal"}
+
+
+def test_a_schedulers_time_limit_warning_stops_the_build_as_a_timeout_and_exits_3(
+    tmp_path: Path,
+) -> None:
+    """SLURM's ``--signal=B:USR1@N`` warns the batch shell alone, which ``exec trt-otel run``
+    makes trt-otel: the build is cancelled as a timeout with the warning's reason, and its
+    journal ended, instead of trt-otel dying of the signal with no end in it."""
+    model = residual_net(400, tmp_path)
+    process, journal = start_run(
+        tmp_path, str(model), options=("--grace", "2m", "--stop-budget", "3m")
+    )
+    try:
+        wait_for_journal(journal, process, "build_start")
+        process.send_signal(signal.SIGUSR1)  # to trt-otel alone, as SLURM's B: warning
+        _, stderr = process.communicate(timeout=240)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 3, stderr
+    assert "SIGUSR1 (the job's time limit is near): cancelling the builds" in stderr
+    (build,) = builds_in(read_journal(journal).events)
+    (cancel,) = [e for e in build if isinstance(e, CancelRequested)]
+    assert (cancel.source, cancel.reason, cancel.timeout) == ("signal", TIME_LIMIT_REASON, True)
+    assert ends(build).outcome == "timeout"
 
 
 def test_a_command_that_does_not_exist_is_a_usage_error(tmp_path: Path) -> None:

@@ -19,12 +19,11 @@ import pytest
 
 from cli import start_cli
 from trt_otel import BuildMonitor, Outcome, read_journal
-from trt_otel.app.session import TIME_LIMIT_REASON
 from trt_otel.builder.build import BuildJob, SimulatorSettings, run_build_job
 from trt_otel.builder.onnx_models import demo_model_bytes
 from trt_otel.capture.supervisor import IsolatedResult, run_isolated
 from trt_otel.control.defaults import STOP_RESERVE_S
-from trt_otel.control.signals import StopClock
+from trt_otel.control.signals import TIME_LIMIT_REASON, StopClock
 from trt_otel.core.events import BuildFinished, CancelRequested
 from waiting import wait_for_silence, wait_for_text
 

@@ -23,8 +23,8 @@ from otlp_receiver import OtlpReceiver, final_spans
 from rtx_builds import import_rtx, write_conv, write_residual
 from slurm_cluster import FINAL_STATES, Job, SlurmCluster, trt_otel_on_path
 from trt_otel import Outcome, read_journal
-from trt_otel.app.session import TIME_LIMIT_REASON
 from trt_otel.builder.onnx_models import CONV_SHAPES, RESIDUAL_SHAPES
+from trt_otel.control.signals import TIME_LIMIT_REASON
 from trt_otel.core.events import BuildFinished, CancelRequested, Event
 from waiting import DEMO_SILENT_AT, callbacks_in, wait_until
 

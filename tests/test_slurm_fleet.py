@@ -26,9 +26,9 @@ from slurm_cluster import SlurmCluster, trt_otel_on_path
 from trt_otel import read_journal
 from trt_otel.app.fleet_documents import BuildRequest
 from trt_otel.app.fleet_requests import FleetError
-from trt_otel.app.session import TIME_LIMIT_REASON
 from trt_otel.app.slurm_fleet import SlurmFleet
 from trt_otel.builder.onnx_models import CONV_SHAPES
+from trt_otel.control.signals import TIME_LIMIT_REASON
 from trt_otel.core.events import CancelRequested
 from waiting import wait_for_silence, wait_until
 

@@ -10,14 +10,16 @@ Cancels and signals:
   and the program sees ``None``, as for any cancel. If TensorRT is still silent ``grace_s``
   later, the building process is stopped: SIGTERM, then SIGKILL ``kill_after_s`` later.
 - SIGTERM (or SIGHUP, treated the same) to trt-otel cancels the build being made and every
-  later one; a program still running ``grace_s`` later is stopped the same way.
+  later one; a program still running ``grace_s`` later is stopped the same way. SIGUSR1, a
+  scheduler's warning that the job's time limit is near (SLURM's ``--signal=B:USR1@N``), does
+  the same, each build a timeout.
 - Ctrl-C reaches the program from the terminal as usual; trt-otel cancels the build being made,
   so that the program sees its interrupt when TensorRT's next step comes rather than after the
   whole build. A second Ctrl-C stops the program at once.
 
 Exit codes: the program's own when nothing was cancelled; 3 when trt-otel cancelled a build (a
-policy, an HTTP request, SIGTERM); 130 after Ctrl-C; 4 when the program died of a signal it was
-not sent by trt-otel; 2 when the program cannot be started.
+policy, an HTTP request, SIGTERM, SIGUSR1); 130 after Ctrl-C; 4 when the program died of a
+signal it was not sent by trt-otel; 2 when the program cannot be started.
 """
 
 from __future__ import annotations
@@ -36,7 +38,12 @@ from types import FrameType
 from trt_otel.app.config import UsageError
 from trt_otel.capture.program import ProgramBuild, ProgramBuilds, ProgramChannel
 from trt_otel.control.preemption import SignalCauses
-from trt_otel.control.signals import handling_interrupts
+from trt_otel.control.signals import (
+    STOP_SIGNALS,
+    TIME_LIMIT_REASON,
+    TIME_LIMIT_SIGNAL,
+    handling_interrupts,
+)
 from trt_otel.control.stopping import polling, stop_process
 from trt_otel.core.durations import format_duration
 from trt_otel.core.events import CancelSource, Outcome
@@ -92,19 +99,24 @@ class _Signals:
 
 @contextlib.contextmanager
 def _handle_signals(builds: ProgramBuilds, say: Say) -> Iterator[_Signals]:
-    """SIGINT, SIGTERM and SIGHUP cancel the build being made (and later ones; SIGHUP as
-    SIGTERM, not a kill with no end in the journal); the main loop does the rest. A handler
+    """SIGINT, SIGTERM, SIGHUP and SIGUSR1 cancel the build being made (and later ones; SIGHUP
+    as SIGTERM, SIGUSR1 as a timeout, neither a kill with no end in the journal); the main
+    loop does the rest. A handler
     runs between two bytecodes of the main thread, possibly while it holds a lock: it only
     counts, and hands the cancel to a thread of its own."""
     state = _Signals()
 
     def cancel(name: str | None, message: str) -> None:
-        """Cancel for Ctrl-C (``name`` None) or the request to stop ``name``, whose cause the
-        scheduler may tell (a SLURM job being requeued is preempted)."""
+        """Cancel for Ctrl-C (``name`` None), the scheduler's time-limit warning (a timeout), or
+        the request to stop ``name``, whose cause the scheduler may tell (a SLURM job being
+        requeued is preempted)."""
         reason, source = ("interrupted by the user", CancelSource.SIGNAL)
-        if name is not None:
+        time_limit = name == TIME_LIMIT_SIGNAL.name
+        if time_limit:
+            reason = TIME_LIMIT_REASON
+        elif name is not None:
             reason, source = state.causes.of(name)
-        builds.cancel_all(reason, source)
+        builds.cancel_all(reason, source, timeout=time_limit)
         say(message)
 
     def handler(signum: int, frame: FrameType | None) -> None:
@@ -121,10 +133,11 @@ def _handle_signals(builds: ProgramBuilds, say: Say) -> Iterator[_Signals]:
                 state.terminated_by = signal_name(signum)
             state.terminated = True
             name = state.terminated_by
-            args = (name, f"{name}: cancelling the builds")
+            why = " (the job's time limit is near)" if name == TIME_LIMIT_SIGNAL.name else ""
+            args = (name, f"{name}{why}: cancelling the builds")
         threading.Thread(target=cancel, args=args, name="trt-otel-signal", daemon=True).start()
 
-    with handling_interrupts(handler):
+    with handling_interrupts(handler, (*STOP_SIGNALS, TIME_LIMIT_SIGNAL)):
         yield state
 
 

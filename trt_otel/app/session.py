@@ -32,6 +32,7 @@ from trt_otel.capture.supervisor import IsolatedResult, StopNow, run_isolated
 from trt_otel.control.preemption import SignalCauses
 from trt_otel.control.signals import (
     STOP_SIGNALS,
+    TIME_LIMIT_REASON,
     TIME_LIMIT_SIGNAL,
     StopClock,
     handling_interrupts,
@@ -321,9 +322,6 @@ def _stopped_with_its_group(
 
 
 # -- signals -------------------------------------------------------------------------------------
-
-
-TIME_LIMIT_REASON = "the job's time limit is near (SIGUSR1, the scheduler's warning)"
 
 
 class _SignalState:

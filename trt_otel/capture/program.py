@@ -126,7 +126,8 @@ class ProgramBuilds:
         """The monitor of the build being recorded, else of the last one recorded."""
         self.all: list[ProgramBuild] = []
         self.outcomes: Counter[Outcome] = Counter()
-        self._cancel_everything: tuple[str, str] | None = None
+        self._cancel_everything: tuple[str, str, bool] | None = None
+        """The reason, source and timeout flag of a cancel of this build and every later one."""
         self.changed = threading.Condition(self._lock)
         self.listeners: tuple[Callable[[BuildMonitor, int], Callable[[], None] | None], ...] = ()
         """Told of each build as it starts (its monitor and the process that builds); what one
@@ -211,8 +212,8 @@ class ProgramBuilds:
             if stop is not None:
                 build.on_finish.append(stop)
         if self._cancel_everything is not None:
-            reason, source = self._cancel_everything
-            monitor.cancel(reason, source=source)
+            reason, source, timeout = self._cancel_everything
+            monitor.cancel(reason, source=source, timeout=timeout)
         else:
             policy = self._policy()
             if policy is not None:
@@ -282,15 +283,16 @@ class ProgramBuilds:
 
     # -- from the command ----------------------------------------------------------------------
 
-    def cancel_all(self, reason: str, source: str) -> None:
-        """Cancel the build being made and every later one, as soon as it begins."""
+    def cancel_all(self, reason: str, source: str, *, timeout: bool = False) -> None:
+        """Cancel the build being made and every later one, as soon as it begins (``timeout``:
+        as a timeout, a scheduler's time limit)."""
         with self._lock:
             if self._cancel_everything is None:
-                self._cancel_everything = (reason, source)
+                self._cancel_everything = (reason, source, timeout)
             builds = [self.active, *self._queue]
             monitors = [b.monitor for b in builds if b is not None and b.monitor is not None]
         for monitor in monitors:
-            monitor.cancel(reason, source=source)
+            monitor.cancel(reason, source=source, timeout=timeout)
 
     def overdue(self, grace_s: float) -> ProgramBuild | None:
         """The build that was cancelled more than ``grace_s`` ago and is still going."""

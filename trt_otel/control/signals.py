@@ -24,6 +24,8 @@ TIME_LIMIT_SIGNAL = signal.SIGUSR1
 """A scheduler's warning that the job's time is nearly up (SLURM's ``--signal=USR1@N``, or
 ``B:USR1@N`` to the batch shell alone): a build stops gracefully, as a timeout. Left to its
 default action it would kill the build with no end in its journal."""
+TIME_LIMIT_REASON = "the job's time limit is near (SIGUSR1, the scheduler's warning)"
+"""The cancel's reason on :data:`TIME_LIMIT_SIGNAL` (a timeout)."""
 
 
 class StopClock:
