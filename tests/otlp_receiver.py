@@ -272,6 +272,19 @@ class OtlpReceiver:
             time.sleep(0.05)
         return self.spans
 
+    def wait_for_final(self, count: int, timeout_s: float = 10.0) -> list[ReceivedSpan]:
+        """The final spans (:func:`final_spans`) once ``count`` have come, or those there are
+        after ``timeout_s``. A build open longer than 5 s (any build, on a loaded machine) also
+        sends live snapshots of its open phases (``--otlp-live``, on by default): a test that
+        counts a build's phases counts these."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            spans = final_spans(self.spans)
+            if len(spans) >= count:
+                return spans
+            time.sleep(0.05)
+        return final_spans(self.spans)
+
     def clear(self) -> None:
         with self._lock:
             self._spans.clear()

@@ -905,7 +905,7 @@ def test_watch_exports_serves_and_cancels_a_cpp_build(
             assert cancel["mono_ns"] - events[0].mono_ns >= 1_500_000_000
 
         phases = sum(1 for e in events if e.type == "phase_start")
-        watched_spans = receiver.wait_for(phases + 1)
+        watched_spans = receiver.wait_for_final(phases + 1)
         assert len(watched_spans) == phases + 1
         build_span = next(s for s in watched_spans if s.name == "BUILD resnet.onnx")
         assert build_span.attributes["trt.cancel.source"] == cancel["source"]
@@ -921,7 +921,7 @@ def test_watch_exports_serves_and_cancels_a_cpp_build(
             capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
         assert replay.returncode == 3, replay.stderr  # replay exits as the build did: cancelled
-        assert received_shape(receiver.wait_for(phases + 1)) == received_shape(watched_spans)
+        assert received_shape(receiver.wait_for_final(phases + 1)) == received_shape(watched_spans)
 
 
 def test_watch_refuses_options_it_cannot_honour(tmp_path: Path) -> None:

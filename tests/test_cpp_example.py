@@ -477,7 +477,7 @@ def test_watch_exports_a_real_cpp_builds_spans_as_a_python_builds(
         assert watched.returncode == 0, watched.stderr
         events = read_clean(journal_path).events
         phases = sum(1 for e in events if e.type == "phase_start")
-        cpp_spans = receiver.wait_for(phases + 1)
+        cpp_spans = receiver.wait_for_final(phases + 1)
         assert len(cpp_spans) == phases + 1
 
         receiver.clear()
@@ -490,7 +490,7 @@ def test_watch_exports_a_real_cpp_builds_spans_as_a_python_builds(
             capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
         assert replay.returncode == 0, replay.stderr
-        python_spans = receiver.wait_for(phases + 1)
+        python_spans = receiver.wait_for_final(phases + 1)
 
     assert span_tree(cpp_spans) == span_tree(python_spans)
     assert {s.trace_id for s in cpp_spans} == {events[0].build_id}  # type: ignore[attr-defined]

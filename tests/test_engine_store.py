@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from cli import CLI, run_cli, start_cli
+from nvml_standin import fake_nvml
 from rtx_builds import import_rtx, write_conv, write_residual
 from trt_otel import JournalWriter, read_journal
 from trt_otel.app.config import StoreConfig
@@ -98,6 +100,52 @@ def test_a_tensorrt_engine_is_keyed_to_its_gpu_model() -> None:
     rtx = [attributes(**{"gpu.name": name}) for name in ("NVIDIA H200", "NVIDIA H100")]
     assert store_key(rtx[0]) == store_key(rtx[1]), "TensorRT-RTX engines are not per model"
     assert "gpu.name" in key_inputs(h200) and "gpu.name" not in key_inputs(rtx[0])
+
+
+def test_a_tensorrt_build_whose_record_has_no_gpu_is_keyed_to_the_gpu_nvml_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--no-gpu`` leaves the GPU out of the build's record; the store asks NVML for it once,
+    so that an engine built on one GPU model is never served on another."""
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml())
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    recorded = attributes(**{"trt.backend": "tensorrt"})
+    job = BuildJob(model_path=tmp_path / "m.onnx", engine_path=tmp_path / "out.engine")
+    with contextlib.ExitStack() as stack:
+        visit = visit_store(stack, StoreConfig(tmp_path / "store"), job, recorded)
+    assert visit is not None
+    assert (recorded["gpu.name"], recorded["gpu.compute_capability"]) == ("NVIDIA H200", "9.0")
+    h200 = attributes(**{"trt.backend": "tensorrt", "gpu.name": "NVIDIA H200",
+                         "gpu.compute_capability": "9.0"})  # fmt: skip
+    assert visit.key == store_key(h200)
+    named_only = attributes(**{"trt.backend": "tensorrt", "gpu.name": "NVIDIA H200"})
+    with contextlib.ExitStack() as stack:
+        visit_store(stack, StoreConfig(tmp_path / "store"), job, named_only)
+    assert named_only["gpu.compute_capability"] == "9.0", "the architecture is asked for too"
+
+
+def test_a_tensorrt_build_whose_gpu_cannot_be_named_does_not_use_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without NVML the key could not tell one GPU model from another: the build goes on without
+    the store (said once), serving nothing and storing nothing. TensorRT-RTX's engines are not
+    per GPU model: its builds use the store all the same."""
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed: import fails
+    store = tmp_path / "store"
+    stored(EngineStore(store), tmp_path, attributes(**{"trt.backend": "tensorrt"}), b"engine")
+    output = tmp_path / "out.engine"
+    job = BuildJob(model_path=tmp_path / "m.onnx", engine_path=output)
+    recorded = attributes(**{"trt.backend": "tensorrt"})
+    with contextlib.ExitStack() as stack:
+        assert visit_store(stack, StoreConfig(store), job, recorded) is None
+    said = capsys.readouterr().err
+    assert "store: not used: a TensorRT engine runs only on the GPU model it was built for" in said
+    assert "nvidia-ml-py is not installed" in said
+    assert not output.exists(), "nothing served"
+    assert "trt.store.key" not in recorded
+    rtx = attributes()
+    with contextlib.ExitStack() as stack:
+        assert visit_store(stack, StoreConfig(store), job, rtx) is not None
 
 
 # -- one entry ----------------------------------------------------------------------------------

@@ -5,15 +5,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import types
-from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 
 from cli import CLI
+from nvml_standin import fake_nvml
 from prometheus_server import promtool_lint
 from trt_otel import BuildMonitor, GpuSample, read_journal
 from trt_otel.builder.simulator import Driver, generate_plan
@@ -267,34 +265,6 @@ def test_the_builders_own_gpu_memory_joins_the_sample_once_its_process_is_known(
     assert none_held is not None and none_held.process_memory_used_bytes is None
     recorded = [e for e in read_journal(tmp_path / "gpu.jsonl").events if e.type == "gpu"]
     assert recorded == [before, after, none_held]
-
-
-def fake_nvml(unsupported: frozenset[str] = frozenset()) -> types.ModuleType:
-    """NVML's Python module (``pynvml``) as one GPU answers it, in NVML's own units: bytes,
-    percent, MHz, milliwatts, degrees. A call named in ``unsupported`` raises, as
-    ``NVMLError_NotSupported`` does."""
-
-    def not_supported(*args: object) -> NoReturn:
-        raise RuntimeError("Not Supported")
-
-    clocks_mhz = {1: 1980, 2: 2619}
-    calls: dict[str, Callable[..., object]] = {
-        "nvmlInit": lambda: None,
-        "nvmlShutdown": lambda: None,
-        "nvmlDeviceGetHandleByIndex": lambda index: f"handle {index}",
-        "nvmlDeviceGetIndex": lambda handle: 0,
-        "nvmlDeviceGetMemoryInfo": lambda handle: SimpleNamespace(used=5 * GIB, total=80 * GIB),
-        "nvmlDeviceGetUtilizationRates": lambda handle: SimpleNamespace(gpu=75, memory=20),
-        "nvmlDeviceGetClockInfo": lambda handle, clock: clocks_mhz[clock],
-        "nvmlDeviceGetPowerUsage": lambda handle: 350_500,
-        "nvmlDeviceGetTemperature": lambda handle, sensor: 61,
-    }
-    module = types.ModuleType("pynvml")
-    module.__dict__.update(NVML_CLOCK_SM=1, NVML_CLOCK_MEM=2, NVML_TEMPERATURE_GPU=0)
-    module.__dict__.update(
-        {name: not_supported if name in unsupported else call for name, call in calls.items()}
-    )
-    return module
 
 
 def test_nvmls_units_become_the_samples_and_what_a_gpu_does_not_say_is_none(

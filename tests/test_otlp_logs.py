@@ -68,7 +68,7 @@ def test_a_real_builds_messages_are_log_records_in_their_phases_spans(
     assert len(expected) > 10 and any(phase for _, _, phase, _ in expected)
     records = receiver.wait_for_logs(len(expected))
     phases = sum(isinstance(e, PhaseStarted) for e in read_journal(journal).events)
-    spans = receiver.wait_for(phases + 1)
+    spans = receiver.wait_for_final(phases + 1)
     assert [(r.severity_text, r.body) for r in records] == [(s, m) for s, m, _, _ in expected]
 
     build_id = build_id_of(journal)

@@ -80,7 +80,7 @@ def test_a_replayed_cancelled_build_ends_its_spans_inside_the_silent_window(
     )  # fmt: skip
     assert result.returncode == 3, result.stderr  # cancelled, as watch says it
     phases = Counter(e.name for e in events if isinstance(e, PhaseStarted))
-    spans = receiver.wait_for(sum(phases.values()) + 1)
+    spans = receiver.wait_for_final(sum(phases.values()) + 1)
     (build,) = [s for s in spans if not s.parent_span_id]
     assert build.attributes["trt.backend"] == "tensorrt-rtx"
     assert build.attributes["cicd.pipeline.result"] == "cancellation"

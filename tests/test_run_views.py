@@ -43,7 +43,7 @@ def test_the_builds_of_a_run_are_children_of_its_span_in_the_jobs_trace(
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     builds = builds_in(read_journal(journal).events)
-    spans = receiver.wait_for(1 + 3 * 13)
+    spans = receiver.wait_for_final(1 + 3 * 13)
     assert {s.trace_id for s in spans} == {job_trace}, "one trace: the CI job's"
     (run_span,) = [s for s in spans if s.name.startswith("RUN ")]
     assert run_span.kind == 2, "SERVER: a pipeline run"

@@ -141,7 +141,7 @@ def test_each_recorded_trace_arrives_as_its_phase_tree(
 
     expected = reference_tree(trace)
     phases = sum(1 for _ in _walk(expected))
-    spans = receiver.wait_for(phases + 1)
+    spans = receiver.wait_for_final(phases + 1)
     assert (health.exported, health.failed, health.dropped, warnings) == (phases + 1, 0, 0, [])
     assert len(spans) == phases + 1
     root, children = tree_of(spans)
@@ -249,7 +249,7 @@ def test_a_cancelled_build_ends_every_span_and_says_why(
     assert process.returncode == 3, err
 
     started = sum(1 for e in read_journal(journal).events if e.type == "phase_start")
-    spans = receiver.wait_for(started + 1)
+    spans = receiver.wait_for_final(started + 1)
     assert len(spans) == started + 1, "one span per phase and one for the build"
     root, _ = tree_of(spans)
     assert root.attributes["cicd.pipeline.result"] == "cancellation"
@@ -281,7 +281,7 @@ def test_a_killed_build_replays_with_every_span_ended(
     assert code == 4  # a build with no end did not build
     events = read_journal(journal).events
     started = sum(1 for e in events if e.type == "phase_start")
-    spans = receiver.wait_for(started + 1)
+    spans = receiver.wait_for_final(started + 1)
     assert len(spans) == started + 1
     root, _ = tree_of(spans)
     assert root.attributes["cicd.pipeline.result"] == "error"
@@ -552,7 +552,7 @@ def test_a_build_over_the_budget_folds_short_leaves_and_the_totals_add_up(
     state = monitor.state
     started = state.phases_started_total
     expected_spans = export.projection.emitted
-    spans = receiver.wait_for(expected_spans)
+    spans = receiver.wait_for_final(expected_spans)
     assert len(spans) == expected_spans < started
     folded = sum(s.attributes.get("trt.folded.count", 0) for s in spans)
     root, children = tree_of(spans)

@@ -34,6 +34,7 @@ from trt_otel.builder.store import (
     miss_reason,
     store_key,
 )
+from trt_otel.capture.gpu import GPU_IDENTITY, NvmlUnavailableError, identify_gpu, selected_gpu
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.core.durations import format_duration
 from trt_otel.core.eta import PastBuild
@@ -110,6 +111,23 @@ def stored_builds(visit: StoreVisit | None) -> tuple[list[PastBuild], list[PastB
     return same, others
 
 
+def unknown_gpu(attributes: dict[str, Any]) -> str | None:
+    """Why a TensorRT build's key cannot name its GPU, or None: a TensorRT engine runs only on
+    the GPU model it was built for, so its key names the GPU. Where the build's record does not
+    (``--no-gpu``), the GPU is asked once through NVML and added to ``attributes``; where NVML
+    cannot say, an engine stored or served here could be another GPU's."""
+    if attributes.get("trt.backend") != "tensorrt" or all(k in attributes for k in GPU_IDENTITY):
+        return None
+    try:
+        attributes.update(identify_gpu(selected_gpu()))
+    except NvmlUnavailableError as error:
+        return (
+            "a TensorRT engine runs only on the GPU model it was built for, and this build's "
+            f"GPU cannot be named here ({error})"
+        )
+    return None
+
+
 def visit_store(
     stack: contextlib.ExitStack[Any],
     config: StoreConfig,
@@ -123,6 +141,10 @@ def visit_store(
         return None
     if job.engine_path is None:
         raise UsageError("--engine-store needs --output: the engine it serves or stores")
+    unknown = unknown_gpu(attributes)
+    if unknown is not None:
+        warn(f"store: not used: {unknown}")
+        return None
     try:
         store = EngineStore(config.directory, max_bytes=config.max_bytes)
         key = store_key(attributes)

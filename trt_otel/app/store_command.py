@@ -23,6 +23,7 @@ from typing import Any
 
 from trt_otel.app.arguments import add_builder_options, builder_options, size
 from trt_otel.app.config import UsageError
+from trt_otel.app.engine_store import unknown_gpu
 from trt_otel.builder.build import model_attributes, read_model
 from trt_otel.builder.options import BuildOptions
 from trt_otel.builder.store import EngineStore, Entry, StoreError, miss_reason, store_key
@@ -120,6 +121,9 @@ def _why(store: EngineStore, command: StoreCommand) -> int:
         **model_attributes(command.model, read_model(command.model)),
         **command.builder.attributes(),
     }
+    unknown = unknown_gpu(attributes)
+    if unknown is not None:
+        raise UsageError(f"store why: {unknown}")
     key = store_key(attributes)
     entry = store.lookup(key, warn=lambda message: None)
     if entry is not None:

@@ -76,6 +76,25 @@ def selected_gpu(environ: dict[str, str] | None = None) -> str:
     return visible or "0"
 
 
+GPU_IDENTITY = ("gpu.name", "gpu.compute_capability")
+"""What names a GPU for a TensorRT engine: its model and architecture (an engine runs only on the
+GPU model it was built for)."""
+
+
+def identify_gpu(device: str) -> dict[str, str]:
+    """``device``'s :data:`GPU_IDENTITY`, read once through NVML (whether or not the build's GPU
+    is sampled); NvmlUnavailableError where NVML cannot say."""
+    reader = NvmlReader(device)
+    try:
+        described = reader.describe()
+    finally:
+        reader.close()
+    missing = [key for key in GPU_IDENTITY if key not in described]
+    if missing:
+        raise NvmlUnavailableError(f"GPU {device!r} does not say its {' or '.join(missing)}")
+    return {key: str(described[key]) for key in GPU_IDENTITY}
+
+
 class NvmlReader:
     """Reads one GPU through NVML (``pynvml`` from ``nvidia-ml-py``)."""
 
