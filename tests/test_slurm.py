@@ -138,13 +138,15 @@ def end_of(events: list[Event]) -> BuildFinished:
     return end
 
 
-def assert_cancelled_by_sigterm(events: list[Event]) -> None:
-    """SIGTERM to every process of the job: a cancel with the signal's name, never a failure."""
+def assert_cancelled_by_slurm(events: list[Event], job_id: int) -> None:
+    """SIGTERM to every process of the job, ``scancel``'s: a cancel whose reason names SLURM
+    (the controller says it is ending the job), never a failure."""
     cancel = cancel_of(events)
-    assert (cancel.source, cancel.reason, cancel.timeout) == ("signal", "received SIGTERM", False)
+    reason = f"SLURM cancelled job {job_id} (SIGTERM)"
+    assert (cancel.source, cancel.reason, cancel.timeout) == ("signal", reason, False)
     end = end_of(events)
     assert end.outcome is Outcome.CANCELLATION, end
-    assert "the whole process group was signalled" in end.detail, end
+    assert "the whole job was signalled" in end.detail, end
     assert end.error_type is None, end
 
 
@@ -171,7 +173,7 @@ def test_scancel_in_a_silent_window_is_a_cancel_and_the_job_exits_3(
     job.scancel()
     record = job.ended()
     assert (record.state, record.exit_code) == ("CANCELLED", (3, 0)), job.said()
-    assert_cancelled_by_sigterm(job.events())
+    assert_cancelled_by_slurm(job.events(), job.job_id)
     assert "CANCELLED AT" in job.said()  # SLURM's own line in the job's output
 
 
@@ -183,7 +185,7 @@ def test_scancel_of_a_job_step_is_a_cancel_too(slurm: Slurm, tmp_path: Path) -> 
     job.scancel()
     record = job.ended()
     assert (record.state, record.exit_code) == ("CANCELLED", (3, 0)), job.said()
-    assert_cancelled_by_sigterm(job.events())
+    assert_cancelled_by_slurm(job.events(), job.job_id)
 
 
 # -- the warning before the time limit ---------------------------------------------------------
@@ -313,17 +315,23 @@ def test_the_time_limit_warning_stops_a_build_in_a_silent_window_before_slurm_ki
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_time_limit_without_a_warning_is_still_recorded_as_a_cancel(
+def test_a_time_limit_without_a_warning_is_recorded_as_a_timeout(
     time_limits: TimeLimitJobs,
 ) -> None:
-    """With no ``--signal``, the time limit itself: SIGTERM to every process of the job, a
-    cancel ("received SIGTERM", not the time limit's reason: nothing says why), exit 3, and SLURM
+    """With no ``--signal``, the time limit itself: SIGTERM to every process of the job, which
+    the controller then says is its time limit: a timeout with SLURM's reason, exit 3, and SLURM
     records the job as TIMEOUT."""
     job = time_limits.unwarned
     job.wait_for_silence()
     record = job.ended(timeout_s=200)
     assert (record.state, record.exit_code) == ("TIMEOUT", (3, 0)), job.said()
-    assert_cancelled_by_sigterm(job.events())
+    events = job.events()
+    cancel = cancel_of(events)
+    reason = f"SLURM's time limit ended job {job.job_id} (SIGTERM)"
+    assert (cancel.source, cancel.reason, cancel.timeout) == ("signal", reason, True)
+    end = end_of(events)
+    assert end.outcome is Outcome.TIMEOUT, end
+    assert "the whole job was signalled" in end.detail, end
     assert "DUE TO TIME LIMIT" in job.said()
 
 
@@ -377,7 +385,7 @@ def test_a_preempted_job_is_recorded_as_preempted_and_builds_again(
     second.scancel()
     record = second.ended()
     assert (record.state, record.exit_code) == ("CANCELLED", (3, 0)), second.said()
-    assert_cancelled_by_sigterm(second.events())
+    assert_cancelled_by_slurm(second.events(), second.job_id)
 
 
 # -- the shipped templates, on real TensorRT-RTX builds ----------------------------------------
@@ -424,7 +432,7 @@ def test_build_sbatch_stops_a_real_build_in_its_silent_window(
     assert (record.state, record.exit_code) == (state, (3, 0)), job.said()
     events = job.events()
     if outcome is Outcome.CANCELLATION:
-        assert_cancelled_by_sigterm(events)
+        assert_cancelled_by_slurm(events, job_id)
     else:
         assert_stopped_by_the_time_limit_warning(events)
     assert not engine.exists()

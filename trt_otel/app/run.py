@@ -37,7 +37,7 @@ from types import FrameType
 
 from trt_otel.app.config import UsageError
 from trt_otel.capture.program import ProgramBuild, ProgramBuilds, ProgramChannel
-from trt_otel.control.preemption import SignalCauses
+from trt_otel.control.preemption import SignalCauses, StopCause
 from trt_otel.control.signals import (
     STOP_SIGNALS,
     TIME_LIMIT_REASON,
@@ -110,13 +110,12 @@ def _handle_signals(builds: ProgramBuilds, say: Say) -> Iterator[_Signals]:
         """Cancel for Ctrl-C (``name`` None), the scheduler's time-limit warning (a timeout), or
         the request to stop ``name``, whose cause the scheduler may tell (a SLURM job being
         requeued is preempted)."""
-        reason, source = ("interrupted by the user", CancelSource.SIGNAL)
-        time_limit = name == TIME_LIMIT_SIGNAL.name
-        if time_limit:
-            reason = TIME_LIMIT_REASON
+        cause = StopCause("interrupted by the user", CancelSource.SIGNAL)
+        if name == TIME_LIMIT_SIGNAL.name:
+            cause = StopCause(TIME_LIMIT_REASON, CancelSource.SIGNAL, timeout=True)
         elif name is not None:
-            reason, source = state.causes.of(name)
-        builds.cancel_all(reason, source, timeout=time_limit)
+            cause = state.causes.of(name)
+        builds.cancel_all(cause.reason, cause.source, timeout=cause.timeout)
         say(message)
 
     def handler(signum: int, frame: FrameType | None) -> None:

@@ -29,7 +29,7 @@ from trt_otel.app.engine_store import StoreVisit, stored_builds, visit_store
 from trt_otel.builder.build import BuildJob, BuildResult, partial_files, run_build_job
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.supervisor import IsolatedResult, StopNow, run_isolated
-from trt_otel.control.preemption import SignalCauses
+from trt_otel.control.preemption import SignalCauses, StopCause
 from trt_otel.control.signals import (
     STOP_SIGNALS,
     TIME_LIMIT_REASON,
@@ -308,17 +308,21 @@ def _stopped_with_its_group(
     group or job (SLURM's ``scancel`` or preemption, ``kill -- -PGID``, a runner stopping a
     process tree). A request to stop, honoured at once where the worker does not ignore it: a
     cancel (or a preemption), never a failure of the build."""
-    reason, source = causes.of(signal_name)
-    monitor.cancel(reason, source=source)
-    detail = (
-        f"{reason}; SIGTERM reached the build's process too (the whole job was signalled): it "
-        "stopped at once"
-        if source is CancelSource.PREEMPTION
-        else f"received {signal_name}, and so did the build's process (the whole process group "
-        "was signalled): it stopped at once"
-    )
-    monitor.end(Outcome.CANCELLATION, detail)
-    return BuildResult(Outcome.CANCELLATION, detail, None, 0)
+    cause = causes.of(signal_name)
+    monitor.cancel(cause.reason, source=cause.source, timeout=cause.timeout)
+    if cause.reason == f"received {signal_name}":
+        detail = (
+            f"received {signal_name}, and so did the build's process (the whole process group "
+            "was signalled): it stopped at once"
+        )
+    else:
+        detail = (
+            f"{cause.reason}; {signal_name} reached the build's process too (the whole job was "
+            "signalled): it stopped at once"
+        )
+    outcome = Outcome.TIMEOUT if cause.timeout else Outcome.CANCELLATION
+    monitor.end(outcome, detail)
+    return BuildResult(outcome, detail, None, 0)
 
 
 # -- signals -------------------------------------------------------------------------------------
@@ -343,10 +347,10 @@ def _cancel_on_signals(monitor: BuildMonitor, stop: StopClock) -> Iterator[_Sign
 
     def cancel(name: str) -> None:
         time_limit = name == TIME_LIMIT_SIGNAL.name
-        reason, source = (TIME_LIMIT_REASON, CancelSource.SIGNAL)
+        cause = StopCause(TIME_LIMIT_REASON, CancelSource.SIGNAL, timeout=True)
         if not time_limit:
-            reason, source = state.causes.of(name)
-        if monitor.cancel(reason, source=source, timeout=time_limit):
+            cause = state.causes.of(name)
+        if monitor.cancel(cause.reason, source=cause.source, timeout=cause.timeout):
             print(
                 f"\ntrt-otel: {name}: cancelling at TensorRT's next step (again to stop now)",
                 file=sys.stderr,

@@ -6,7 +6,9 @@ cancels: SIGTERM to every process of the job, SIGKILL ``KillWait`` later. Only t
 tells them apart, and it does so at once: when the signal arrives, the job's ``Restarts``
 counter already counts the requeue, while the run being stopped started with the count in its
 ``SLURM_RESTART_COUNT`` (unset on the first run). A build stopped that way is preempted, not
-cancelled by a person and not failed: it will run again.
+cancelled by a person and not failed: it will run again. The job's time limit, with no warning
+asked for, stops it the same way too, and the controller then gives ``Reason=TimeLimit``: a
+timeout. What is left is a cancel, SLURM's (``scancel``), and the reason says so.
 
 Asked once per signal name (:class:`SignalCauses`): the first signal's handler and the reading
 of a worker that died of the same signal agree on one answer.
@@ -19,6 +21,7 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from trt_otel.core.events import CancelSource
 
@@ -30,6 +33,8 @@ MAX_ANSWER_CHARS = 65_536
 
 _NUMBER = re.compile(r"[0-9]{1,20}")
 _RESTARTS = re.compile(r"(?:^|\s)Restarts=([0-9]{1,20})(?:\s|$)")
+_TIME_LIMIT = re.compile(r"(?:^|\s)Reason=TimeLimit(?:\s|$)")
+_ENDING = re.compile(r"(?:^|\s)JobState=(?:COMPLETING|CANCELLED)(?:\s|$)")
 
 ShowJob = Callable[[str], str | None]
 """What SLURM's controller says of a job (``scontrol show job --oneliner ID``), or None where
@@ -55,10 +60,22 @@ def show_job(job: str) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def slurm_requeue(environ: Mapping[str, str], show: ShowJob = show_job) -> str | None:
-    """Why a SIGTERM reached this SLURM job, where the controller says it is being requeued
-    (preempted, ``scontrol requeue``, a failed node): the reason, in words; None where it is
-    not a SLURM job, or not requeued, or the controller cannot tell."""
+@dataclass(frozen=True, slots=True)
+class StopCause:
+    """Why a signal stops a build: the cancel's reason, its source, and whether it is a
+    timeout (a scheduler's time limit)."""
+
+    reason: str
+    source: CancelSource
+    timeout: bool = False
+
+
+def slurm_cause(environ: Mapping[str, str], show: ShowJob = show_job) -> StopCause | None:
+    """Why a SIGTERM reached this SLURM job, as the controller says at that moment (SLURM 22.05,
+    seen on a real one): a job being requeued (preempted, ``scontrol requeue``, a failed node)
+    counts the run to come in its ``Restarts``; one whose time limit ended it says
+    ``Reason=TimeLimit``; one ``scancel`` ended is ``COMPLETING`` with neither. None where it
+    is not a SLURM job, or the controller cannot tell."""
     job = environ.get("SLURM_JOB_ID", "")
     if not _NUMBER.fullmatch(job):
         return None
@@ -68,32 +85,36 @@ def slurm_requeue(environ: Mapping[str, str], show: ShowJob = show_job) -> str |
     if answer is None or len(answer) > MAX_ANSWER_CHARS:
         return None
     found = _RESTARTS.search(answer)
-    if found is None or int(found.group(1)) <= started_at:
-        return None
-    restart = found.group(1)
-    return f"preempted: SLURM requeued job {job} (SIGTERM; it runs again as restart {restart})"
+    if found is not None and int(found.group(1)) > started_at:
+        restart = found.group(1)
+        return StopCause(
+            f"preempted: SLURM requeued job {job} (SIGTERM; it runs again as restart {restart})",
+            CancelSource.PREEMPTION,
+        )
+    if _TIME_LIMIT.search(answer):
+        return StopCause(f"SLURM's time limit ended job {job} (SIGTERM)", CancelSource.SIGNAL, True)
+    if _ENDING.search(answer):
+        return StopCause(f"SLURM cancelled job {job} (SIGTERM)", CancelSource.SIGNAL)
+    return None
 
 
 class SignalCauses:
-    """Each stop signal's reason and cancel source, asked of the scheduler once and kept. A
-    second caller waits for the first's answer (at most :data:`SCONTROL_TIMEOUT_S`)."""
+    """Each stop signal's cause, asked of the scheduler once and kept. A second caller waits
+    for the first's answer (at most :data:`SCONTROL_TIMEOUT_S`)."""
 
     def __init__(self, environ: Mapping[str, str], show: ShowJob = show_job) -> None:
         self._environ = environ
         self._show = show
         self._lock = threading.Lock()
-        self._known: dict[str, tuple[str, CancelSource]] = {}
+        self._known: dict[str, StopCause] = {}
 
-    def of(self, name: str) -> tuple[str, CancelSource]:
-        """``name``'s (``SIGTERM``) reason and source: preemption where the scheduler is taking
-        the job back, else ``received SIGTERM`` from a signal."""
+    def of(self, name: str) -> StopCause:
+        """``name``'s (``SIGTERM``) cause: what SLURM is doing to the job where it is one (a
+        preemption, its time limit, a cancel), else ``received SIGTERM`` from a signal."""
         with self._lock:
             known = self._known.get(name)
             if known is None:
-                preempted = slurm_requeue(self._environ, self._show) if name == "SIGTERM" else None
-                if preempted is not None:
-                    known = (preempted, CancelSource.PREEMPTION)
-                else:
-                    known = (f"received {name}", CancelSource.SIGNAL)
+                slurm = slurm_cause(self._environ, self._show) if name == "SIGTERM" else None
+                known = slurm or StopCause(f"received {name}", CancelSource.SIGNAL)
                 self._known[name] = known
             return known
