@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -434,6 +435,36 @@ def test_two_builds_of_one_key_at_once_build_once(tmp_path: Path) -> None:
         True,
     ]
     assert (tmp_path / "a.engine").read_bytes() == (tmp_path / "b.engine").read_bytes()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("stop", "code"), [(signal.SIGTERM, 3), (signal.SIGINT, 130)])
+def test_a_build_stopped_while_it_waits_for_its_key_says_so_and_exits_as_stopped(
+    tmp_path: Path, stop: signal.Signals, code: int
+) -> None:
+    """A build waiting for another process's build of the same engine, stopped (a scheduler's
+    SIGTERM, Ctrl-C): nothing of it started, so it says so and exits as a stop does, instead
+    of dying of the signal with nothing said."""
+    store = tmp_path / "store"
+    same = ("--no-progress", "--speed", "0", "--silence", "10m", "--engine-store", store)
+    with contextlib.ExitStack() as stack:
+        first = start_cli("demo", "-o", tmp_path / "a.engine", "--journal", tmp_path / "a.jsonl",
+                          *same, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        stack.callback(_kill, first)
+        wait_for_text(tmp_path / "a.jsonl", b'"build_start"')  # it holds the key
+        said = tmp_path / "b.err"
+        with said.open("w") as stderr:
+            second = start_cli("demo", "-o", tmp_path / "b.engine", *same,
+                               stdout=subprocess.DEVNULL, stderr=stderr)  # fmt: skip
+        stack.callback(_kill, second)
+        wait_for_text(said, b"store: waiting for pid")
+        second.send_signal(stop)
+        assert second.wait(60) == code, said.read_text()
+    assert f"store: stopped ({stop.name if code == 3 else 'Ctrl-C'}) while waiting" in (
+        said.read_text()
+    )
+    assert "Traceback" not in said.read_text()
+    assert not (tmp_path / "b.engine").exists()
 
 
 def _kill(process: Any) -> None:

@@ -15,11 +15,14 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
 import socket
 import statistics
+import threading
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 import msgspec
@@ -36,6 +39,8 @@ from trt_otel.builder.store import (
 )
 from trt_otel.capture.gpu import GPU_IDENTITY, NvmlUnavailableError, identify_gpu, selected_gpu
 from trt_otel.capture.monitor import BuildMonitor
+from trt_otel.capture.supervisor import StopNow
+from trt_otel.control.signals import STOP_SIGNALS, TIME_LIMIT_SIGNAL, handling_interrupts
 from trt_otel.core.durations import format_duration
 from trt_otel.core.eta import PastBuild
 from trt_otel.core.events import Outcome
@@ -111,6 +116,29 @@ def stored_builds(visit: StoreVisit | None) -> tuple[list[PastBuild], list[PastB
     return same, others
 
 
+@contextlib.contextmanager
+def _stopped_while_waiting() -> Iterator[None]:
+    """A stop asked for while the build waits for its key (another process builds the same
+    engine): nothing was started, so nothing is left to end; it is said, and the command exits
+    as for any stop (SIGTERM, SIGHUP or a time-limit warning: 3; Ctrl-C: 130), rather than dying
+    of the signal."""
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        # Raised in the wait's own system call, the only thing the main thread does here.
+        raise KeyboardInterrupt if signum == signal.SIGINT else StopNow(signal.Signals(signum).name)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread alone: its owner handles them
+        return
+    try:
+        with handling_interrupts(stop, (*STOP_SIGNALS, TIME_LIMIT_SIGNAL)):
+            yield
+    except KeyboardInterrupt as stopped:
+        name = str(stopped) or "Ctrl-C"
+        say(f"store: stopped ({name}) while waiting for this engine's build elsewhere: not built")
+        raise
+
+
 def unknown_gpu(attributes: dict[str, Any]) -> str | None:
     """Why a TensorRT build's key cannot name its GPU, or None: a TensorRT engine runs only on
     the GPU model it was built for, so its key names the GPU. Where the build's record does not
@@ -149,7 +177,8 @@ def visit_store(
         store = EngineStore(config.directory, max_bytes=config.max_bytes)
         key = store_key(attributes)
         holder = f"pid {os.getpid()} on {socket.gethostname()}"
-        stack.enter_context(store.building(key, holder=holder, say=say))
+        with _stopped_while_waiting():
+            stack.enter_context(store.building(key, holder=holder, say=say))
         entry = store.lookup(key, warn=warn)
         served = store.serve(entry, job.engine_path, warn=warn) if entry is not None else None
     except (StoreError, OSError) as error:
