@@ -241,6 +241,38 @@ def test_a_runner_s_stop_ends_the_journal_and_the_spans_before_its_sigterm(
     assert not build.engine.exists()
 
 
+KUBERNETES_GRACE_S = 30.0
+"""A pod's ``terminationGracePeriodSeconds`` by default: the kubelet's SIGKILL comes that long
+after its SIGTERM."""
+
+
+def test_a_kubelets_sigterm_ends_the_journal_and_the_spans_within_its_grace(
+    launch: Launcher, receiver: OtlpReceiver
+) -> None:
+    """A pod stopped (a deleted Job, a drained node) in the silent window, with the stop budget
+    set to the pod's default grace period: the build stops, its journal ends and every final
+    span is sent before the kubelet's SIGKILL would come."""
+    build = launch.start(
+        "--stop-budget", f"{KUBERNETES_GRACE_S:g}s",
+        "--otlp-endpoint", f"http://127.0.0.1:{receiver.http_port}",
+    )  # fmt: skip
+    build.wait_for_silent_window()
+    build.process.send_signal(signal.SIGTERM)
+    try:
+        build.process.wait(KUBERNETES_GRACE_S)
+    except subprocess.TimeoutExpired:
+        build.process.kill()  # the kubelet's SIGKILL
+        pytest.fail(f"still running {KUBERNETES_GRACE_S:g}s after the kubelet's SIGTERM")
+    assert build.finish() == 3, build.stderr
+    end = build.end()
+    assert end.outcome == "cancellation"
+    spans = final_spans(receiver.spans)
+    started = sum(1 for e in read_journal(build.journal).events if isinstance(e, PhaseStarted))
+    assert len(spans) == started + 1, "one span per phase and one for the build"
+    (root,) = [span for span in spans if not span.parent_span_id]
+    assert root.attributes["trt.cancel.reason"] == "received SIGTERM"
+
+
 # -- alive or hung: the builder's process decides what a stall is -------------------------------
 
 
