@@ -333,7 +333,7 @@ def duration_s(journal: Path) -> float:
 
 
 @pytest.mark.e2e
-def test_a_real_engine_is_served_the_second_time_and_a_changed_option_explained(
+def test_a_real_engine_is_served_again_and_a_changed_option_or_model_or_a_damaged_entry_rebuilt(
     tmp_path: Path,
 ) -> None:
     import_rtx()
@@ -374,9 +374,26 @@ def test_a_real_engine_is_served_the_second_time_and_a_changed_option_explained(
     assert ahead is not None and (ahead.basis, ahead.builds) == ("scaled", 1)
     assert ahead.expected_s == pytest.approx(duration_s(first), abs=0.01), "the same size"
 
+    before = started(first).attributes["model.sha256"]
+    write_conv(model, layers=10)  # the same file, now another model
+    said, fourth = build("fourth.engine", "fourth.jsonl")
+    after = started(fourth).attributes["model.sha256"]
+    reason = f"the model changed (sha256 {before[:8]}.. -> {after[:8]}..)"
+    assert f"rebuilding: {reason}" in said
+    assert started(fourth).attributes["trt.store.miss_reason"] == reason
+
+    # Its entry damaged: found by its digest, removed, and the real engine built again.
+    key = started(fourth).attributes["trt.store.key"]
+    stored_engine = store / "v1" / "entries" / key / "engine"
+    stored_engine.write_bytes(b"!" + stored_engine.read_bytes()[1:])
+    said, fifth = build("fifth.engine", "fifth.jsonl")
+    assert "does not match its SHA-256" in said
+    assert started(fifth).attributes["trt.store.hit"] is False
+    assert [e for e in read_journal(fifth).events if isinstance(e, PhaseStarted)], "built"
+
     listing = run_cli("store", "ls", store)
-    assert listing.returncode == 0 and listing.stdout.endswith("2 entries\n")
-    assert run_cli("store", "verify", store).returncode == 0
+    assert listing.returncode == 0 and listing.stdout.endswith("3 entries\n")
+    assert run_cli("store", "verify", store).returncode == 0, "stored again, intact"
 
 
 @pytest.mark.e2e
