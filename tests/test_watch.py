@@ -330,3 +330,25 @@ def test_a_control_line_fits_what_the_monitor_reads_and_keeps_the_decision(
     for key, text in clean.items():
         assert text.startswith(decision[key])
         assert len(decision[key]) >= min(len(text), 50)
+
+
+def test_a_control_line_of_exactly_what_the_monitor_reads_is_kept_whole() -> None:
+    """A line of :data:`CONTROL_LINE_BYTES` bytes, its newline included, is read whole by the
+    monitor: its reason is written as it is, not shortened by a character."""
+    policy = "stall(10m)"
+    room = CONTROL_LINE_BYTES - len(control_line("", source="stall", timeout=True, policy=policy))
+    reason = "😀" * (room // 4) + "a" * (room % 4)
+    line = control_line(reason, source="stall", timeout=True, policy=policy)
+    assert len(line) == CONTROL_LINE_BYTES
+    assert json.loads(line)["reason"] == reason
+
+
+def test_a_reason_too_long_for_the_control_line_loses_its_end_not_its_beginning() -> None:
+    """Shortened to fit, a reason keeps its first characters (where a policy says which limit
+    it reached), whatever the script: here 200 different characters of four bytes each."""
+    reason = "".join(chr(0x1F600 + i) for i in range(200))
+    line = control_line(reason, source="stall", timeout=False, policy="stall(10m)")
+    kept = json.loads(line)["reason"]
+    assert len(line) <= CONTROL_LINE_BYTES
+    assert 50 <= len(kept) < len(reason)
+    assert kept == reason[: len(kept)], "the reason's beginning, not its end"
