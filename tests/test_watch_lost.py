@@ -4,6 +4,7 @@ window is followed to its end. Real processes, signals and files."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -374,6 +375,65 @@ def test_a_running_writer_whose_lock_cannot_be_told_is_alive(
     assert writer.running_here(journal) is True
     monkeypatch.setattr(liveness, "holds_write_lock", lambda pid, path: False)
     assert writer.running_here(journal) is None
+
+
+class FallsSilentServer:
+    """A real TCP server whose first connection gets ``events`` as an event stream (HTTP/1.1,
+    chunked: the connection stays open) and then nothing more; every later connection is closed
+    unanswered. ``accepted``: the connections it took."""
+
+    def __init__(self, events: list[Event]) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        frames = b"".join(
+            f"id: {e.seq}\ndata: {encode_event(e).decode()}\n\n".encode() for e in events
+        )
+        self.answer = (
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n" + b"%x\r\n%s\r\n" % (len(frames), frames)
+        )
+        self.accepted: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted.append(connection)
+            if len(self.accepted) > 1:
+                connection.close()
+                continue
+            with contextlib.suppress(OSError):
+                connection.recv(65536)
+                connection.sendall(self.answer)
+
+    def close(self) -> None:
+        self.listener.close()
+        for connection in self.accepted:
+            connection.close()
+
+
+def test_a_stream_that_falls_silent_is_lost_counting_from_its_last_event() -> None:
+    """A stream that sent events and then nothing is lost ``retry_for_s`` after its last sign
+    of life, not after its silence was noticed: silent for its read timeout (1 s) since its
+    last event, with 0.3 s to come back, it is lost at once, never asked to resume."""
+    monitor = BuildMonitor()
+    monitor.start()
+    monitor.phase_start("Building engine", None, 2)
+    server = FallsSilentServer(monitor.log.recent())
+    warnings: list[str] = []
+    try:
+        end = follow_url(
+            server.url, lambda batch: None, warn=warnings.append, retry_for_s=0.3,
+            read_timeout_s=1.0,
+        )  # fmt: skip
+    finally:
+        server.close()
+    assert end is None, "the stream never sent the build's end"
+    assert len(warnings) == 1 and silent_for(warnings[0]) >= 1.0, warnings
+    assert len(server.accepted) == 1, "lost since its last event: not asked to resume"
 
 
 class ReplayingStreamServer:
