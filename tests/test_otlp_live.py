@@ -121,6 +121,21 @@ def test_a_phase_is_sent_when_it_opens_and_again_while_it_stays_open() -> None:
     monitor.close()
 
 
+def test_a_phase_recorded_after_the_builds_end_is_never_sent() -> None:
+    """A callback after the build's end (a program that goes on calling its monitor) is
+    recorded, and may open a phase: the build is over, so no snapshot shows it running."""
+    looked = Looked(Unsent())
+    looked.two_phases_open()
+    assert looked.after(LIVE_INTERVAL_S) == BOTH
+    looked.monitor.end()
+    looked.monitor.phase_start("Building engine", None, 1)
+    state = looked.monitor.state
+    assert state.outcome is not None and state.open_phase_ids(), "ended, and a phase open"
+    assert looked.after(LIVE_INTERVAL_S) == []
+    assert looked.after(REFRESH_S) == [], "nothing once the build has ended"
+    looked.monitor.close()
+
+
 def test_after_a_failed_export_every_open_phase_is_sent_again_at_the_next_look() -> None:
     """A failed export may have lost a phase's only snapshot: the backend would show nothing of
     it until its refresh, 30 s on (a collector slow to answer once under load)."""
