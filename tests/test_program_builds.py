@@ -1,18 +1,22 @@
-"""``trt-otel run``'s record of a program's builds, fed the messages its recorder sends."""
+"""``trt-otel run``'s record of a program's builds, fed the messages its recorder sends, and
+the run's watch over the program itself."""
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
 import os
+import signal
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from trt_otel.app.run import _unfinished
-from trt_otel.capture.program import CurrentBuild, ProgramBuilds, ProgramProcess
+from trt_otel.app.run import _unfinished, run_program
+from trt_otel.capture.program import CurrentBuild, ProgramBuild, ProgramBuilds, ProgramProcess
 from trt_otel.core.events import BuildFinished, Event, Outcome
 from trt_otel.core.log import EventLog
 from trt_otel.core.state import BuildState
@@ -108,3 +112,42 @@ def test_a_program_that_exits_0_during_a_build_ended_it_by_exiting_not_by_a_sign
         "the program exited (exit code 0) during the build",
         "ProgramExited",
     )
+
+
+class InterruptedAtTheFirstLook(ProgramBuilds):
+    """A run's builds (the program makes none) that stand for the user: at the run's first
+    look at them, Ctrl-C to the run; at its second, the program is let go on to its own end (a
+    line written to ``release``, a FIFO the program reads until then)."""
+
+    def __init__(self, release: Path) -> None:
+        super().__init__(EventLog(), warn=quiet, say=quiet)
+        self.release = release
+        self.looks = 0
+
+    def overdue(self, grace_s: float) -> ProgramBuild | None:
+        self.looks += 1
+        if self.looks == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # the run's handler takes it, on this thread
+        elif self.looks == 2:
+            with open(self.release, "w") as fifo:
+                fifo.write("cleaned up\n")
+        return super().overdue(grace_s)
+
+
+@pytest.mark.e2e
+def test_a_first_ctrl_c_leaves_the_program_running_to_its_own_end(tmp_path: Path) -> None:
+    """The first Ctrl-C cancels the builds and stops nothing: the program, still running at the
+    run's next look, ends as it chooses (here cleanly, exit code 0), and the run exits 130.
+    Only a second Ctrl-C stops the program."""
+    release = tmp_path / "release"
+    os.mkfifo(release)
+    program = "import sys; print(open(sys.argv[1]).read(), end='')"
+    said: list[str] = []
+    builds = InterruptedAtTheFirstLook(release)
+    ended = run_program(
+        [sys.executable, "-c", program, str(release)], builds, grace_s=30.0, say=said.append
+    )
+    assert (ended.exit_code, ended.returncode) == (130, 0), ended.summary
+    assert builds.looks >= 2, "the run looked again after the interrupt"
+    assert ended.summary.endswith("the program ended: exit code 0"), ended.summary
+    assert not [line for line in said if "stopping the program" in line], said

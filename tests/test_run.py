@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from cli import CLI, run_cli, start_cli
+from rtx_builds import HELD_BLOCKS, held_in_silent_step
 from runs import PROGRAMS, PYTHON, builds_in, residual_net, start_of, start_run
 from trt_otel import ProcessSample, read_journal
 from trt_otel.control.signals import TIME_LIMIT_REASON
@@ -320,6 +321,43 @@ def test_a_schedulers_time_limit_warning_stops_the_build_as_a_timeout_and_exits_
     (cancel,) = [e for e in build if isinstance(e, CancelRequested)]
     assert (cancel.source, cancel.reason, cancel.timeout) == ("signal", TIME_LIMIT_REASON, True)
     assert ends(build).outcome == "timeout"
+
+
+def test_ctrl_c_gives_a_silent_build_the_stop_budgets_grace_not_the_whole_grace(
+    tmp_path: Path,
+) -> None:
+    """After Ctrl-C, as after SIGTERM, a build TensorRT does not stop gets what the stop budget
+    leaves (5 s less the spans' 3 s flush and the 1 s reserve: 1 s), not --grace's ten minutes:
+    held in its silent step, the program is stopped then, and the build's end says so."""
+    model = residual_net(HELD_BLOCKS, tmp_path)
+    process, journal = start_run(
+        tmp_path, str(model), options=("--grace", "10m", "--stop-budget", "5s")
+    )
+    try:
+        with held_in_silent_step(journal):
+            os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+            _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, stderr
+    assert "build 1: TensorRT has not stopped 1.0s after the cancel; stopping the program" in stderr
+    (build,) = builds_in(read_journal(journal).events)
+    end = ends(build)
+    assert end.outcome == "cancellation"
+    assert end.detail.startswith("interrupted by the user; TensorRT had not stopped 1.0s later")
+
+
+def test_a_program_that_dies_of_sigint_exits_130_as_after_ctrl_c(tmp_path: Path) -> None:
+    """A program killed by SIGINT (a Ctrl-C that reached it and not trt-otel, or its own) ends
+    the run as an interrupt does, 130, not as a death by another signal (4)."""
+    dies = (
+        "import os, signal; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+        "os.kill(os.getpid(), signal.SIGINT)"
+    )
+    result = run_cli("run", "--", PYTHON, "-c", dies, timeout=120)
+    assert result.returncode == 130, result.stderr
+    assert "the program ended: killed by SIGINT" in result.stderr
 
 
 def test_a_command_that_does_not_exist_is_a_usage_error(tmp_path: Path) -> None:
