@@ -9,12 +9,15 @@ check; none of them checks it, but :func:`demo_journal`, whose callers want a bu
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Self
 
@@ -97,6 +100,18 @@ def start_cli(
         env=env,
         start_new_session=start_new_session,
     )
+
+
+@contextlib.contextmanager
+def killed_at_exit(process: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+    """``process`` (started in a session of its own), and at the block's end its whole group
+    killed if it is still running: a test that fails leaves no build behind."""
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 def start_demo(

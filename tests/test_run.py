@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cli import CLI, run_cli, start_cli
+from cli import CLI, killed_at_exit, run_cli, start_cli
 from rtx_builds import HELD_BLOCKS, held_in_silent_step
 from runs import PROGRAMS, PYTHON, builds_in, residual_net, start_of, start_run
 from trt_otel import ProcessSample, read_journal
@@ -202,13 +202,10 @@ def test_a_cancel_in_the_silent_window_terminates_the_program_within_the_grace_p
     cancel_file = tmp_path / "cancel"
     options = ("--cancel-file", str(cancel_file), "--grace", "1s")
     process, journal = start_run(tmp_path, str(model), options=options)
-    try:
+    with killed_at_exit(process):
         wait_for_journal(journal, process, "phase_start", "Determining refit engines")
         cancel_file.write_text("stop now\n")  # TensorRT is inside its silent step
         stdout, stderr = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 3, stderr
     assert "result 1" not in stdout, "the program was stopped before its build returned"
     (build,) = builds_in(read_journal(journal).events)
@@ -283,13 +280,10 @@ def test_ctrl_c_cancels_the_build_and_exits_130(tmp_path: Path) -> None:
     process, journal = start_run(
         tmp_path, str(model), options=("--grace", "2m", "--stop-budget", "3m")
     )
-    try:
+    with killed_at_exit(process):
         wait_for_journal(journal, process, "build_start")
         os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
         stdout, stderr = process.communicate(timeout=240)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 130, stderr
     assert "result 1" not in stdout, "the program ended on its interrupt"
     assert "KeyboardInterrupt" in stderr, "the program saw its interrupt"
@@ -308,13 +302,10 @@ def test_a_schedulers_time_limit_warning_stops_the_build_as_a_timeout_and_exits_
     process, journal = start_run(
         tmp_path, str(model), options=("--grace", "2m", "--stop-budget", "3m")
     )
-    try:
+    with killed_at_exit(process):
         wait_for_journal(journal, process, "build_start")
         process.send_signal(signal.SIGUSR1)  # to trt-otel alone, as SLURM's B: warning
         _, stderr = process.communicate(timeout=240)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 3, stderr
     assert "SIGUSR1 (the job's time limit is near): cancelling the builds" in stderr
     (build,) = builds_in(read_journal(journal).events)
@@ -333,13 +324,9 @@ def test_ctrl_c_gives_a_silent_build_the_stop_budgets_grace_not_the_whole_grace(
     process, journal = start_run(
         tmp_path, str(model), options=("--grace", "10m", "--stop-budget", "5s")
     )
-    try:
-        with held_in_silent_step(journal):
-            os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-            _, stderr = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
+    with killed_at_exit(process), held_in_silent_step(journal):
+        os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
     assert "build 1: TensorRT has not stopped 1.0s after the cancel; stopping the program" in stderr
     (build,) = builds_in(read_journal(journal).events)
@@ -423,13 +410,10 @@ def test_sigterm_before_any_build_stops_the_program_after_its_grace_and_exits_3(
     process = start_cli(
         "run", "--grace", "1s", "--", PYTHON, "-c", waits, ready, start_new_session=True
     )
-    try:
+    with killed_at_exit(process):
         wait_for_file(ready)
         process.send_signal(signal.SIGTERM)  # to trt-otel alone: the program is its own job
         _, err = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 3, err
     assert "the program is still running 1.0s after SIGTERM" in err
     assert "the program made no TensorRT build" in err

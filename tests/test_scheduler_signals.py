@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cli import start_cli
+from cli import killed_at_exit, start_cli
 from trt_otel import BuildMonitor, Outcome, read_journal
 from trt_otel.builder.build import BuildJob, SimulatorSettings, run_build_job
 from trt_otel.builder.onnx_models import demo_model_bytes
@@ -39,12 +39,8 @@ def start_job(journal: Path, *options: str) -> subprocess.Popen[str]:
 
 
 def ended(process: subprocess.Popen[str]) -> tuple[int, str]:
-    try:
+    with killed_at_exit(process):
         _, err = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
     return process.returncode, err
 
 

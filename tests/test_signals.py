@@ -3,14 +3,13 @@ still a cancel, not the user's interrupt (130). Real processes and signals."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from cli import CLI
+from cli import CLI, killed_at_exit
 from runs import residual_net, start_run
 from trt_otel import Outcome, read_journal
 from trt_otel.core.events import BuildFinished
@@ -74,13 +73,10 @@ def test_sighup_to_run_cancels_the_program_s_build_as_sigterm_does(tmp_path: Pat
 
     model = residual_net(1000, tmp_path)
     process, journal = start_run(tmp_path, str(model), options=("--grace", "1s"))
-    try:
+    with killed_at_exit(process):
         wait_for_journal(journal, process, "phase_start", "Determining refit engines")
         process.send_signal(signal.SIGHUP)  # to trt-otel alone: the program is its own job
         _, err = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 3, err
     assert "SIGHUP: cancelling the builds" in err
     events = read_journal(journal).events

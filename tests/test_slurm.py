@@ -138,16 +138,20 @@ def end_of(events: list[Event]) -> BuildFinished:
     return end
 
 
-def assert_cancelled_by_slurm(events: list[Event], job_id: int) -> None:
-    """SIGTERM to every process of the job, ``scancel``'s: a cancel whose reason names SLURM
-    (the controller says it is ending the job), never a failure."""
+def assert_stopped_by_slurm(events: list[Event], reason: str, *, timeout: bool = False) -> None:
+    """SIGTERM to every process of the job: a stop whose reason names what the controller says
+    it is doing to the job (``timeout``: its time limit), never a failure."""
     cancel = cancel_of(events)
-    reason = f"SLURM cancelled job {job_id} (SIGTERM)"
-    assert (cancel.source, cancel.reason, cancel.timeout) == ("signal", reason, False)
+    assert (cancel.source, cancel.reason, cancel.timeout) == ("signal", reason, timeout)
     end = end_of(events)
-    assert end.outcome is Outcome.CANCELLATION, end
+    assert end.outcome is (Outcome.TIMEOUT if timeout else Outcome.CANCELLATION), end
     assert "the whole job was signalled" in end.detail, end
     assert end.error_type is None, end
+
+
+def assert_cancelled_by_slurm(events: list[Event], job_id: int) -> None:
+    """``scancel``'s SIGTERM to every process of the job: a cancel whose reason names SLURM."""
+    assert_stopped_by_slurm(events, f"SLURM cancelled job {job_id} (SIGTERM)")
 
 
 def assert_stopped_by_the_time_limit_warning(events: list[Event]) -> BuildFinished:
@@ -325,13 +329,8 @@ def test_a_time_limit_without_a_warning_is_recorded_as_a_timeout(
     job.wait_for_silence()
     record = job.ended(timeout_s=200)
     assert (record.state, record.exit_code) == ("TIMEOUT", (3, 0)), job.said()
-    events = job.events()
-    cancel = cancel_of(events)
     reason = f"SLURM's time limit ended job {job.job_id} (SIGTERM)"
-    assert (cancel.source, cancel.reason, cancel.timeout) == ("signal", reason, True)
-    end = end_of(events)
-    assert end.outcome is Outcome.TIMEOUT, end
-    assert "the whole job was signalled" in end.detail, end
+    assert_stopped_by_slurm(job.events(), reason, timeout=True)
     assert "DUE TO TIME LIMIT" in job.said()
 
 
