@@ -9,6 +9,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from trt_otel import BuildMonitor, Event, EventLog
+from trt_otel.core.followers import FollowerWorker
 from trt_otel.testing import CollectingFollower
 from trt_otel.views.prometheus import MetricSources, metrics_registry
 
@@ -99,6 +100,38 @@ def test_a_follower_joining_late_first_gets_the_retained_events() -> None:
     monitor.end()
     assert monitor.close(5)
     assert [e.seq for e in late.events] == list(range(monitor.log.next_seq))
+
+
+def test_a_batch_too_big_for_the_queue_keeps_its_newest_events() -> None:
+    """A batch offered at once (a frame of a worker's callbacks) to a queue with room for
+    three: the oldest go, counted, and the follower is handed the three newest, in order."""
+    monitor = BuildMonitor()
+    drive(monitor, 3)
+    events = monitor.log.recent()
+    assert len(events) == 6  # the build's start, the phase's, three steps, its finish
+    collector = CollectingFollower("small")
+    worker = FollowerWorker(collector, capacity=3, min_interval_s=0)
+    worker.offer_many(events)  # before its thread starts: nothing is taken meanwhile
+    worker.start()
+    assert worker.flush(5)
+    assert [e.seq for e in collector.events] == [e.seq for e in events[-3:]]
+    assert worker.health().dropped == 3
+    assert worker.shutdown(5)
+
+
+def test_a_batch_that_fails_counts_each_of_its_events_as_failed() -> None:
+    """A follower joining late is handed the retained events in one batch: when handling it
+    raises, every event of that batch may be missing from what it made, not just one."""
+    monitor = BuildMonitor()
+    drive(monitor, 10)
+    monitor.end()
+    worker = monitor.log.follow(Raising(), min_interval_s=0)
+    assert worker.flush(5)
+    health = worker.health()
+    assert health.errors == 1, "the retained events came as one batch"
+    assert health.failed_events == monitor.log.next_seq == 14
+    assert health.lost == 14
+    assert monitor.close(5)
 
 
 def test_the_metrics_tell_failed_events_from_dropped_ones() -> None:
