@@ -134,6 +134,29 @@ def test_a_batch_that_fails_counts_each_of_its_events_as_failed() -> None:
     assert monitor.close(5)
 
 
+def test_a_log_that_follows_another_build_keeps_its_numbers() -> None:
+    """Events numbered by the log they were recorded in (a build followed from elsewhere)
+    keep their seq in the log that takes them: those taken already are skipped, and after a
+    gap (events the reader lost) the log goes on from the number it was given."""
+    source = BuildMonitor()
+    source.start()
+    drive(source, 5)
+    source.end()
+    events = source.log.recent()
+
+    follower = BuildMonitor()
+    follower.mirror(events[:3])
+    follower.mirror(events)  # the first three again, then the rest
+    assert [e.seq for e in follower.log.recent()] == [e.seq for e in events]
+    assert follower.log.next_seq == source.log.next_seq
+    assert follower.state.outcome is source.state.outcome is not None
+
+    with_gap = BuildMonitor()
+    with_gap.mirror([*events[:2], *events[5:]])
+    assert [e.seq for e in with_gap.log.recent()] == [0, 1, *range(5, len(events))]
+    assert with_gap.log.next_seq == source.log.next_seq
+
+
 def test_the_metrics_tell_failed_events_from_dropped_ones() -> None:
     """A follower that fails on every batch and one that is too slow for its queue: each loss
     shows under its own name in the exposition text a scrape reads."""
