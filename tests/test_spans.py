@@ -41,7 +41,7 @@ from trt_otel.views.otlp_settings import (
     OtlpConfigError,
     OtlpSettings,
 )
-from trt_otel.views.spans import UNFINISHED, SpanProjection, SpanRecord
+from trt_otel.views.spans import MAX_SPAN_EVENTS, UNFINISHED, SpanProjection, SpanRecord
 from trt_otel.views.trace_ids import TRACEPARENT_ATTRIBUTE, parse_traceparent
 from waiting import wait_for_text, wait_until
 
@@ -882,6 +882,25 @@ def test_the_build_span_counts_every_anomaly() -> None:
     monitor.end()
     build = projected(monitor)[1][-1]
     assert build.attributes["trt.anomalies"] == 3
+
+
+def test_a_phase_span_keeps_its_first_anomalies_as_events_and_counts_the_rest() -> None:
+    """Forty anomalies in one phase: its span carries the first MAX_SPAN_EVENTS as span
+    events, in the order they happened, counts all forty, and says how many were dropped."""
+    monitor = BuildMonitor()
+    monitor.phase_start("A", None, 1)
+    for step in range(1, 41):
+        monitor.step_complete("A", step)  # outside [0, 1): an anomaly of A
+    monitor.phase_finish("A")
+    monitor.end()
+    phase = projected(monitor)[1][0]
+    assert phase.name == "A"
+    assert len(phase.events) == MAX_SPAN_EVENTS
+    details = [event.attributes["trt.anomaly.detail"] for event in phase.events]
+    assert details[0] == "step 1 of 'A' outside [0, 1)"
+    assert details[-1] == f"step {MAX_SPAN_EVENTS} of 'A' outside [0, 1)"
+    assert phase.attributes["trt.phase.anomalies"] == 40
+    assert phase.attributes["trt.span_events_dropped"] == 40 - MAX_SPAN_EVENTS
 
 
 def test_the_builders_errors_and_warnings_are_events_of_the_build_span() -> None:
