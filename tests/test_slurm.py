@@ -146,7 +146,7 @@ def assert_stopped_by_slurm(events: list[Event], reason: str, *, timeout: bool =
     end = end_of(events)
     assert end.outcome is (Outcome.TIMEOUT if timeout else Outcome.CANCELLATION), end
     assert "the whole job was signalled" in end.detail, end
-    assert end.error_type is None, end
+    assert end.error_type == ("timeout" if timeout else None), end
 
 
 def assert_cancelled_by_slurm(events: list[Event], job_id: int) -> None:
