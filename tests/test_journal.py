@@ -547,3 +547,24 @@ def test_a_new_journal_opened_to_append_starts_with_its_header(tmp_path: Path) -
     assert journal.header["format"] == "trt-otel-journal"
     assert journal.problems == []
     assert journal.events == monitor.log.recent()
+
+
+def test_a_journal_opened_to_append_goes_on_under_its_one_header(tmp_path: Path) -> None:
+    """A retried build's next attempt appends to the journal its first attempt wrote: its
+    events follow the first attempt's, under the header the journal started with (no second
+    header in the middle, which a reader would take for a corrupt line)."""
+    path = tmp_path / "build.jsonl"
+    first = record(path)
+    header = path.read_bytes().split(b"\n", 1)[0]
+    again = BuildMonitor()
+    again.log.follow(JournalWriter(path, append=True))
+    again.start()
+    again.end()
+    assert again.close(10)
+    lines = path.read_bytes().splitlines()
+    assert lines[0] == header
+    headers = [n for n, line in enumerate(lines) if "format" in json.loads(line)]
+    assert headers == [0], "one header, on line 1"
+    journal = read_journal(path)
+    assert journal.problems == []
+    assert journal.events == [*first.log.recent(), *again.log.recent()]
