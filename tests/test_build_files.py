@@ -260,6 +260,21 @@ def test_a_timing_cache_that_cannot_be_written_is_its_own_failure_after_the_engi
     assert save_build(b"plan", engine, b"cache", tmp_path / "t.cache") is None
 
 
+def test_an_engine_that_cannot_be_written_says_where_its_plan_was_kept(tmp_path: Path) -> None:
+    """The failure carries the path the built plan was kept at (beside the engine's path, its
+    folder taking new files), and that file holds the plan the detail names."""
+    engine = tmp_path / "x.engine"
+    engine.mkdir()  # the engine cannot replace a directory; its folder still takes a file
+    failure = save_build(b"plan", engine)
+    assert failure is not None
+    assert failure.error_type == "EngineWriteError"
+    assert failure.kept is not None
+    assert failure.kept.parent == tmp_path
+    assert failure.kept.name == f"x.engine.unsaved-{os.getpid()}"
+    assert failure.kept.read_bytes() == b"plan"
+    assert failure.detail.endswith(f"; the built plan was kept at {failure.kept}")
+
+
 def test_two_spellings_of_an_output_not_yet_there_are_one_file(tmp_path: Path) -> None:
     """``sub/../out.engine`` and ``out.engine`` name one file before either exists: the engine
     and the journal would write over each other."""
