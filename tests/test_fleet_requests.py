@@ -12,10 +12,13 @@ import pytest
 from trt_otel.app.fleet import Fleet
 from trt_otel.app.fleet_documents import BuildRequest
 from trt_otel.app.fleet_requests import (
+    MAX_ID_CHARS,
     MAX_OPTIONS,
+    MAX_PATH_CHARS,
     FleetError,
     bounded_request,
     check_command_line,
+    check_text,
     ladder_options,
     settings_options,
     settings_schema,
@@ -235,6 +238,19 @@ def test_a_typed_rung_of_the_wrong_name_or_shape_is_refused(
     with pytest.raises(FleetError) as refused:
         fleet.start(BuildRequest(kind="demo", retries=(rung,)))
     assert said in str(refused.value)
+
+
+@pytest.mark.parametrize(("name", "limit"), [("build_id", MAX_ID_CHARS), ("model", MAX_PATH_CHARS)])
+def test_a_caller_s_text_of_exactly_its_limit_is_taken_and_one_more_is_refused(
+    name: str, limit: int
+) -> None:
+    """A bound is the longest text taken, not the first refused; the refusal says how long
+    the text is, never what it holds."""
+    check_text(name, "x" * limit, limit)
+    with pytest.raises(FleetError) as refused:
+        check_text(name, "y" * (limit + 1), limit)
+    assert str(refused.value) == f"{name} is {limit + 1:,} characters long; at most {limit:,}"
+    assert "y" not in str(refused.value).replace(name, "")
 
 
 def test_a_request_of_as_many_options_as_allowed_is_taken_and_one_more_is_refused() -> None:

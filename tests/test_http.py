@@ -1032,6 +1032,18 @@ def test_a_view_served_on_a_name_answers_that_name_however_it_is_written() -> No
     assert not hosts.accepts("10.1.2.3"), "served on a name: no IP literal is that name"
 
 
+def test_a_host_header_takes_a_port_of_up_to_five_digits_and_nothing_longer() -> None:
+    """A port is 1 to 5 digits (65535 is the largest): a longer one is no ``host:port`` and
+    the request is refused, as is a port that is not digits or an empty name."""
+    from trt_otel.views.http_hosts import HostCheck
+
+    hosts = HostCheck("127.0.0.1")
+    for header in ["localhost:1", "localhost:65535", "127.0.0.1:8"]:
+        assert hosts.accepts(header), header
+    for header in ["localhost:655350", "localhost:", "localhost:80a", ":8080", "[::1:80"]:
+        assert not hosts.accepts(header), header
+
+
 def test_a_cancel_body_of_exactly_the_limit_is_read_and_one_byte_more_is_refused(
     served: tuple[BuildMonitor, StatusServer],
 ) -> None:
