@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 
 from trt_otel.control.preemption import MAX_ANSWER_CHARS, SignalCauses, StopCause, slurm_cause
+from trt_otel.control.signals import TIME_LIMIT_REASON
 from trt_otel.core.events import CancelSource
 
 JOB = {"SLURM_JOB_ID": "17"}
@@ -113,3 +114,10 @@ def test_a_sigterm_outside_a_slurm_job_is_received_as_before() -> None:
     assert SignalCauses({}, Controller(None)).of("SIGTERM") == StopCause(
         "received SIGTERM", CancelSource.SIGNAL
     )
+
+
+def test_the_time_limit_warning_is_a_timeout_without_asking_the_controller() -> None:
+    controller = Controller(answer(restarts=1))
+    cause = SignalCauses(JOB, controller).of("SIGUSR1")
+    assert cause == StopCause(TIME_LIMIT_REASON, CancelSource.SIGNAL, timeout=True)
+    assert controller.asked == [], "the warning says what it is"

@@ -40,7 +40,6 @@ from trt_otel.capture.program import ProgramBuild, ProgramBuilds, ProgramChannel
 from trt_otel.control.preemption import SignalCauses, StopCause
 from trt_otel.control.signals import (
     STOP_SIGNALS,
-    TIME_LIMIT_REASON,
     TIME_LIMIT_SIGNAL,
     handling_interrupts,
 )
@@ -110,11 +109,11 @@ def _handle_signals(builds: ProgramBuilds, say: Say) -> Iterator[_Signals]:
         """Cancel for Ctrl-C (``name`` None), the scheduler's time-limit warning (a timeout), or
         the request to stop ``name``, whose cause the scheduler may tell (a SLURM job being
         requeued is preempted)."""
-        cause = StopCause("interrupted by the user", CancelSource.SIGNAL)
-        if name == TIME_LIMIT_SIGNAL.name:
-            cause = StopCause(TIME_LIMIT_REASON, CancelSource.SIGNAL, timeout=True)
-        elif name is not None:
-            cause = state.causes.of(name)
+        cause = (
+            StopCause("interrupted by the user", CancelSource.SIGNAL)
+            if name is None
+            else state.causes.of(name)
+        )
         builds.cancel_all(cause.reason, cause.source, timeout=cause.timeout)
         say(message)
 

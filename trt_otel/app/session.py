@@ -29,10 +29,9 @@ from trt_otel.app.engine_store import StoreVisit, stored_builds, visit_store
 from trt_otel.builder.build import BuildJob, BuildResult, partial_files, run_build_job
 from trt_otel.capture.monitor import BuildMonitor
 from trt_otel.capture.supervisor import IsolatedResult, StopNow, run_isolated
-from trt_otel.control.preemption import SignalCauses, StopCause
+from trt_otel.control.preemption import SignalCauses, received
 from trt_otel.control.signals import (
     STOP_SIGNALS,
-    TIME_LIMIT_REASON,
     TIME_LIMIT_SIGNAL,
     StopClock,
     handling_interrupts,
@@ -310,7 +309,7 @@ def _stopped_with_its_group(
     cancel (or a preemption), never a failure of the build."""
     cause = causes.of(signal_name)
     monitor.cancel(cause.reason, source=cause.source, timeout=cause.timeout)
-    if cause.reason == f"received {signal_name}":
+    if cause == received(signal_name):
         detail = (
             f"received {signal_name}, and so did the build's process (the whole process group "
             "was signalled): it stopped at once"
@@ -346,10 +345,7 @@ def _cancel_on_signals(monitor: BuildMonitor, stop: StopClock) -> Iterator[_Sign
     state = _SignalState()
 
     def cancel(name: str) -> None:
-        time_limit = name == TIME_LIMIT_SIGNAL.name
-        cause = StopCause(TIME_LIMIT_REASON, CancelSource.SIGNAL, timeout=True)
-        if not time_limit:
-            cause = state.causes.of(name)
+        cause = state.causes.of(name)
         if monitor.cancel(cause.reason, source=cause.source, timeout=cause.timeout):
             print(
                 f"\ntrt-otel: {name}: cancelling at TensorRT's next step (again to stop now)",

@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from trt_otel.control.signals import TIME_LIMIT_REASON, TIME_LIMIT_SIGNAL
 from trt_otel.core.events import CancelSource
 
 SCONTROL_TIMEOUT_S = 2.0
@@ -70,6 +71,15 @@ class StopCause:
     timeout: bool = False
 
 
+def received(name: str) -> StopCause:
+    """The cause of a signal that says nothing more of itself: ``received SIGTERM``."""
+    return StopCause(f"received {name}", CancelSource.SIGNAL)
+
+
+TIME_LIMIT = StopCause(TIME_LIMIT_REASON, CancelSource.SIGNAL, timeout=True)
+"""The cause of :data:`~trt_otel.control.signals.TIME_LIMIT_SIGNAL`, a scheduler's warning."""
+
+
 def slurm_cause(environ: Mapping[str, str], show: ShowJob = show_job) -> StopCause | None:
     """Why a SIGTERM reached this SLURM job, as the controller says at that moment (SLURM 22.05,
     seen on a real one): a job being requeued (preempted, ``scontrol requeue``, a failed node)
@@ -109,12 +119,15 @@ class SignalCauses:
         self._known: dict[str, StopCause] = {}
 
     def of(self, name: str) -> StopCause:
-        """``name``'s (``SIGTERM``) cause: what SLURM is doing to the job where it is one (a
-        preemption, its time limit, a cancel), else ``received SIGTERM`` from a signal."""
+        """``name``'s cause: for ``SIGUSR1``, the scheduler's time-limit warning (a timeout);
+        for ``SIGTERM``, what SLURM is doing to the job where it is one (a preemption, its time
+        limit, a cancel); else :func:`received`."""
+        if name == TIME_LIMIT_SIGNAL.name:
+            return TIME_LIMIT
         with self._lock:
             known = self._known.get(name)
             if known is None:
                 slurm = slurm_cause(self._environ, self._show) if name == "SIGTERM" else None
-                known = slurm or StopCause(f"received {name}", CancelSource.SIGNAL)
+                known = slurm or received(name)
                 self._known[name] = known
             return known
