@@ -69,6 +69,9 @@ def format_eta(value: Estimate) -> str:
 class BoundaryTracker:
     """Follows a build's phase boundaries (fold it after its BuildState)."""
 
+    # Slots: read on every phase's end (see BuildState's).
+    __slots__ = ("_paths", "boundaries", "counts", "keep_all", "last", "last_mono_ns")
+
     def __init__(self, *, keep_all: bool = True) -> None:
         self.counts: dict[tuple[str, ...], int] = {}
         self.last: BoundaryKey = START

@@ -50,6 +50,19 @@ class EventLog:
     that want to look); the durable record is the journal follower. ``seq`` is contiguous from 0.
     """
 
+    # Slots: read on every event (see BuildState's).
+    __slots__ = (
+        "_batch",
+        "_consumers",
+        "_folds",
+        "_next_seq",
+        "_recent",
+        "_workers",
+        "clock",
+        "fold_errors",
+        "lock",
+    )
+
     def __init__(self, *, clock: Clock = SYSTEM_CLOCK, retain: int = DEFAULT_RETAINED_EVENTS):
         self.clock = clock
         """The producer's clock (the log itself reads no time: every event comes stamped)."""

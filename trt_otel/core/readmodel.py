@@ -108,6 +108,23 @@ class ReadModel:
     views read. A monitor on TensorRT's threads keeps the minimum there, and the model follows.
     """
 
+    # Slots: read on every event (see BuildState's).
+    __slots__ = (
+        "_builds",
+        "_closed",
+        "_forget_closed",
+        "_groups",
+        "_quiet_step",
+        "_subscribers",
+        "boundaries",
+        "gaps",
+        "history",
+        "is_fold",
+        "lock",
+        "state",
+        "subscriber_errors",
+    )
+
     name = "model"
 
     def __init__(self, history: History | None = None, *, forget_closed: bool = True) -> None:
