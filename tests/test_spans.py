@@ -16,6 +16,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -42,7 +44,12 @@ from trt_otel.views.otlp_settings import (
     OtlpSettings,
 )
 from trt_otel.views.spans import MAX_SPAN_EVENTS, UNFINISHED, SpanProjection, SpanRecord
-from trt_otel.views.trace_ids import TRACEPARENT_ATTRIBUTE, parse_traceparent
+from trt_otel.views.trace_ids import (
+    TRACEPARENT_ATTRIBUTE,
+    PhaseSpanIds,
+    parse_traceparent,
+    phase_span_id,
+)
 from waiting import wait_for_text, wait_until
 
 STATUS_ERROR = 2
@@ -55,6 +62,21 @@ def endpoint(receiver: OtlpReceiver, protocol: str) -> str:
 
 DEMO_SPANS = sum(c.kind == "phase_start" for c in generate_plan(13)) + 1
 """The demo's spans: one per phase of its 13-layer model's build, and the build's own."""
+
+
+@given(
+    trace_id=st.integers(min_value=1, max_value=2**128 - 1),
+    build_id=st.text(max_size=40),
+    phase_ids=st.lists(st.integers(min_value=0, max_value=2**40), max_size=5),
+)
+def test_a_phase_has_one_span_id_whichever_view_names_it(
+    trace_id: int, build_id: str, phase_ids: list[int]
+) -> None:
+    """The span projection names its spans with the build's part of the hash taken once; the
+    log records and the live snapshots name the same spans one at a time."""
+    ids = PhaseSpanIds(trace_id, build_id)
+    for phase_id in phase_ids:
+        assert ids(phase_id) == phase_span_id(trace_id, build_id, phase_id)
 
 
 def test_the_budget_is_exact_until_the_first_fold() -> None:

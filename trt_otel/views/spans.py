@@ -65,11 +65,11 @@ from trt_otel.views.otlp_settings import (
 )
 from trt_otel.views.trace_ids import (
     TRACEPARENT_ATTRIBUTE,
+    PhaseSpanIds,
     RemoteParent,
     build_span_context,
     build_span_id,
     build_trace_id,
-    phase_span_id,
 )
 
 WARNING_RANK = severity_rank("warning")
@@ -254,6 +254,7 @@ class SpanProjection:
         self._build_span_id = 0
         self._parent_span_ids: dict[int, int] = {}
         self._build_key = ""
+        self._phase_span_ids = PhaseSpanIds(0, "")
         self._wall_base_ns: int | None = None
         self._mono_base_ns = 0
         # What a span gathers while its phase is open (None: the build's span), dropped when
@@ -364,6 +365,7 @@ class SpanProjection:
         self._sampled = remote.sampled if remote is not None else True
         self._build_span_id = build_span_id(self._trace_id, build_id)
         self._build_key = build_id
+        self._phase_span_ids = PhaseSpanIds(self._trace_id, build_id)
 
     def _span_time(self, mono_ns: int) -> int:
         assert self._wall_base_ns is not None
@@ -377,7 +379,7 @@ class SpanProjection:
         return span_id
 
     def _span_id(self, phase_id: int) -> int:
-        return phase_span_id(self._trace_id, self._build_key, phase_id)
+        return self._phase_span_ids(phase_id)
 
     def _note(self, event: Anomaly | LogMessage) -> None:
         time_ns = self._span_time(event.mono_ns)

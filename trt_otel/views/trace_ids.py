@@ -76,6 +76,21 @@ def phase_span_id(trace_id: int, build_id: str, phase_id: int) -> int:
     return derived_id(64, trace_id, build_id, phase_id)
 
 
+class PhaseSpanIds:
+    """The span ids of one build's phases (:func:`phase_span_id`), with the part of the hash
+    that is the build's taken once: a build can close a span for each of 10,000 phases."""
+
+    __slots__ = ("_build",)
+
+    def __init__(self, trace_id: int, build_id: str) -> None:
+        self._build = hashlib.blake2b(f"{trace_id}/{build_id}/".encode(), digest_size=8)
+
+    def __call__(self, phase_id: int) -> int:
+        digest = self._build.copy()
+        digest.update(str(phase_id).encode())
+        return int.from_bytes(digest.digest(), "big") or 1
+
+
 def build_trace_id(attributes: dict[str, Any], build_id: str) -> tuple[int, RemoteParent | None]:
     """The build's trace id from its ``build_start`` attributes, and the traced job it joins."""
     remote = parse_traceparent(str(attributes.get(TRACEPARENT_ATTRIBUTE, "")))
