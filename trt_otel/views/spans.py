@@ -34,6 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from trt_otel.core.attempts import attempt_of
 from trt_otel.core.events import (
     Anomaly,
@@ -86,16 +88,18 @@ _LOG_ENDED = "the log ended before the build did"
 _HIDDEN_BUILD_ATTRIBUTES = frozenset({TRACEPARENT_ATTRIBUTE})
 
 
-@dataclass(frozen=True, slots=True)
-class SpanEvent:
+class SpanEvent(msgspec.Struct, frozen=True):
     name: str
     time_ns: int
     attributes: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class SpanRecord:
-    """One finished span, independent of any OpenTelemetry SDK."""
+class SpanRecord(msgspec.Struct, frozen=True):
+    """One finished span, independent of any OpenTelemetry SDK.
+
+    A msgspec struct, made in C (as :class:`SpanEvent`): a frozen dataclass sets each of its
+    fields through ``object.__setattr__``, and making the records was a quarter of the span
+    export's instructions (BENCHMARKS.md, "Span records made in C")."""
 
     name: str
     trace_id: int
