@@ -479,6 +479,15 @@ def first_step_after(events: list[Event], seq: int) -> list[object]:
     return [step["name"], step["step"]]
 
 
+def written_whole(path: Path, text: str) -> None:
+    """Write a cancel file as docs/stopping.md says to, and as ``trt-otel watch`` writes its
+    control file: whole at once, so a poll between the file's creation and its write cannot
+    find it empty (and take the default reason for the one written)."""
+    staged = path.with_name(path.name + ".tmp")
+    staged.write_text(text)
+    staged.replace(path)
+
+
 @pytest.mark.parametrize("how", ["cancel()", "cancel file", "control file", "timeout"])
 def test_a_cancel_refuses_the_next_step_with_its_reason(
     driver: Path, tmp_path: Path, how: str
@@ -498,7 +507,7 @@ def test_a_cancel_refuses_the_next_step_with_its_reason(
     try:
         if how == "cancel file":
             wait_for_file(ready)
-            stop.write_text("  release freeze  \nsecond line ignored\n")
+            written_whole(stop, "  release freeze  \nsecond line ignored\n")
         elif how == "control file":
             wait_for_file(ready)
             decision = {
@@ -506,7 +515,7 @@ def test_a_cancel_refuses_the_next_step_with_its_reason(
                 "source": "stall",
                 "policy": "stall(1.0s)",
             }
-            stop.write_text(json.dumps(decision) + "\n")
+            written_whole(stop, json.dumps(decision) + "\n")
         out, _ = process.communicate(timeout=60)
     finally:
         process.kill()
