@@ -61,8 +61,17 @@ def build_span_context(build_id: str, remote: RemoteParent | None = None) -> tup
 
 def derived_id(bits: int, *parts: object) -> int:
     """A non-zero id of ``bits`` bits, a pure function of ``parts``."""
-    text = "/".join(str(part) for part in parts).encode()
-    value = int.from_bytes(hashlib.blake2b(text, digest_size=bits // 8).digest(), "big")
+    return _id_of(hashlib.blake2b(_joined(parts), digest_size=bits // 8))
+
+
+def _joined(parts: tuple[object, ...]) -> bytes:
+    """What :func:`derived_id` hashes: the parts, ``/`` between them."""
+    return "/".join(str(part) for part in parts).encode()
+
+
+def _id_of(digest: hashlib.blake2b) -> int:
+    """The id a hash gives: its digest as an integer, never 0."""
+    value = int.from_bytes(digest.digest(), "big")
     return value or 1
 
 
@@ -83,12 +92,14 @@ class PhaseSpanIds:
     __slots__ = ("_build",)
 
     def __init__(self, trace_id: int, build_id: str) -> None:
-        self._build = hashlib.blake2b(f"{trace_id}/{build_id}/".encode(), digest_size=8)
+        # derived_id(64, trace_id, build_id, phase_id) hashes "trace/build/phase": all of it
+        # but the phase's id, hashed here once.
+        self._build = hashlib.blake2b(_joined((trace_id, build_id, "")), digest_size=8)
 
     def __call__(self, phase_id: int) -> int:
         digest = self._build.copy()
         digest.update(str(phase_id).encode())
-        return int.from_bytes(digest.digest(), "big") or 1
+        return _id_of(digest)
 
 
 def build_trace_id(attributes: dict[str, Any], build_id: str) -> tuple[int, RemoteParent | None]:
