@@ -41,7 +41,7 @@ class Gaps:
     """The longest gaps of one build, in time order, and its first event's time. (Its latest
     progress is its state's: :attr:`~trt_otel.core.state.BuildState.last_progress_mono_ns`.)"""
 
-    __slots__ = ("_ends", "_kept", "first_ns")
+    __slots__ = ("_ends", "_kept", "first_ns", "latest_end_ns")
 
     def __init__(self) -> None:
         self._kept: list[Gap] = []
@@ -49,6 +49,8 @@ class Gaps:
         """``end_ns`` of each kept gap, for the gaps that overlap a phase."""
         self.first_ns: int | None = None
         """The ``mono_ns`` of the build's first event (its origin where it has no start)."""
+        self.latest_end_ns = -1
+        """The latest kept gap's end (-1: none): no gap overlaps what starts at or after it."""
 
     def seen(self, mono_ns: int) -> None:
         """Any event of the build."""
@@ -76,6 +78,7 @@ class Gaps:
             del self._ends[shortest]
         kept.append(gap)  # gaps come in time order: the list stays sorted
         self._ends.append(gap.end_ns)
+        self.latest_end_ns = gap.end_ns
 
     @property
     def kept(self) -> list[Gap]:

@@ -15,6 +15,7 @@ must not make a report of unbounded size.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -181,9 +182,9 @@ class BuildRecorder:
     ``model`` that keeps, of what the model lets go, only what the report shows (the timeline's
     rows, the resource samples, the build's record); :meth:`report` at any moment.
 
-    Told of the events on the model's thread; a reader on another thread holds a lock of its
-    own around both, and the model's :attr:`~trt_otel.core.readmodel.ReadModel.lock` while it
-    reports. A log of several builds: the latest is reported.
+    Told of the events on the model's thread, under :attr:`lock`; a reader on another thread
+    holds :attr:`lock`, then the model's :attr:`~trt_otel.core.readmodel.ReadModel.lock`, while
+    it reports. A log of several builds: the latest is reported.
     """
 
     name = "report"
@@ -191,6 +192,7 @@ class BuildRecorder:
     def __init__(self, model: ReadModel, index: int = 0) -> None:
         self.model = model
         self.index = index
+        self.lock = threading.Lock()
         self._begin(model.build_number)
 
     def _begin(self, build_number: int) -> None:
@@ -203,21 +205,26 @@ class BuildRecorder:
         self._output: dict[str, Any] = {}
 
     def on_event(self, event: Event, closed: Sequence[Phase]) -> None:
-        model = self.model
         kind = type(event)
-        # A log's builds change at a build's start only (see BuildCut): the number is read
-        # there, not at each of a build's million events.
-        if kind is BuildStarted and model.build_number != self._build_number:
-            self._begin(model.build_number)
-        for phase in closed:  # before a start: a phase of the same name closes first
-            self._rows.closed(phase, model.gaps, self._process)
-        if kind is PhaseStarted:
-            started = model.state.phases.get(event.seq)
-            if started is not None:
-                self._rows.started(started, event.thread)
-        elif kind is PhaseFinished:  # its phase closed above
-            return
-        elif kind is ProcessSample:
+        with self.lock:
+            # A log's builds change at a build's start only (see BuildCut): the number is
+            # read there, not at each of a build's million events.
+            if kind is BuildStarted and self.model.build_number != self._build_number:
+                self._begin(self.model.build_number)
+            if closed:  # before a start: a phase of the same name closes first
+                rows, gaps, samples = self._rows, self.model.gaps, self._process
+                for phase in closed:
+                    rows.closed(phase, gaps, samples)
+            if kind is PhaseStarted:
+                started = self.model.state.phases.get(event.seq)
+                if started is not None:
+                    self._rows.started(started, event.thread)
+            elif kind is not PhaseFinished:  # (a phase's finish: its phase closed above)
+                self._noted(event, kind)
+
+    def _noted(self, event: Event, kind: type[Event]) -> None:
+        """An event other than a phase's start or finish (a few in a build), under the lock."""
+        if kind is ProcessSample:
             self._process.keep(cast(ProcessSample, event))
         elif kind is GpuSample:
             _keep(self._gpu, event)

@@ -39,6 +39,8 @@ MAX_SAMPLES = 20_000
 points)."""
 
 PathKey = tuple[str, ...]
+_STATUS_TEXT = {status: status.value for status in PhaseStatus}
+"""Each status's text, read without the enum's ``value`` property (a call in Python)."""
 
 
 def clip(text: str, limit: int = MAX_TEXT) -> str:
@@ -92,9 +94,9 @@ class Row:
         return " > ".join(self.path)
 
 
-@dataclass(slots=True)
-class _Instance:
-    """A phase instance as a row keeps it to draw: times on the build's clock."""
+class _Instance(msgspec.Struct, gc=False):
+    """A phase instance as a row keeps it to draw: times on the build's clock (a struct made
+    in C: a row keeps up to :data:`MAX_SPANS_PER_ROW` of them, made as phases close)."""
 
     start_ns: int
     end_ns: int
@@ -151,7 +153,7 @@ class _Sums:
                 _Instance(
                     phase.start_mono_ns,
                     end_ns,
-                    phase.status.value,
+                    _STATUS_TEXT[phase.status],
                     phase.steps_completed,
                     phase.num_steps,
                     thread,
@@ -237,31 +239,33 @@ class RowFold:
         return list(self._threads)
 
     def started(self, phase: Phase, thread: str) -> None:
-        thread = clip(thread, 100)
         threads = self._threads
-        if thread not in threads and len(threads) < MAX_THREADS:
-            threads[thread] = None
+        if thread not in threads:  # a thread seen before is kept clipped already
+            thread = clip(thread, 100)
+            if thread not in threads and len(threads) < MAX_THREADS:
+                threads[thread] = None
+        name = phase.name
         parent_id = phase.parent_id
         if parent_id is None:
-            parent, row = None, self._row(None, phase.name)
+            parent = None
+            row = self._roots.get(name) or self._row(None, name)
         else:  # no row where its parent is unknown, or its parent's row was left out
             parent = self._open.get(parent_id)
             above = None if parent is None else parent.row
-            row = None if above is None else self._row(above, phase.name)
+            row = None if above is None else above.named.get(name) or self._row(above, name)
         self._open[phase.id] = _Open(phase, row, thread)
         if parent is not None:
-            if parent.open_children is None:
-                parent.open_children = {}
-            parent.open_children[phase.id] = phase.start_mono_ns
+            children = parent.open_children
+            if children is None:
+                parent.open_children = {phase.id: phase.start_mono_ns}
+            else:
+                children[phase.id] = phase.start_mono_ns
 
     def _row(self, parent: _Sums | None, name: str) -> _Sums | None:
         """The row of ``name`` under ``parent`` (None: a root), made if there is room (None
         where there is not: the path is counted as left out)."""
         named = self._roots if parent is None else parent.named
-        row = named.get(name)  # most phases: a name seen under this parent before
-        if row is not None:
-            return row
-        name = clip(name, 200)
+        name = clip(name, 200)  # the caller found no row of the name as it was
         row = named.get(name)
         if row is not None:
             return row
@@ -283,27 +287,30 @@ class RowFold:
             return
         end_ns = phase.finish_mono_ns
         assert end_ns is not None  # closed
-        parent = self._open.get(phase.parent_id) if phase.parent_id is not None else None
+        start_ns = phase.start_mono_ns
+        parent = self._open.get(phase.parent_id)  # type: ignore[arg-type]  # None: no parent
         if parent is not None:
             children = parent.open_children
-            floor = end_ns
             if children is not None:
                 children.pop(phase.id, None)
-                if children:
-                    floor = min(children.values())
-            if parent.cover is None:
-                parent.cover = _Cover()
-            parent.cover.add(phase.start_mono_ns, end_ns, floor)
+            cover = parent.cover
+            if cover is None:
+                cover = parent.cover = _Cover()
+            if children or cover.intervals:  # a sibling still open, or one that overlaps
+                cover.add(start_ns, end_ns, min(children.values()) if children else end_ns)
+            else:  # the usual case: children one after another, nothing left to merge
+                cover.covered_ns += end_ns - start_ns
         row = entry.row
         if row is not None:
-            start_ns = phase.start_mono_ns
+            cover = entry.cover
+            # Most phases overlap no gap and no sample: the calls that would say so are saved.
             row.add(
                 phase,
                 end_ns,
-                0 if entry.cover is None else entry.cover.total(),
+                0 if cover is None else cover.total(),
                 entry.thread,
-                gaps.overlapping(start_ns, end_ns),
-                samples.peak_rss(start_ns, end_ns),
+                gaps.overlapping(start_ns, end_ns) if gaps.latest_end_ns > start_ns else (),
+                samples.peak_rss(start_ns, end_ns) if samples.latest_ns >= start_ns else None,
             )
 
     def rows(
@@ -386,17 +393,20 @@ class ProcessSamples:
     closed phase asks for its peak (:meth:`peak_rss`), and a live build closes hundreds of
     thousands of phases, most of them between two samples."""
 
-    __slots__ = ("samples", "times")
+    __slots__ = ("latest_ns", "samples", "times")
 
     def __init__(self) -> None:
         self.samples: list[ProcessSample] = []
         self.times: list[int] = []
+        self.latest_ns = -1
+        """The latest sample's time (-1: none yet)."""
 
     def keep(self, sample: ProcessSample) -> None:
         """Append, halving the lists (every other sample) past :data:`MAX_SAMPLES`: bounded,
         still even."""
         self.samples.append(sample)
         self.times.append(sample.mono_ns)
+        self.latest_ns = max(self.latest_ns, sample.mono_ns)
         if len(self.samples) > MAX_SAMPLES:
             del self.samples[1::2]
             del self.times[1::2]
