@@ -60,6 +60,13 @@ BUILD_ACTION = CicdPipelineActionNameValues.BUILD.value
 RUN_ACTION = CicdPipelineActionNameValues.RUN.value
 """``cicd.pipeline.action.name`` of ``trt-otel run``'s program: ``RUN``."""
 
+# The task runs' results as text, read once (an enum's ``value`` is a call in Python, and a
+# build has a span per phase).
+_TASK_SUCCESS = str(CicdPipelineTaskRunResultValues.SUCCESS.value)
+_TASK_ERROR = str(CicdPipelineTaskRunResultValues.ERROR.value)
+_TASK_TIMEOUT = str(CicdPipelineTaskRunResultValues.TIMEOUT.value)
+_TASK_CANCELLATION = str(CicdPipelineTaskRunResultValues.CANCELLATION.value)
+
 
 def _schema_version(schema: Schemas) -> tuple[int, ...]:
     return tuple(int(part) for part in schema.name.removeprefix("V").split("_"))
@@ -139,17 +146,13 @@ def task_run_result(
     cancel); ``finished``: TensorRT called ``phase_finish``; otherwise the phase was closed
     for it, by the build's end (its outcome) or by a broken protocol or a dead process (an
     error)."""
-    values = CicdPipelineTaskRunResultValues
-    result: CicdPipelineTaskRunResultValues
     if refused:
-        result = values.TIMEOUT if cancel_timeout else values.CANCELLATION
-    elif finished:
-        result = values.SUCCESS
-    elif build_outcome is None or build_outcome is Outcome.SUCCESS:
-        result = values.ERROR
-    else:
-        result = values(build_outcome.value)
-    return str(result.value)
+        return _TASK_TIMEOUT if cancel_timeout else _TASK_CANCELLATION
+    if finished:  # most phases
+        return _TASK_SUCCESS
+    if build_outcome is None or build_outcome is Outcome.SUCCESS:
+        return _TASK_ERROR
+    return str(CicdPipelineTaskRunResultValues(build_outcome.value).value)
 
 
 def task_run_attributes(

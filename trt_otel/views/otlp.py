@@ -130,7 +130,10 @@ class SpanExportQueue(SpanProcessor):
             except IndexError:
                 pass
         self._queue.append(span)
-        if len(self._queue) >= self._batch_size:
+        if len(self._queue) == self._batch_size:
+            # A batch is ready: wake the export thread once (it exports until the queue is
+            # empty or a failure holds it back). While a collector is down the queue stays
+            # full, and a wake per span would only cost this thread.
             self._wake.set()
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:

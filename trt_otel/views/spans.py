@@ -82,6 +82,8 @@ UNFINISHED = "unfinished"
 """``error.type`` of a build whose log ends without a ``build_end`` (the process died)."""
 
 _LOG_ENDED = "the log ended before the build did"
+_STATUS_TEXT = {status: status.value for status in PhaseStatus}
+"""Each status's text, read without the enum's ``value`` property (a call in Python, per span)."""
 """``trt.phase.close_reason`` of the phases a log left open (the builder's process died)."""
 
 # Build attributes that steer the projection but are not worth a span attribute.
@@ -407,30 +409,33 @@ class SpanProjection:
     def _phase_span(
         self, phase: Phase, end_mono_ns: int, status: PhaseStatus, close_reason: str | None
     ) -> SpanRecord | None:
+        # Past the budget, this is most phases of a long build: the folded path stays short.
+        phase_id = phase.id
         duration = end_mono_ns - phase.start_mono_ns
-        fold = self._folds.pop(phase.id, None)
-        notes = self._notes.pop(phase.id, None)
-        gpu = self._gpu.pop(phase.id, None)
-        process = self._process.pop(phase.id, None)
-        is_leaf = not phase.children
-        if (
-            is_leaf
-            and notes is None
-            and not self._was_kept(phase.id)
-            and self.emitted >= self.span_budget - 1
+        fold = self._folds.pop(phase_id, None)
+        notes = self._notes.pop(phase_id, None)
+        gpu = self._gpu.pop(phase_id, None)
+        process = self._process.pop(phase_id, None)
+        logged = phase_id in self._kept  # a log record names its span: it is never folded
+        if logged:
+            self._kept.discard(phase_id)
+        elif (
+            self.emitted >= self.span_budget - 1
             and duration < self.fold_under_ns
+            and notes is None
+            and not phase.children  # a leaf
         ):
-            fold = self._folds.get(phase.parent_id)
-            if fold is None:
-                fold = self._folds[phase.parent_id] = _Fold()
-            fold.add(phase.name, duration)
+            into = self._folds.get(phase.parent_id)
+            if into is None:
+                into = self._folds[phase.parent_id] = _Fold()
+            into.add(phase.name, duration)
             self.folded += 1
             return None
         attributes: dict[str, Any] = {
             "trt.phase.num_steps": phase.num_steps,
             "trt.phase.steps_completed": phase.steps_completed,
             "trt.phase.depth": phase.depth,
-            "trt.phase.status": status.value,
+            "trt.phase.status": _STATUS_TEXT[status],
         }
         if phase.skipped_steps:
             attributes["trt.phase.skipped_steps"] = phase.skipped_steps
@@ -446,12 +451,9 @@ class SpanProjection:
             events = tuple(notes.events)
             if notes.dropped_events:
                 attributes["trt.span_events_dropped"] = notes.dropped_events
-        if fold is not None:
-            attributes.update(fold.attributes())
-        if gpu is not None:
-            attributes.update(gpu.attributes())
-        if process is not None:
-            attributes.update(process.attributes())
+        for stats in (fold, gpu, process):  # leaves folded under it; samples while it ran
+            if stats is not None:
+                attributes.update(stats.attributes())
         parent = phase.parent_id
         self.emitted += 1
         return SpanRecord(
@@ -467,13 +469,6 @@ class SpanProjection:
             sampled=self._sampled,
             error=error,
         )
-
-    def _was_kept(self, phase_id: int) -> bool:
-        """Whether a log record names the phase's span (so it must not be folded)."""
-        if phase_id in self._kept:
-            self._kept.discard(phase_id)
-            return True
-        return False
 
     def _task_run(
         self,
