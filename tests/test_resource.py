@@ -189,3 +189,32 @@ def test_a_sampled_gpu_is_hardware_of_type_gpu() -> None:
     resource = detect_resource(described, environ={})
     assert resource.attributes[HW_ID] == described["gpu.uuid"]
     assert K8S_POD_NAME not in resource.attributes
+
+
+def test_the_session_resource_is_one_key_with_the_sdk_s_own_resource() -> None:
+    """The OTLP encoders group a batch's spans by resource (a dict keyed by it): the session's
+    resource, whose hash is taken once, hashes and compares as the SDK's resource of the same
+    attributes does, and a batch of spans under it encodes as one resource."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.trace import SpanContext
+
+    resource = detect_resource(environ=POD)
+    same = Resource(dict(resource.attributes), resource.schema_url)
+    assert resource == same and hash(resource) == hash(same)
+    assert len({resource: None, same: None}) == 1
+    other = Resource({**resource.attributes, K8S_POD_NAME: "another-pod"}, resource.schema_url)
+    assert hash(resource) != hash(other)
+
+    spans = [
+        ReadableSpan(
+            name=name,
+            context=SpanContext(1, index + 1, is_remote=False),
+            resource=resource if index % 2 else same,
+        )
+        for index, name in enumerate(("a", "b", "c", "d"))
+    ]
+    encoded = encode_spans(spans)
+    assert len(encoded.resource_spans) == 1
+    assert len(encoded.resource_spans[0].scope_spans[0].spans) == 4
