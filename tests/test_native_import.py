@@ -80,9 +80,11 @@ class Watch:
 
 
 sys.meta_path.insert(0, Watch())
-from trt_otel.builder.onnx_models import conv_net_bytes, demo_model_bytes, residual_net_bytes
+from trt_otel.builder.onnx_models import (
+    conv_net_bytes, demo_model_bytes, generate_demo_model_bytes, residual_net_bytes
+)
 
-demo_model_bytes(), conv_net_bytes(), residual_net_bytes(2)
+demo_model_bytes(), generate_demo_model_bytes(), conv_net_bytes(), residual_net_bytes(2)
 print(outside)
 """
 

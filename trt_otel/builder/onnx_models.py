@@ -1,7 +1,8 @@
 """ONNX models generated with ``onnx.helper``: what the demo, the tests and the benchmarks build.
 
 - :func:`demo_model_bytes`: a small MNIST-like network (conv-relu-pool twice, two fully
-  connected layers, softmax), the simulator's demo model;
+  connected layers, softmax), the simulator's demo model, shipped in the package as
+  :func:`generate_demo_model_bytes` made it;
 - :func:`conv_net_bytes`: a plain chain of 3x3 convolutions and ReLUs, ``layers`` deep, that a
   real builder takes a fraction of a second over: the real-builder tests' model;
 - :func:`residual_net_bytes`: ``blocks`` residual blocks (conv, relu, add). TensorRT-RTX 1.7
@@ -17,6 +18,7 @@ of batch 1). Weights are seeded: the same arguments give the same bytes (and the
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +84,23 @@ def _finish(
     return bytes(model.SerializeToString())
 
 
+DEMO_MODEL = "models/demo-mnist.onnx"
+"""The demo model as shipped in the package (:func:`generate_demo_model_bytes`' bytes)."""
+
+
 def demo_model_bytes() -> bytes:
-    """Serialized ONNX of conv-relu-pool x2, then two fully connected layers and a softmax."""
+    """The demo model: conv-relu-pool x2, then two fully connected layers and a softmax.
+
+    Read from the package, not generated: generating it imports numpy and onnx, 650 M
+    instructions of every ``trt-otel demo``'s start-up (the generation's own numpy stream may
+    also change with numpy's version, and the model with it)."""
+    return (resources.files("trt_otel.builder") / DEMO_MODEL).read_bytes()
+
+
+def generate_demo_model_bytes() -> bytes:
+    """The demo model, generated: ``python -c "from trt_otel.builder.onnx_models import *;
+    (Path('trt_otel/builder') / DEMO_MODEL).write_bytes(generate_demo_model_bytes())"``
+    writes the shipped file again."""
     _onnx()  # numpy and onnx first loaded with Ctrl-C held
     import numpy as np
     from onnx import helper, numpy_helper
