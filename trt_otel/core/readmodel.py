@@ -64,6 +64,13 @@ class SiblingGroup:
 
 
 TreeNode = Phase | SiblingGroup
+
+PHASE_EVENTS_CLOSING = "closing"
+"""A subscriber's ``phase_events``: told of a phase's start or finish only where it closes a
+phase (its own, or one it supersedes): the span export, whose spans are the closed phases."""
+PHASE_EVENTS_NONE = "none"
+"""A subscriber's ``phase_events``: told of no phase's start or finish (after the build's first
+event): the log records, which phases do not make."""
 """What a tree shows at a place: one phase, or the finished phases of a name folded together."""
 
 
@@ -78,6 +85,12 @@ class Subscriber(Protocol):
     steps (a step closes no phase; any step before a cancel) are not told one by one. The next
     other event tells of them too (the model it is told with has folded them); a run of them
     that ends a batch the model folds is told once, by its last (:meth:`on_steps`).
+
+    A subscriber that draws nothing from a phase's start or finish of its own may say so with
+    a class attribute ``phase_events`` (:data:`PHASE_EVENTS_CLOSING` or
+    :data:`PHASE_EVENTS_NONE`; every phase event, when it has none): a build is mostly phases,
+    and a call that does nothing, per phase, per subscriber, is a build's cost for nothing.
+    A build's first event is told to every subscriber, whatever it is.
     """
 
     @property
@@ -116,6 +129,9 @@ class ReadModel:
         "_groups",
         "_quiet_step",
         "_subscribers",
+        "_told_closing",
+        "_told_first",
+        "_told_phases",
         "boundaries",
         "gaps",
         "history",
@@ -138,6 +154,10 @@ class ReadModel:
         self.lock = threading.Lock()
         """Held while an event is folded in; readers on other threads hold it while they look."""
         self._subscribers: tuple[Subscriber, ...] = ()
+        self._told_phases: tuple[Subscriber, ...] = ()
+        """The subscribers told of every phase's start and finish."""
+        self._told_closing: tuple[Subscriber, ...] = ()
+        """The subscribers told of a phase's start or finish that closes a phase."""
         self._quiet_step: StepCompleted | None = None
         """The latest quiet step the subscribers have not been told of."""
         self.is_fold = False
@@ -164,9 +184,16 @@ class ReadModel:
         self.gaps = Gaps()
         """The build's gaps between callbacks: its silent windows, for the timeline."""
         self._groups: dict[int | None, dict[str, SiblingGroup]] = {}
+        self._told_first = False
+        """Whether the build's first event was told (to every subscriber)."""
 
     def subscribe(self, subscriber: Subscriber) -> None:
         self._subscribers = (*self._subscribers, subscriber)
+        phase_events = getattr(subscriber, "phase_events", None)
+        if phase_events is None:
+            self._told_phases = (*self._told_phases, subscriber)
+        if phase_events != PHASE_EVENTS_NONE:
+            self._told_closing = (*self._told_closing, subscriber)
 
     def apply(self, event: Event) -> Sequence[Phase]:
         """Fold one event in (events in ``seq`` order); the phases it closed, innermost first."""
@@ -231,7 +258,12 @@ class ReadModel:
             return
         self._quiet_step = None  # told with this event
         closed = self.apply(event)
-        for subscriber in self._subscribers:
+        told = self._subscribers
+        kind = type(event)
+        if (kind is PhaseStarted or kind is PhaseFinished) and self._told_first:  # most events
+            told = self._told_closing if closed else self._told_phases
+        self._told_first = True
+        for subscriber in told:
             try:
                 subscriber.on_event(event, closed)
             except Exception as error:  # one view's bug costs that view, not the others

@@ -33,7 +33,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
 from trt_otel.core.events import BuildStarted, Event, StepCompleted
-from trt_otel.core.readmodel import ReadModel
+from trt_otel.core.readmodel import PHASE_EVENTS_CLOSING, ReadModel
 from trt_otel.core.state import Phase
 from trt_otel.core.urls import shown
 from trt_otel.core.version import __version__
@@ -371,6 +371,7 @@ class OtlpSpanExport:
     """
 
     name = "otlp"
+    phase_events = PHASE_EVENTS_CLOSING  # a span is made where a phase closes
 
     def __init__(
         self,

@@ -45,7 +45,7 @@ from trt_otel.core.events import (
     StepCompleted,
     severity_rank,
 )
-from trt_otel.core.readmodel import ReadModel
+from trt_otel.core.readmodel import PHASE_EVENTS_NONE, ReadModel
 from trt_otel.core.state import Phase
 from trt_otel.core.version import __version__
 from trt_otel.views.conventions import SCHEMA_URL
@@ -272,6 +272,7 @@ class OtlpLogExport:
     """
 
     name = "otlp-logs"
+    phase_events = PHASE_EVENTS_NONE  # a phase's start or finish makes no record
 
     def __init__(
         self,
