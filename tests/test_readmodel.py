@@ -23,7 +23,13 @@ from trt_otel.core.events import Event, PhaseFinished, PhaseStarted, StepComplet
 from trt_otel.core.gaps import MIN_GAP_NS, Gap
 from trt_otel.core.journal_reader import read_journal
 from trt_otel.core.log import EventLog
-from trt_otel.core.readmodel import ReadModel, SiblingGroup, TreeNode
+from trt_otel.core.readmodel import (
+    PHASE_EVENTS_CLOSING,
+    PHASE_EVENTS_NONE,
+    ReadModel,
+    SiblingGroup,
+    TreeNode,
+)
 from trt_otel.core.state import BuildState, Phase
 from trt_otel.views.console import render_build
 from trt_otel.views.spans import SpanProjection
@@ -192,6 +198,49 @@ class Told:
 
     def close(self) -> None:
         pass
+
+
+class ToldClosing(Told):
+    phase_events = PHASE_EVENTS_CLOSING
+
+
+class ToldNone(Told):
+    phase_events = PHASE_EVENTS_NONE
+
+
+def test_a_subscriber_is_told_of_the_phase_events_it_asks_for_and_of_the_builds_first() -> None:
+    """A subscriber that draws nothing from a phase's start or finish of its own is told of
+    those that close a phase (``closing``: the span export) or of none (the log records); the
+    build's first event is told to every subscriber, whatever it is (a log without its
+    ``build_start``: the projections name its build after it)."""
+    monitor = BuildMonitor(clock=ManualClock())
+    monitor.phase_start("Building engine", None, 2)
+    monitor.phase_start("Tactic", "Building engine", 1)
+    monitor.phase_finish("Tactic")
+    monitor.phase_start("Tactic", "Building engine", 1)
+    monitor.phase_start("Tactic", "Building engine", 1)  # supersedes the open one: closes it
+    monitor.log_message("WARNING", "slow")
+    monitor.phase_finish("Building engine")  # closes its open child with it
+    monitor.end()
+    events = [e for e in monitor.log.recent() if type(e).__name__ != "BuildStarted"]
+    every, closing, none = Told(), ToldClosing(), ToldNone()
+    model = ReadModel()
+    for subscriber in (every, closing, none):
+        model.subscribe(subscriber)
+    model.handle(events)
+    reference = ReadModel()
+    closes = {e.seq for e in events if reference.apply(e)}
+    phase_events = {e.seq for e in events if isinstance(e, PhaseStarted | PhaseFinished)}
+    first = events[0].seq
+    told_every = [e.seq for e in events if not quiet(e, False)]
+    assert every.seqs == told_every
+    assert {e.seq for e in events if isinstance(e, PhaseStarted)} & closes, "one supersedes"
+    assert closing.seqs == [
+        seq for seq in told_every if seq not in phase_events or seq in closes or seq == first
+    ]
+    assert none.seqs == [seq for seq in told_every if seq not in phase_events or seq == first]
+    assert first in phase_events and first not in closes, "a log without its start"
+    assert set(every.seqs) - set(closing.seqs), "the closing subscriber was told less"
 
 
 def test_quiet_steps_at_the_end_of_a_batch_are_told_then() -> None:
