@@ -44,6 +44,7 @@ from trt_otel.core.events import (
     Event,
     GpuSample,
     LogMessage,
+    PhaseFinished,
     PhaseStarted,
     ProcessSample,
     StepCompleted,
@@ -303,6 +304,8 @@ class SpanProjection:
         if self._wall_base_ns is None:
             self._begin(event)
         kind = type(event)  # events are final classes: a type is cheaper to test than a class
+        if kind is PhaseFinished:  # most events told: its phase (and any left open) closed
+            return self._closed_spans(closed)
         if kind is StepCompleted:  # most events: a span changes only after a cancel
             if state.cancel is not None and not self._refused:
                 # The first step after a cancel is the one the monitor answered False:
@@ -326,14 +329,18 @@ class SpanProjection:
             self._last_cpu_seconds = event.cpu_seconds  # type: ignore[attr-defined]
         elif kind is Anomaly or kind is LogMessage:
             self._note(event)  # type: ignore[arg-type]
+        spans = self._closed_spans(closed)
+        if kind is BuildFinished:
+            spans.append(self._build_span(self._span_time(event.mono_ns)))
+        return spans
+
+    def _closed_spans(self, closed: Sequence[Phase]) -> list[SpanRecord]:
         spans: list[SpanRecord] = []
         for phase in closed:
             assert phase.finish_mono_ns is not None
             span = self._phase_span(phase, phase.finish_mono_ns, phase.status, phase.close_reason)
             if span is not None:
                 spans.append(span)
-        if kind is BuildFinished:
-            spans.append(self._build_span(self._span_time(event.mono_ns)))
         return spans
 
     def finish(self) -> list[SpanRecord]:
