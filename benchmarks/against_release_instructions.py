@@ -1,11 +1,11 @@
 """The command's cost against an earlier release's, in instructions: a figure that the
 machine's load hardly moves.
 
-``python benchmarks/against_release_instructions.py [COMMIT] [STEPS]`` (default: the release
-8f502ba, 100,000 steps) runs ``trt-otel demo --trace T --speed 0`` of ``command_cost.py``'s
-phase-dense trace with every view on (as ``against_release.py`` does: ``--journal``,
-``--prometheus-port``, ``--http-port``, ``--otlp-endpoint`` of a collector that is down,
-``--cancel-file``), once for this checkout and once for the release, each under valgrind's
+``python benchmarks/against_release_instructions.py [COMMIT] [STEPS] [MORE_STEPS]`` (default:
+the release 8f502ba, 100,000 steps) runs ``trt-otel demo --trace T --speed 0`` of
+``command_cost.py``'s phase-dense trace with every view on (as ``against_release.py`` does:
+``--journal``, ``--prometheus-port``, ``--http-port``, ``--otlp-endpoint`` of a collector that
+is down, ``--cancel-file``), once for this checkout and once for the release, each under valgrind's
 callgrind with every child process and thread traced, and prints the instructions of the
 supervisor's replay thread (the callbacks checked, folded and told to every view), of the whole
 supervisor (its start-up and its other threads too) and of the worker.
@@ -19,6 +19,10 @@ machine: those totals move by a few percent. An instruction count is not CPU tim
 misses and waits are not in it), and the runs are slow, so the trace is small. Both trees are
 compiled first, as an installed package is. Needs ``valgrind`` (Debian's package); without it,
 it says so and exits 0.
+
+With ``MORE_STEPS``, both sizes are run, and the difference between them is printed too: what
+each further step costs, start-up left out, which is what a build of a million steps pays
+(a run's total at one size mixes the two).
 """
 
 from __future__ import annotations
@@ -83,19 +87,37 @@ def main() -> int:
         print("valgrind is not installed (apt install valgrind): no instruction counts")
         return 0
     commit = sys.argv[1] if len(sys.argv) > 1 else RELEASE
-    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 100_000
+    sizes = [int(steps) for steps in sys.argv[2:4]] or [100_000]
+    runs: list[tuple[dict[str, int], dict[str, int]]] = []
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
-        trace = folder / "trace.jsonl"
-        callbacks = phase_dense_trace(trace, steps)
         release = release_program(commit, folder)  # compiled, as this checkout is below
         compiled(ROOT)
-        print(f"{steps:,} steps, {callbacks:,} callbacks, every view on, under callgrind")
         try:
-            now = instructions([str(ROOT / ".venv" / "bin" / "trt-otel")], trace, folder / "now")
-            then = instructions(release, trace, folder / "then")
+            for steps in sizes:
+                trace = folder / f"trace-{steps}.jsonl"
+                callbacks = phase_dense_trace(trace, steps)
+                print(f"{steps:,} steps, {callbacks:,} callbacks, every view on, under callgrind")
+                now = instructions(
+                    [str(ROOT / ".venv" / "bin" / "trt-otel")], trace, folder / f"now-{steps}"
+                )
+                then = instructions(release, trace, folder / f"then-{steps}")
+                report(commit, now, then)
+                runs.append((now, then))
         finally:
             remove_release(folder)
+    if len(runs) == 2:
+        (now_small, then_small), (now_large, then_large) = runs
+        print(f"each further {sizes[1] - sizes[0]:,} steps (the larger run less the smaller):")
+        report(
+            commit,
+            {role: now_large.get(role, 0) - now_small.get(role, 0) for role in now_large},
+            {role: then_large.get(role, 0) - then_small.get(role, 0) for role in then_large},
+        )
+    return 0
+
+
+def report(commit: str, now: dict[str, int], then: dict[str, int]) -> None:
     for role in (REPLAY, "supervisor", "worker", "other"):
         if role not in now and role not in then:
             continue
@@ -110,7 +132,6 @@ def main() -> int:
         f"  {'all':<17} now {total_now / 1e6:8,.0f} M instructions, {commit} "
         f"{total_then / 1e6:8,.0f} M: {total_now / total_then:.3f}x"
     )
-    return 0
 
 
 if __name__ == "__main__":
