@@ -119,8 +119,8 @@ def main() -> int:
 
 def report(commit: str, now: dict[str, int], then: dict[str, int]) -> None:
     for role in (REPLAY, "supervisor", "worker", "other"):
-        if role not in now and role not in then:
-            continue
+        if abs(now.get(role, 0)) < 1e6 and abs(then.get(role, 0)) < 1e6:
+            continue  # neither tree has it (or, between two runs, neither grew)
         ratio = now.get(role, 0) / then[role] if then.get(role) else float("nan")
         print(
             f"  {role:<17} now {now.get(role, 0) / 1e6:8,.0f} M instructions, {commit} "
