@@ -64,6 +64,7 @@ class SiblingGroup:
 
 
 TreeNode = Phase | SiblingGroup
+"""What a tree shows at a place: one phase, or the finished phases of a name folded together."""
 
 PHASE_EVENTS_CLOSING = "closing"
 """A subscriber's ``phase_events``: told of a phase's start or finish only where it closes a
@@ -71,7 +72,6 @@ phase (its own, or one it supersedes): the span export, whose spans are the clos
 PHASE_EVENTS_NONE = "none"
 """A subscriber's ``phase_events``: told of no phase's start or finish (after the build's first
 event): the log records, which phases do not make."""
-"""What a tree shows at a place: one phase, or the finished phases of a name folded together."""
 
 
 class Subscriber(Protocol):

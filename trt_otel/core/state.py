@@ -46,6 +46,11 @@ class PhaseStatus(enum.StrEnum):
     (see ``Phase.close_reason``)."""
 
 
+STATUS_TEXT: dict[PhaseStatus, str] = {status: status.value for status in PhaseStatus}
+"""Each status's text, read without the enum's ``value`` property (a call in Python): the
+views write a phase's status once per span and per timeline instance."""
+
+
 class Phase(msgspec.Struct, gc=False):
     """One instance of a TensorRT phase.
 

@@ -51,7 +51,7 @@ from trt_otel.core.events import (
     severity_rank,
 )
 from trt_otel.core.readmodel import ReadModel
-from trt_otel.core.state import BuildState, Phase, PhaseStatus
+from trt_otel.core.state import STATUS_TEXT, BuildState, Phase, PhaseStatus
 from trt_otel.views.conventions import (
     ERROR,
     is_failed,
@@ -83,8 +83,6 @@ UNFINISHED = "unfinished"
 """``error.type`` of a build whose log ends without a ``build_end`` (the process died)."""
 
 _LOG_ENDED = "the log ended before the build did"
-_STATUS_TEXT = {status: status.value for status in PhaseStatus}
-"""Each status's text, read without the enum's ``value`` property (a call in Python, per span)."""
 """``trt.phase.close_reason`` of the phases a log left open (the builder's process died)."""
 
 # Build attributes that steer the projection but are not worth a span attribute.
@@ -442,7 +440,7 @@ class SpanProjection:
             "trt.phase.num_steps": phase.num_steps,
             "trt.phase.steps_completed": phase.steps_completed,
             "trt.phase.depth": phase.depth,
-            "trt.phase.status": _STATUS_TEXT[status],
+            "trt.phase.status": STATUS_TEXT[status],
         }
         if phase.skipped_steps:
             attributes["trt.phase.skipped_steps"] = phase.skipped_steps

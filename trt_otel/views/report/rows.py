@@ -23,7 +23,7 @@ import msgspec
 
 from trt_otel.core.events import ProcessSample
 from trt_otel.core.gaps import Gap, Gaps
-from trt_otel.core.state import Phase, PhaseStatus
+from trt_otel.core.state import STATUS_TEXT, Phase, PhaseStatus
 
 MAX_ROWS = 300
 """Timeline rows (distinct phase paths) kept per build; the rest are counted, not drawn."""
@@ -39,8 +39,6 @@ MAX_SAMPLES = 20_000
 points)."""
 
 PathKey = tuple[str, ...]
-_STATUS_TEXT = {status: status.value for status in PhaseStatus}
-"""Each status's text, read without the enum's ``value`` property (a call in Python)."""
 
 
 def clip(text: str, limit: int = MAX_TEXT) -> str:
@@ -153,7 +151,7 @@ class _Sums:
                 _Instance(
                     phase.start_mono_ns,
                     end_ns,
-                    _STATUS_TEXT[phase.status],
+                    STATUS_TEXT[phase.status],
                     phase.steps_completed,
                     phase.num_steps,
                     thread,
